@@ -1,0 +1,353 @@
+package mongotest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/FerretDB/FerretDB/ferretdb"
+	"github.com/testcontainers/testcontainers-go"
+	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+
+	"github.com/mongocas/mongocas/internal/wireproxy"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Backend names the kind of server a Server is.
+type Backend string
+
+// The backends, in the order Start tries them.
+const (
+	// BackendURI is the server at MONGODB_URI.
+	BackendURI Backend = "uri"
+	// BackendDocker is a single-node MongoDB replica set in a container,
+	// started through testcontainers-go when a Docker engine answers.
+	BackendDocker Backend = "docker"
+	// BackendEmbedded is FerretDB v1 (SQLite handler, temporary directory)
+	// running in this process behind a proxy that serializes wire
+	// exchanges. See the package documentation for what it proves.
+	BackendEmbedded Backend = "embedded"
+)
+
+// Environment variables Start reads.
+const (
+	// EnvURI names a server to use instead of starting one.
+	EnvURI = "MONGODB_URI"
+	// EnvBackend forces a backend: "uri", "docker" or "embedded".
+	EnvBackend = "MONGOCAS_BACKEND"
+	// EnvDockerImage overrides the MongoDB image for the Docker backend.
+	EnvDockerImage = "MONGOCAS_DOCKER_IMAGE"
+)
+
+// DefaultDockerImage is the image the Docker backend runs.
+const DefaultDockerImage = "mongo:7.0"
+
+// ErrNoServer is matched by every error Start returns: no backend could give
+// a server.
+var ErrNoServer = errors.New("mongotest: no MongoDB-wire server")
+
+// Server is a running MongoDB-wire server shared by every test in the
+// process.
+type Server struct {
+	// Backend tells which backend this is.
+	Backend Backend
+	// URI is what clients connect to. For the embedded backend it is the
+	// serializing proxy, never FerretDB itself.
+	URI string
+	// Caps is what the server can do, as store.Probe found it.
+	Caps store.Capabilities
+	// Client is a client connected to URI with store's production defaults.
+	// It is shared: do not disconnect it.
+	Client *mongo.Client
+
+	// upstream is the address fault proxies forward to, and serializer the
+	// mutex they must share ("" and nil when faults cannot be injected).
+	upstream   string
+	serializer *sync.Mutex
+	directOnly bool
+
+	stop func()
+}
+
+var (
+	startMu  sync.Mutex
+	shared   *Server
+	startErr error
+)
+
+// Start returns the process's shared server, starting it on first call:
+// the server at MONGODB_URI when that is set; else a MongoDB replica set in
+// Docker when a Docker engine answers within two seconds; else embedded
+// FerretDB behind the serializing proxy. MONGOCAS_BACKEND forces one. The
+// first failure is remembered and returned to every later caller.
+func Start(ctx context.Context) (*Server, error) {
+	startMu.Lock()
+	defer startMu.Unlock()
+	if shared != nil || startErr != nil {
+		return shared, startErr
+	}
+	s, err := start(ctx)
+	if err != nil {
+		startErr = fmt.Errorf("%w: %w", ErrNoServer, err)
+		return nil, startErr
+	}
+	shared = s
+	return s, nil
+}
+
+// Shutdown stops the shared server, if one was started, and removes what
+// it left on disk. Tests normally let Main call it.
+func Shutdown() {
+	startMu.Lock()
+	defer startMu.Unlock()
+	if shared != nil {
+		shared.stop()
+		shared = nil
+	}
+	startErr = nil
+}
+
+func start(ctx context.Context) (*Server, error) {
+	uri := os.Getenv(EnvURI)
+	switch b := Backend(strings.ToLower(os.Getenv(EnvBackend))); b {
+	case BackendURI:
+		if uri == "" {
+			return nil, fmt.Errorf("%s=%s but %s is empty", EnvBackend, b, EnvURI)
+		}
+		return startURI(ctx, uri)
+	case BackendDocker:
+		return startDocker(ctx)
+	case BackendEmbedded:
+		return startEmbedded(ctx)
+	case "":
+	default:
+		return nil, fmt.Errorf("%s=%q: want uri, docker or embedded", EnvBackend, b)
+	}
+	if uri != "" {
+		return startURI(ctx, uri)
+	}
+	if dockerAnswers(ctx) {
+		return startDocker(ctx)
+	}
+	return startEmbedded(ctx)
+}
+
+func connect(ctx context.Context, uri string, b Backend) (*Server, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := store.Connect(ctx, uri, &store.Options{AppName: "mongocas-test", ServerSelectionTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	client := st.Client()
+	caps, err := store.Probe(ctx, client.Database("mongocas_probe_db"))
+	if err != nil {
+		_ = client.Disconnect(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("probe %s: %w", store.RedactURI(uri), err)
+	}
+	_ = client.Database("mongocas_probe_db").Drop(ctx)
+	return &Server{Backend: b, URI: uri, Caps: caps, Client: client}, nil
+}
+
+func startURI(ctx context.Context, uri string) (*Server, error) {
+	s, err := connect(ctx, uri, BackendURI)
+	if err != nil {
+		return nil, err
+	}
+	s.upstream, s.directOnly = faultUpstream(ctx, s.Client, uri), true
+	s.stop = func() { _ = s.Client.Disconnect(context.Background()) }
+	return s, nil
+}
+
+// faultUpstream returns the address of the primary when traffic to it can
+// go through a plain TCP proxy, or "" (TLS, SRV).
+func faultUpstream(ctx context.Context, client *mongo.Client, uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil || u.Scheme != "mongodb" {
+		return ""
+	}
+	q := u.Query()
+	if q.Get("tls") == "true" || q.Get("ssl") == "true" {
+		return ""
+	}
+	var hello struct {
+		Primary string `bson:"primary"`
+		Me      string `bson:"me"`
+	}
+	_ = client.Database("admin").RunCommand(ctx, map[string]int{"hello": 1}).Decode(&hello)
+	if hello.Primary != "" {
+		if c, err := net.DialTimeout("tcp", hello.Primary, time.Second); err == nil {
+			_ = c.Close()
+			return hello.Primary
+		}
+	}
+	if hosts := strings.Split(u.Host, ","); len(hosts) == 1 {
+		if !strings.Contains(hosts[0], ":") {
+			return hosts[0] + ":27017"
+		}
+		return hosts[0]
+	}
+	return ""
+}
+
+func startDocker(ctx context.Context) (*Server, error) {
+	img := os.Getenv(EnvDockerImage)
+	if img == "" {
+		img = DefaultDockerImage
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	c, err := tcmongo.Run(ctx, img, tcmongo.WithReplicaSet("rs0"))
+	if err != nil {
+		if c != nil {
+			_ = testcontainers.TerminateContainer(c)
+		}
+		return nil, fmt.Errorf("docker backend: start %s: %w", img, err)
+	}
+	uri, err := c.ConnectionString(ctx)
+	if err != nil {
+		_ = testcontainers.TerminateContainer(c)
+		return nil, fmt.Errorf("docker backend: connection string: %w", err)
+	}
+	if !strings.Contains(uri, "directConnection") {
+		sep := "?"
+		if strings.Contains(uri, "?") {
+			sep = "&"
+		}
+		uri += sep + "directConnection=true"
+	}
+	s, err := connect(ctx, uri, BackendDocker)
+	if err != nil {
+		_ = testcontainers.TerminateContainer(c)
+		return nil, fmt.Errorf("docker backend: %w", err)
+	}
+	s.upstream, s.directOnly = faultUpstream(ctx, s.Client, uri), true
+	s.stop = func() {
+		_ = s.Client.Disconnect(context.Background())
+		_ = testcontainers.TerminateContainer(c)
+	}
+	return s, nil
+}
+
+// dockerAnswers reports whether a Docker engine answers a ping within two
+// seconds, at DOCKER_HOST or the default socket.
+func dockerAnswers(ctx context.Context) bool {
+	network, addr := "unix", "/var/run/docker.sock"
+	if h := os.Getenv("DOCKER_HOST"); h != "" {
+		u, err := url.Parse(h)
+		if err != nil {
+			return false
+		}
+		switch u.Scheme {
+		case "unix":
+			addr = u.Path
+		case "tcp":
+			network, addr = "tcp", u.Host
+		default:
+			return false
+		}
+	}
+	if network == "unix" {
+		if _, err := os.Stat(addr); err != nil {
+			return false
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16))
+	return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "OK"
+}
+
+func startEmbedded(ctx context.Context) (s *Server, err error) {
+	dir, err := os.MkdirTemp("", "mongocas-ferretdb-")
+	if err != nil {
+		return nil, fmt.Errorf("embedded backend: temp dir: %w", err)
+	}
+	var cleanups []func()
+	cleanup := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		_ = os.RemoveAll(dir)
+	}
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+
+	logLevel := slog.LevelError
+	if os.Getenv("MONGOCAS_FERRETDB_LOG") != "" {
+		logLevel = slog.LevelDebug
+	}
+	f, err := ferretdb.New(&ferretdb.Config{
+		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
+		Handler:   "sqlite",
+		SQLiteURL: (&url.URL{Scheme: "file", Path: dir + "/"}).String(),
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded backend: FerretDB: %w", err)
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = f.Run(runCtx)
+	}()
+	cleanups = append(cleanups, func() { stopRun(); <-done })
+
+	furi, err := url.Parse(f.MongoDBURI())
+	if err != nil || furi.Host == "" {
+		return nil, fmt.Errorf("embedded backend: FerretDB gave no address (%q)", f.MongoDBURI())
+	}
+	serializer := &sync.Mutex{}
+	p, err := wireproxy.New(wireproxy.Config{Upstream: furi.Host, Serializer: serializer})
+	if err != nil {
+		return nil, fmt.Errorf("embedded backend: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = p.Close() })
+
+	uri := "mongodb://" + p.Addr() + "/"
+	srv, err := connect(ctx, uri, BackendEmbedded)
+	if err != nil {
+		return nil, fmt.Errorf("embedded backend: %w", err)
+	}
+	cleanups = append(cleanups, func() { _ = srv.Client.Disconnect(context.Background()) })
+	srv.upstream, srv.serializer = furi.Host, serializer
+	srv.stop = cleanup
+	return srv, nil
+}
+
+// ping reports whether the client reaches the primary; used by the
+// self-test and by Faulty.
+func ping(ctx context.Context, c *mongo.Client) error {
+	return c.Ping(ctx, readpref.Primary())
+}

@@ -1,0 +1,214 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
+
+	"github.com/mongocas/mongocas/store"
+)
+
+// Sentinel errors. Match them with errors.Is; the typed errors below carry the
+// facts.
+var (
+	// ErrInvalidPolicy is matched by every *ConfigError: a Policy field (or
+	// its Budget) is out of range. Do returns it without calling fn.
+	ErrInvalidPolicy = errors.New("retry: invalid policy")
+
+	// ErrExhausted is matched by every *ExhaustedError: fn kept failing with
+	// a retryable error until MaxAttempts or MaxElapsedTime ran out.
+	ErrExhausted = errors.New("retry: attempts exhausted")
+
+	// ErrBudgetExhausted is matched by every *BudgetExhaustedError: fn failed
+	// with a retryable error, but the shared retry Budget had no token left.
+	ErrBudgetExhausted = errors.New("retry: retry budget exhausted")
+)
+
+// ConfigError reports an invalid Policy field. It matches ErrInvalidPolicy
+// through errors.Is.
+type ConfigError struct {
+	// Field is the name of the offending Policy field, such as "Multiplier",
+	// or "Budget" for a Budget made with invalid arguments.
+	Field string
+	// Reason says what is wrong with the value.
+	Reason string
+}
+
+// Error returns a message that names the field and the reason.
+func (e *ConfigError) Error() string {
+	return "retry: invalid policy: " + e.Field + ": " + e.Reason
+}
+
+// Is reports whether target is ErrInvalidPolicy.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidPolicy }
+
+// ExhaustedError is returned by Do when fn failed with a retryable error and
+// another attempt would exceed MaxAttempts or MaxElapsedTime. errors.Is
+// matches both ErrExhausted and any error that Last matches, and errors.As
+// reaches Last's types (for example a driver error).
+//
+// ExhaustedError is itself not retryable: its Retryable method reports false,
+// so a Do nested inside another Do does not multiply retries.
+type ExhaustedError struct {
+	// Attempts is the number of calls of fn that were made.
+	Attempts int
+	// Elapsed is the time spent since the first call, measured on the
+	// Policy's Clock.
+	Elapsed time.Duration
+	// Last is the error of the last call of fn.
+	Last error
+}
+
+// Error returns a message with the number of attempts, the time spent and the
+// last error.
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("retry: gave up after %d attempts in %v: %v", e.Attempts, e.Elapsed, e.Last)
+}
+
+// Unwrap returns ErrExhausted and Last, so errors.Is and errors.As see both.
+func (e *ExhaustedError) Unwrap() []error { return []error{ErrExhausted, e.Last} }
+
+// Retryable reports false: the retries are used up.
+func (e *ExhaustedError) Retryable() bool { return false }
+
+// BudgetExhaustedError is returned by Do when fn failed with a retryable
+// error and the Policy's Budget had no token left for another attempt.
+// errors.Is matches both ErrBudgetExhausted and any error that Last matches.
+//
+// BudgetExhaustedError is itself not retryable: its Retryable method reports
+// false, so an outer retry loop does not defeat the budget.
+type BudgetExhaustedError struct {
+	// Attempts is the number of calls of fn that were made.
+	Attempts int
+	// Last is the error of the last call of fn.
+	Last error
+}
+
+// Error returns a message with the number of attempts and the last error.
+func (e *BudgetExhaustedError) Error() string {
+	return fmt.Sprintf("retry: retry budget exhausted after %d attempts: %v", e.Attempts, e.Last)
+}
+
+// Unwrap returns ErrBudgetExhausted and Last, so errors.Is and errors.As see
+// both.
+func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhausted, e.Last} }
+
+// Retryable reports false: the budget says to stop retrying.
+func (e *BudgetExhaustedError) Retryable() bool { return false }
+
+// stoppedError is returned by Do when the caller's context ends: it wraps the
+// context's error, its cause if that differs, and the last error of fn.
+type stoppedError struct {
+	attempts int
+	ctxErr   error
+	cause    error // nil if it is ctxErr
+	last     error // nil if fn was never called
+}
+
+func (e *stoppedError) Error() string {
+	msg := fmt.Sprintf("retry: stopped after %d attempts: %v", e.attempts, e.ctxErr)
+	if e.cause != nil {
+		msg += fmt.Sprintf(" (cause: %v)", e.cause)
+	}
+	if e.last != nil {
+		msg += fmt.Sprintf("; last error: %v", e.last)
+	}
+	return msg
+}
+
+func (e *stoppedError) Unwrap() []error {
+	errs := make([]error, 0, 3)
+	errs = append(errs, e.ctxErr)
+	if e.cause != nil {
+		errs = append(errs, e.cause)
+	}
+	if e.last != nil {
+		errs = append(errs, e.last)
+	}
+	return errs
+}
+
+// newStoppedError builds the error for a Do whose context ended after the
+// given number of attempts; last is the last error of fn, or nil.
+func newStoppedError(ctx context.Context, attempts int, last error) error {
+	e := &stoppedError{attempts: attempts, ctxErr: ctx.Err(), last: last}
+	if cause := context.Cause(ctx); cause != nil && cause != e.ctxErr {
+		e.cause = cause
+	}
+	return e
+}
+
+// Permanent wraps err so that Do stops at once and returns err itself (not the
+// wrapper). Anywhere in an error chain, it makes IsRetryable report false,
+// even if the chain also holds a transient or Retryable error. The wrapper has
+// err's message and unwraps to err, so errors.Is and errors.As reach err.
+// Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or any error it wraps, was made by
+// Permanent.
+func IsPermanent(err error) bool {
+	var pe *permanentError
+	return errors.As(err, &pe)
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Retryable is implemented by error types that know whether the operation
+// that failed may be tried again, such as a version conflict of an optimistic
+// write (true) or an error that needs a re-read rather than a blind retry
+// (false). IsRetryable finds it anywhere in an error chain.
+type Retryable interface {
+	// Retryable reports whether the failed operation may be tried again.
+	Retryable() bool
+}
+
+// IsRetryable reports whether an operation that failed with err may pass if
+// it is tried again. It looks at types and error labels through errors.Is and
+// errors.As, never at message text, so wrapping with fmt.Errorf("...: %w") or
+// errors.Join keeps the answer. In order:
+//
+//   - nil: false.
+//   - an error made by Permanent anywhere in the chain: false.
+//   - context.Canceled or context.DeadlineExceeded anywhere in the chain:
+//     false, since IsRetryable cannot tell whether the caller's own context
+//     ended. (Do, which knows the caller's context, does retry a deadline
+//     error while that context is still live: see Do.) The driver's
+//     "operation not sent, as Timeout would be exceeded" is such an error.
+//   - a Retryable in the chain: its answer. The first one errors.As finds
+//     decides, so an outer error that says false overrides a transient error
+//     it wraps.
+//   - otherwise store.IsTransient(err): a network error, a timeout, a write
+//     conflict, or the RetryableWriteError or TransientTransactionError label.
+func IsRetryable(err error) bool {
+	return classify(err, false)
+}
+
+// classify implements IsRetryable. callerLive says that the caller's context
+// is known to be live, so a deadline error in err came from a per-attempt or
+// per-operation timeout and may be retried.
+func classify(err error, callerLive bool) bool {
+	if err == nil || IsPermanent(err) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) &&
+		(!callerLive || errors.Is(err, driver.ErrDeadlineWouldBeExceeded)) {
+		return false
+	}
+	var r Retryable
+	if errors.As(err, &r) {
+		return r.Retryable()
+	}
+	return store.IsTransient(err)
+}

@@ -1,0 +1,166 @@
+package retry
+
+import (
+	"context"
+	"time"
+)
+
+// Attempt describes a failed attempt that Do is about to retry. Do passes it
+// to Policy.OnRetry.
+type Attempt struct {
+	// Number is the 1-based number of the attempt that failed.
+	Number int
+	// Err is the error that attempt returned.
+	Err error
+	// Delay is how long Do sleeps before the next attempt.
+	Delay time.Duration
+	// Elapsed is the time since the first attempt started, measured on the
+	// Policy's Clock when the attempt failed.
+	Elapsed time.Duration
+}
+
+// Clock is the source of time of a Policy (and optionally of a Budget). The
+// real clock is used when none is given; tests inject a fake one so they never
+// sleep. Implementations must be safe for concurrent use if the Policy is
+// shared between goroutines.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a timer that sends on its channel once d has passed.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer made by a Clock, like *time.Timer.
+type Timer interface {
+	// C returns the channel on which the timer sends when it fires.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing. It reports whether it stopped the
+	// timer, false if the timer had already fired or been stopped.
+	Stop() bool
+}
+
+// realClock is the Clock used when a Policy has none.
+type realClock struct{}
+
+func (realClock) Now() time.Time                 { return time.Now() }
+func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
+
+// Do calls fn until it succeeds, fails with an error that is not retryable,
+// or the Policy, its Budget or ctx says to stop. fn receives ctx. Do returns:
+//
+//   - nil, as soon as fn returns nil;
+//   - a *ConfigError (errors.Is ErrInvalidPolicy) if p is invalid, without
+//     calling fn;
+//   - fn's error itself if it is not retryable (see IsRetryable); an error
+//     that Permanent made is returned unwrapped, as the error given to
+//     Permanent;
+//   - an *ExhaustedError (errors.Is ErrExhausted) when another attempt would
+//     exceed MaxAttempts, or its sleep would end after MaxElapsedTime;
+//   - a *BudgetExhaustedError (errors.Is ErrBudgetExhausted) when the
+//     Policy's Budget has no token for another attempt;
+//   - when ctx ends, before the first attempt, after a retryable failure or
+//     during a sleep, an error that wraps both ctx.Err() (and
+//     context.Cause(ctx) if it differs) and the last error of fn, so that
+//     errors.Is(err, context.Canceled) or errors.Is(err,
+//     context.DeadlineExceeded) holds, and so does errors.Is(err, e) for any e
+//     the last error matches. Cancellation interrupts a sleep at once, and Do
+//     never calls fn with a context that has ended.
+//
+// Do classifies fn's errors as IsRetryable does, with one refinement: since
+// Do knows the caller's context, a context.DeadlineExceeded from fn while ctx
+// is still live (a per-attempt timeout that fn set, or the driver's operation
+// timeout) is retried if it is otherwise retryable.
+//
+// Before each retry Do computes the delay (see Policy), checks MaxAttempts and
+// MaxElapsedTime, takes a Budget token, calls OnRetry, and sleeps on the
+// Policy's Clock. A call that succeeds at once makes no allocation.
+func Do(ctx context.Context, p Policy, fn func(ctx context.Context) error) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	s := p.resolve()
+	return do(ctx, &s, fn)
+}
+
+// DoValue is Do for a function that also returns a value. It returns fn's
+// value when fn succeeds, and the zero value of T with the error otherwise.
+func DoValue[T any](ctx context.Context, p Policy, fn func(ctx context.Context) (T, error)) (T, error) {
+	var v T
+	err := Do(ctx, p, func(ctx context.Context) error {
+		var err error
+		v, err = fn(ctx)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, nil
+}
+
+func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) error {
+	if ctx.Err() != nil {
+		return newStoppedError(ctx, 0, nil)
+	}
+	start := s.clock.Now()
+	var seq *sequence // made at the first retry: a first-try success allocates nothing
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		live := ctx.Err() == nil
+		if !classify(err, live) {
+			for {
+				pe, ok := err.(*permanentError)
+				if !ok {
+					return err
+				}
+				err = pe.err
+			}
+		}
+		if !live {
+			return newStoppedError(ctx, attempt, err)
+		}
+		elapsed := s.clock.Now().Sub(start)
+		if s.maxAttempts > 0 && attempt >= s.maxAttempts {
+			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
+		}
+		if seq == nil {
+			seq = newSequence(s)
+		}
+		delay := seq.Next()
+		if s.maxElapsed > 0 && elapsed+delay > s.maxElapsed {
+			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
+		}
+		if s.budget != nil && !s.budget.take(s.clock) {
+			return &BudgetExhaustedError{Attempts: attempt, Last: err}
+		}
+		if s.onRetry != nil {
+			s.onRetry(Attempt{Number: attempt, Err: err, Delay: delay, Elapsed: elapsed})
+		}
+		if !sleep(ctx, s.clock, delay) {
+			return newStoppedError(ctx, attempt, err)
+		}
+	}
+}
+
+// sleep waits for d on clock, and reports false at once if ctx ends first.
+// It also reports false if ctx has ended by the time d has passed.
+func sleep(ctx context.Context, clock Clock, d time.Duration) bool {
+	if d > 0 {
+		t := clock.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
+	}
+	return ctx.Err() == nil
+}

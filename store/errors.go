@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// Server error labels that the classification functions look for.
+const (
+	// LabelTransientTransaction marks an error after which the whole
+	// transaction may be retried.
+	LabelTransientTransaction = "TransientTransactionError"
+	// LabelRetryableWrite marks a write the server says may be retried.
+	LabelRetryableWrite = "RetryableWriteError"
+	// LabelUnknownCommitResult marks a commit whose outcome is unknown.
+	LabelUnknownCommitResult = "UnknownTransactionCommitResult"
+	// LabelNetworkError is the label the driver adds to network failures.
+	LabelNetworkError = "NetworkError"
+)
+
+// Server error codes that the classification functions look for.
+const (
+	codeWriteConflict = 112
+)
+
+// IsDuplicateKey reports whether err, or any error it wraps, is a duplicate
+// key error (codes 11000, 11001, 12582) from the server.
+func IsDuplicateKey(err error) bool {
+	return err != nil && mongo.IsDuplicateKeyError(err)
+}
+
+// IsNetwork reports whether err, or any error it wraps, is a network failure
+// between the driver and the server. The outcome of a write that failed with a
+// network error is unknown: it may have been applied.
+func IsNetwork(err error) bool {
+	return err != nil && mongo.IsNetworkError(err)
+}
+
+// IsTimeout reports whether err, or any error it wraps, is a timeout: a context
+// deadline, a driver or socket timeout, or the server's MaxTimeMSExpired. The
+// outcome of a write that timed out is unknown, as for a network error.
+func IsTimeout(err error) bool {
+	return err != nil && mongo.IsTimeout(err)
+}
+
+// HasLabel reports whether err, or any error it wraps, carries the server or
+// driver error label.
+func HasLabel(err error, label string) bool {
+	var le mongo.LabeledError
+	return errors.As(err, &le) && le.HasErrorLabel(label)
+}
+
+// IsWriteConflict reports whether err is the server's WriteConflict (code 112),
+// which a concurrent write inside a transaction or a storage-level conflict
+// can cause. It is always safe to retry the operation that caused it.
+func IsWriteConflict(err error) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)
+}
+
+// IsTransient reports whether err is a failure that may pass if the same
+// operation is tried again: a network error, a timeout that is not the
+// caller's own context ending, a write conflict, or an error labelled
+// RetryableWriteError or TransientTransactionError. Cancellation of the
+// caller's context is never transient.
+func IsTransient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return IsNetwork(err) ||
+		IsTimeout(err) ||
+		IsWriteConflict(err) ||
+		HasLabel(err, LabelRetryableWrite) ||
+		HasLabel(err, LabelTransientTransaction)
+}
+
+// IsAmbiguous reports whether a write that failed with err may nevertheless
+// have been applied by the server: a network error or a timeout after the
+// request may have been sent, or an unknown commit result. Code that must
+// apply a change exactly once re-reads after such an error instead of
+// retrying blindly.
+func IsAmbiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	return IsNetwork(err) || IsTimeout(err) || HasLabel(err, LabelUnknownCommitResult)
+}
