@@ -153,7 +153,6 @@ func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID
 	return coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc) == nil && doc.N == 2
 }
 
-
 func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection) bool {
 	sess, err := client.StartSession()
 	if err != nil {
