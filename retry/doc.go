@@ -41,8 +41,8 @@
 // # Guarantees
 //
 //   - fn is called at most MaxAttempts times (unless MaxAttempts is
-//     negative), and never after ctx has ended: Do checks ctx before the
-//     first call and after every sleep.
+//     negative). Do checks ctx before the first call and after every sleep,
+//     and once it has seen ctx end it does not call fn again.
 //   - Every delay is in [0, MaxInterval], within the bounds that its Jitter
 //     documents. Do never starts a sleep that would end after
 //     MaxElapsedTime (measured on the Policy's Clock from the first call).

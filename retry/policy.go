@@ -30,9 +30,9 @@ const maxDelay = time.Duration(1 << 62)
 //
 // The zero Policy is valid and means the defaults (see Default): full-jitter
 // exponential backoff from 5ms to 200ms, at most 10 attempts, at most 2s.
-// Each zero field takes its default independently. A Policy is a plain value:
-// copy it freely and share it between goroutines, provided that its Rand and
-// OnRetry functions (and its Clock) are safe for concurrent use.
+// Each zero field takes the default its documentation gives. A Policy is a
+// plain value: copy it freely and share it between goroutines, provided that
+// its Rand and OnRetry functions (and its Clock) are safe for concurrent use.
 //
 // The delay before retry n (n = 1 for the first retry) is drawn below a cap
 // that grows exponentially:

@@ -68,8 +68,8 @@ func (t realTimer) Stop() bool          { return t.t.Stop() }
 //     context.Cause(ctx) if it differs) and the last error of fn, so that
 //     errors.Is(err, context.Canceled) or errors.Is(err,
 //     context.DeadlineExceeded) holds, and so does errors.Is(err, e) for any e
-//     the last error matches. Cancellation interrupts a sleep at once, and Do
-//     never calls fn with a context that has ended.
+//     the last error matches. Cancellation interrupts a sleep at once, and once
+//     Do has seen ctx end it does not call fn again.
 //
 // Do classifies fn's errors as IsRetryable does, with one refinement: since
 // Do knows the caller's context, a context.DeadlineExceeded from fn while ctx

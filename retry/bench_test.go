@@ -1,0 +1,47 @@
+package retry_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/mongocas/mongocas/retry"
+)
+
+var sink int
+
+//go:noinline
+func work(context.Context) error {
+	sink++
+	return nil
+}
+
+// BenchmarkDoSuccess measures the overhead of Do when the first attempt
+// succeeds, against calling fn directly.
+func BenchmarkDoSuccess(b *testing.B) {
+	ctx := context.Background()
+	b.Run("direct", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = work(ctx)
+		}
+	})
+	b.Run("Do", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = retry.Do(ctx, retry.Policy{}, work)
+		}
+	})
+	b.Run("Do/budget", func(b *testing.B) {
+		b.ReportAllocs()
+		p := retry.Policy{Budget: retry.NewBudget(10, 10), OnRetry: func(retry.Attempt) {}}
+		for b.Loop() {
+			_ = retry.Do(ctx, p, work)
+		}
+	})
+	b.Run("DoValue", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = retry.DoValue(ctx, retry.Policy{}, func(ctx context.Context) (int, error) { return sink, work(ctx) })
+		}
+	})
+}
