@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -37,20 +39,30 @@ func New(t testing.TB) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	s, err := Start(ctx)
+	db, drop, err := Open(ctx, t.Name())
 	if err != nil {
 		t.Fatalf("mongotest: %v", err)
 	}
-	name := dbName(t.Name())
-	db := s.Client.Database(name)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := db.Drop(ctx); err != nil {
-			t.Errorf("mongotest: drop database %s: %v", name, err)
+		if err := drop(ctx); err != nil {
+			t.Errorf("mongotest: drop database %s: %v", db.Name(), err)
 		}
 	})
-	return &DB{Database: db, Server: s}
+	return db
+}
+
+// Open is New for code that is not a test, such as examples and demos: it
+// returns a fresh database whose name starts with a sanitized form of label,
+// and the function that drops it.
+func Open(ctx context.Context, label string) (*DB, func(context.Context) error, error) {
+	s, err := Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	db := s.Client.Database(dbName(label))
+	return &DB{Database: db, Server: s}, db.Drop, nil
 }
 
 // Caps returns what the server can do.
@@ -145,12 +157,31 @@ type FaultyOptions struct {
 func (d *DB) Faulty(t testing.TB, opts *FaultyOptions) *Faulty {
 	t.Helper()
 	d.Require(t, Faults)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	f, err := d.OpenFaulty(ctx, opts)
+	if err != nil {
+		t.Fatalf("mongotest: %v", err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+// ErrNoFaults is returned by OpenFaulty when the backend's traffic cannot go
+// through a plain TCP proxy (a TLS or SRV MONGODB_URI).
+var ErrNoFaults = errors.New("mongotest: fault injection needs a plain TCP server")
+
+// OpenFaulty is Faulty for code that is not a test. Call Close when done.
+func (d *DB) OpenFaulty(ctx context.Context, opts *FaultyOptions) (*Faulty, error) {
+	if !d.Server.Has(Faults) {
+		return nil, ErrNoFaults
+	}
 	if opts == nil {
 		opts = &FaultyOptions{}
 	}
 	p, err := wireproxy.New(wireproxy.Config{Upstream: d.Server.upstream, Serializer: d.Server.serializer})
 	if err != nil {
-		t.Fatalf("mongotest: fault proxy: %v", err)
+		return nil, fmt.Errorf("fault proxy: %w", err)
 	}
 	uri := "mongodb://" + p.Addr() + "/?directConnection=true"
 	co := store.ClientOptions(uri, &store.Options{AppName: "mongocas-test-faulty", ServerSelectionTimeout: 10 * time.Second}).
@@ -162,18 +193,20 @@ func (d *DB) Faulty(t testing.TB, opts *FaultyOptions) *Faulty {
 	client, err := mongo.Connect(co)
 	if err != nil {
 		_ = p.Close()
-		t.Fatalf("mongotest: fault client: %v", err)
+		return nil, fmt.Errorf("fault client: %w", err)
 	}
-	t.Cleanup(func() {
-		_ = client.Disconnect(context.Background())
-		_ = p.Close()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	f := &Faulty{Database: client.Database(d.Name()), Client: client, proxy: p}
 	if err := ping(ctx, client); err != nil {
-		t.Fatalf("mongotest: fault client ping: %v", err)
+		f.Close()
+		return nil, fmt.Errorf("fault client ping: %w", err)
 	}
-	return &Faulty{Database: client.Database(d.Name()), Client: client, proxy: p}
+	return f, nil
+}
+
+// Close disconnects the client and closes the proxy.
+func (f *Faulty) Close() {
+	_ = f.Client.Disconnect(context.Background())
+	_ = f.proxy.Close()
 }
 
 // Command is a request seen by the fault proxy: its name, target collection,

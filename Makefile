@@ -1,0 +1,46 @@
+# mongocas developer targets. Every test target runs against a real
+# MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB.
+GO ?= go
+GOLANGCI_LINT ?= golangci-lint
+GOLANGCI_LINT_VERSION ?= v2.15.0
+PKGS ?= ./...
+
+.PHONY: all demo test test-race lint lint-install fmt vet deps-check bench fuzz ci
+
+all: vet test
+
+demo: ## the README's first command
+	$(GO) run ./examples/demo
+
+test: ## the README's second command
+	$(GO) test -race -count=1 $(PKGS)
+
+test-race: test
+
+test-short:
+	$(GO) test -count=1 $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+lint:
+	$(GOLANGCI_LINT) run $(PKGS)
+
+lint-install:
+	$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+deps-check: ## the library packages must not link FerretDB or testcontainers
+	@! $(GO) list -deps ./store ./versioned ./lease ./retry | grep -E 'FerretDB|testcontainers'
+
+bench: ## each operation beside the raw driver doing the same work
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=200x ./versioned ./lease ./retry
+
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzJitterBounds -fuzztime=20s ./retry
+	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=20s ./internal/wireproxy
+
+ci:
+	bash .ci/run

@@ -1,0 +1,63 @@
+// Package mongotest gives a test a real MongoDB-wire server in one call, on
+// any machine, and injects faults into its traffic.
+//
+//	func TestMain(m *testing.M) { mongotest.Main(m) }
+//
+//	func TestSomething(t *testing.T) {
+//		db := mongotest.New(t) // a fresh database, dropped when t ends
+//		coll := db.Collection("accounts")
+//		...
+//	}
+//
+// # Backends
+//
+// The first call to New or Start picks one server for the whole test binary:
+//
+//  1. the server at MONGODB_URI, when it is set (real MongoDB, Atlas, ...);
+//  2. else a single-node MongoDB replica set in Docker (testcontainers-go),
+//     when a Docker engine answers within two seconds;
+//  3. else FerretDB v1 embedded in the test process (SQLite handler, files in
+//     a temporary directory), reached through a proxy that serializes wire
+//     exchanges.
+//
+// MONGOCAS_BACKEND=uri|docker|embedded forces one. Server.Caps says what the
+// backend can do; DB.Require skips a test, saying why, when a capability is
+// missing. A skipped test is reported as skipped, never as passed.
+//
+// # What the embedded backend proves, and what it does not
+//
+// FerretDB v1 applies a conditional update by reading the document, changing
+// it in Go and writing it back by _id without re-checking the filter, so
+// under concurrency it loses updates and grants a lease twice. The proxy
+// holds one lock from sending a request to FerretDB until its reply is read,
+// so at most one operation runs at the server at a time. That models
+// MongoDB's documented single-document atomicity, which is all mongocas relies
+// on, and the self-test in this package shows it holds: 16 × 200 version-CAS
+// increments end at exactly 3,200 and a 32-way claim race has exactly one
+// winner in each of 200 rounds. It proves nothing about mongod's own
+// storage engine, replication, elections or retryable writes; run the suite
+// against real MongoDB (MONGODB_URI or Docker) for those.
+//
+// # Faults
+//
+// DB.Faulty returns a second client to the same database whose traffic passes
+// through a proxy of its own, so one test's faults never touch another's:
+// DropNextReply (the server applies a write, the client gets a network error:
+// an ambiguous write), DelayReplies, Pause (hold all traffic for a while) and
+// ResetConnections. The driver's retryable writes are off for that client by
+// default, so the fault reaches the code under test on every backend.
+//
+// # Guarantees
+//
+//   - New returns a database no other test uses, and drops it at cleanup.
+//   - One server per test binary; Main stops it and removes its files.
+//   - Start bounds each backend's start: MONGODB_URI is given up on after its
+//     server-selection timeout (10 s); Docker is tried only when its engine
+//     answers a ping within two seconds.
+//
+// # Errors
+//
+//   - ErrNoServer: no backend could give a server; the error says which
+//     backend failed and why (an unreachable or malformed MONGODB_URI is named
+//     with its password redacted). New fails the test with it.
+package mongotest

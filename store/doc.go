@@ -1,0 +1,57 @@
+// Package store connects to MongoDB with production defaults and tells the
+// rest of mongocas what the server is: what it can do, what time it is there,
+// and what an error means.
+//
+// # Connecting
+//
+// Connect opens a client with the defaults a service should not have to
+// remember (majority write concern with journaling, retryable writes and
+// reads, primary reads, bounded connect and server-selection timeouts, an app
+// name) and pings the primary, so a wrong URI fails at start-up. New wraps a
+// *mongo.Client the caller already has and leaves its lifecycle to the
+// caller.
+//
+// # Capabilities
+//
+// Probe finds what the server can do by trying each feature: topology from
+// hello, FerretDB from buildInfo, then $expr with $$NOW, an update pipeline,
+// an aborted transaction and a TTL index, on one scratch document it deletes
+// afterwards. It never reads the version number to decide: FerretDB v1
+// reports 7.0.42 and lacks most of those.
+//
+// # The server clock
+//
+// Lease expiry is judged on the database server's clock, not on the
+// application host's. A Clock estimates the server's time from the localTime
+// field of hello plus the local monotonic time elapsed since the reading. Of
+// several readings it keeps the one with the smallest round trip. The error
+// bound of an Estimate is (round trip + 1 ms) / 2 + DriftRate × age: the
+// server stamped its time somewhere during the round trip, at millisecond
+// resolution, and the two clocks may drift apart after. Hosts whose wall
+// clocks are wrong get the same estimate, because only differences of local
+// readings are used.
+//
+// # Guarantees
+//
+//   - Connect returns only after the primary answered a ping.
+//   - An Estimate brackets the server's true time, Earliest() ≤ true ≤
+//     Latest(), as long as the clocks drift apart by less than DriftRate and
+//     the reading's round trip was real (not replayed).
+//   - The error classifiers look only at error types, codes and labels,
+//     through errors.As and errors.Is, so they keep working on wrapped errors;
+//     they never match message text.
+//
+// # Errors
+//
+//   - ErrConnect (*ConnectError): Connect could not parse the URI or reach a
+//     primary. The error names the URI with its password redacted and wraps
+//     the driver's error.
+//   - ErrNoServerTime: a Clock has no usable reading of the server's clock and
+//     could not take one (server unreachable, no localTime in hello, context
+//     ended).
+//   - IsDuplicateKey, IsNetwork, IsTimeout, IsWriteConflict, HasLabel,
+//     IsTransient and IsAmbiguous classify the driver's errors. IsAmbiguous
+//     is the one that matters for writes: after such an error the write may or
+//     may not have been applied, and code that must apply a change exactly
+//     once re-reads before retrying.
+package store

@@ -1,0 +1,162 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+)
+
+func TestMain(m *testing.M) { mongotest.Main(m) }
+
+func TestConnectAppliesProductionDefaults(t *testing.T) {
+	co := store.ClientOptions("mongodb://localhost:27017", nil)
+	require.Equal(t, "mongocas", *co.AppName)
+	require.Equal(t, writeconcern.Majority().W, co.WriteConcern.W)
+	require.True(t, *co.RetryWrites)
+	require.True(t, *co.RetryReads)
+	require.Equal(t, 10*time.Second, *co.ServerSelectionTimeout)
+	require.Equal(t, uint64(100), *co.MaxPoolSize)
+
+	// The URI overrides the defaults, and ClientOptions override both.
+	co = store.ClientOptions("mongodb://localhost:27017/?appName=fromuri&retryWrites=false", nil)
+	require.Equal(t, "fromuri", *co.AppName)
+	require.False(t, *co.RetryWrites)
+}
+
+func TestConnectToServer(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	s, err := store.Connect(ctx, db.Server.URI, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close(ctx)) }()
+
+	coll := s.Database(db.Name()).Collection("c")
+	_, err = coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(t, err)
+	caps, err := s.Capabilities(ctx, s.Database(db.Name()))
+	require.NoError(t, err)
+	require.Equal(t, db.Caps(), caps)
+	e, err := s.Clock().Now(ctx)
+	require.NoError(t, err)
+	require.False(t, e.Time.IsZero())
+}
+
+func TestNewDoesNotOwnTheClient(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	s := store.New(db.Client())
+	require.NoError(t, s.Close(ctx))
+	require.NoError(t, db.Client().Ping(ctx, nil), "Close of a Store made by New must leave the caller's client connected")
+}
+
+func TestConnectMalformedURI(t *testing.T) {
+	_, err := store.Connect(context.Background(), "mongodb://user:s3cret@host:notaport/?w=1", nil)
+	require.ErrorIs(t, err, store.ErrConnect)
+	var ce *store.ConnectError
+	require.ErrorAs(t, err, &ce)
+	require.NotContains(t, err.Error(), "s3cret", "credentials must be redacted")
+	require.Contains(t, err.Error(), "host")
+
+	_, err = store.Connect(context.Background(), "  ", nil)
+	require.ErrorIs(t, err, store.ErrConnect)
+	_, err = store.Connect(context.Background(), "http://example", nil)
+	require.ErrorIs(t, err, store.ErrConnect)
+}
+
+func TestConnectUnreachableFailsInBoundedTime(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+
+	uri := fmt.Sprintf("mongodb://app:hunter2@%s/?connectTimeoutMS=500", addr)
+	began := time.Now()
+	_, err = store.Connect(context.Background(), uri, &store.Options{ServerSelectionTimeout: 700 * time.Millisecond})
+	took := time.Since(began)
+	require.ErrorIs(t, err, store.ErrConnect)
+	require.Contains(t, err.Error(), addr)
+	require.NotContains(t, err.Error(), "hunter2")
+	require.Less(t, took, 10*time.Second, "Connect must give up within its server selection timeout")
+}
+
+func TestRedactURI(t *testing.T) {
+	require.Equal(t, "mongodb://u:xxxxx@h:1/db", store.RedactURI("mongodb://u:pw@h:1/db"))
+	require.Equal(t, "mongodb://h:1/", store.RedactURI("mongodb://h:1/"))
+	require.NotContains(t, store.RedactURI("mongodb://u:p%w@h"), "p%w")
+}
+
+func TestErrorClassificationOnServer(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	coll := db.Collection("c")
+	_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(t, err)
+	_, err = coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	wrapped := fmt.Errorf("saving order: %w", err)
+	require.True(t, store.IsDuplicateKey(wrapped))
+	require.False(t, store.IsTransient(wrapped))
+	require.False(t, store.IsAmbiguous(wrapped))
+
+	f := db.Faulty(t, nil)
+	f.DropNextReply(mongotest.Writes("c"))
+	_, err = f.Collection("c").InsertOne(ctx, bson.D{{Key: "_id", Value: 2}})
+	wrapped = fmt.Errorf("op: %w", err)
+	require.True(t, store.IsNetwork(wrapped), "got %v", err)
+	require.True(t, store.IsTransient(wrapped))
+	require.True(t, store.IsAmbiguous(wrapped))
+	require.False(t, store.IsDuplicateKey(wrapped))
+
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	stop := f.DelayReplies(300*time.Millisecond, nil)
+	defer stop()
+	err = f.Collection("c").FindOne(short, bson.D{}).Err()
+	require.True(t, store.IsTimeout(err), "got %v", err)
+	require.True(t, store.IsAmbiguous(err))
+}
+
+func TestErrorClassificationByLabel(t *testing.T) {
+	labelled := func(labels ...string) error {
+		return fmt.Errorf("wrapped: %w", mongo.CommandError{Code: 1, Labels: labels})
+	}
+	require.True(t, store.IsTransient(labelled(store.LabelRetryableWrite)))
+	require.True(t, store.IsTransient(labelled(store.LabelTransientTransaction)))
+	require.True(t, store.IsAmbiguous(labelled(store.LabelUnknownCommitResult)))
+	require.True(t, store.HasLabel(errors.Join(errors.New("x"), labelled("Custom")), "Custom"))
+	require.False(t, store.IsTransient(labelled()))
+	require.True(t, store.IsWriteConflict(mongo.CommandError{Code: 112, Name: "WriteConflict"}))
+	require.True(t, store.IsTransient(mongo.CommandError{Code: 112}))
+	require.False(t, store.IsTransient(context.Canceled))
+	require.False(t, store.IsTransient(fmt.Errorf("x: %w", context.Canceled)))
+	require.False(t, store.IsTransient(nil))
+	require.False(t, store.IsAmbiguous(nil))
+	// Text is never matched: an error that merely says "network" is not one.
+	require.False(t, store.IsNetwork(errors.New("network error: connection reset")))
+}
+
+func TestProbeOnServer(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	caps, err := store.Probe(ctx, db.Database)
+	require.NoError(t, err)
+	require.Equal(t, db.Caps(), caps)
+	n, err := db.Collection(store.ProbeCollection).CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "the probe leaves no document behind")
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = store.Probe(cancelled, db.Database)
+	require.ErrorIs(t, err, context.Canceled)
+}
