@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,12 +238,7 @@ func Commands(names []string, collections ...string) Match {
 		if !ok || len(collections) == 0 {
 			return ok
 		}
-		for _, coll := range collections {
-			if c.Collection == coll {
-				return true
-			}
-		}
-		return false
+		return slices.Contains(collections, c.Collection)
 	}
 }
 

@@ -37,9 +37,7 @@ func TestSelfTestVersionCAS(t *testing.T) {
 	errs := make(chan error, workers)
 	start := time.Now()
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			streak := 0
 			for done := 0; done < perWorker; {
 				var doc struct {
@@ -69,7 +67,7 @@ func TestSelfTestVersionCAS(t *testing.T) {
 				backoffCap := min(time.Millisecond<<min(streak, 6), 50*time.Millisecond)
 				time.Sleep(rand.N(backoffCap))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
@@ -106,9 +104,7 @@ func TestSelfTestLeaseRace(t *testing.T) {
 		errs := make(chan error, racers)
 		gate := make(chan struct{})
 		for r := range racers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				<-gate
 				err := coll.FindOneAndUpdate(ctx,
 					bson.D{{Key: "_id", Value: "l"}, {Key: "owner", Value: nil}},
@@ -120,7 +116,7 @@ func TestSelfTestLeaseRace(t *testing.T) {
 				case !errors.Is(err, mongo.ErrNoDocuments):
 					errs <- err
 				}
-			}()
+			})
 		}
 		close(gate)
 		wg.Wait()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -83,7 +84,7 @@ type Server struct {
 var (
 	startMu  sync.Mutex
 	shared   *Server
-	startErr error
+	errStart error
 )
 
 // Start returns the process's shared server, starting it on first call:
@@ -94,13 +95,13 @@ var (
 func Start(ctx context.Context) (*Server, error) {
 	startMu.Lock()
 	defer startMu.Unlock()
-	if shared != nil || startErr != nil {
-		return shared, startErr
+	if shared != nil || errStart != nil {
+		return shared, errStart
 	}
 	s, err := start(ctx)
 	if err != nil {
-		startErr = fmt.Errorf("%w: %w", ErrNoServer, err)
-		return nil, startErr
+		errStart = fmt.Errorf("%w: %w", ErrNoServer, err)
+		return nil, errStart
 	}
 	shared = s
 	return s, nil
@@ -115,7 +116,7 @@ func Shutdown() {
 		shared.stop()
 		shared = nil
 	}
-	startErr = nil
+	errStart = nil
 }
 
 func start(ctx context.Context) (*Server, error) {
@@ -187,7 +188,8 @@ func faultUpstream(ctx context.Context, client *mongo.Client, uri string) string
 	}
 	_ = client.Database("admin").RunCommand(ctx, map[string]int{"hello": 1}).Decode(&hello)
 	if hello.Primary != "" {
-		if c, err := net.DialTimeout("tcp", hello.Primary, time.Second); err == nil {
+		d := net.Dialer{Timeout: time.Second}
+		if c, err := d.DialContext(ctx, "tcp", hello.Primary); err == nil {
 			_ = c.Close()
 			return hello.Primary
 		}
@@ -259,7 +261,7 @@ func dockerAnswers(ctx context.Context) bool {
 		}
 	}
 	if network == "unix" {
-		if _, err := os.Stat(addr); err != nil {
+		if _, err := os.Stat(addr); err != nil { //nolint:gosec // the path is the user's own DOCKER_HOST
 			return false
 		}
 	}
@@ -312,8 +314,8 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 	}
 	var cleanups []func()
 	cleanup := func() {
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
+		for _, c := range slices.Backward(cleanups) {
+			c()
 		}
 		_ = os.RemoveAll(dir)
 	}

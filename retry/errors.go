@@ -135,7 +135,7 @@ func (e *stoppedError) Unwrap() []error {
 // given number of attempts; last is the last error of fn, or nil.
 func newStoppedError(ctx context.Context, attempts int, last error) error {
 	e := &stoppedError{attempts: attempts, ctxErr: ctx.Err(), last: last}
-	if cause := context.Cause(ctx); cause != nil && cause != e.ctxErr {
+	if cause := context.Cause(ctx); cause != nil && cause != e.ctxErr { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
 		e.cause = cause
 	}
 	return e

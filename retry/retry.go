@@ -117,7 +117,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		live := ctx.Err() == nil
 		if !classify(err, live) {
 			for {
-				pe, ok := err.(*permanentError)
+				pe, ok := err.(*permanentError) //nolint:errorlint // strip only our own outer wrappers, keep the caller's chain
 				if !ok {
 					return err
 				}

@@ -182,10 +182,7 @@ func (c *Clock) offer(r reading) {
 }
 
 func (c *Clock) bound(r reading, now time.Time) time.Duration {
-	age := now.Sub(r.recv)
-	if age < 0 {
-		age = 0
-	}
+	age := max(now.Sub(r.recv), 0)
 	return (r.rtt()+time.Millisecond)/2 + time.Duration(float64(age)*c.opts.DriftRate)
 }
 

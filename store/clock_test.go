@@ -160,15 +160,18 @@ func TestClockConcurrentCallersShareOneSync(t *testing.T) {
 	f := newFake(time.Second)
 	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 3, Now: f.now})
 	var wg sync.WaitGroup
+	errs := make(chan error, 16)
 	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, err := c.Now(context.Background())
-			require.NoError(t, err)
-		}()
+			errs <- err
+		})
 	}
 	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 	require.Equal(t, 3, f.calls, "one sync of three readings for all callers")
 }
 

@@ -75,7 +75,8 @@ func TestConnectMalformedURI(t *testing.T) {
 }
 
 func TestConnectUnreachableFailsInBoundedTime(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // nothing listens there now

@@ -14,6 +14,7 @@
 package wireproxy
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -129,7 +130,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("wireproxy: listen on %s: %w", cfg.Listen, err)
 	}
@@ -242,7 +244,8 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.DialTimeout("tcp", p.cfg.Upstream, p.cfg.DialTimeout)
+		d := net.Dialer{Timeout: p.cfg.DialTimeout}
+		s, err := d.DialContext(context.Background(), "tcp", p.cfg.Upstream)
 		if err != nil {
 			_ = c.Close()
 			continue
@@ -384,7 +387,7 @@ func readMessage(r io.Reader) ([]byte, error) {
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
 	}
-	n := int32(binary.LittleEndian.Uint32(hdr[:]))
+	n := binary.LittleEndian.Uint32(hdr[:])
 	if n < 16 || n > maxMessageSize {
 		return nil, fmt.Errorf("wireproxy: bad message length %d", n)
 	}
@@ -396,7 +399,7 @@ func readMessage(r io.Reader) ([]byte, error) {
 	return msg, nil
 }
 
-func opCode(msg []byte) int32 { return int32(binary.LittleEndian.Uint32(msg[12:16])) }
+func opCode(msg []byte) uint32 { return binary.LittleEndian.Uint32(msg[12:16]) }
 
 func moreToCome(msg []byte) bool {
 	if opCode(msg) != opMsg || len(msg) < 20 {

@@ -25,12 +25,12 @@ func opMsgBytes(t testing.TB, flags uint32, body bson.D, seqID string, seq ...bs
 			docs = append(docs, db...)
 		}
 		msg = append(msg, 1)
-		msg = binary.LittleEndian.AppendUint32(msg, uint32(4+len(seqID)+1+len(docs)))
+		msg = binary.LittleEndian.AppendUint32(msg, uint32(4+len(seqID)+1+len(docs))) //nolint:gosec // test messages are tiny
 		msg = append(msg, seqID...)
 		msg = append(msg, 0)
 		msg = append(msg, docs...)
 	}
-	binary.LittleEndian.PutUint32(msg[0:], uint32(len(msg)))
+	binary.LittleEndian.PutUint32(msg[0:], uint32(len(msg))) //nolint:gosec // test messages are tiny
 	binary.LittleEndian.PutUint32(msg[12:], opMsg)
 	return msg
 }
