@@ -1,0 +1,251 @@
+package versioned
+
+import (
+	"errors"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Sentinel errors. Match them with errors.Is; the typed errors below carry the
+// facts (id, versions, write id) and match their sentinel.
+var (
+	// ErrConflict is matched by *ConflictError: the document's version is
+	// no longer the one the write expected.
+	ErrConflict = errors.New("versioned: version conflict")
+
+	// ErrNotFound is matched by *NotFoundError: no document has the id.
+	ErrNotFound = errors.New("versioned: document not found")
+
+	// ErrGuardFailed is matched by *GuardError: the document exists (at the
+	// expected version, for writes that expect one) but does not satisfy
+	// the write's condition or a Where filter.
+	ErrGuardFailed = errors.New("versioned: guard condition not met")
+
+	// ErrDuplicate is matched by *DuplicateError: Insert of an id that
+	// exists already, or any write that would duplicate a unique index key.
+	ErrDuplicate = errors.New("versioned: duplicate key")
+
+	// ErrInvalid is matched by *InvalidError and *VersionTypeError: bad
+	// input, or a context that had ended before the call, detected before
+	// anything was written.
+	ErrInvalid = errors.New("versioned: invalid input")
+
+	// ErrUnknownOutcome is matched by *UnknownOutcomeError: a write failed
+	// in a way that leaves open whether the server applied it, and re-reading
+	// the document could not settle it. The write was not retried.
+	ErrUnknownOutcome = errors.New("versioned: write outcome unknown")
+)
+
+// ConflictError reports that a write expected the document at one version
+// and found it at another: someone else wrote it since it was read. It
+// matches ErrConflict, and its Retryable method reports true, so retry.Do
+// retries it.
+type ConflictError struct {
+	// Op is the operation: "update", "delete", "modify" or "guarded".
+	Op string
+	// ID is the document's id.
+	ID any
+	// Expected is the version the write expected.
+	Expected int64
+	// Current is the version the document had when re-read.
+	Current int64
+}
+
+// Error returns a message with the id and both versions.
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("versioned: %s %v: version conflict: expected version %d, document is at version %d", e.Op, e.ID, e.Expected, e.Current)
+}
+
+// Is reports whether target is ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// Retryable reports true: a conflict passes once the write is recomputed
+// from the document's current state.
+func (e *ConflictError) Retryable() bool { return true }
+
+// NotFoundError reports that no document has the id. It matches
+// ErrNotFound.
+type NotFoundError struct {
+	// Op is the operation.
+	Op string
+	// ID is the id that was looked for.
+	ID any
+}
+
+// Error returns a message with the id.
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("versioned: %s %v: document not found", e.Op, e.ID)
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// GuardError reports that the document exists, at the expected version for
+// writes that expect one, but did not satisfy the write's condition (the
+// cond of Guarded) or one of its Where filters when the write was applied.
+// It matches ErrGuardFailed and, when the failing filter was given with
+// WhereErr, that filter's error too.
+type GuardError struct {
+	// Op is the operation.
+	Op string
+	// ID is the document's id.
+	ID any
+	// Version is the document's version when re-read.
+	Version int64
+	// Err is the error given to WhereErr for the filter found failing, or
+	// nil when the failing condition has no error of its own (Guarded's
+	// cond, a Where filter) or when it could not be told which one failed.
+	Err error
+}
+
+// Error returns a message with the id and version.
+func (e *GuardError) Error() string {
+	msg := fmt.Sprintf("versioned: %s %v: guard condition not met at version %d", e.Op, e.ID, e.Version)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrGuardFailed.
+func (e *GuardError) Is(target error) bool { return target == ErrGuardFailed }
+
+// Unwrap returns the WhereErr error, if any, so errors.Is and errors.As
+// reach it.
+func (e *GuardError) Unwrap() error { return e.Err }
+
+// DuplicateError reports that a write would duplicate a unique key: Insert
+// of an id that exists, or a value that a unique index holds already. It
+// matches ErrDuplicate and unwraps to the driver's error.
+type DuplicateError struct {
+	// Op is the operation.
+	Op string
+	// ID is the document's id.
+	ID any
+	// Err is the driver's duplicate key error (nil when Insert learned the
+	// id was taken by re-reading after a lost reply).
+	Err error
+}
+
+// Error returns a message with the id.
+func (e *DuplicateError) Error() string {
+	msg := fmt.Sprintf("versioned: %s %v: duplicate key", e.Op, e.ID)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrDuplicate.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
+// Unwrap returns the driver's error.
+func (e *DuplicateError) Unwrap() error { return e.Err }
+
+// InvalidError reports bad input detected before anything was sent: a nil
+// document, a missing, zero or mistyped id, a field name MongoDB would read
+// as an operator or a path, a document over 16 MiB, an update operator
+// Guarded does not allow, a bad Options field, or a context that had
+// already ended. It matches ErrInvalid and unwraps to the underlying error
+// (the context's error, an encoding error), if any.
+type InvalidError struct {
+	// Op is the operation, or "new" for New.
+	Op string
+	// Field names the offending field or path, when there is one.
+	Field string
+	// Reason says what is wrong.
+	Reason string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+// Error returns a message with the operation, the field and the reason.
+func (e *InvalidError) Error() string {
+	msg := "versioned: " + e.Op + ": invalid input"
+	if e.Field != "" {
+		msg += " at " + e.Field
+	}
+	msg += ": " + e.Reason
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrInvalid.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+// Unwrap returns the underlying error.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// VersionTypeError reports that a stored document's version field holds a
+// value that is not an integer (a string, a fraction, a negative number):
+// the repository will not guess what version it means, and writes nothing
+// to it. It matches ErrInvalid.
+type VersionTypeError struct {
+	// Op is the operation.
+	Op string
+	// ID is the document's id.
+	ID any
+	// Field is the version field's name.
+	Field string
+	// Value is the stored value.
+	Value bson.RawValue
+}
+
+// Error returns a message with the id, the field and the stored value.
+func (e *VersionTypeError) Error() string {
+	return fmt.Sprintf("versioned: %s %v: invalid input: stored version field %q holds %s %s, want a non-negative integer", e.Op, e.ID, e.Field, e.Value.Type, e.Value)
+}
+
+// Is reports whether target is ErrInvalid.
+func (e *VersionTypeError) Is(target error) bool { return target == ErrInvalid }
+
+// UnknownOutcomeError reports that a write was sent, failed in a way that
+// leaves its outcome open (a network error or a timeout after sending), and
+// re-reading the document could not tell whether it was applied: the
+// document moved on by more than Options.History versions, the re-read
+// itself kept failing, or the write may still be in flight and the context
+// ended or its condition stopped holding. It matches ErrUnknownOutcome,
+// unwraps to the write's error, and its Retryable method reports false:
+// retrying could apply the change twice.
+type UnknownOutcomeError struct {
+	// Op is the operation.
+	Op string
+	// ID is the document's id.
+	ID any
+	// WriteID is the write's id. If it landed, the document's write-id
+	// subdocument held this key until it was pruned.
+	WriteID string
+	// Base is the version the write was made against (for Guarded, a
+	// version the document had at or before the write).
+	Base int64
+	// Current is the version last read, or -1 if no read succeeded.
+	Current int64
+	// Reason says why the outcome could not be settled.
+	Reason string
+	// Err is the error of the write (joined with the re-read's error when
+	// re-reading failed).
+	Err error
+}
+
+// Error returns a message with the id, the write id, the versions and why.
+func (e *UnknownOutcomeError) Error() string {
+	return fmt.Sprintf("versioned: %s %v: outcome of write %s (base version %d, current %d) unknown: %s: %v", e.Op, e.ID, e.WriteID, e.Base, e.Current, e.Reason, e.Err)
+}
+
+// Is reports whether target is ErrUnknownOutcome.
+func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrUnknownOutcome }
+
+// Unwrap returns the write's error.
+func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
+
+// Retryable reports false: a blind retry could apply the write twice.
+func (e *UnknownOutcomeError) Retryable() bool { return false }
+
+// wrapErr prefixes a driver error with the operation and id, keeping it
+// reachable through errors.Is and errors.As.
+func wrapErr(op string, id any, err error) error {
+	return fmt.Errorf("versioned: %s %v: %w", op, id, err)
+}

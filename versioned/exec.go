@@ -1,0 +1,237 @@
+package versioned
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
+
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// newWriteID returns a fresh write id: 128 random bits as 26 base32
+// characters, which are valid field names.
+func newWriteID() string { return rand.Text() }
+
+// inTransaction reports whether ctx carries a session with a transaction
+// in progress.
+func inTransaction(ctx context.Context) bool {
+	s := mongo.SessionFromContext(ctx)
+	return s != nil && s.TransactionRunning()
+}
+
+// ambiguous reports whether a write that failed with err may have been
+// applied: store.IsAmbiguous, except for the failures the driver reports
+// before sending anything (no server selected, or a deadline too close to
+// try).
+func ambiguous(err error) bool {
+	var sse topology.ServerSelectionError
+	if errors.Is(err, driver.ErrDeadlineWouldBeExceeded) || errors.As(err, &sse) {
+		return false
+	}
+	return store.IsAmbiguous(err)
+}
+
+// verdict is what a re-read says about a write whose reply was lost.
+type verdict int
+
+const (
+	// landed: the document shows the write.
+	landed verdict = iota
+	// live: the write has not landed, but a copy of it still in flight
+	// could land later.
+	live
+	// dead: the write has not landed and never will.
+	dead
+	// unknown: the write may have landed and its trace been pruned since.
+	unknown
+)
+
+// sent is the outcome of sending a write once.
+type sent struct {
+	matched bool
+	after   bson.Raw // the document after the write, when the reply has it
+}
+
+// write is one write of the repository, which exec sends and, after an
+// ambiguous failure, resolves by re-reading.
+type write struct {
+	op   string
+	id   any           // the caller's id, for errors
+	key  bson.RawValue // the encoded id
+	wid  string        // the write id it stamps ("" for a delete)
+	base int64         // the version it records with its write id
+	send func(ctx context.Context) (sent, error)
+	// judge tells what a re-read document (nil: no document) says.
+	judge func(st *docState) verdict
+}
+
+// outcome is the result of exec.
+type outcome struct {
+	landed bool
+	after  bson.Raw  // the document after the write, if a reply carried it
+	reread *docState // the last re-read (nil if none, or no document)
+	read   bool      // a re-read was made
+}
+
+// exec sends w and, if the reply is lost (a network error or a timeout,
+// see store.IsAmbiguous), re-reads the document to learn whether w landed:
+// it reports landed, reports not landed when w can never land any more, and
+// sends w again, with the same write id, while w has not landed but still
+// could; every copy carries a filter that lets at most one of them apply.
+// When a re-read cannot settle it, exec returns an *UnknownOutcomeError.
+// Inside a transaction the write's error is returned as it is: the
+// transaction, not the write, is then the unit to retry.
+func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
+	s, err := w.send(ctx)
+	if err == nil {
+		return outcome{landed: s.matched, after: s.after}, nil
+	}
+	if !ambiguous(err) || inTransaction(ctx) {
+		return outcome{}, wrapErr(w.op, w.id, err)
+	}
+	first, noMatch := err, false
+	for resends := 0; ; {
+		st, rerr := r.reread(ctx, p, w)
+		if rerr != nil {
+			var vt *VersionTypeError
+			if errors.As(rerr, &vt) {
+				return outcome{}, rerr
+			}
+			return outcome{}, r.unknown(w, nil, "re-reading the document failed", errors.Join(first, rerr))
+		}
+		switch w.judge(st) {
+		case landed:
+			return outcome{landed: true, reread: st, read: true}, nil
+		case dead:
+			return outcome{reread: st, read: true}, nil
+		case unknown:
+			return outcome{}, r.unknown(w, st, "the document moved on too far to tell", first)
+		}
+		// live: a copy may still land. Send it again while the caller waits.
+		switch {
+		case noMatch:
+			return outcome{}, r.unknown(w, st, "the write's condition no longer holds, but a copy of it may still be in flight", first)
+		case ctx.Err() != nil:
+			return outcome{}, r.unknown(w, st, "the context ended while a copy of the write may still be in flight", errors.Join(first, ctx.Err()))
+		case resends >= maxResends:
+			return outcome{}, r.unknown(w, st, "the write kept failing with network errors", first)
+		}
+		resends++
+		s, err = w.send(ctx)
+		switch {
+		case err == nil && s.matched:
+			return outcome{landed: true, after: s.after}, nil
+		case err == nil:
+			noMatch = true
+		case !ambiguous(err):
+			return outcome{}, r.unknown(w, st, "sending the write again failed", errors.Join(first, err))
+		}
+	}
+}
+
+// reread reads the document by id after an ambiguous write, retrying
+// transient failures under policy p. It runs for at most ResolveTimeout,
+// whether or not ctx has ended meanwhile, since the caller must learn what
+// became of its write (the write itself may have failed on ctx's
+// deadline). It returns nil when there is no document.
+func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docState, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.ResolveTimeout)
+	defer cancel()
+	return retry.DoValue(rctx, *p, func(ctx context.Context) (*docState, error) {
+		st, err := r.find(ctx, w.op, w.id, w.key, nil)
+		if errors.Is(err, ErrNotFound) {
+			return nil, nil
+		}
+		return st, err
+	})
+}
+
+// find reads the document with id key that also matches the guards.
+func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
+	filter := withGuards(bson.D{{Key: "_id", Value: key}}, guards)
+	raw, err := r.coll.FindOne(ctx, filter).Raw()
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, &NotFoundError{Op: op, ID: id}
+	}
+	if err != nil {
+		return nil, wrapErr(op, id, err)
+	}
+	st, err := r.readState(op, id, raw)
+	if err != nil {
+		return nil, err
+	}
+	r.cache.observe(cacheKey(key), st.version, r.writes(raw))
+	return st, nil
+}
+
+func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) error {
+	cur := int64(-1)
+	if st != nil {
+		cur = st.version
+	}
+	return &UnknownOutcomeError{Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
+}
+
+// judgeCAS judges a write filtered on version == base.
+func (r *Repo[T]) judgeCAS(w *write) func(*docState) verdict {
+	return func(st *docState) verdict {
+		switch {
+		case st == nil:
+			return dead
+		case r.landed(st, w.wid):
+			return landed
+		case st.version > w.base+int64(r.opts.History):
+			return unknown
+		case st.version == w.base:
+			return live
+		case st.version < w.base:
+			return unknown // the document was deleted and inserted again
+		}
+		return dead
+	}
+}
+
+// classify tells why a write filtered on id, version == expected and the
+// guards matched nothing, from a re-read st (nil: no document).
+func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawValue, expected int64, st *docState, guards []guard) error {
+	switch {
+	case st == nil:
+		r.cache.forget(cacheKey(key))
+		return &NotFoundError{Op: op, ID: id}
+	case st.version != expected:
+		return &ConflictError{Op: op, ID: id, Expected: expected, Current: st.version}
+	}
+	return r.guardError(ctx, op, id, key, st.version, guards)
+}
+
+// guardError builds the *GuardError of a write whose conditions failed,
+// checking each WhereErr filter to learn which failed.
+func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.RawValue, ver int64, guards []guard) error {
+	ge := &GuardError{Op: op, ID: id, Version: ver}
+	for _, g := range guards {
+		if g.failErr == nil {
+			continue
+		}
+		if _, err := r.find(ctx, op, id, key, []guard{g}); errors.Is(err, ErrNotFound) {
+			ge.Err = g.failErr
+			break
+		}
+	}
+	return ge
+}
+
+// rereadNow reads the document to classify a failed write; a missing
+// document is nil.
+func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key bson.RawValue) (*docState, error) {
+	st, err := r.find(ctx, op, id, key, nil)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	return st, err
+}

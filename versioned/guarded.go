@@ -1,0 +1,280 @@
+package versioned
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Guarded applies the caller's update operators to the document with the
+// given id if it matches cond, in one statement: one findOneAndUpdate whose
+// filter is the id, cond and any Where filters, and whose update is the
+// caller's operators plus $inc of the version by one (and the write id). The
+// server evaluates cond and applies the update atomically, so no version
+// needs to be read first and no conflict can occur: this is the call for
+// hot counters such as stock or balances.
+//
+//	item, err := repo.Guarded(ctx, sku,
+//		bson.D{{"stock", bson.D{{"$gte", qty}}}},
+//		bson.D{{"$inc", bson.D{{"stock", -qty}}}})
+//
+// cond is a query filter (a bson.D, bson.M or anything that marshals to a
+// BSON document); nil means no condition. update may use $set, $unset, $inc
+// and $currentDate only (the operators every target server runs), on any
+// path except the id, the version field and Options.MetaField; two paths
+// may not overlap. A bad update is an *InvalidError and nothing is sent.
+//
+// Guarded returns the document as stored after the write. If cond (or a
+// Where filter) does not match it returns a *GuardError, and a
+// *NotFoundError if there is no such document: one re-read tells them
+// apart.
+//
+// Guarded normally makes one round trip. It records with its write id a
+// version the document had at or before the write, which it takes from
+// what the repository last saw of the document, or else from one read
+// first; if the document has since moved on by more than Options.History
+// versions the write does not match, and Guarded reads once and sends it
+// again. If the reply is lost and the write turns out to have landed, the
+// document returned is the one re-read, which may include later writes.
+func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (*T, error) {
+	const op = "guarded"
+	idv, key, err := r.start(ctx, op, id)
+	if err != nil {
+		return nil, err
+	}
+	ops, err := r.checkOps(op, update)
+	if err != nil {
+		return nil, err
+	}
+	cfg := newWriteConfig(opts)
+	guards := cfg.guards
+	if cond != nil {
+		c, err := bson.Marshal(cond)
+		if err != nil {
+			return nil, &InvalidError{Op: op, Field: "cond", Reason: "cond cannot be encoded as a document", Err: err}
+		}
+		if len(c) > 5 { // not the empty document
+			guards = append([]guard{{filter: bson.Raw(c)}}, guards...)
+		}
+	}
+	ck := cacheKey(key)
+	hist := int64(r.opts.History)
+	for round := 0; ; round++ {
+		base, ok, prune := r.cache.lookup(ck, r.opts.History)
+		if !ok {
+			st, err := r.find(ctx, op, idv, key, nil)
+			if err != nil {
+				return nil, err
+			}
+			base, prune = st.version, r.prunable(st.raw, st.version, nil)
+		}
+		wid := newWriteID()
+		filter := withGuards(bson.D{
+			{Key: "_id", Value: key},
+			{Key: "$or", Value: bson.A{
+				bson.D{{Key: r.opts.VersionField, Value: bson.D{{Key: "$lte", Value: base + hist}}}},
+				bson.D{{Key: r.opts.VersionField, Value: bson.D{{Key: "$exists", Value: false}}}},
+			}},
+			{Key: r.writeKey(wid), Value: bson.D{{Key: "$exists", Value: false}}},
+		}, guards)
+		upd := r.guardedUpdate(ops, base, wid, prune)
+		w := &write{op: op, id: idv, key: key, wid: wid, base: base}
+		w.send = func(ctx context.Context) (sent, error) {
+			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return sent{}, nil
+			}
+			if err != nil {
+				return sent{}, err
+			}
+			return sent{matched: true, after: raw}, nil
+		}
+		w.judge = func(st *docState) verdict {
+			switch {
+			case st == nil:
+				return dead
+			case r.landed(st, wid):
+				return landed
+			case st.version > base+hist:
+				return unknown
+			}
+			return live
+		}
+		out, err := r.exec(ctx, r.policy(&cfg), w)
+		if err != nil {
+			return nil, r.dupOr(op, idv, err)
+		}
+		if out.landed {
+			st := out.reread
+			if out.after != nil {
+				if st, err = r.readState(op, idv, out.after); err != nil {
+					return nil, err
+				}
+				r.cache.observe(ck, st.version, r.writes(out.after))
+			}
+			return r.decode(op, idv, st)
+		}
+		st := out.reread
+		if !out.read {
+			if st, err = r.rereadNow(ctx, op, idv, key); err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case st == nil:
+			r.cache.forget(ck)
+			return nil, &NotFoundError{Op: op, ID: idv}
+		case st.version <= base+hist:
+			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
+		case round < maxResends:
+			continue // the re-read refreshed the base version
+		}
+		return nil, &ConflictError{Op: op, ID: idv, Expected: base, Current: st.version}
+	}
+}
+
+// guardedUpdate merges the caller's operators with the version bump, the
+// write id and the pruning of old write ids.
+func (r *Repo[T]) guardedUpdate(ops bson.D, base int64, wid string, prune []string) bson.D {
+	add := map[string]bson.D{
+		"$inc": {{Key: r.opts.VersionField, Value: int64(1)}},
+		"$set": {{Key: r.writeKey(wid), Value: base}},
+	}
+	if len(prune) > 0 {
+		u := make(bson.D, len(prune))
+		for i, p := range prune {
+			u[i] = bson.E{Key: r.writeKey(p), Value: ""}
+		}
+		add["$unset"] = u
+	}
+	out := make(bson.D, 0, len(ops)+len(add))
+	for _, o := range ops {
+		fields := o.Value.(bson.D)
+		if extra, ok := add[o.Key]; ok {
+			fields = append(fields[:len(fields):len(fields)], extra...)
+			delete(add, o.Key)
+		}
+		out = append(out, bson.E{Key: o.Key, Value: fields})
+	}
+	for _, k := range []string{"$inc", "$set", "$unset"} {
+		if extra, ok := add[k]; ok {
+			out = append(out, bson.E{Key: k, Value: extra})
+		}
+	}
+	return out
+}
+
+// checkOps validates the caller's update of Guarded and returns it as a
+// bson.D of operators, each holding a bson.D of raw values.
+func (r *Repo[T]) checkOps(op string, update any) (bson.D, error) {
+	bad := func(field, format string, args ...any) (bson.D, error) {
+		return nil, &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if update == nil {
+		return bad("update", "update is nil")
+	}
+	raw, err := bson.Marshal(update)
+	if err != nil {
+		return nil, &InvalidError{Op: op, Field: "update", Reason: "update cannot be encoded as a document", Err: err}
+	}
+	elems, err := bson.Raw(raw).Elements()
+	if err != nil {
+		return nil, &InvalidError{Op: op, Field: "update", Reason: "malformed BSON", Err: err}
+	}
+	if len(elems) == 0 {
+		return bad("update", "update has no operators")
+	}
+	var (
+		ops   bson.D
+		paths []string
+	)
+	for _, e := range elems {
+		name, v := e.Key(), e.Value()
+		switch name {
+		case "$set", "$unset", "$inc", "$currentDate":
+		case "$setOnInsert":
+			return bad(name, "Guarded never inserts, so $setOnInsert would do nothing")
+		default:
+			return bad(name, "operator not allowed: use $set, $unset, $inc or $currentDate (the operators every target server runs)")
+		}
+		if v.Type != bson.TypeEmbeddedDocument {
+			return bad(name, "the value of %s is a %s, want a document", name, v.Type)
+		}
+		fields, err := v.Document().Elements()
+		if err != nil || len(fields) == 0 {
+			return bad(name, "%s names no field", name)
+		}
+		d := make(bson.D, 0, len(fields))
+		for _, f := range fields {
+			path, fv := f.Key(), f.Value()
+			if err := r.checkPath(op, path); err != nil {
+				return nil, err
+			}
+			if err := checkOperand(op, name, path, fv); err != nil {
+				return nil, err
+			}
+			for _, p := range paths {
+				if p == path || strings.HasPrefix(path, p+".") || strings.HasPrefix(p, path+".") {
+					return bad(path, "paths %q and %q overlap", p, path)
+				}
+			}
+			paths = append(paths, path)
+			d = append(d, bson.E{Key: path, Value: fv})
+		}
+		ops = append(ops, bson.E{Key: name, Value: d})
+	}
+	return ops, nil
+}
+
+// checkPath refuses an update path that is malformed or that touches what
+// the repository owns: the id, the version and the write ids.
+func (r *Repo[T]) checkPath(op, path string) error {
+	segs := strings.Split(path, ".")
+	for _, s := range segs {
+		switch {
+		case s == "":
+			return &InvalidError{Op: op, Field: path, Reason: "path has an empty segment"}
+		case strings.HasPrefix(s, "$"):
+			return &InvalidError{Op: op, Field: path, Reason: "path segment starts with '$' (positional and other $ paths are not supported)"}
+		}
+	}
+	switch segs[0] {
+	case "_id":
+		return &InvalidError{Op: op, Field: path, Reason: "the id cannot be changed"}
+	case r.opts.VersionField:
+		return &InvalidError{Op: op, Field: path, Reason: "the version field is the repository's to change"}
+	case r.opts.MetaField:
+		return &InvalidError{Op: op, Field: path, Reason: "the write-id field is the repository's to change"}
+	}
+	return nil
+}
+
+// checkOperand checks the value an operator gives a path.
+func checkOperand(op, name, path string, v bson.RawValue) error {
+	switch name {
+	case "$inc":
+		switch v.Type {
+		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
+			return nil
+		}
+		return &InvalidError{Op: op, Field: path, Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
+	case "$currentDate":
+		if v.Type == bson.TypeBoolean {
+			return nil
+		}
+		if v.Type == bson.TypeEmbeddedDocument {
+			if t, ok := v.Document().Lookup("$type").StringValueOK(); ok && (t == "date" || t == "timestamp") {
+				return nil
+			}
+		}
+		return &InvalidError{Op: op, Field: path, Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
+	case "$set":
+		return checkValueKeys(op, v, path)
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+package versioned
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/mongocas/mongocas/retry"
+)
+
+// Modify reads the document with the given id, calls fn on a fresh copy of
+// it, and writes fn's changes back if the document has not changed since it
+// was read: one find and one updateOne filtered on the id and the version
+// read, that $sets the changed mapped fields, $unsets the removed ones and
+// raises the version. It returns the document as stored. If fn changes
+// nothing, nothing is written and the document as read is returned.
+//
+// On a conflict (someone wrote the document in between) Modify reads again
+// and calls fn again on the new state, with jittered backoff, under the
+// repository's retry policy (Options.Retry, or WithRetry for this call). So
+// fn may run several times, each time on a freshly read copy; it must not
+// have side effects that cannot be repeated. When the retries run out the
+// error matches ErrConflict and retry.ErrExhausted (or
+// retry.ErrBudgetExhausted).
+//
+// An error from fn aborts Modify without a write; Modify returns it wrapped,
+// so errors.Is and errors.As reach it. fn must not change the id
+// (*InvalidError); changes it makes to the version field are ignored.
+//
+// With Where filters, the document must match them when read (otherwise fn
+// is not called and Modify returns a *GuardError) and when written.
+//
+// Inside a transaction (ctx carries a session with a transaction in
+// progress) Modify makes one attempt and returns a *ConflictError as it is,
+// for the transaction's own retry loop to handle.
+func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (*T, error) {
+	const op = "modify"
+	idv, key, err := r.start(ctx, op, id)
+	if err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, &InvalidError{Op: op, Reason: "fn is nil"}
+	}
+	cfg := newWriteConfig(opts)
+	policy := r.policy(&cfg)
+	var (
+		result *T
+		fnErr  error
+	)
+	attempt := func(ctx context.Context) error {
+		st, err := r.find(ctx, op, idv, key, cfg.guards)
+		if errors.Is(err, ErrNotFound) && len(cfg.guards) > 0 {
+			if st, err = r.rereadNow(ctx, op, idv, key); err == nil && st != nil {
+				return r.guardError(ctx, op, idv, key, st.version, cfg.guards)
+			}
+			return r.classify(ctx, op, idv, key, 0, nil, nil)
+		}
+		if err != nil {
+			return err
+		}
+		doc, err := r.decode(op, idv, st)
+		if err != nil {
+			return err
+		}
+		before, err := encodeID(op, r.s.idOf(valueOf(doc)))
+		if err != nil {
+			return err
+		}
+		if err := fn(doc); err != nil {
+			fnErr = err
+			return retry.Permanent(err)
+		}
+		r.s.setVersion(valueOf(doc), st.version)
+		raw, err := r.encode(op, doc)
+		if err != nil {
+			return err
+		}
+		if newID, err := raw.LookupErr("_id"); err != nil || newID.Type != before.Type || !bytes.Equal(newID.Value, before.Value) {
+			return &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", idv)}
+		}
+		set, unset, err := r.diff(st.raw, raw)
+		if err != nil {
+			return &InvalidError{Op: op, Reason: "malformed BSON", Err: err}
+		}
+		if len(set) == 0 && len(unset) == 0 {
+			result = doc
+			return nil
+		}
+		base := st.version
+		wid := newWriteID()
+		prune := r.prunable(st.raw, base, nil)
+		filter := r.casFilter(key, base, cfg.guards)
+		update := r.casUpdate(set, unset, base, wid, prune)
+		w := &write{op: op, id: idv, key: key, wid: wid, base: base}
+		w.send = func(ctx context.Context) (sent, error) {
+			res, err := r.coll.UpdateOne(ctx, filter, update)
+			if err != nil {
+				return sent{}, err
+			}
+			return sent{matched: res.MatchedCount == 1}, nil
+		}
+		w.judge = r.judgeCAS(w)
+		out, err := r.exec(ctx, policy, w)
+		if err != nil {
+			return r.dupOr(op, idv, err)
+		}
+		if out.landed {
+			r.s.setVersion(valueOf(doc), base+1)
+			r.cache.wrote(cacheKey(key), base+1, wid, base, prune)
+			result = doc
+			return nil
+		}
+		if !out.read {
+			if out.reread, err = r.rereadNow(ctx, op, idv, key); err != nil {
+				return err
+			}
+		}
+		return r.classify(ctx, op, idv, key, base, out.reread, cfg.guards)
+	}
+	if inTransaction(ctx) {
+		err = attempt(ctx)
+	} else {
+		err = retry.Do(ctx, *policy, attempt)
+	}
+	switch {
+	case err == nil:
+		return result, nil
+	case fnErr != nil: // fn's error ends the loop at once
+		return nil, fmt.Errorf("versioned: %s %v: fn: %w", op, idv, fnErr)
+	case errors.Is(err, retry.ErrExhausted), errors.Is(err, retry.ErrBudgetExhausted),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return nil, wrapErr(op, idv, err)
+	}
+	return nil, err
+}

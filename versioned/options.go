@@ -1,0 +1,161 @@
+package versioned
+
+import (
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/retry"
+)
+
+// Defaults of the Options fields.
+const (
+	// DefaultVersionField is the default BSON name of the version field.
+	DefaultVersionField = "version"
+	// DefaultMetaField is the default BSON name of the subdocument in which
+	// writes record their write ids.
+	DefaultMetaField = "_mc"
+	// DefaultHistory is the default number of versions for which a write id
+	// stays in the document.
+	DefaultHistory = 32
+	// DefaultResolveTimeout is the default bound on re-reading, after the
+	// caller's context ended, to learn whether an ambiguous write landed.
+	DefaultResolveTimeout = 5 * time.Second
+)
+
+// maxResends bounds how often one write is sent again after ambiguous
+// failures before its outcome is reported unknown.
+const maxResends = 3
+
+// Options configures a Repo. A nil *Options means all defaults; each zero
+// field takes its default.
+type Options struct {
+	// VersionField is the BSON name of the version field. T must map it to
+	// an int64 field. Default "version".
+	VersionField string
+
+	// MetaField is the BSON name of the subdocument where each write records
+	// its write id ({"<MetaField>": {"w": {"<write id>": <version>}}}). T
+	// must not map it. Default "_mc".
+	MetaField string
+
+	// History is how many versions a write id is kept for: a write id is
+	// pruned only by a later write that has seen the document more than
+	// History versions after it. After an ambiguous failure the repository
+	// can tell whether its write landed as long as the document moved fewer
+	// than History versions meanwhile; past that it reports
+	// ErrUnknownOutcome. Each id costs about 40 bytes in the document.
+	// Default 32. Negative is invalid.
+	History int
+
+	// Retry is the policy for Modify's conflict retries and for re-reads
+	// after an ambiguous write. The zero Policy means the retry package's
+	// defaults (full jitter from 5ms to 200ms, 10 attempts, 2s). Put a
+	// retry.Budget in it to cap retries across the process.
+	Retry retry.Policy
+
+	// ResolveTimeout bounds how long the repository keeps re-reading to
+	// learn whether an ambiguous write landed once the caller's context has
+	// ended (for example when the write itself timed out on that context's
+	// deadline). Default 5s. Negative is invalid.
+	ResolveTimeout time.Duration
+}
+
+func (o *Options) resolve() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.VersionField == "" {
+		r.VersionField = DefaultVersionField
+	}
+	if r.MetaField == "" {
+		r.MetaField = DefaultMetaField
+	}
+	if r.History == 0 {
+		r.History = DefaultHistory
+	}
+	if r.ResolveTimeout == 0 {
+		r.ResolveTimeout = DefaultResolveTimeout
+	}
+	bad := func(field, reason string, err error) (Options, error) {
+		return r, &InvalidError{Op: "new", Field: "Options." + field, Reason: reason, Err: err}
+	}
+	for _, f := range []struct{ field, name string }{{"VersionField", r.VersionField}, {"MetaField", r.MetaField}} {
+		if err := checkKey(f.name); err != nil {
+			return bad(f.field, err.Error(), nil)
+		}
+		if f.name == "_id" {
+			return bad(f.field, `"_id" is the id`, nil)
+		}
+	}
+	switch {
+	case r.VersionField == r.MetaField:
+		return bad("MetaField", fmt.Sprintf("%q is also the version field", r.MetaField), nil)
+	case r.History < 0:
+		return bad("History", fmt.Sprintf("%d is negative", r.History), nil)
+	case r.ResolveTimeout < 0:
+		return bad("ResolveTimeout", fmt.Sprintf("%v is negative", r.ResolveTimeout), nil)
+	}
+	if err := r.Retry.Validate(); err != nil {
+		return bad("Retry", "invalid policy", err)
+	}
+	return r, nil
+}
+
+// WriteOption adjusts one Update, Delete, Modify or Guarded call.
+type WriteOption func(*writeConfig)
+
+// guard is one condition of a write: a Where filter, or Guarded's cond.
+type guard struct {
+	filter  any // bson.D, or bson.Raw for cond
+	failErr error
+}
+
+type writeConfig struct {
+	guards []guard
+	policy *retry.Policy
+}
+
+func newWriteConfig(opts []WriteOption) writeConfig {
+	var c writeConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+// Where adds conditions to a write's filter, ANDed with the id, the version
+// and any other condition. If the document exists (at the expected version,
+// for writes that expect one) but does not match, the write changes nothing
+// and returns a *GuardError, which matches ErrGuardFailed. Modify checks the
+// conditions when it reads, too, so fn is not called on a document that
+// fails them. A typical use is fencing a write on a lease:
+//
+//	repo.Update(ctx, doc, versioned.Where(bson.D{{"lease.owner", me}, {"lease.epoch", epoch}}))
+func Where(filter bson.D) WriteOption {
+	return WhereErr(filter, nil)
+}
+
+// WhereErr is Where whose failure also matches failErr: the returned
+// *GuardError unwraps to failErr, so errors.Is(err, failErr) holds and
+// errors.As reaches failErr's type. When a write has several conditions,
+// the repository re-checks each WhereErr filter after the failure to tell
+// which one failed; the first one found failing gives its error.
+func WhereErr(filter bson.D, failErr error) WriteOption {
+	return func(c *writeConfig) {
+		if len(filter) > 0 {
+			c.guards = append(c.guards, guard{filter: filter, failErr: failErr})
+		}
+	}
+}
+
+// WithRetry replaces the repository's retry policy (Options.Retry) for one
+// Modify call: its conflict retries and its re-reads after an ambiguous
+// write.
+func WithRetry(p retry.Policy) WriteOption {
+	return func(c *writeConfig) { c.policy = &p }
+}

@@ -1,0 +1,332 @@
+package versioned
+
+import (
+	"context"
+	"reflect"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Repo stores documents of type T in one collection with optimistic
+// concurrency control. Make it with New. A Repo is safe for concurrent use;
+// make one per collection and share it, so that it can reuse what it learns
+// about documents (see the package documentation, "Write ids").
+type Repo[T any] struct {
+	coll  *mongo.Collection
+	s     *schema
+	opts  Options
+	cache *docCache
+}
+
+// New returns a repository of T over coll, the caller's collection (New
+// does not own the client). T must be a struct type with a field mapped to
+// "_id" and an int64 field mapped to the version field (Options.VersionField,
+// default "version"), named the way the driver's default struct codec names
+// them: the bson tag, or else the lowercased Go name. New reflects over T
+// once; a T it cannot work with (no id, no int64 version, an inline map, a
+// field name with '$' or '.', a custom BSON marshaler), a nil coll, or a bad
+// Options field is an *InvalidError.
+func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if coll == nil {
+		return nil, &InvalidError{Op: "new", Reason: "collection is nil"}
+	}
+	s, err := describe(reflect.TypeFor[T](), o.VersionField, o.MetaField)
+	if err != nil {
+		return nil, err
+	}
+	return &Repo[T]{coll: coll, s: s, opts: o, cache: newDocCache()}, nil
+}
+
+// Collection returns the collection the repository works on.
+func (r *Repo[T]) Collection() *mongo.Collection { return r.coll }
+
+// Get reads the document with the given id. Its version field holds the
+// stored version (0 for a document written before the repository was
+// adopted). It fails with a *NotFoundError if there is none, and a
+// *VersionTypeError if its stored version is not an integer.
+func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
+	const op = "get"
+	idv, key, err := r.start(ctx, op, id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.find(ctx, op, idv, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.decode(op, idv, st)
+}
+
+// Insert stores doc as a new document at version 1, and sets doc's version
+// field to 1. Its id must be set (Insert does not generate one). An id that
+// exists already is a *DuplicateError, as is a value another unique index
+// holds. If the reply is lost, Insert re-reads to learn whether its document
+// landed, as every write does (see "Guarantees" in the package
+// documentation).
+func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
+	const op = "insert"
+	if err := checkCtx(ctx, op); err != nil {
+		return err
+	}
+	v, id, key, err := r.docID(op, doc)
+	if err != nil {
+		return err
+	}
+	raw, err := r.encode(op, doc)
+	if err != nil {
+		return err
+	}
+	elems, _ := raw.Elements()
+	wid := newWriteID()
+	ins := make(bson.D, 0, len(elems)+2)
+	for _, e := range elems {
+		if e.Key() != r.opts.VersionField {
+			ins = append(ins, bson.E{Key: e.Key(), Value: e.Value()})
+		}
+	}
+	ins = append(ins,
+		bson.E{Key: r.opts.VersionField, Value: int64(1)},
+		bson.E{Key: r.opts.MetaField, Value: bson.D{{Key: "w", Value: bson.D{{Key: wid, Value: int64(0)}}}}})
+	var dupErr error
+	w := &write{op: op, id: id, key: key, wid: wid, base: 0}
+	w.send = func(ctx context.Context) (sent, error) {
+		_, err := r.coll.InsertOne(ctx, ins)
+		if store.IsDuplicateKey(err) {
+			dupErr = err
+			return sent{}, nil
+		}
+		return sent{matched: err == nil}, err
+	}
+	w.judge = func(st *docState) verdict {
+		switch {
+		case st == nil:
+			return live
+		case r.landed(st, wid):
+			return landed
+		case st.version > int64(r.opts.History):
+			return unknown
+		}
+		return dead
+	}
+	out, err := r.exec(ctx, &r.opts.Retry, w)
+	if err != nil {
+		return err
+	}
+	if !out.landed {
+		return &DuplicateError{Op: op, ID: id, Err: dupErr}
+	}
+	r.s.setVersion(v, 1)
+	r.cache.wrote(cacheKey(key), 1, wid, 0, nil)
+	return nil
+}
+
+// Update writes the caller's copy doc over the stored document, provided the
+// stored version is still doc's version: one updateOne filtered on the id,
+// that version and any Where filters, that $sets the fields T maps, $unsets
+// the mapped fields doc omits, and raises the version by one. Fields T does
+// not map are left as they are. On success doc's version field holds the new
+// version.
+//
+// When nothing matched, one re-read tells why: a *ConflictError (with the
+// current version) if the version moved, a *NotFoundError if the document is
+// gone, a *GuardError if a Where filter failed. doc is then left unchanged.
+func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error {
+	const op = "update"
+	if err := checkCtx(ctx, op); err != nil {
+		return err
+	}
+	cfg := newWriteConfig(opts)
+	v, id, key, err := r.docID(op, doc)
+	if err != nil {
+		return err
+	}
+	raw, err := r.encode(op, doc)
+	if err != nil {
+		return err
+	}
+	set, unset, err := r.diff(nil, raw)
+	if err != nil {
+		return &InvalidError{Op: op, Reason: "malformed BSON", Err: err}
+	}
+	ver := r.s.versionOf(v)
+	if ver < 0 {
+		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
+	}
+	ck := cacheKey(key)
+	_, _, prune := r.cache.lookup(ck, r.opts.History)
+	wid := newWriteID()
+	filter := r.casFilter(key, ver, cfg.guards)
+	update := r.casUpdate(set, unset, ver, wid, prune)
+	w := &write{op: op, id: id, key: key, wid: wid, base: ver}
+	w.send = func(ctx context.Context) (sent, error) {
+		res, err := r.coll.UpdateOne(ctx, filter, update)
+		if err != nil {
+			return sent{}, err
+		}
+		return sent{matched: res.MatchedCount == 1}, nil
+	}
+	w.judge = r.judgeCAS(w)
+	out, err := r.exec(ctx, r.policy(&cfg), w)
+	if err != nil {
+		return r.dupOr(op, id, err)
+	}
+	if out.landed {
+		r.s.setVersion(v, ver+1)
+		r.cache.wrote(ck, ver+1, wid, ver, prune)
+		return nil
+	}
+	st := out.reread
+	if !out.read {
+		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
+			return err
+		}
+	}
+	return r.classify(ctx, op, id, key, ver, st, cfg.guards)
+}
+
+// Delete removes the stored document, provided its version is still doc's
+// version and it matches any Where filters: one deleteOne. When nothing
+// matched, one re-read tells a *ConflictError from a *NotFoundError or a
+// *GuardError, as for Update. If the reply is lost and the document is gone
+// when re-read, Delete reports success: a delete is idempotent, although
+// another writer may have removed it.
+func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
+	const op = "delete"
+	if err := checkCtx(ctx, op); err != nil {
+		return err
+	}
+	cfg := newWriteConfig(opts)
+	v, id, key, err := r.docID(op, doc)
+	if err != nil {
+		return err
+	}
+	ver := r.s.versionOf(v)
+	filter := r.casFilter(key, ver, cfg.guards)
+	w := &write{op: op, id: id, key: key, base: ver}
+	w.send = func(ctx context.Context) (sent, error) {
+		res, err := r.coll.DeleteOne(ctx, filter)
+		if err != nil {
+			return sent{}, err
+		}
+		return sent{matched: res.DeletedCount == 1}, nil
+	}
+	w.judge = func(st *docState) verdict {
+		switch {
+		case st == nil:
+			return landed
+		case st.version == ver:
+			return live
+		}
+		return dead
+	}
+	out, err := r.exec(ctx, r.policy(&cfg), w)
+	if err != nil {
+		return err
+	}
+	if out.landed {
+		r.cache.forget(cacheKey(key))
+		return nil
+	}
+	st := out.reread
+	if !out.read {
+		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
+			return err
+		}
+	}
+	return r.classify(ctx, op, id, key, ver, st, cfg.guards)
+}
+
+// casFilter matches the document with id key at version ver that passes
+// the guards.
+func (r *Repo[T]) casFilter(key bson.RawValue, ver int64, guards []guard) bson.D {
+	return withGuards(bson.D{{Key: "_id", Value: key}, r.versionIs(ver)}, guards)
+}
+
+// casUpdate is the update of a write made against version base: the field
+// changes, the version set to base+1, the write id recorded with base, and
+// the pruned write ids removed.
+func (r *Repo[T]) casUpdate(set, unset bson.D, base int64, wid string, prune []string) bson.D {
+	set = append(set,
+		bson.E{Key: r.opts.VersionField, Value: base + 1},
+		bson.E{Key: r.writeKey(wid), Value: base})
+	for _, p := range prune {
+		unset = append(unset, bson.E{Key: r.writeKey(p), Value: ""})
+	}
+	u := bson.D{{Key: "$set", Value: set}}
+	if len(unset) > 0 {
+		u = append(u, bson.E{Key: "$unset", Value: unset})
+	}
+	return u
+}
+
+// start checks ctx and id for an operation that takes an id.
+func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, bson.RawValue, error) {
+	if err := checkCtx(ctx, op); err != nil {
+		return nil, bson.RawValue{}, err
+	}
+	idv, err := r.s.checkID(op, id)
+	if err != nil {
+		return nil, bson.RawValue{}, err
+	}
+	key, err := encodeID(op, idv)
+	if err != nil {
+		return nil, bson.RawValue{}, err
+	}
+	return idv.Interface(), key, nil
+}
+
+// docID checks doc and returns it as a settable value, with its id.
+func (r *Repo[T]) docID(op string, doc *T) (reflect.Value, any, bson.RawValue, error) {
+	if doc == nil {
+		return reflect.Value{}, nil, bson.RawValue{}, &InvalidError{Op: op, Reason: "document is nil"}
+	}
+	v := valueOf(doc)
+	idv, err := r.s.checkID(op, r.s.idOf(v).Interface())
+	if err != nil {
+		return reflect.Value{}, nil, bson.RawValue{}, err
+	}
+	key, err := encodeID(op, idv)
+	if err != nil {
+		return reflect.Value{}, nil, bson.RawValue{}, err
+	}
+	return v, idv.Interface(), key, nil
+}
+
+// valueOf returns the struct doc points to.
+func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
+
+// policy is the retry policy of one call.
+func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
+	if cfg != nil && cfg.policy != nil {
+		return cfg.policy
+	}
+	return &r.opts.Retry
+}
+
+// dupOr turns a duplicate key error into a *DuplicateError.
+func (r *Repo[T]) dupOr(op string, id any, err error) error {
+	if store.IsDuplicateKey(err) {
+		return &DuplicateError{Op: op, ID: id, Err: err}
+	}
+	return err
+}
+
+// checkCtx refuses a nil context or one that has already ended, before
+// anything is sent.
+func checkCtx(ctx context.Context, op string) error {
+	if ctx == nil {
+		return &InvalidError{Op: op, Reason: "context is nil"}
+	}
+	if err := ctx.Err(); err != nil {
+		return &InvalidError{Op: op, Reason: "context already ended", Err: err}
+	}
+	return nil
+}
