@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.uber.org/goleak"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
@@ -293,12 +294,20 @@ func (f *Faulty) ResetConnections() int { return f.proxy.ResetConnections() }
 // Requests returns how many requests passed through the proxy.
 func (f *Faulty) Requests() int64 { return f.proxy.Requests() }
 
-// Main runs the tests of a package and then stops the shared server and
-// removes its files. Call it from TestMain:
+// Main runs the tests of a package, stops the shared server, removes its
+// files, and then fails the run if any goroutine is still running (goleak):
+// a test that leaks a goroutine, or a library call that leaves one behind,
+// is caught even when every test passed. Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { mongotest.Main(m) }
 func Main(m *testing.M) {
 	code := m.Run()
 	Shutdown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "mongotest: goroutines left running after the tests and Shutdown: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
