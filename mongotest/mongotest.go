@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.uber.org/goleak"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
 	"github.com/mongocas/mongocas/store"
