@@ -51,6 +51,10 @@ const (
 	EnvDockerImage = "MONGOCAS_DOCKER_IMAGE"
 )
 
+// embeddedListen is where the embedded FerretDB listens; tests of start-up
+// failures change it.
+var embeddedListen = "127.0.0.1:0"
+
 // DefaultDockerImage is the image the Docker backend runs.
 const DefaultDockerImage = "mongo:7.0"
 
@@ -330,7 +334,7 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 		logLevel = slog.LevelDebug
 	}
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
+		Listener:  ferretdb.ListenerConfig{TCP: embeddedListen},
 		Handler:   "sqlite",
 		SQLiteURL: sqliteURL(dir),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),

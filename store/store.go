@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -176,21 +175,29 @@ func (s *Store) Close(ctx context.Context) error {
 	return nil
 }
 
-// RedactURI returns uri with any password replaced by "xxxxx". A string that
-// does not parse as a URL is cut after its scheme, so nothing secret in it is
-// echoed.
+// RedactURI returns uri with any password replaced by "xxxxx", keeping the
+// scheme, user name, hosts, path and options, so that an error can name the
+// URI without leaking the secret. It works on connection strings that do not
+// parse as URLs too (several hosts, a bad port).
 func RedactURI(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil {
-		if i := strings.Index(uri, "://"); i >= 0 {
-			return uri[:i+3] + "<unparsable>"
-		}
-		return "<unparsable>"
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if !ok {
+		scheme, rest = "", uri
 	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
 	}
-	return u.Redacted()
+	authority, tail := rest[:end], rest[end:]
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		user, _, hasPassword := strings.Cut(authority[:at], ":")
+		if hasPassword {
+			user += ":xxxxx"
+		}
+		authority = user + "@" + authority[at+1:]
+	}
+	if scheme == "" {
+		return authority + tail
+	}
+	return scheme + "://" + authority + tail
 }

@@ -66,7 +66,7 @@ func TestConnectMalformedURI(t *testing.T) {
 	var ce *store.ConnectError
 	require.ErrorAs(t, err, &ce)
 	require.NotContains(t, err.Error(), "s3cret", "credentials must be redacted")
-	require.Contains(t, err.Error(), "host")
+	require.Contains(t, err.Error(), "mongodb://user:xxxxx@host:notaport/?w=1")
 
 	_, err = store.Connect(context.Background(), "  ", nil)
 	require.ErrorIs(t, err, store.ErrConnect)
@@ -94,7 +94,10 @@ func TestConnectUnreachableFailsInBoundedTime(t *testing.T) {
 func TestRedactURI(t *testing.T) {
 	require.Equal(t, "mongodb://u:xxxxx@h:1/db", store.RedactURI("mongodb://u:pw@h:1/db"))
 	require.Equal(t, "mongodb://h:1/", store.RedactURI("mongodb://h:1/"))
-	require.NotContains(t, store.RedactURI("mongodb://u:p%w@h"), "p%w")
+	require.Equal(t, "mongodb://u:xxxxx@h", store.RedactURI("mongodb://u:p%w@h"))
+	require.Equal(t, "mongodb://u:xxxxx@h1:1,h2:2/db?replicaSet=rs", store.RedactURI("mongodb://u:p@ss@h1:1,h2:2/db?replicaSet=rs"))
+	require.Equal(t, "mongodb+srv://u@cluster.example/", store.RedactURI("mongodb+srv://u@cluster.example/"))
+	require.Equal(t, "h:1", store.RedactURI("h:1"))
 }
 
 func TestErrorClassificationOnServer(t *testing.T) {

@@ -1,0 +1,88 @@
+package mongotest
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/store"
+)
+
+func TestStartMalformedURINamesItRedacted(t *testing.T) {
+	t.Setenv(EnvBackend, "")
+	t.Setenv(EnvURI, "mongodb://admin:topsecret@db.example:notaport/")
+	began := time.Now()
+	_, err := start(context.Background())
+	require.ErrorIs(t, err, store.ErrConnect)
+	require.Contains(t, err.Error(), "db.example")
+	require.NotContains(t, err.Error(), "topsecret")
+	require.Less(t, time.Since(began), time.Second)
+}
+
+func TestStartUnreachableURIFailsInBoundedTime(t *testing.T) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	t.Setenv(EnvBackend, "")
+	t.Setenv(EnvURI, "mongodb://u:pw123@"+addr+"/?serverSelectionTimeoutMS=500&connectTimeoutMS=500")
+	began := time.Now()
+	_, err = start(context.Background())
+	took := time.Since(began)
+	require.ErrorIs(t, err, store.ErrConnect)
+	require.Contains(t, err.Error(), addr)
+	require.NotContains(t, err.Error(), "pw123")
+	require.Less(t, took, 5*time.Second)
+}
+
+func TestStartRejectsUnknownBackend(t *testing.T) {
+	t.Setenv(EnvBackend, "sqlite")
+	_, err := start(context.Background())
+	require.ErrorContains(t, err, "want uri, docker or embedded")
+
+	t.Setenv(EnvBackend, "uri")
+	t.Setenv(EnvURI, "")
+	_, err = start(context.Background())
+	require.ErrorContains(t, err, EnvURI+" is empty")
+}
+
+func TestDockerAbsentIsFoundQuickly(t *testing.T) {
+	// A socket path where nothing listens, and a TCP port that accepts but
+	// never answers: both must be given up on within the two-second bound.
+	t.Setenv("DOCKER_HOST", "unix://"+t.TempDir()+"/docker.sock")
+	began := time.Now()
+	require.False(t, dockerAnswers(context.Background()))
+	require.Less(t, time.Since(began), 100*time.Millisecond)
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // hold it open, say nothing
+		}
+	}()
+	t.Setenv("DOCKER_HOST", "tcp://"+ln.Addr().String())
+	began = time.Now()
+	require.False(t, dockerAnswers(context.Background()))
+	require.Less(t, time.Since(began), 3*time.Second)
+}
+
+func TestEmbeddedStartFailureIsAClearError(t *testing.T) {
+	old := embeddedListen
+	embeddedListen = "256.0.0.1:0" // not an address: the listener cannot start
+	defer func() { embeddedListen = old }()
+	s, err := startEmbedded(context.Background())
+	require.Nil(t, s)
+	require.ErrorContains(t, err, "embedded backend")
+}
