@@ -1,0 +1,89 @@
+// Package exampledb gives the example programs a fresh database: on the
+// server named by a -uri flag or MONGODB_URI when there is one, otherwise on
+// the embedded default server that mongotest starts (FerretDB behind a proxy
+// that serializes wire exchanges; see the README for what that proves).
+package exampledb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+)
+
+// DB is a fresh database for one program run, with what its server can do.
+type DB struct {
+	// Database is the fresh database. Close drops it.
+	*mongo.Database
+	// Caps is what the server can do, found by store.Probe.
+	Caps store.Capabilities
+	// Where says in words which server this is, for the program's first
+	// line of output.
+	Where string
+
+	close func(context.Context) error
+}
+
+// URIFlag registers the -uri flag on fs (flag.CommandLine when nil) and
+// returns its value's address. Its default is MONGODB_URI.
+func URIFlag(fs *flag.FlagSet) *string {
+	if fs == nil {
+		fs = flag.CommandLine
+	}
+	return fs.String("uri", os.Getenv(mongotest.EnvURI),
+		"MongoDB connection string (default $MONGODB_URI; when empty, an embedded server is started)")
+}
+
+// Open returns a fresh database whose name starts with label. With a
+// non-empty uri it connects there with store's production defaults; with an
+// empty uri it uses mongotest's shared server (Docker when an engine answers,
+// else embedded FerretDB behind the serializing proxy). Call Close when done.
+func Open(ctx context.Context, uri, label string) (*DB, error) {
+	if uri == "" {
+		db, drop, err := mongotest.Open(ctx, label)
+		if err != nil {
+			return nil, err
+		}
+		where := fmt.Sprintf("%s server (%s)", db.Server.Backend, db.Server.Caps)
+		if db.Server.Backend == mongotest.BackendEmbedded {
+			where = fmt.Sprintf("the embedded server: FerretDB behind a proxy that serializes requests, which models\nMongoDB's single-document atomicity and no more (%s);\nrun with -uri or MONGODB_URI against real MongoDB for the rest", db.Server.Caps)
+		}
+		return &DB{Database: db.Database, Caps: db.Server.Caps, Where: where, close: func(ctx context.Context) error {
+			err := drop(ctx)
+			mongotest.Shutdown()
+			return err
+		}}, nil
+	}
+	st, err := store.Connect(ctx, uri, &store.Options{AppName: "mongocas-examples"})
+	if err != nil {
+		return nil, err
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	db := st.Database("mongocas_" + label + "_" + hex.EncodeToString(b[:]))
+	caps, err := st.Capabilities(ctx, db)
+	if err != nil {
+		_ = st.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &DB{Database: db, Caps: caps, Where: fmt.Sprintf("%s (%s)", store.RedactURI(uri), caps), close: func(ctx context.Context) error {
+		return errors.Join(db.Drop(ctx), st.Close(ctx))
+	}}, nil
+}
+
+// Close drops the database and lets go of the server: it disconnects a
+// client Open made, and stops the embedded server if Open started one.
+func (d *DB) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return d.close(ctx)
+}

@@ -1,0 +1,45 @@
+package scenario
+
+import (
+	"strings"
+	"unicode"
+)
+
+// slug turns a strategy name into a collection-name part.
+func slug(s string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('_')
+			dash = true
+		}
+	}
+	return strings.TrimRight(b.String(), "_")
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
+}
+
+// cmpOr returns a if it is not nil, else b.
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// kindOf is KindMongocas for a mongocas strategy, else KindNaive.
+func kindOf(mongocas bool) string {
+	if mongocas {
+		return KindMongocas
+	}
+	return KindNaive
+}
