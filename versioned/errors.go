@@ -48,12 +48,18 @@ type ConflictError struct {
 	ID any
 	// Expected is the version the write expected.
 	Expected int64
-	// Current is the version the document had when re-read.
+	// Current is the version the document had when re-read, or -1 if it
+	// was not re-read: Modify does not re-read after each conflict (its next
+	// attempt reads anyway), so the errors its OnRetry hook sees carry -1;
+	// the error it returns carries the version.
 	Current int64
 }
 
 // Error returns a message with the id and both versions.
 func (e *ConflictError) Error() string {
+	if e.Current < 0 {
+		return fmt.Sprintf("versioned: %s %v: version conflict: document is no longer at version %d", e.Op, e.ID, e.Expected)
+	}
 	return fmt.Sprintf("versioned: %s %v: version conflict: expected version %d, document is at version %d", e.Op, e.ID, e.Expected, e.Current)
 }
 

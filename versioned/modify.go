@@ -113,6 +113,12 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			return nil
 		}
 		if !out.read {
+			if !inTransaction(ctx) {
+				// The next attempt's read, after the backoff, tells whether
+				// the document moved, went away or fails the filters: no
+				// re-read now, which saves a round trip per conflict.
+				return &ConflictError{Op: op, ID: idv, Expected: base, Current: -1}
+			}
 			if out.reread, err = r.rereadNow(ctx, op, idv, key); err != nil {
 				return err
 			}
@@ -123,6 +129,19 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		err = attempt(ctx)
 	} else {
 		err = retry.Do(ctx, *policy, attempt)
+	}
+	var ce *ConflictError
+	if errors.As(err, &ce) && ce.Current < 0 && ctx.Err() == nil {
+		// The retries ran out on a conflict not yet re-read: read once to
+		// report the current version, or why the write did not match.
+		st, rerr := r.rereadNow(ctx, op, idv, key)
+		switch {
+		case rerr != nil:
+		case st == nil || st.version == ce.Expected:
+			return nil, r.classify(ctx, op, idv, key, ce.Expected, st, cfg.guards)
+		default:
+			ce.Current = st.version
+		}
 	}
 	switch {
 	case err == nil:

@@ -28,13 +28,7 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 	if err != nil {
 		return &docState{raw: raw}, nil
 	}
-	ver, ok := v.AsInt64OK()
-	if !ok && v.Type == bson.TypeDouble {
-		f := v.Double()
-		if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-			ver, ok = int64(f), true
-		}
-	}
+	ver, ok := asInt(v)
 	if !ok || ver < 0 {
 		return nil, &VersionTypeError{Op: op, ID: id, Field: r.opts.VersionField, Value: v}
 	}
@@ -56,13 +50,24 @@ func (r *Repo[T]) landed(st *docState, wid string) bool {
 	return err == nil
 }
 
-// entryVersion reads the version recorded with a write id.
-func entryVersion(v bson.RawValue) (int64, bool) {
-	if n, ok := v.AsInt64OK(); ok {
-		return n, true
+// asInt reads an integer: an int32, an int64, or a double that holds an
+// integer exactly (mongosh writes numbers as doubles).
+func asInt(v bson.RawValue) (int64, bool) {
+	switch v.Type {
+	case bson.TypeInt32:
+		return int64(v.Int32()), true
+	case bson.TypeInt64:
+		return v.Int64(), true
+	case bson.TypeDouble:
+		if f := v.Double(); f == math.Trunc(f) && math.Abs(f) < 1<<53 {
+			return int64(f), true
+		}
 	}
 	return 0, false
 }
+
+// entryVersion reads the version recorded with a write id.
+func entryVersion(v bson.RawValue) (int64, bool) { return asInt(v) }
 
 // prunable lists the write ids of a stored document that a write made at
 // version base or later may remove: those recorded more than History
