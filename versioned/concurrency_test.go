@@ -106,9 +106,9 @@ func TestConcurrentWallets(t *testing.T) {
 	}
 
 	var wg sync.WaitGroup
-	for w := range workers {
+	for w := range uint64(workers) {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			rng := rand.New(rand.NewPCG(w, 42))
 			for range each {
 				id := ids[rng.IntN(wallets)]
 				amount := int64(1 + rng.IntN(30))

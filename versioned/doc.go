@@ -85,11 +85,14 @@
 // (or one read first), and Guarded's filter requires the version to be at
 // most base+History and its own write id to be absent.
 //
-// A write removes ("prunes") the write ids it knows of whose base version
-// is more than Options.History (32) below a version it saw the document at.
-// Hence: if a write landed and the document is at most History versions
-// past its base, its write id is still there. After a lost reply the
-// repository re-reads the document and decides:
+// A write also removes ("prunes") the write ids that nobody needs any more,
+// among those the repository knows of: the ids of its own earlier writes
+// whose outcome it has reported (for Guarded, only if sent once, so that no
+// other copy is in flight), and any id whose base version is more than
+// Options.History (32) below a version it has seen the document at. Hence,
+// while a write's outcome is not yet known, its id stays in the document
+// until the document is more than History versions past the write's base.
+// After a lost reply the repository re-reads the document and decides:
 //
 //   - the write id is there: the write landed; report success.
 //   - it is not, and the document is more than History versions past the
@@ -106,14 +109,15 @@
 //     the change is applied once.
 //
 // This needs only $set and $unset of dotted paths, which every target server
-// runs. A document carries at most about History write ids plus one per
-// write in flight (about 40 bytes each); writes that do not read the
-// document (Update, Guarded) prune what the repository last saw of it, so
-// share one Repo per collection. Pruning by version, rather than by time or
-// by count, keeps the decision free of clocks. The limit: an outcome is
-// learned only if fewer than History writes landed between the lost write
-// and the re-read; raise History for documents written by many writers at
-// once.
+// runs. A document written by one repository carries one write id (about 40
+// bytes) plus one per write in flight; with several repositories (processes)
+// writing it, ids of the others' writes linger for up to History versions.
+// Share one Repo per collection in a process: writes that do not read the
+// document (Update, Guarded) prune what the repository last saw of it.
+// Pruning by version, rather than by time, keeps the decision free of
+// clocks. The limit: an outcome is learned only if fewer than History
+// writes landed between the lost write and the re-read; raise History for
+// documents written by many writers at once.
 //
 // A delete leaves no document to stamp: a Delete whose reply is lost and
 // whose document is gone on re-read is reported as done, whoever removed it.

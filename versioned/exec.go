@@ -77,6 +77,9 @@ type outcome struct {
 	after  bson.Raw  // the document after the write, if a reply carried it
 	reread *docState // the last re-read (nil if none, or no document)
 	read   bool      // a re-read was made
+	// resent says the write was sent more than once: a copy other than the
+	// one that landed may still be in flight.
+	resent bool
 }
 
 // exec sends w and, if the reply is lost (a network error or a timeout,
@@ -99,19 +102,19 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	for resends := 0; ; {
 		st, rerr := r.reread(ctx, p, w)
 		if rerr != nil {
-			var vt *VersionTypeError
-			if errors.As(rerr, &vt) {
+			if _, ok := errors.AsType[*VersionTypeError](rerr); ok {
 				return outcome{}, rerr
 			}
 			return outcome{}, r.unknown(w, nil, "re-reading the document failed", errors.Join(first, rerr))
 		}
 		switch w.judge(st) {
 		case landed:
-			return outcome{landed: true, reread: st, read: true}, nil
+			return outcome{landed: true, reread: st, read: true, resent: resends > 0}, nil
 		case dead:
-			return outcome{reread: st, read: true}, nil
+			return outcome{reread: st, read: true, resent: resends > 0}, nil
 		case unknown:
 			return outcome{}, r.unknown(w, st, "the document moved on too far to tell", first)
+		case live:
 		}
 		// live: a copy may still land. Send it again while the caller waits.
 		switch {
@@ -126,7 +129,7 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 		s, err = w.send(ctx)
 		switch {
 		case err == nil && s.matched:
-			return outcome{landed: true, after: s.after}, nil
+			return outcome{landed: true, after: s.after, resent: true}, nil
 		case err == nil:
 			noMatch = true
 		case !ambiguous(err):
@@ -231,7 +234,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.Ra
 func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key bson.RawValue) (*docState, error) {
 	st, err := r.find(ctx, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
-		return nil, nil
+		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge
 	}
 	return st, err
 }

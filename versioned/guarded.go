@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -67,11 +68,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	for round := 0; ; round++ {
 		base, ok, prune := r.cache.lookup(ck, r.opts.History)
 		if !ok {
-			st, err := r.find(ctx, op, idv, key, nil)
-			if err != nil {
+			if _, err := r.find(ctx, op, idv, key, nil); err != nil {
 				return nil, err
 			}
-			base, prune = st.version, r.prunable(st.raw, st.version, nil)
+			base, _, prune = r.cache.lookup(ck, r.opts.History)
 		}
 		wid := newWriteID()
 		filter := withGuards(bson.D{
@@ -117,6 +117,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				}
 				r.cache.observe(ck, st.version, r.writes(out.after))
 			}
+			// Once the caller knows, the write id is needed only to stop
+			// other copies of the write, and there are none unless it was
+			// sent again.
+			r.cache.wrote(ck, st.version, wid, base, !out.resent, prune)
 			return r.decode(op, idv, st)
 		}
 		st := out.reread
@@ -154,9 +158,9 @@ func (r *Repo[T]) guardedUpdate(ops bson.D, base int64, wid string, prune []stri
 	}
 	out := make(bson.D, 0, len(ops)+len(add))
 	for _, o := range ops {
-		fields := o.Value.(bson.D)
+		fields, _ := o.Value.(bson.D) // checkOps made every operator a bson.D
 		if extra, ok := add[o.Key]; ok {
-			fields = append(fields[:len(fields):len(fields)], extra...)
+			fields = append(slices.Clip(fields), extra...)
 			delete(add, o.Key)
 		}
 		out = append(out, bson.E{Key: o.Key, Value: fields})
@@ -261,6 +265,7 @@ func checkOperand(op, name, path string, v bson.RawValue) error {
 		switch v.Type {
 		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
 			return nil
+		default:
 		}
 		return &InvalidError{Op: op, Field: path, Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
 	case "$currentDate":

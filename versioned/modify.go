@@ -90,7 +90,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		}
 		base := st.version
 		wid := newWriteID()
-		prune := r.prunable(st.raw, base, nil)
+		_, _, prune := r.cache.lookup(cacheKey(key), r.opts.History)
 		filter := r.casFilter(key, base, cfg.guards)
 		update := r.casUpdate(set, unset, base, wid, prune)
 		w := &write{op: op, id: idv, key: key, wid: wid, base: base}
@@ -108,7 +108,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		}
 		if out.landed {
 			r.s.setVersion(valueOf(doc), base+1)
-			r.cache.wrote(cacheKey(key), base+1, wid, base, prune)
+			r.cache.wrote(cacheKey(key), base+1, wid, base, true, prune)
 			result = doc
 			return nil
 		}

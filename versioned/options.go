@@ -40,12 +40,15 @@ type Options struct {
 	// must not map it. Default "_mc".
 	MetaField string
 
-	// History is how many versions a write id is kept for: a write id is
-	// pruned only by a later write that has seen the document more than
-	// History versions after it. After an ambiguous failure the repository
-	// can tell whether its write landed as long as the document moved fewer
-	// than History versions meanwhile; past that it reports
-	// ErrUnknownOutcome. Each id costs about 40 bytes in the document.
+	// History is how many versions the write id of a write whose outcome is
+	// not yet known is kept for: other writers prune a write id only once
+	// they have seen the document more than History versions past it (a
+	// repository removes its own as soon as it has reported their outcome).
+	// After an ambiguous failure the repository can tell whether its write
+	// landed as long as the document moved fewer than History versions
+	// meanwhile; past that it reports ErrUnknownOutcome. Guarded also fails
+	// to match, and reads and sends again, when the document has moved more
+	// than History versions past what the repository last saw of it.
 	// Default 32. Negative is invalid.
 	History int
 

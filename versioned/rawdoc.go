@@ -24,8 +24,8 @@ type docState struct {
 // integer, or a double holding an integer (as mongosh writes numbers), is
 // that version; anything else is a *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
-	v, err := raw.LookupErr(r.opts.VersionField)
-	if err != nil {
+	v := raw.Lookup(r.opts.VersionField)
+	if v.Type == 0 { // no version field
 		return &docState{raw: raw}, nil
 	}
 	ver, ok := asInt(v)
@@ -62,31 +62,13 @@ func asInt(v bson.RawValue) (int64, bool) {
 		if f := v.Double(); f == math.Trunc(f) && math.Abs(f) < 1<<53 {
 			return int64(f), true
 		}
+	default:
 	}
 	return 0, false
 }
 
 // entryVersion reads the version recorded with a write id.
 func entryVersion(v bson.RawValue) (int64, bool) { return asInt(v) }
-
-// prunable lists the write ids of a stored document that a write made at
-// version base or later may remove: those recorded more than History
-// versions before base. At most maxPrune are returned per write.
-func (r *Repo[T]) prunable(raw bson.Raw, base int64, dst []string) []string {
-	elems, err := r.writes(raw).Elements()
-	if err != nil {
-		return dst
-	}
-	for _, e := range elems {
-		if len(dst) >= maxPrune {
-			break
-		}
-		if v, ok := entryVersion(e.Value()); ok && v < base-int64(r.opts.History) {
-			dst = append(dst, e.Key())
-		}
-	}
-	return dst
-}
 
 // maxPrune bounds the write ids one write removes, to keep its update small.
 const maxPrune = 64
@@ -128,6 +110,7 @@ func checkValueKeys(op string, v bson.RawValue, path string) error {
 				return err
 			}
 		}
+	default: // a scalar has no field names
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package versioned
 
 import (
 	"context"
+	"errors"
 	"reflect"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -124,7 +125,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
 	r.s.setVersion(v, 1)
-	r.cache.wrote(cacheKey(key), 1, wid, 0, nil)
+	r.cache.wrote(cacheKey(key), 1, wid, 0, true, nil)
 	return nil
 }
 
@@ -180,7 +181,7 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	}
 	if out.landed {
 		r.s.setVersion(v, ver+1)
-		r.cache.wrote(ck, ver+1, wid, ver, prune)
+		r.cache.wrote(ck, ver+1, wid, ver, true, prune)
 		return nil
 	}
 	st := out.reread
@@ -311,12 +312,16 @@ func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
 	return &r.opts.Retry
 }
 
-// dupOr turns a duplicate key error into a *DuplicateError.
+// dupOr turns a duplicate key error, as exec returns it, into a
+// *DuplicateError holding the driver's error.
 func (r *Repo[T]) dupOr(op string, id any, err error) error {
-	if store.IsDuplicateKey(err) {
-		return &DuplicateError{Op: op, ID: id, Err: err}
+	if !store.IsDuplicateKey(err) {
+		return err
 	}
-	return err
+	if inner := errors.Unwrap(err); inner != nil && store.IsDuplicateKey(inner) {
+		err = inner // drop exec's prefix, which DuplicateError repeats
+	}
+	return &DuplicateError{Op: op, ID: id, Err: err}
 }
 
 // checkCtx refuses a nil context or one that has already ended, before

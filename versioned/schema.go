@@ -26,7 +26,6 @@ type schema struct {
 var (
 	tMarshaler      = reflect.TypeFor[bson.Marshaler]()
 	tValueMarshaler = reflect.TypeFor[bson.ValueMarshaler]()
-	tInt64          = reflect.TypeFor[int64]()
 )
 
 // describe reflects over T, a struct type, the way the driver's default

@@ -1,0 +1,203 @@
+package versioned_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// Each benchmark runs an operation of the repository beside the raw driver
+// calls that do the same work, in the same run and on the same server:
+//
+//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./versioned
+
+func benchSetup(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
+	b.Helper()
+	db := mongotest.New(b)
+	coll := db.Collection("docs")
+	repo, err := versioned.New[account](coll, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return repo, coll, context.Background()
+}
+
+func benchAccount(id string) *account {
+	return &account{ID: id, Owner: "ana", Balance: 100, Tags: []string{"a", "b"}}
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+func BenchmarkInsert(b *testing.B) {
+	b.Run("versioned", func(b *testing.B) {
+		repo, _, ctx := benchSetup(b)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			must(b, repo.Insert(ctx, benchAccount(strconv.Itoa(i))))
+		}
+	})
+	b.Run("raw_driver", func(b *testing.B) {
+		_, coll, ctx := benchSetup(b)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			a := benchAccount(strconv.Itoa(i))
+			a.Version = 1
+			_, err := coll.InsertOne(ctx, a)
+			must(b, err)
+		}
+	})
+}
+
+func BenchmarkGet(b *testing.B) {
+	b.Run("versioned", func(b *testing.B) {
+		repo, _, ctx := benchSetup(b)
+		must(b, repo.Insert(ctx, benchAccount("a")))
+		b.ReportAllocs()
+		for b.Loop() {
+			_, err := repo.Get(ctx, "a")
+			must(b, err)
+		}
+	})
+	b.Run("raw_driver", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b)
+		must(b, repo.Insert(ctx, benchAccount("a")))
+		b.ReportAllocs()
+		for b.Loop() {
+			var a account
+			must(b, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "a"}}).Decode(&a))
+		}
+	})
+}
+
+// BenchmarkUpdate writes back a held copy under a version check.
+func BenchmarkUpdate(b *testing.B) {
+	b.Run("versioned", func(b *testing.B) {
+		repo, _, ctx := benchSetup(b)
+		a := benchAccount("a")
+		must(b, repo.Insert(ctx, a))
+		b.ReportAllocs()
+		for b.Loop() {
+			a.Balance++
+			must(b, repo.Update(ctx, a))
+		}
+	})
+	b.Run("raw_driver", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b)
+		a := benchAccount("a")
+		must(b, repo.Insert(ctx, a))
+		b.ReportAllocs()
+		for b.Loop() {
+			a.Balance++
+			res, err := coll.UpdateOne(ctx,
+				bson.D{{Key: "_id", Value: a.ID}, {Key: "version", Value: a.Version}},
+				bson.D{
+					{Key: "$set", Value: bson.D{{Key: "owner", Value: a.Owner}, {Key: "balance", Value: a.Balance}, {Key: "tags", Value: a.Tags}}},
+					{Key: "$unset", Value: bson.D{{Key: "note", Value: ""}, {Key: "attrs", Value: ""}}},
+					{Key: "$inc", Value: bson.D{{Key: "version", Value: 1}}},
+				})
+			must(b, err)
+			if res.MatchedCount != 1 {
+				b.Fatal("conflict")
+			}
+			a.Version++
+		}
+	})
+}
+
+// BenchmarkModify is an uncontended read-modify-write: a find and a
+// version-checked update.
+func BenchmarkModify(b *testing.B) {
+	b.Run("versioned", func(b *testing.B) {
+		repo, _, ctx := benchSetup(b)
+		must(b, repo.Insert(ctx, benchAccount("a")))
+		b.ReportAllocs()
+		for b.Loop() {
+			_, err := repo.Modify(ctx, "a", func(a *account) error { a.Balance++; return nil })
+			must(b, err)
+		}
+	})
+	b.Run("raw_driver", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b)
+		must(b, repo.Insert(ctx, benchAccount("a")))
+		b.ReportAllocs()
+		for b.Loop() {
+			var a account
+			must(b, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "a"}}).Decode(&a))
+			a.Balance++
+			res, err := coll.UpdateOne(ctx,
+				bson.D{{Key: "_id", Value: a.ID}, {Key: "version", Value: a.Version}},
+				bson.D{
+					{Key: "$set", Value: bson.D{{Key: "balance", Value: a.Balance}}},
+					{Key: "$inc", Value: bson.D{{Key: "version", Value: 1}}},
+				})
+			must(b, err)
+			if res.MatchedCount != 1 {
+				b.Fatal("conflict")
+			}
+		}
+	})
+}
+
+// BenchmarkGuarded is a conditional decrement that returns the document
+// after it; raw_updateOne does the decrement without returning it.
+func BenchmarkGuarded(b *testing.B) {
+	cond := bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 1}}}}
+	dec := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}}}}
+	start := func(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
+		b.Helper()
+		repo, coll, ctx := benchSetup(b)
+		a := benchAccount("a")
+		a.Balance = 1 << 40
+		must(b, repo.Insert(ctx, a))
+		return repo, coll, ctx
+	}
+	b.Run("versioned", func(b *testing.B) {
+		repo, _, ctx := start(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			_, err := repo.Guarded(ctx, "a", cond, dec)
+			must(b, err)
+		}
+	})
+	b.Run("raw_driver", func(b *testing.B) {
+		_, coll, ctx := start(b)
+		filter := append(bson.D{{Key: "_id", Value: "a"}}, cond...)
+		update := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}, {Key: "version", Value: 1}}}}
+		opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
+		b.ReportAllocs()
+		for b.Loop() {
+			var a account
+			must(b, coll.FindOneAndUpdate(ctx, filter, update, opts).Decode(&a))
+		}
+	})
+	b.Run("raw_updateOne", func(b *testing.B) {
+		_, coll, ctx := start(b)
+		filter := append(bson.D{{Key: "_id", Value: "a"}}, cond...)
+		update := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}, {Key: "version", Value: 1}}}}
+		b.ReportAllocs()
+		for b.Loop() {
+			res, err := coll.UpdateOne(ctx, filter, update)
+			must(b, err)
+			if res.MatchedCount != 1 {
+				must(b, errors.New("guard failed"))
+			}
+		}
+	})
+}
