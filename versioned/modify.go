@@ -89,41 +89,21 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			return nil
 		}
 		base := st.version
-		wid := newWriteID()
-		_, _, prune := r.cache.lookup(cacheKey(key), r.opts.History)
-		filter := r.casFilter(key, base, cfg.guards)
-		update := r.casUpdate(set, unset, base, wid, prune)
-		w := &write{op: op, id: idv, key: key, wid: wid, base: base}
-		w.send = func(ctx context.Context) (sent, error) {
-			res, err := r.coll.UpdateOne(ctx, filter, update)
-			if err != nil {
-				return sent{}, err
-			}
-			return sent{matched: res.MatchedCount == 1}, nil
-		}
-		w.judge = r.judgeCAS(w)
-		out, err := r.exec(ctx, policy, w)
-		if err != nil {
-			return r.dupOr(op, idv, err)
-		}
-		if out.landed {
+		out, err := r.updateCAS(ctx, op, idv, key, base, set, unset, &cfg)
+		switch {
+		case err != nil:
+			return err
+		case out.landed:
 			r.s.setVersion(valueOf(doc), base+1)
-			r.cache.wrote(cacheKey(key), base+1, wid, base, true, prune)
 			result = doc
 			return nil
+		case !out.read && !inTransaction(ctx):
+			// The next attempt's read, after the backoff, tells whether the
+			// document moved, went away or fails the filters: no re-read
+			// now, which saves a round trip per conflict.
+			return &ConflictError{Op: op, ID: idv, Expected: base, Current: -1}
 		}
-		if !out.read {
-			if !inTransaction(ctx) {
-				// The next attempt's read, after the backoff, tells whether
-				// the document moved, went away or fails the filters: no
-				// re-read now, which saves a round trip per conflict.
-				return &ConflictError{Op: op, ID: idv, Expected: base, Current: -1}
-			}
-			if out.reread, err = r.rereadNow(ctx, op, idv, key); err != nil {
-				return err
-			}
-		}
-		return r.classify(ctx, op, idv, key, base, out.reread, cfg.guards)
+		return r.notApplied(ctx, op, idv, key, base, out, cfg.guards)
 	}
 	if inTransaction(ctx) {
 		err = attempt(ctx)

@@ -74,10 +74,7 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 // documentation).
 func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 	const op = "insert"
-	if err := checkCtx(ctx, op); err != nil {
-		return err
-	}
-	v, id, key, err := r.docID(op, doc)
+	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
@@ -141,11 +138,8 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // gone, a *GuardError if a Where filter failed. doc is then left unchanged.
 func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error {
 	const op = "update"
-	if err := checkCtx(ctx, op); err != nil {
-		return err
-	}
 	cfg := newWriteConfig(opts)
-	v, id, key, err := r.docID(op, doc)
+	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
@@ -161,12 +155,26 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	if ver < 0 {
 		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
 	}
+	out, err := r.updateCAS(ctx, op, id, key, ver, set, unset, &cfg)
+	if err != nil {
+		return err
+	}
+	if !out.landed {
+		return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
+	}
+	r.s.setVersion(v, ver+1)
+	return nil
+}
+
+// updateCAS sends the updateOne of a write made against version base: the
+// field changes, the version set to base+1, filtered on the id, base and
+// the guards; see exec.
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	ck := cacheKey(key)
 	_, _, prune := r.cache.lookup(ck, r.opts.History)
-	wid := newWriteID()
-	filter := r.casFilter(key, ver, cfg.guards)
-	update := r.casUpdate(set, unset, ver, wid, prune)
-	w := &write{op: op, id: id, key: key, wid: wid, base: ver}
+	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
+	filter := r.casFilter(key, base, cfg.guards)
+	update := r.casUpdate(set, unset, base, w.wid, prune)
 	w.send = func(ctx context.Context) (sent, error) {
 		res, err := r.coll.UpdateOne(ctx, filter, update)
 		if err != nil {
@@ -175,22 +183,27 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
 	w.judge = r.judgeCAS(w)
-	out, err := r.exec(ctx, r.policy(&cfg), w)
+	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
-		return r.dupOr(op, id, err)
+		return out, r.dupOr(op, id, err)
 	}
 	if out.landed {
-		r.s.setVersion(v, ver+1)
-		r.cache.wrote(ck, ver+1, wid, ver, true, prune)
-		return nil
+		r.cache.wrote(ck, base+1, w.wid, base, true, prune)
 	}
+	return out, nil
+}
+
+// notApplied tells why a write made against version expected did not
+// apply, re-reading the document unless exec already did.
+func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key bson.RawValue, expected int64, out outcome, guards []guard) error {
 	st := out.reread
 	if !out.read {
+		var err error
 		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
 			return err
 		}
 	}
-	return r.classify(ctx, op, id, key, ver, st, cfg.guards)
+	return r.classify(ctx, op, id, key, expected, st, guards)
 }
 
 // Delete removes the stored document, provided its version is still doc's
@@ -201,11 +214,8 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 // another writer may have removed it.
 func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
 	const op = "delete"
-	if err := checkCtx(ctx, op); err != nil {
-		return err
-	}
 	cfg := newWriteConfig(opts)
-	v, id, key, err := r.docID(op, doc)
+	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
@@ -236,13 +246,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 		r.cache.forget(cacheKey(key))
 		return nil
 	}
-	st := out.reread
-	if !out.read {
-		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
-			return err
-		}
-	}
-	return r.classify(ctx, op, id, key, ver, st, cfg.guards)
+	return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
 }
 
 // casFilter matches the document with id key at version ver that passes
@@ -284,8 +288,12 @@ func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, bson.RawVa
 	return idv.Interface(), key, nil
 }
 
-// docID checks doc and returns it as a settable value, with its id.
-func (r *Repo[T]) docID(op string, doc *T) (reflect.Value, any, bson.RawValue, error) {
+// docID checks ctx and doc, and returns doc as a settable value, with its
+// id.
+func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, any, bson.RawValue, error) {
+	if err := checkCtx(ctx, op); err != nil {
+		return reflect.Value{}, nil, bson.RawValue{}, err
+	}
 	if doc == nil {
 		return reflect.Value{}, nil, bson.RawValue{}, &InvalidError{Op: op, Reason: "document is nil"}
 	}

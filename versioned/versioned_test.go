@@ -190,6 +190,23 @@ func TestModify(t *testing.T) {
 		require.Equal(t, ce.Expected+1, ce.Current)
 		require.Len(t, retries, 2)
 		require.Equal(t, int64(116), b.raw(t, "a1")["balance"], "no attempt wrote")
+		require.Equal(t, -1, int(retries[0].Err.(*versioned.ConflictError).Current), "a conflict is not re-read before a retry") //nolint:forcetypeassert // a panic is a failure here
+	})
+
+	t.Run("the retry budget caps retries", func(t *testing.T) {
+		p := retry.Policy{Budget: retry.NewBudget(0, 1), InitialInterval: 1, MaxInterval: 1} // one retry, ever
+		calls := 0
+		_, err := repo.Modify(b.ctx, "a1", func(a *account) error {
+			calls++
+			_, err := b.coll.UpdateOne(b.ctx, bson.M{"_id": "a1"}, bson.M{"$inc": bson.M{"version": 1}})
+			require.NoError(t, err)
+			a.Balance++
+			return nil
+		}, versioned.WithRetry(p))
+		require.ErrorIs(t, err, retry.ErrBudgetExhausted)
+		require.ErrorIs(t, err, versioned.ErrConflict)
+		require.Equal(t, 2, calls)
+		require.Equal(t, int64(116), b.raw(t, "a1")["balance"])
 	})
 }
 
