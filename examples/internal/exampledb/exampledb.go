@@ -34,20 +34,26 @@ type DB struct {
 }
 
 // URIFlag registers the -uri flag on fs (flag.CommandLine when nil) and
-// returns its value's address. Its default is MONGODB_URI.
+// returns its value's address. Its value goes to Open, which falls back on
+// MONGODB_URI when it is empty. (The flag's default is not MONGODB_URI
+// itself, so that -h never prints a password.)
 func URIFlag(fs *flag.FlagSet) *string {
 	if fs == nil {
 		fs = flag.CommandLine
 	}
-	return fs.String("uri", os.Getenv(mongotest.EnvURI),
-		"MongoDB connection string (default $MONGODB_URI; when empty, an embedded server is started)")
+	return fs.String("uri", "",
+		"MongoDB connection string (default $MONGODB_URI; when both are empty, an embedded server is started)")
 }
 
 // Open returns a fresh database whose name starts with label. With a
-// non-empty uri it connects there with store's production defaults; with an
-// empty uri it uses mongotest's shared server (Docker when an engine answers,
-// else embedded FerretDB behind the serializing proxy). Call Close when done.
+// non-empty uri, or else a non-empty MONGODB_URI, it connects there with
+// store's production defaults; otherwise it uses mongotest's shared server
+// (Docker when an engine answers, else embedded FerretDB behind the
+// serializing proxy). Call Close when done.
 func Open(ctx context.Context, uri, label string) (*DB, error) {
+	if uri == "" {
+		uri = os.Getenv(mongotest.EnvURI)
+	}
 	if uri == "" {
 		db, drop, err := mongotest.Open(ctx, label)
 		if err != nil {

@@ -80,6 +80,11 @@ type partnerCall struct {
 	start, end    time.Time
 }
 
+// partnerAnswer is the body of a successful answer.
+type partnerAnswer struct {
+	Result string `json:"result"`
+}
+
 // partnerRequest is the body of unlink and link.
 type partnerRequest struct {
 	Primary   string `json:"primary"`
@@ -236,7 +241,10 @@ func (p *Partner) serve(w http.ResponseWriter, r *http.Request, op string) {
 		http.Error(w, body, status)
 		return
 	}
-	_, _ = io.WriteString(w, body)
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(partnerAnswer{Result: body}); err != nil {
+		return // the caller went away
+	}
 }
 
 func (p *Partner) log(user string, r *http.Request, op string, start time.Time) {
@@ -287,7 +295,7 @@ func (p *Partner) applyLocked(user, op string, req partnerRequest) (int, string)
 	case req.Primary == req.Secondary:
 		return http.StatusBadRequest, "primary and secondary are the same identity"
 	case parentP != "":
-		return http.StatusConflict, fmt.Sprintf("%s is not a primary", req.Primary)
+		return http.StatusConflict, req.Primary + " is not a primary"
 	}
 	switch op {
 	case "unlink":
@@ -297,7 +305,7 @@ func (p *Partner) applyLocked(user, op string, req partnerRequest) (int, string)
 		ids[req.Secondary] = ""
 	case "link":
 		if parentS != "" {
-			return http.StatusConflict, fmt.Sprintf("%s is not a primary", req.Secondary)
+			return http.StatusConflict, req.Secondary + " is not a primary"
 		}
 		ids[req.Secondary] = req.Primary
 		for id, parent := range ids {

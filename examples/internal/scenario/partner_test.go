@@ -25,7 +25,7 @@ func TestPartnerDetectsInterleavingFencesAndReplays(t *testing.T) {
 		go func() { errs <- switchAtPartner(ctx, c, "u", "a", s.target, s.seq, s.seq, 0) }()
 	}
 	e1, e2 := <-errs, <-errs
-	require.True(t, (e1 == nil) != (e2 == nil), "one link finds a no longer primary: %v, %v", e1, e2)
+	require.NotEqual(t, e1 == nil, e2 == nil, "one link finds a no longer primary: %v, %v", e1, e2)
 	require.True(t, isPartnerConflict(cmpOr(e1, e2)))
 	st := p.Stats()
 	require.Equal(t, 2, st.Interleaved)
