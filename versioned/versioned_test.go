@@ -190,7 +190,9 @@ func TestModify(t *testing.T) {
 		require.Equal(t, ce.Expected+1, ce.Current)
 		require.Len(t, retries, 2)
 		require.Equal(t, int64(116), b.raw(t, "a1")["balance"], "no attempt wrote")
-		require.Equal(t, -1, int(retries[0].Err.(*versioned.ConflictError).Current), "a conflict is not re-read before a retry") //nolint:forcetypeassert // a panic is a failure here
+		first, ok := errors.AsType[*versioned.ConflictError](retries[0].Err)
+		require.True(t, ok)
+		require.Equal(t, int64(-1), first.Current, "a conflict is not re-read before a retry")
 	})
 
 	t.Run("the retry budget caps retries", func(t *testing.T) {
