@@ -51,9 +51,9 @@ const (
 	EnvDockerImage = "MONGOCAS_DOCKER_IMAGE"
 )
 
-// embeddedListen is where the embedded FerretDB listens; tests of start-up
-// failures change it.
-var embeddedListen = "127.0.0.1:0"
+// embeddedSQLiteURL makes FerretDB's SQLite location from the data
+// directory; tests of start-up failures change it.
+var embeddedSQLiteURL = sqliteURL
 
 // DefaultDockerImage is the image the Docker backend runs.
 const DefaultDockerImage = "mongo:7.0"
@@ -334,9 +334,9 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 		logLevel = slog.LevelDebug
 	}
 	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: embeddedListen},
+		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
 		Handler:   "sqlite",
-		SQLiteURL: sqliteURL(dir),
+		SQLiteURL: embeddedSQLiteURL(dir),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
 	})
 	if err != nil {
