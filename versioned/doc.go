@@ -54,6 +54,9 @@
 // double holding an integer, as mongosh writes numbers, is accepted); any
 // other value is a *VersionTypeError and the document is not written.
 //
+// Reflection rather than an interface (GetVersion/SetVersion methods, say):
+// the model stays a plain struct with the bson tags it has anyway, there is
+// nothing to implement or to get wrong, and the cost is paid once, in New.
 // T must not have its own BSON marshaler or an inline map (the repository
 // must know which fields T maps), nor map Options.MetaField. Documents are
 // encoded with the driver's default registry.

@@ -46,7 +46,11 @@ func (r *Repo[T]) writes(raw bson.Raw) bson.Raw {
 
 // landed reports whether the stored document carries write id wid.
 func (r *Repo[T]) landed(st *docState, wid string) bool {
-	_, err := r.writes(st.raw).LookupErr(wid)
+	w := r.writes(st.raw)
+	if w == nil {
+		return false
+	}
+	_, err := w.LookupErr(wid)
 	return err == nil
 }
 
