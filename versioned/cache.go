@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"context"
 	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -43,8 +44,12 @@ func cacheKey(id bson.RawValue) string {
 }
 
 // observe records a stored document read at version ver with the given
-// write-id subdocument. Observations older than the one held are ignored.
-func (c *docCache) observe(key string, ver int64, writes bson.Raw) {
+// write-id subdocument. Observations older than the one held are ignored,
+// and so are those made inside a transaction (see committed).
+func (c *docCache) observe(ctx context.Context, key string, ver int64, writes bson.Raw) {
+	if !committed(ctx) {
+		return
+	}
 	elems, _ := writes.Elements()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -71,8 +76,12 @@ func (c *docCache) observe(key string, ver int64, writes bson.Raw) {
 
 // wrote records a write of ours that landed: the document is at least at
 // version ver, carries write id wid (recorded with base; done as for
-// entry.done) and no longer carries the pruned ids.
-func (c *docCache) wrote(key string, ver int64, wid string, base int64, done bool, pruned []string) {
+// entry.done) and no longer carries the pruned ids. Writes made inside a
+// transaction are not recorded (see committed).
+func (c *docCache) wrote(ctx context.Context, key string, ver int64, wid string, base int64, done bool, pruned []string) {
+	if !committed(ctx) {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.docs[key]
@@ -87,6 +96,12 @@ func (c *docCache) wrote(key string, ver int64, wid string, base int64, done boo
 	}
 	s.writes[wid] = entry{base: base, done: done}
 }
+
+// committed reports whether what is read and written with ctx is
+// committed at once, that is, ctx carries no transaction. A version seen
+// inside a transaction may be rolled back with it, and pruning must only
+// ever count versions the document really reached.
+func committed(ctx context.Context) bool { return !inTransaction(ctx) }
 
 // lookup returns the highest version seen of the document, whether it was
 // seen at all, and the write ids that the next write may remove: those of

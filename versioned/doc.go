@@ -118,7 +118,10 @@
 // Share one Repo per collection in a process: writes that do not read the
 // document (Update, Guarded) prune what the repository last saw of it.
 // Pruning by version, rather than by time, keeps the decision free of
-// clocks. The limit: an outcome is learned only if fewer than History
+// clocks; it assumes versions never go back, which is why what is read or
+// written inside a transaction does not count (the transaction may abort),
+// and why a replica set should write with majority write concern (the
+// store package's default) so that no acknowledged version is rolled back. The limit: an outcome is learned only if fewer than History
 // writes landed between the lost write and the re-read; raise History for
 // documents written by many writers at once.
 //

@@ -169,7 +169,7 @@ func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue
 	if err != nil {
 		return nil, err
 	}
-	r.cache.observe(cacheKey(key), st.version, r.writes(raw))
+	r.cache.observe(ctx, cacheKey(key), st.version, r.writes(raw))
 	return st, nil
 }
 

@@ -115,12 +115,12 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				if st, err = r.readState(op, idv, out.after); err != nil {
 					return nil, err
 				}
-				r.cache.observe(ck, st.version, r.writes(out.after))
+				r.cache.observe(ctx, ck, st.version, r.writes(out.after))
 			}
 			// Once the caller knows, the write id is needed only to stop
 			// other copies of the write, and there are none unless it was
 			// sent again.
-			r.cache.wrote(ck, st.version, wid, base, !out.resent, prune)
+			r.cache.wrote(ctx, ck, st.version, wid, base, !out.resent, prune)
 			return r.decode(op, idv, st)
 		}
 		st := out.reread

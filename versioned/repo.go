@@ -122,7 +122,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
 	r.s.setVersion(v, 1)
-	r.cache.wrote(cacheKey(key), 1, wid, 0, true, nil)
+	r.cache.wrote(ctx, cacheKey(key), 1, wid, 0, true, nil)
 	return nil
 }
 
@@ -188,7 +188,7 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.Raw
 		return out, r.dupOr(op, id, err)
 	}
 	if out.landed {
-		r.cache.wrote(ck, base+1, w.wid, base, true, prune)
+		r.cache.wrote(ctx, ck, base+1, w.wid, base, true, prune)
 	}
 	return out, nil
 }
