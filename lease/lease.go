@@ -1,0 +1,375 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// Lease is a claim on one document or name, held by its Manager's owner until
+// it is released, lost, or expires. Its epoch is a fencing token: add Fence
+// (or Guard) to the writes made under the lease, so that they fail once the
+// lease was taken over. A Lease is safe for concurrent use.
+type Lease struct {
+	m          *Manager
+	id         any
+	epoch      int64
+	acquiredAt time.Time
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu        sync.Mutex
+	expiresAt time.Time   // server time, as last confirmed
+	lastSent  time.Time   // the largest expiry ever sent: renewals only move it forward
+	deadline  time.Time   // local time (Options.Now) at which the holder stops
+	timer     *time.Timer // fires at deadline
+	err       error       // nil while held; ErrReleased or a *LostError after
+}
+
+// ID returns the _id of the leased document, or the name of a named lease.
+func (l *Lease) ID() any { return l.id }
+
+// Owner returns the owner string written in the lease record.
+func (l *Lease) Owner() string { return l.m.c.owner }
+
+// Epoch returns the lease's fencing token: the record's epoch after this
+// claim. Every claim of the same document or name, by any owner, gets a
+// larger one.
+func (l *Lease) Epoch() int64 { return l.epoch }
+
+// AcquiredAt returns when the lease was claimed, on the server's clock (as
+// estimated by the claimer).
+func (l *Lease) AcquiredAt() time.Time { return l.acquiredAt }
+
+// ExpiresAt returns the expiry written by the last claim or renewal known to
+// have been applied, on the server's clock.
+func (l *Lease) ExpiresAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expiresAt
+}
+
+// Deadline returns the local time, on Options.Now's clock, at which the
+// holder must have stopped working under the lease unless it renews it. The
+// lease's context ends then.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// TimeLeft returns the time until Deadline, or 0 once it has passed or the
+// lease has ended.
+func (l *Lease) TimeLeft() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return 0
+	}
+	return max(l.deadline.Sub(l.m.c.now()), 0)
+}
+
+// Context returns a context that ends when the lease is released or lost,
+// whichever comes first, or when its parent ends (the context given to Do;
+// TryAcquire and Acquire keep only their context's values). Its
+// context.Cause is ErrReleased or a *LostError.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done returns a channel that is closed when the lease's context ends.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, ErrReleased after Release, and a
+// *LostError (matching ErrLost) once it was lost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Fence returns the filter conditions that match the protected document only
+// while this lease holds it: {<field>.owner: owner, <field>.epoch: epoch}. Add
+// them to the filter of every write made under the lease (an update filtered
+// on _id plus Fence matches nothing once another owner took the lease over),
+// or use Guard with the versioned package.
+func (l *Lease) Fence() bson.D {
+	return bson.D{
+		{Key: l.m.pOwner, Value: l.m.c.owner},
+		{Key: l.m.pEpoch, Value: l.epoch},
+	}
+}
+
+// String describes the lease for logs.
+func (l *Lease) String() string {
+	return fmt.Sprintf("lease %v owner %q epoch %d", l.id, l.m.c.owner, l.epoch)
+}
+
+// finish ends the lease with err unless it has ended already, and returns the
+// error it ended with.
+func (l *Lease) finish(err error) error {
+	l.mu.Lock()
+	if l.err != nil {
+		err = l.err
+		l.mu.Unlock()
+		return err
+	}
+	l.err = err
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.mu.Unlock()
+	l.cancel(err)
+	return err
+}
+
+// onDeadline runs when the deadline timer fires: it ends the lease as expired
+// unless a renewal moved the deadline meanwhile.
+func (l *Lease) onDeadline() {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	if left := l.deadline.Sub(l.m.c.now()); left > 0 {
+		l.timer.Reset(left)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.finish(l.lost(Expired, record{}))
+}
+
+func (l *Lease) lost(reason Reason, now record) *LostError {
+	return &LostError{ID: l.id, Owner: l.m.c.owner, Epoch: l.epoch, Reason: reason, Holder: now.Owner, HolderEpoch: now.Epoch}
+}
+
+// lostFrom returns the LostError that the record r (or its absence) shows.
+func (l *Lease) lostFrom(r record, found bool) *LostError {
+	if !found || (r.Owner == "" && r.Epoch == l.epoch) {
+		return l.lost(Cleared, r)
+	}
+	return l.lost(TakenOver, r)
+}
+
+// ours reports whether r is this lease's record.
+func (l *Lease) ours(r record, found bool) bool {
+	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch
+}
+
+func (l *Lease) filter() bson.D {
+	return bson.D{
+		{Key: "_id", Value: l.id},
+		{Key: l.m.pOwner, Value: l.m.c.owner},
+		{Key: l.m.pEpoch, Value: l.epoch},
+	}
+}
+
+// Renew extends the lease to TTL from now, with one updateOne filtered on
+// _id, owner, epoch and an expiry earlier than the new one (so a delayed
+// renewal can never move the expiry back). On success it moves the local
+// deadline and the lease's context lives on. It returns a *LostError, and
+// ends the lease, when the record shows another owner or epoch or the local
+// deadline has passed; ErrReleased after Release; other errors (network,
+// timeouts) leave the lease held until its deadline. After an ambiguous
+// failure it re-reads the record to learn whether the renewal was applied.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lease: renew %v: %w", l.id, ctxErr(ctx))
+	}
+	m := l.m
+	l.mu.Lock()
+	if err := l.err; err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if !m.c.now().Before(l.deadline) {
+		l.mu.Unlock()
+		return l.finish(l.lost(Expired, record{}))
+	}
+	l.mu.Unlock()
+
+	t0 := m.c.now()
+	est, err := m.c.clock.Now(ctx)
+	if err != nil {
+		return fmt.Errorf("lease: renew %v: %w", l.id, err)
+	}
+	expires := est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
+	l.mu.Lock()
+	if !expires.After(l.lastSent) {
+		expires = l.lastSent.Add(time.Millisecond)
+	}
+	l.lastSent = expires
+	l.mu.Unlock()
+	deadline := m.deadline(t0, est, expires)
+
+	filter := append(l.filter(), bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
+	res, err := m.coll.UpdateOne(ctx, filter, update)
+	switch {
+	case err == nil && res.MatchedCount == 1:
+		l.extend(expires, deadline)
+		return nil
+	case err == nil:
+		r, found, rerr := m.read(ctx, l.id)
+		if rerr != nil {
+			return l.finish(l.lost(TakenOver, record{}))
+		}
+		if l.ours(r, found) {
+			// Our record, with an expiry at or past the new one: nothing to
+			// extend, nothing lost.
+			return fmt.Errorf("lease: renew %v: expiry already at %v", l.id, r.ExpiresAt)
+		}
+		return l.finish(l.lostFrom(r, found))
+	case ambiguous(err):
+		r, found, rerr := m.reread(ctx, l.id)
+		switch {
+		case rerr != nil:
+			return &UncertainError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
+		case !l.ours(r, found):
+			return l.finish(l.lostFrom(r, found))
+		case r.ExpiresAt.Equal(expires):
+			l.extend(expires, deadline)
+			return nil
+		default:
+			// Not applied (yet): the deadline stays where it was, which is
+			// safe whether or not the renewal lands later.
+			return fmt.Errorf("lease: renew %v: not applied: %w", l.id, err)
+		}
+	default:
+		return fmt.Errorf("lease: renew %v: %w", l.id, err)
+	}
+}
+
+// extend records a renewal that was applied.
+func (l *Lease) extend(expires, deadline time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	if expires.After(l.expiresAt) {
+		l.expiresAt = expires
+	}
+	// Both deadlines are safe for the record's expiry, which is at least
+	// each of the expiries they were computed for.
+	if deadline.After(l.deadline) {
+		l.deadline = deadline
+		// The timer's callback re-arms itself if it fires early; resetting it
+		// here only saves that wake-up.
+		l.timer.Reset(max(deadline.Sub(l.m.c.now()), 0))
+	}
+}
+
+// maxReleaseAttempts bounds how often Release sends its update again after
+// an ambiguous failure that re-reading shows was not applied.
+const maxReleaseAttempts = 3
+
+// Release gives the lease up with one updateOne filtered on _id, owner and
+// epoch that clears the owner and the expiry (the epoch stays), and ends the
+// lease's context with cause ErrReleased. It returns a *LostError (and
+// changes nothing) when the lease was taken over or cleared by someone else,
+// and ErrReleased when it was already released. A lease whose local deadline
+// passed is still released if nobody took it over, so others need not wait
+// for it; Release then returns its *LostError all the same, since the work
+// done under it was not protected to the end. After an ambiguous failure
+// Release re-reads the record and sends the update again if it was not
+// applied. A named lease's lock document keeps an expiry set to the server's
+// time of release, for the clean-up of EnsureIndexes.
+func (l *Lease) Release(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("lease: release %v: %w", l.id, ctxErr(ctx))
+	}
+	m := l.m
+	l.mu.Lock()
+	prior := l.err
+	expiredAt := l.deadline
+	l.mu.Unlock()
+	if prior == nil && !m.c.now().Before(expiredAt) {
+		prior = l.finish(l.lost(Expired, record{}))
+	}
+	var lost *LostError
+	switch {
+	case prior == nil:
+	case errors.As(prior, &lost) && lost.Reason == Expired:
+		// Expired locally: clear the record if it is still ours.
+	default:
+		return prior
+	}
+
+	update := bson.D{{Key: "$unset", Value: bson.D{
+		{Key: m.pOwner, Value: ""},
+		{Key: m.pClaim, Value: ""},
+		{Key: m.pExpires, Value: ""},
+	}}}
+	if m.named {
+		// Keep an expiry for the clean-up: the server's time of release, or
+		// the lease's own expiry if the clock cannot say.
+		freed := l.ExpiresAt()
+		if est, err := m.c.clock.Now(ctx); err == nil {
+			freed = est.Time.Truncate(time.Millisecond)
+		}
+		update = bson.D{
+			{Key: "$unset", Value: bson.D{{Key: m.pOwner, Value: ""}, {Key: m.pClaim, Value: ""}}},
+			{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: freed}}},
+		}
+	}
+	done := func() error {
+		if prior != nil {
+			return prior
+		}
+		return l.finish(ErrReleased)
+	}
+	for attempt := 1; ; attempt++ {
+		sent := m.c.now()
+		res, err := m.coll.UpdateOne(ctx, l.filter(), update)
+		switch {
+		case err == nil && res.MatchedCount == 1:
+			if e := done(); e != ErrReleased {
+				return e
+			}
+			return nil
+		case err == nil:
+			r, found, rerr := m.read(ctx, l.id)
+			if rerr != nil {
+				r, found = record{}, true
+			}
+			lost := l.lostFrom(r, found)
+			l.finish(lost)
+			return lost
+		case !ambiguous(err):
+			return fmt.Errorf("lease: release %v: %w", l.id, err)
+		}
+		r, found, rerr := m.reread(ctx, l.id)
+		switch {
+		case rerr != nil:
+			return &UncertainError{Op: "release", ID: l.id, Err: err, ReadErr: rerr}
+		case l.ours(r, found):
+			// Not applied: send it again.
+			if attempt >= maxReleaseAttempts || ctx.Err() != nil {
+				return fmt.Errorf("lease: release %v: not applied: %w", l.id, err)
+			}
+			continue
+		case found && r.Owner == "" && r.Epoch == l.epoch:
+			// Applied: the record is cleared and nobody claimed it since.
+			if e := done(); e != ErrReleased {
+				return e
+			}
+			return nil
+		case found && r.Epoch > l.epoch && sent.Before(expiredAt):
+			// Claimed by another owner since. Before our deadline only our
+			// release could have freed it, so it was applied.
+			if e := done(); e != ErrReleased {
+				return e
+			}
+			return nil
+		default:
+			lost := l.lostFrom(r, found)
+			l.finish(lost)
+			return lost
+		}
+	}
+}
