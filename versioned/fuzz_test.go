@@ -1,0 +1,123 @@
+package versioned
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+type fuzzDoc struct {
+	ID      string `bson:"_id"`
+	N       int64  `bson:"n"`
+	Version int64  `bson:"version"`
+}
+
+func fuzzRepo(t testing.TB) *Repo[fuzzDoc] {
+	t.Helper()
+	o, err := (*Options)(nil).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := describe(reflect.TypeFor[fuzzDoc](), o.VersionField, o.MetaField)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Repo[fuzzDoc]{s: s, opts: o, cache: newDocCache()}
+}
+
+func seedDocs(f *testing.F) {
+	f.Helper()
+	for _, d := range []any{
+		bson.M{"$inc": bson.M{"n": -3}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "a.b", Value: bson.M{"c": "$x"}}}}, {Key: "$unset", Value: bson.M{"d": ""}}},
+		bson.M{"$currentDate": bson.M{"at": bson.M{"$type": "date"}}},
+		bson.M{"$set": bson.M{"version": 1}},
+		bson.M{"$set": bson.M{"_mc.w.x": 1}},
+		bson.M{"$rename": bson.M{"a": "b"}},
+		bson.M{"$set": bson.M{"l": bson.A{bson.M{"$gt": 1}}}},
+		bson.M{"n": 1},
+	} {
+		raw, err := bson.Marshal(d)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(raw)
+	}
+}
+
+// FuzzCheckOps: whatever update document Guarded is given, checkOps does
+// not panic, and an update it accepts uses only the allowed operators, never
+// touches the id, the version or the write ids, and merges with the
+// repository's own operators into an update that encodes.
+func FuzzCheckOps(f *testing.F) {
+	seedDocs(f)
+	r := fuzzRepo(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if bson.Raw(data).Validate() != nil {
+			return
+		}
+		ops, err := r.checkOps("guarded", bson.Raw(data))
+		if err != nil {
+			return
+		}
+		for _, o := range ops {
+			switch o.Key {
+			case "$set", "$unset", "$inc", "$currentDate":
+			default:
+				t.Fatalf("accepted operator %q", o.Key)
+			}
+			fields, _ := o.Value.(bson.D)
+			for _, fe := range fields {
+				root, _, _ := strings.Cut(fe.Key, ".")
+				if root == "_id" || root == "version" || root == "_mc" {
+					t.Fatalf("accepted path %q", fe.Key)
+				}
+				for seg := range strings.SplitSeq(fe.Key, ".") {
+					if seg == "" || strings.HasPrefix(seg, "$") {
+						t.Fatalf("accepted path %q", fe.Key)
+					}
+				}
+			}
+		}
+		if _, err := bson.Marshal(r.guardedUpdate(ops, 3, "WID", []string{"OLD"})); err != nil {
+			t.Fatalf("merged update does not encode: %v", err)
+		}
+	})
+}
+
+// FuzzCheckKeys: on any BSON document checkKeys does not panic, and a
+// document it accepts has no field name, at any depth, that starts with '$'
+// or contains '.'.
+func FuzzCheckKeys(f *testing.F) {
+	seedDocs(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if bson.Raw(data).Validate() != nil {
+			return
+		}
+		if checkKeys("insert", bson.Raw(data), "") != nil {
+			return
+		}
+		var walk func(bson.RawValue)
+		walk = func(v bson.RawValue) {
+			switch v.Type {
+			case bson.TypeEmbeddedDocument:
+				elems, _ := v.Document().Elements()
+				for _, e := range elems {
+					if strings.HasPrefix(e.Key(), "$") || strings.Contains(e.Key(), ".") {
+						t.Fatalf("accepted key %q", e.Key())
+					}
+					walk(e.Value())
+				}
+			case bson.TypeArray:
+				vals, _ := v.Array().Values()
+				for _, x := range vals {
+					walk(x)
+				}
+			default:
+			}
+		}
+		walk(bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: data})
+	})
+}
