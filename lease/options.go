@@ -83,8 +83,10 @@ type Options struct {
 
 	// Clock estimates the server's clock (see store.Clock). Default: one
 	// Clock per *mongo.Client, shared by every Manager of this package that
-	// uses the client with the default Now; a Manager with its own Now gets
-	// its own Clock reading that Now.
+	// uses the client with the default Now, and kept (with a reference to
+	// the client) for the life of the process; a Manager with its own Now
+	// gets its own Clock reading that Now. Programs that make many
+	// short-lived clients should pass a Clock of their own.
 	Clock *store.Clock
 
 	// Now is the local clock. Only differences between its readings are
