@@ -1,0 +1,131 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+)
+
+// TestDroppedReply: the server applies a claim, renewal or release but its
+// reply is lost (a network error after the write). The lease re-reads and
+// learns the truth: no stuck lease, no double holder.
+func TestDroppedReply(t *testing.T) {
+	const ttl = 10 * time.Second
+	ctx := context.Background()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	coll := f.Collection(b.coll.Name())
+	a := b.managerOn(t, coll, "a", ttl, nil)
+	c := b.manager(t, "c", ttl, nil)
+	claims := mongotest.Commands([]string{"findAndModify"}, b.coll.Name())
+	updates := mongotest.Commands([]string{"update"}, b.coll.Name())
+
+	t.Run("acquire applied", func(t *testing.T) {
+		droppedClaim(t, f, a, c, b.coll, b.insert(t))
+	})
+
+	t.Run("acquire not applied", func(t *testing.T) {
+		id := b.insert(t)
+		lc, err := c.TryAcquire(ctx, id)
+		require.NoError(t, err)
+		fault := f.DropNextReply(claims)
+		_, err = a.TryAcquire(ctx, id)
+		require.True(t, fault.HasFired())
+		require.ErrorIs(t, err, lease.ErrHeld, "the re-read found c holding it")
+		var held *lease.HeldError
+		require.ErrorAs(t, err, &held)
+		require.Equal(t, "c", held.Owner)
+		require.NoError(t, lc.Release(ctx))
+	})
+
+	t.Run("acquire of a named lease applied", func(t *testing.T) {
+		locks := f.Collection("locks")
+		na, err := lease.NewNamed(locks, &lease.Options{TTL: ttl, Owner: "a", Clock: a.Clock()})
+		require.NoError(t, err)
+		nc, err := lease.NewNamed(b.db.Collection("locks"), &lease.Options{TTL: ttl, Owner: "c", Clock: b.clock})
+		require.NoError(t, err)
+		droppedClaim(t, f, na, nc, b.db.Collection("locks"), "partner-api:user:42")
+	})
+
+	t.Run("renew applied", func(t *testing.T) {
+		id := b.insert(t)
+		la, err := a.TryAcquire(ctx, id)
+		require.NoError(t, err)
+		before := la.ExpiresAt()
+		time.Sleep(5 * time.Millisecond)
+		fault := f.DropNextReply(updates)
+		require.NoError(t, la.Renew(ctx), "the re-read found the renewal applied")
+		require.True(t, fault.HasFired())
+		require.True(t, la.ExpiresAt().After(before))
+		require.True(t, load(t, b.coll, id).Lease.ExpiresAt.Equal(la.ExpiresAt()))
+		require.NoError(t, la.Release(ctx))
+	})
+
+	t.Run("release applied", func(t *testing.T) {
+		id := b.insert(t)
+		la, err := a.TryAcquire(ctx, id)
+		require.NoError(t, err)
+		fault := f.DropNextReply(updates)
+		require.NoError(t, la.Release(ctx), "the re-read found the release applied")
+		require.True(t, fault.HasFired())
+		require.ErrorIs(t, la.Err(), lease.ErrReleased)
+		d := load(t, b.coll, id)
+		require.Empty(t, owner(d.Lease))
+		require.Equal(t, int64(1), d.Lease.Epoch)
+		requireFree(t, c, id, 2)
+	})
+
+	t.Run("unresolved", func(t *testing.T) {
+		// The reply is lost and the re-read fails too: the outcome is
+		// reported as unknown, matching the network error.
+		id := b.insert(t)
+		la, err := a.TryAcquire(ctx, id)
+		require.NoError(t, err)
+		f.DropReplies(1, updates)
+		f.DropReplies(100, mongotest.Commands([]string{"find"}, b.coll.Name()))
+		err = la.Release(ctx)
+		require.ErrorIs(t, err, lease.ErrUncertain)
+		require.True(t, store.IsNetwork(err), "%v", err)
+		require.NoError(t, la.Err(), "still held as far as anyone knows")
+	})
+}
+
+// droppedClaim has a (whose traffic passes f) claim id while the reply of
+// its findAndModify is dropped: a must learn from a re-read that it holds the
+// lease, exactly once, and c must neither hold it too nor find it stuck after
+// a releases.
+func droppedClaim(t *testing.T, f *mongotest.Faulty, a, c *lease.Manager, coll *mongo.Collection, id any) {
+	t.Helper()
+	ctx := context.Background()
+	fault := f.DropNextReply(mongotest.Commands([]string{"findAndModify"}, coll.Name()))
+	la, err := a.TryAcquire(ctx, id)
+	require.True(t, fault.HasFired())
+	require.NoError(t, err, "the re-read found the claim applied")
+	d := load(t, coll, id)
+	require.Equal(t, a.Owner(), owner(d.Lease))
+	require.Equal(t, la.Epoch(), d.Lease.Epoch)
+	require.Equal(t, int64(1), d.Lease.Epoch, "applied once")
+
+	_, err = c.TryAcquire(ctx, id)
+	require.ErrorIs(t, err, lease.ErrHeld, "no double holder")
+	require.NoError(t, la.Release(ctx))
+	requireFree(t, c, id, 2)
+}
+
+// requireFree checks that m can take the lease on id at once, with epoch
+// want: it is not stuck. It releases it again.
+func requireFree(t *testing.T, m *lease.Manager, id any, want int64) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := m.TryAcquire(ctx, id)
+	require.NoError(t, err, "no stuck lease")
+	require.Equal(t, want, l.Epoch())
+	require.NoError(t, l.Release(ctx))
+}

@@ -1,0 +1,170 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
+)
+
+func (b *bundle) named(t *testing.T, locks *mongo.Collection, owner string, ttl time.Duration, opts *lease.Options) *lease.Manager {
+	t.Helper()
+	o := lease.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	o.Owner, o.TTL, o.Clock = owner, ttl, b.clock
+	m, err := lease.NewNamed(locks, &o)
+	require.NoError(t, err)
+	return m
+}
+
+func TestNamed(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	locks := b.db.Collection("locks")
+	a := b.named(t, locks, "a", 5*time.Second, nil)
+	c := b.named(t, locks, "c", 5*time.Second, nil)
+	const name = "partner-api:user:42"
+
+	la, err := a.TryAcquire(ctx, name)
+	require.NoError(t, err, "the first claim creates the lock document")
+	require.Equal(t, int64(1), la.Epoch())
+	d := load(t, locks, name)
+	require.Equal(t, "a", owner(d.Lease))
+
+	_, err = c.TryAcquire(ctx, name)
+	require.ErrorIs(t, err, lease.ErrHeld)
+	var held *lease.HeldError
+	require.ErrorAs(t, err, &held)
+	require.Equal(t, "a", held.Owner)
+	require.Equal(t, name, held.ID)
+
+	require.NoError(t, la.Release(ctx))
+	d = load(t, locks, name)
+	require.Empty(t, owner(d.Lease), "released")
+	require.Equal(t, int64(1), d.Lease.Epoch, "the lock document stays, with its epoch")
+	require.NotNil(t, d.Lease.ExpiresAt, "it keeps the time of release, for the clean-up")
+	require.False(t, d.Lease.ExpiresAt.After(time.Now().Add(time.Second)))
+
+	err = c.Do(ctx, name, func(ctx context.Context, l *lease.Lease) error {
+		require.Equal(t, int64(2), l.Epoch())
+		return nil
+	})
+	require.NoError(t, err)
+	n, err := locks.CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+}
+
+// TestNamedRace: 32 owners race for fresh names, so the upsert itself races
+// and all but one lose on the duplicate _id: exactly one winner per round,
+// every other owner gets ErrHeld.
+func TestNamedRace(t *testing.T) {
+	const goroutines, rounds = 32, 30
+	b := setup(t)
+	ctx := context.Background()
+	locks := b.db.Collection("locks")
+	managers := make([]*lease.Manager, goroutines)
+	for i := range managers {
+		managers[i] = b.named(t, locks, fmt.Sprintf("owner-%02d", i), time.Minute, nil)
+	}
+	for round := range rounds {
+		name := fmt.Sprintf("job:%d", round)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make([]error, goroutines)
+		for i, m := range managers {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = m.TryAcquire(ctx, name)
+			})
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i, err := range errs {
+			if err == nil {
+				winners++
+				continue
+			}
+			require.ErrorIs(t, err, lease.ErrHeld, "round %d owner %d", round, i)
+		}
+		require.Equal(t, 1, winners, "round %d", round)
+		require.Equal(t, int64(1), load(t, locks, name).Lease.Epoch)
+	}
+}
+
+func TestCleanup(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	locks := b.db.Collection("locks")
+	m := b.named(t, locks, "a", 200*time.Millisecond, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+
+	ttl, err := m.EnsureIndexes(ctx)
+	require.NoError(t, err)
+	require.Equal(t, b.db.Caps().TTLIndexes, ttl, "a TTL index exactly where the server has them")
+	specs, err := locks.Indexes().ListSpecifications(ctx)
+	require.NoError(t, err)
+	found := false
+	for _, s := range specs {
+		if s.Name == lease.TTLIndexName("_lease") {
+			found = true
+			require.NotNil(t, s.ExpireAfterSeconds)
+		}
+	}
+	require.Equal(t, ttl, found)
+
+	released, err := m.TryAcquire(ctx, "released")
+	require.NoError(t, err)
+	require.NoError(t, released.Release(ctx))
+	_, err = m.TryAcquire(ctx, "crashed") // never released
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
+	live, err := m.TryAcquire(ctx, "live")
+	require.NoError(t, err)
+
+	n, err := m.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "the released and the crashed lock documents")
+	left, err := locks.Distinct(ctx, "_id", bson.D{}).Raw()
+	require.NoError(t, err)
+	require.Contains(t, left.String(), `"live"`)
+	require.NotContains(t, left.String(), `"crashed"`)
+	require.NoError(t, live.Release(ctx))
+
+	docs := b.manager(t, "a", time.Second, nil)
+	_, err = docs.EnsureIndexes(ctx)
+	require.ErrorIs(t, err, lease.ErrNotNamed)
+	_, err = docs.Sweep(ctx)
+	require.ErrorIs(t, err, lease.ErrNotNamed)
+}
+
+// TestTTLIndex runs where the server has TTL indexes: the index deletes a
+// stale lock document by itself.
+func TestTTLIndex(t *testing.T) {
+	b := setup(t)
+	b.db.Require(t, mongotest.TTLIndexes)
+	ctx := context.Background()
+	locks := b.db.Collection("locks")
+	m := b.named(t, locks, "a", time.Second, &lease.Options{CleanupAfter: time.Second})
+	ok, err := m.EnsureIndexes(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	l, err := m.TryAcquire(ctx, "stale")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	// MongoDB's TTL monitor runs every 60s.
+	require.Eventually(t, func() bool {
+		n, err := locks.CountDocuments(ctx, bson.D{})
+		return err == nil && n == 0
+	}, 3*time.Minute, time.Second)
+}

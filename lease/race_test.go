@@ -1,0 +1,122 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/lease"
+)
+
+// TestRace: 32 goroutines, each its own owner, race for one lease in each of
+// 200 rounds; the winner releases it at the end of its round. Exactly one
+// wins every round, exactly one claim is applied (the epoch rises by one),
+// and every loser gets ErrHeld naming the winner.
+//
+// The rounds share one document: FerretDB v1 scans the whole collection for
+// a filter other than a bare _id, so a growing collection would only slow the
+// test down.
+func TestRace(t *testing.T) {
+	const goroutines, rounds = 32, 200
+	b := setup(t)
+	ctx := context.Background()
+	managers := make([]*lease.Manager, goroutines)
+	for i := range managers {
+		managers[i] = b.manager(t, fmt.Sprintf("owner-%02d", i), time.Minute, nil)
+	}
+	id := b.insert(t)
+	for round := range rounds {
+		var (
+			wg      sync.WaitGroup
+			start   = make(chan struct{})
+			leases  = make([]*lease.Lease, goroutines)
+			errs    = make([]error, goroutines)
+			winners int
+			winner  *lease.Lease
+		)
+		for i, m := range managers {
+			wg.Go(func() {
+				<-start
+				leases[i], errs[i] = m.TryAcquire(ctx, id)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i := range goroutines {
+			if errs[i] == nil {
+				winners++
+				winner = leases[i]
+			}
+		}
+		require.Equal(t, 1, winners, "round %d: exactly one winner", round)
+		epoch := int64(round + 1)
+		require.Equal(t, epoch, winner.Epoch(), "round %d", round)
+		for i := range goroutines {
+			if errs[i] == nil {
+				continue
+			}
+			require.ErrorIs(t, errs[i], lease.ErrHeld, "round %d owner %d", round, i)
+			var held *lease.HeldError
+			require.ErrorAs(t, errs[i], &held)
+			require.Equal(t, winner.Owner(), held.Owner, "round %d owner %d", round, i)
+			require.Equal(t, epoch, held.Epoch, "round %d owner %d", round, i)
+		}
+		d := load(t, b.coll, id)
+		require.Equal(t, winner.Owner(), owner(d.Lease), "round %d", round)
+		require.Equal(t, epoch, d.Lease.Epoch, "round %d: one claim applied", round)
+		require.NoError(t, winner.Release(ctx))
+	}
+}
+
+// TestEpochs: several owners take turns on one document through 1,000
+// acquire/release cycles. In the order the lease was held, every epoch is
+// greater than every earlier one, and fenced writes count the cycles exactly.
+func TestEpochs(t *testing.T) {
+	const owners, cycles = 4, 1000
+	b := setup(t)
+	ctx := context.Background()
+	id := b.insert(t)
+	var (
+		mu     sync.Mutex
+		epochs []int64
+		wg     sync.WaitGroup
+		errs   = make(chan error, owners)
+	)
+	for i := range owners {
+		m := b.manager(t, fmt.Sprintf("owner-%d", i), 5*time.Second, &lease.Options{Retry: fastRetry})
+		wg.Go(func() {
+			for range cycles / owners {
+				l, err := m.Acquire(ctx, id)
+				if err != nil {
+					errs <- err
+					return
+				}
+				// Appended while held, so in the order the lease was held.
+				mu.Lock()
+				epochs = append(epochs, l.Epoch())
+				mu.Unlock()
+				if err := l.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, epochs, cycles)
+	for i := 1; i < len(epochs); i++ {
+		require.Greater(t, epochs[i], epochs[i-1], "epoch %d after %d", epochs[i], epochs[i-1])
+	}
+	require.Equal(t, int64(cycles), epochs[len(epochs)-1], "no claim was lost or doubled")
+	d := load(t, b.coll, id)
+	require.Equal(t, int64(cycles), d.Lease.Epoch)
+	require.Empty(t, owner(d.Lease))
+}
