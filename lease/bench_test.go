@@ -1,0 +1,177 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+)
+
+// The benchmarks time a lease's claim and release beside the raw driver call
+// doing the same write (same filter, same update, same options) in the same
+// run, so the ratio shows what the package adds: the clock estimate, argument
+// checks, decoding, the Lease with its deadline timer.
+//
+//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./lease
+
+// benchSetup returns a collection holding one document, the one every
+// iteration works on. (FerretDB v1 scans the whole collection for any filter
+// but a bare _id, so more documents would time the scan.)
+func benchSetup(b *testing.B, name string) (*mongo.Collection, bson.ObjectID) {
+	b.Helper()
+	db := mongotest.New(b)
+	coll := db.Collection(name)
+	id := bson.NewObjectID()
+	if _, err := coll.InsertOne(context.Background(), bson.D{{Key: "_id", Value: id}, {Key: "data", Value: "x"}}); err != nil {
+		b.Fatal(err)
+	}
+	return coll, id
+}
+
+func benchManager(b *testing.B, coll *mongo.Collection) *lease.Manager {
+	b.Helper()
+	m, err := lease.New(coll, &lease.Options{TTL: time.Minute, Owner: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := m.Clock().Now(context.Background()); err != nil { // first sync outside the timing
+		b.Fatal(err)
+	}
+	return m
+}
+
+// rawClaim is the claim's findOneAndUpdate, as the package sends it.
+func rawClaim(ctx context.Context, coll *mongo.Collection, clock *store.Clock, id bson.ObjectID) (bson.Raw, error) {
+	est, err := clock.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	filter := bson.D{
+		{Key: "_id", Value: id},
+		{Key: "$or", Value: bson.A{
+			bson.D{{Key: "_lease.owner", Value: nil}},
+			bson.D{{Key: "_lease.expiresAt", Value: bson.D{{Key: "$lt", Value: est.Earliest()}}}},
+		}},
+	}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "_lease.owner", Value: "bench"},
+			{Key: "_lease.expiresAt", Value: est.Time.Add(time.Minute)},
+			{Key: "_lease.acquiredAt", Value: est.Time},
+			{Key: "_lease.claim", Value: bson.NewObjectID()},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: "_lease.epoch", Value: int64(1)}}},
+	}
+	return coll.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+}
+
+// rawRelease is the release's updateOne, as the package sends it.
+func rawRelease(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, epoch int64) error {
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "_lease.owner", Value: "bench"}, {Key: "_lease.epoch", Value: epoch}}
+	update := bson.D{{Key: "$unset", Value: bson.D{
+		{Key: "_lease.owner", Value: ""},
+		{Key: "_lease.claim", Value: ""},
+		{Key: "_lease.expiresAt", Value: ""},
+	}}}
+	res, err := coll.UpdateOne(ctx, filter, update)
+	if err == nil && res.MatchedCount != 1 {
+		err = fmt.Errorf("release matched %d", res.MatchedCount)
+	}
+	return err
+}
+
+func rawClock(b *testing.B, coll *mongo.Collection) *store.Clock {
+	clock := store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
+	if _, err := clock.Now(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return clock
+}
+
+// BenchmarkAcquire times claims of a free lease; each is released outside
+// the timing.
+func BenchmarkAcquire(b *testing.B) {
+	ctx := context.Background()
+	b.Run("raw-findOneAndUpdate", func(b *testing.B) {
+		coll, id := benchSetup(b, "raw")
+		clock := rawClock(b, coll)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			raw, err := rawClaim(ctx, coll, clock, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := rawRelease(ctx, coll, id, raw.Lookup("_lease", "epoch").Int64()); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("lease-TryAcquire", func(b *testing.B) {
+		coll, id := benchSetup(b, "lease")
+		m := benchManager(b, coll)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			l, err := m.TryAcquire(ctx, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+}
+
+// BenchmarkRelease times releases of a held lease; each is claimed outside
+// the timing.
+func BenchmarkRelease(b *testing.B) {
+	ctx := context.Background()
+	b.Run("raw-updateOne", func(b *testing.B) {
+		coll, id := benchSetup(b, "raw")
+		clock := rawClock(b, coll)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			b.StopTimer()
+			raw, err := rawClaim(ctx, coll, clock, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if err := rawRelease(ctx, coll, id, raw.Lookup("_lease", "epoch").Int64()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("lease-Release", func(b *testing.B) {
+		coll, id := benchSetup(b, "lease")
+		m := benchManager(b, coll)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			b.StopTimer()
+			l, err := m.TryAcquire(ctx, id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
