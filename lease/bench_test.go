@@ -89,6 +89,7 @@ func rawRelease(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, e
 }
 
 func rawClock(b *testing.B, coll *mongo.Collection) *store.Clock {
+	b.Helper()
 	clock := store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
 	if _, err := clock.Now(context.Background()); err != nil {
 		b.Fatal(err)

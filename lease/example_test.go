@@ -53,8 +53,7 @@ func ExampleManager_TryAcquire() {
 	fmt.Println("worker-1 holds the lease, epoch", l.Epoch())
 
 	_, err = worker2.TryAcquire(ctx, "user-42")
-	var held *lease.HeldError
-	if errors.As(err, &held) {
+	if held, ok := errors.AsType[*lease.HeldError](err); ok {
 		fmt.Printf("worker-2: 409, held by %s, Retry-After %v\n", held.Owner, held.TimeLeft.Round(time.Second))
 	}
 

@@ -140,7 +140,7 @@ func (l *Lease) onDeadline() {
 		return
 	}
 	l.mu.Unlock()
-	l.finish(l.lost(Expired, record{}))
+	_ = l.finish(l.lost(Expired, record{}))
 }
 
 func (l *Lease) lost(reason Reason, now record) *LostError {
@@ -317,28 +317,30 @@ func (l *Lease) Release(ctx context.Context) error {
 			{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: freed}}},
 		}
 	}
-	done := func() error {
+	// released finishes a release that was applied. It returns nil, or the
+	// *LostError of a lease that expired locally before or meanwhile.
+	released := func() error {
 		if prior != nil {
 			return prior
 		}
-		return l.finish(ErrReleased)
+		if err := l.finish(ErrReleased); !errors.Is(err, ErrReleased) {
+			return err
+		}
+		return nil
 	}
 	for attempt := 1; ; attempt++ {
 		sent := m.c.now()
 		res, err := m.coll.UpdateOne(ctx, l.filter(), update)
 		switch {
 		case err == nil && res.MatchedCount == 1:
-			if e := done(); e != ErrReleased {
-				return e
-			}
-			return nil
+			return released()
 		case err == nil:
 			r, found, rerr := m.read(ctx, l.id)
 			if rerr != nil {
 				r, found = record{}, true
 			}
 			lost := l.lostFrom(r, found)
-			l.finish(lost)
+			_ = l.finish(lost)
 			return lost
 		case !ambiguous(err):
 			return fmt.Errorf("lease: release %v: %w", l.id, err)
@@ -355,20 +357,14 @@ func (l *Lease) Release(ctx context.Context) error {
 			continue
 		case found && r.Owner == "" && r.Epoch == l.epoch:
 			// Applied: the record is cleared and nobody claimed it since.
-			if e := done(); e != ErrReleased {
-				return e
-			}
-			return nil
+			return released()
 		case found && r.Epoch > l.epoch && sent.Before(expiredAt):
 			// Claimed by another owner since. Before our deadline only our
 			// release could have freed it, so it was applied.
-			if e := done(); e != ErrReleased {
-				return e
-			}
-			return nil
+			return released()
 		default:
 			lost := l.lostFrom(r, found)
-			l.finish(lost)
+			_ = l.finish(lost)
 			return lost
 		}
 	}

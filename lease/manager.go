@@ -183,7 +183,7 @@ func (m *Manager) check(ctx context.Context, op string, id any) error {
 // ctxErr returns ctx.Err(), joined with its cause when that differs.
 func ctxErr(ctx context.Context) error {
 	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && cause != err {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
 		return fmt.Errorf("%w: %w", err, cause)
 	}
 	return err
@@ -209,6 +209,7 @@ func invalidID(id any) string {
 			if rv.IsNil() {
 				return fmt.Sprintf("is a nil %T", id)
 			}
+		default: // not nil-able: any value is an id the server may accept
 		}
 	}
 	return ""
@@ -225,12 +226,9 @@ type record struct {
 
 func (m *Manager) decode(doc bson.Raw) (record, error) {
 	var r record
-	v, err := doc.LookupErr(m.c.field)
-	if err != nil {
+	v := doc.Lookup(m.c.field) // the zero RawValue when absent
+	if v.Type == 0 || v.Type == bson.TypeNull {
 		return r, nil // no lease record yet
-	}
-	if v.Type == bson.TypeNull {
-		return r, nil
 	}
 	if _, ok := v.DocumentOK(); !ok {
 		return r, fmt.Errorf("lease: field %q holds a %v, not a lease record", m.c.field, v.Type)
@@ -438,7 +436,7 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 		rctx, cancel := m.detached(ctx)
 		_ = l.Release(rctx)
 		cancel()
-		l.finish(fail)
+		_ = l.finish(fail)
 		return nil, fail
 	}
 	l.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -44,11 +45,13 @@ func (m *Manager) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if !caps.TTLIndexes {
 		return false, nil
 	}
+	secs := min(int64(m.c.cleanupAfter/time.Second), math.MaxInt32)
 	model := mongo.IndexModel{
 		Keys: bson.D{{Key: m.pExpires, Value: 1}},
 		Options: options.Index().
 			SetName(TTLIndexName(m.c.field)).
-			SetExpireAfterSeconds(int32(min(m.c.cleanupAfter/time.Second, 1<<31-1))),
+			SetExpireAfterSeconds(int32(secs)), //nolint:gosec // secs is clamped to MaxInt32 above
+
 	}
 	if _, err := m.coll.Indexes().CreateOne(ctx, model); err != nil {
 		return false, fmt.Errorf("lease: ensure indexes: %w", err)

@@ -219,10 +219,13 @@ var clocks sync.Map // *mongo.Client -> *store.Clock
 // sharedClock returns the Clock of client, making it on first use.
 func sharedClock(client *mongo.Client) *store.Clock {
 	if c, ok := clocks.Load(client); ok {
-		return c.(*store.Clock)
+		if clock, ok := c.(*store.Clock); ok {
+			return clock
+		}
 	}
 	c, _ := clocks.LoadOrStore(client, store.NewClock(store.HelloSampler(client), nil))
-	return c.(*store.Clock)
+	clock, _ := c.(*store.Clock) // only *store.Clock values are stored
+	return clock
 }
 
 // newOwner returns "host/pid/random", unique per call.

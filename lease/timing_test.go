@@ -99,7 +99,7 @@ func TestPausedHolder(t *testing.T) {
 			res, err := coll.UpdateOne(lctx, append(bson.D{{Key: "_id", Value: id}}, l.Fence()...),
 				bson.D{{Key: "$set", Value: bson.D{{Key: "data", Value: "a, while held"}}}})
 			if err != nil || res.ModifiedCount != 1 {
-				return fmt.Errorf("fenced write while held: %v %+v", err, res)
+				return fmt.Errorf("fenced write while held: %+v: %w", res, err)
 			}
 			f.Pause(3 * ttl) // holds every request and reply of a's client
 			close(paused)
@@ -227,7 +227,7 @@ func TestDo(t *testing.T) {
 		res, err := b.coll.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: id}}, l.Fence()...),
 			bson.D{{Key: "$set", Value: bson.D{{Key: "data", Value: "done"}}}})
 		if err != nil || res.ModifiedCount != 1 {
-			return fmt.Errorf("fenced write: %v %+v", err, res)
+			return fmt.Errorf("fenced write: %+v: %w", res, err)
 		}
 		return errBoom
 	})
