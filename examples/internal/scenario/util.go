@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"fmt"
 	"strings"
 	"unicode"
 )
@@ -42,4 +43,16 @@ func kindOf(mongocas bool) string {
 		return KindMongocas
 	}
 	return KindNaive
+}
+
+// plural formats n into format (which takes n and a plural "s") when n > 0,
+// and returns "" otherwise.
+func plural(n int, format string) string {
+	switch n {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf(format, n, "")
+	}
+	return fmt.Sprintf(format, n, "s")
 }
