@@ -47,7 +47,7 @@ const (
 type WalletConfig struct {
 	// Wallets is how many balances the operations share. Default 4.
 	Wallets int
-	// Operations is how many debits and credits are made. Default 400.
+	// Operations is how many debits and credits are made. Default 300.
 	Operations int
 	// Transfers is how many transfers WalletTransfer makes besides the
 	// operations. Default Operations/4.
@@ -70,7 +70,7 @@ func (c WalletConfig) withDefaults() WalletConfig {
 		c.Wallets = 4
 	}
 	if c.Operations <= 0 {
-		c.Operations = 400
+		c.Operations = 300
 	}
 	if c.Transfers <= 0 {
 		c.Transfers = max(c.Operations/4, 1)
