@@ -16,9 +16,13 @@
 //  1. the server at MONGODB_URI, when it is set (real MongoDB, Atlas, ...);
 //  2. else a single-node MongoDB replica set in Docker (testcontainers-go),
 //     when a Docker engine answers within two seconds;
-//  3. else FerretDB v1 embedded in the test process (SQLite handler, files in
-//     a temporary directory), reached through a proxy that serializes wire
-//     exchanges.
+//  3. else FerretDB v1 (SQLite handler, files in a temporary directory on
+//     /dev/shm when it exists), reached through a proxy that serializes wire
+//     exchanges. It runs inside the test binary, or, when the binary is
+//     built with -race, in a child process built from ./ferretdbserver with
+//     the go command (cached): FerretDB's SQLite engine is several times
+//     slower under the race detector, and it is not our code to check.
+//     MONGOCAS_EMBEDDED=process|inprocess overrides the choice.
 //
 // MONGOCAS_BACKEND=uri|docker|embedded forces one. Server.Caps says what the
 // backend can do; DB.Require skips a test, saying why, when a capability is

@@ -79,8 +79,8 @@ func TestSelfTestVersionCAS(t *testing.T) {
 		V int64 `bson:"v"`
 	}
 	require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "c"}}).Decode(&final))
-	t.Logf("self-test CAS: backend=%s acknowledged=%d final=%d version=%d conflicts=%d in %v",
-		db.Server.Backend, acked.Load(), final.N, final.V, conflicts.Load(), time.Since(start).Round(time.Millisecond))
+	t.Logf("self-test CAS: backend=%s (%s) acknowledged=%d final=%d version=%d conflicts=%d in %v",
+		db.Server.Backend, db.Server.Embedded, acked.Load(), final.N, final.V, conflicts.Load(), time.Since(start).Round(time.Millisecond))
 	require.Equal(t, int64(workers*perWorker), acked.Load())
 	require.Equal(t, acked.Load(), final.N, "lost updates")
 	require.Equal(t, acked.Load(), final.V)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -15,13 +14,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/FerretDB/FerretDB/ferretdb"
 	"github.com/testcontainers/testcontainers-go"
 	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
+	"github.com/mongocas/mongocas/mongotest/internal/embedded"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -53,7 +52,7 @@ const (
 
 // embeddedSQLiteURL makes FerretDB's SQLite location from the data
 // directory; tests of start-up failures change it.
-var embeddedSQLiteURL = sqliteURL
+var embeddedSQLiteURL = embedded.SQLiteURL
 
 // DefaultDockerImage is the image the Docker backend runs.
 const DefaultDockerImage = "mongo:7.0"
@@ -75,6 +74,10 @@ type Server struct {
 	// Client is a client connected to URI with store's production defaults.
 	// It is shared: do not disconnect it.
 	Client *mongo.Client
+
+	// Embedded says how the embedded backend runs FerretDB: "in-process" or
+	// "child process" (see EnvEmbedded); empty for other backends.
+	Embedded string
 
 	// upstream is the address fault proxies forward to, and serializer the
 	// mutex they must share ("" and nil when faults cannot be injected).
@@ -291,14 +294,6 @@ func dockerAnswers(ctx context.Context) bool {
 	return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "OK"
 }
 
-// sqliteURL is FerretDB's SQLite location: a directory, one file per
-// database. Test data need not survive a power cut, so SQLite does not wait
-// for the disk on commit (synchronous off): about twice the write rate.
-func sqliteURL(dir string) string {
-	q := url.Values{"_pragma": {"synchronous(off)"}}
-	return (&url.URL{Scheme: "file", Path: dir + "/", RawQuery: q.Encode()}).String()
-}
-
 // tempRoot prefers a memory file system for the embedded server's files.
 func tempRoot() string {
 	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
@@ -329,33 +324,13 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 		}
 	}()
 
-	logLevel := slog.LevelError
-	if os.Getenv("MONGOCAS_FERRETDB_LOG") != "" {
-		logLevel = slog.LevelDebug
-	}
-	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
-		Handler:   "sqlite",
-		SQLiteURL: embeddedSQLiteURL(dir),
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
-	})
+	ferretAddr, stopFerret, how, err := launchFerretDB(ctx, dir)
 	if err != nil {
-		return nil, fmt.Errorf("embedded backend: FerretDB: %w", err)
+		return nil, fmt.Errorf("embedded backend: %w", err)
 	}
-	runCtx, stopRun := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = f.Run(runCtx)
-	}()
-	cleanups = append(cleanups, func() { stopRun(); <-done })
-
-	furi, err := url.Parse(f.MongoDBURI())
-	if err != nil || furi.Host == "" {
-		return nil, fmt.Errorf("embedded backend: FerretDB gave no address (%q)", f.MongoDBURI())
-	}
+	cleanups = append(cleanups, stopFerret)
 	serializer := &sync.Mutex{}
-	p, err := wireproxy.New(wireproxy.Config{Upstream: furi.Host, Serializer: serializer})
+	p, err := wireproxy.New(wireproxy.Config{Upstream: ferretAddr, Serializer: serializer})
 	if err != nil {
 		return nil, fmt.Errorf("embedded backend: %w", err)
 	}
@@ -367,7 +342,8 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 		return nil, fmt.Errorf("embedded backend: %w", err)
 	}
 	cleanups = append(cleanups, func() { _ = srv.Client.Disconnect(context.Background()) })
-	srv.upstream, srv.serializer = furi.Host, serializer
+	srv.upstream, srv.serializer = ferretAddr, serializer
+	srv.Embedded = how
 	srv.stop = cleanup
 	return srv, nil
 }

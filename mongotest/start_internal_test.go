@@ -79,7 +79,14 @@ func TestDockerAbsentIsFoundQuickly(t *testing.T) {
 	require.Less(t, time.Since(began), 3*time.Second)
 }
 
+func TestEmbeddedModeIsValidated(t *testing.T) {
+	t.Setenv(EnvEmbedded, "thread")
+	_, err := startEmbedded(context.Background())
+	require.ErrorContains(t, err, "want process or inprocess")
+}
+
 func TestEmbeddedStartFailureIsAClearError(t *testing.T) {
+	t.Setenv(EnvEmbedded, "inprocess") // the child process has its own, fixed location
 	old := embeddedSQLiteURL
 	embeddedSQLiteURL = func(string) string { return "file:/nonexistent/mongocas/" } // no such directory
 	defer func() { embeddedSQLiteURL = old }()
