@@ -52,14 +52,9 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 	return addr, stop, "in-process", err
 }
 
-// goCommand finds the go command: the toolchain's own, else PATH.
-func goCommand() (string, error) {
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if st, err := os.Stat(p); err == nil && !st.IsDir() {
-		return p, nil
-	}
-	return exec.LookPath("go")
-}
+// goCommand finds the go command on PATH (go test puts its own toolchain's
+// bin directory first there).
+func goCommand() (string, error) { return exec.LookPath("go") }
 
 // buildChild builds ferretdbserver (without -race) into the user cache
 // directory. go build relinks only when something changed; a lock file keeps
@@ -74,7 +69,7 @@ func buildChild(ctx context.Context) (string, error) {
 		cache = os.TempDir()
 	}
 	dir := filepath.Join(cache, "mongocas")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "ferretdbserver-"+runtime.GOOS+"-"+runtime.GOARCH)
@@ -120,7 +115,9 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.Command(bin, "-dir", dir) //nolint:gosec // our own binary, just built
+	// Not CommandContext: the child must outlive the start-up context; it
+	// stops when its stdin closes (Shutdown, or this process exiting).
+	cmd := exec.Command(bin, "-dir", dir) //nolint:noctx // see above
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
