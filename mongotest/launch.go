@@ -11,17 +11,18 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/mongocas/mongocas/mongotest/internal/embedded"
 )
 
 // EnvEmbedded chooses how the embedded backend runs FerretDB: "process" (a
 // child process built from ./mongotest/ferretdbserver with the go command)
 // or "inprocess" (inside the test binary). The default is "process" when the
-// test binary is built with -race, where FerretDB's SQLite engine runs
-// several times slower, and "inprocess" otherwise. "process" falls back to
-// "inprocess", saying why, when the child cannot be built or started.
+// test binary is built with -race, where FerretDB's SQLite engine would run
+// several times slower (race test binaries do not link FerretDB at all), and
+// "inprocess" otherwise, where "process" falls back to "inprocess", saying
+// why, when the child cannot be built or started.
 const EnvEmbedded = "MONGOCAS_EMBEDDED"
 
 // serverPackage is the command the child process is built from.
@@ -43,12 +44,15 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 		if err == nil {
 			return addr, stop, "child process", nil
 		}
+		if raceEnabled {
+			return "", nil, "", fmt.Errorf("FerretDB child process: %w", err)
+		}
 		fmt.Fprintf(os.Stderr, "mongotest: FerretDB child process unavailable (%v); running it in-process\n", err)
 	case "inprocess":
 	default:
 		return "", nil, "", fmt.Errorf("%s=%q: want process or inprocess", EnvEmbedded, mode)
 	}
-	addr, stop, err = embedded.Run(embeddedSQLiteURL(dir))
+	addr, stop, err = runInProcess(dir)
 	return addr, stop, "in-process", err
 }
 
@@ -118,7 +122,8 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 	// Not CommandContext: the child must outlive the start-up context; it
 	// stops when its stdin closes (Shutdown, or this process exiting).
 	cmd := exec.Command(bin, "-dir", dir) //nolint:noctx // see above
-	cmd.Stderr = os.Stderr
+	var errOut tailBuffer
+	cmd.Stderr = io.MultiWriter(os.Stderr, &errOut)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return "", nil, err
@@ -156,7 +161,7 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 		addr, found := strings.CutPrefix(line, "LISTEN ")
 		if !ok || !found {
 			stop()
-			return "", nil, fmt.Errorf("%s did not start (first line %q)", bin, line)
+			return "", nil, fmt.Errorf("%s did not start: %s", bin, strings.TrimSpace(errOut.String()))
 		}
 		return addr, stop, nil
 	case <-time.After(30 * time.Second):
@@ -166,4 +171,26 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 		stop()
 		return "", nil, ctx.Err()
 	}
+}
+
+// tailBuffer keeps the last 4 KiB written to it; safe for concurrent use.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - 4096; over > 0 {
+		b.buf = b.buf[over:]
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }

@@ -20,7 +20,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
-	"github.com/mongocas/mongocas/mongotest/internal/embedded"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -49,10 +48,6 @@ const (
 	// EnvDockerImage overrides the MongoDB image for the Docker backend.
 	EnvDockerImage = "MONGOCAS_DOCKER_IMAGE"
 )
-
-// embeddedSQLiteURL makes FerretDB's SQLite location from the data
-// directory; tests of start-up failures change it.
-var embeddedSQLiteURL = embedded.SQLiteURL
 
 // DefaultDockerImage is the image the Docker backend runs.
 const DefaultDockerImage = "mongo:7.0"

@@ -86,16 +86,15 @@ func TestEmbeddedModeIsValidated(t *testing.T) {
 }
 
 func TestEmbeddedStartFailureIsAClearError(t *testing.T) {
-	t.Setenv(EnvEmbedded, "inprocess") // the child process has its own, fixed location
-	old := embeddedSQLiteURL
-	embeddedSQLiteURL = func(string) string { return "file:/nonexistent/mongocas/" } // no such directory
-	defer func() { embeddedSQLiteURL = old }()
-	s, err := startEmbedded(context.Background())
-	require.Nil(t, s)
-	require.ErrorContains(t, err, "embedded backend")
-	t.Logf("start-up failure reads: %v", err)
-	// FerretDB's race/debug builds panic in a finalizer if a failed start
-	// leaked its backend: collect now so such a leak fails this test.
+	// FerretDB refuses a data directory that does not exist, in-process or
+	// in its child process: either way a clear error, no server.
+	addr, stop, how, err := launchFerretDB(context.Background(), "/nonexistent/mongocas")
+	require.Error(t, err)
+	require.Empty(t, addr)
+	require.Nil(t, stop)
+	t.Logf("start-up failure (%s) reads: %v", how, err)
+	// FerretDB's debug builds panic in a finalizer if a failed start leaked
+	// its backend: collect now so such a leak fails this test.
 	runtime.GC()
 	time.Sleep(50 * time.Millisecond)
 	runtime.GC()
