@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
 )
 
 // EnvEmbedded chooses how the embedded backend runs FerretDB: "process" (a
