@@ -15,6 +15,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.uber.org/goleak"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
@@ -198,7 +199,7 @@ func (d *DB) OpenFaulty(ctx context.Context, opts *FaultyOptions) (*Faulty, erro
 		return nil, fmt.Errorf("fault client: %w", err)
 	}
 	f := &Faulty{Database: client.Database(d.Name()), Client: client, proxy: p}
-	if err := ping(ctx, client); err != nil {
+	if err := client.Ping(ctx, readpref.Primary()); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("fault client ping: %w", err)
 	}

@@ -205,7 +205,9 @@ func TestFaultDelayReplies(t *testing.T) {
 	require.True(t, store.IsTimeout(err), "got %v", err)
 
 	stop()
+	before := f.Requests()
 	require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Err())
+	require.Greater(t, f.Requests(), before, "the find passed through this client's proxy")
 }
 
 func TestFaultPause(t *testing.T) {

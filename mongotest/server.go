@@ -17,7 +17,6 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 
 	"github.com/mongocas/mongocas/internal/wireproxy"
 	"github.com/mongocas/mongocas/store"
@@ -78,7 +77,6 @@ type Server struct {
 	// mutex they must share ("" and nil when faults cannot be injected).
 	upstream   string
 	serializer *sync.Mutex
-	directOnly bool
 
 	stop func()
 }
@@ -168,7 +166,7 @@ func startURI(ctx context.Context, uri string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.upstream, s.directOnly = faultUpstream(ctx, s.Client, uri), true
+	s.upstream = faultUpstream(ctx, s.Client, uri)
 	s.stop = func() { _ = s.Client.Disconnect(context.Background()) }
 	return s, nil
 }
@@ -236,7 +234,7 @@ func startDocker(ctx context.Context) (*Server, error) {
 		_ = testcontainers.TerminateContainer(c)
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
-	s.upstream, s.directOnly = faultUpstream(ctx, s.Client, uri), true
+	s.upstream = faultUpstream(ctx, s.Client, uri)
 	s.stop = func() {
 		_ = s.Client.Disconnect(context.Background())
 		_ = testcontainers.TerminateContainer(c)
@@ -341,10 +339,4 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 	srv.Embedded = how
 	srv.stop = cleanup
 	return srv, nil
-}
-
-// ping reports whether the client reaches the primary; used by the
-// self-test and by Faulty.
-func ping(ctx context.Context, c *mongo.Client) error {
-	return c.Ping(ctx, readpref.Primary())
 }

@@ -111,7 +111,6 @@ type delayRule struct {
 type Trigger struct {
 	match     func(*Command) bool
 	remaining int
-	hits      int
 	fired     chan struct{}
 	cmds      []*Command
 }
@@ -345,7 +344,6 @@ func (p *Proxy) takeDrop(cmd *Command) bool {
 			continue
 		}
 		t.remaining--
-		t.hits++
 		t.cmds = append(t.cmds, cmd)
 		if t.remaining <= 0 {
 			p.drops = append(p.drops[:i], p.drops[i+1:]...)
