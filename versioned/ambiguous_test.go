@@ -230,3 +230,27 @@ func TestLostRepliesUnderContention(t *testing.T) {
 	require.Equal(t, int64(workers*each), m["balance"])
 	require.Equal(t, int64(workers*each+1), m["version"])
 }
+
+// A Modify under a guard whose guarded read misses re-reads to tell a failed
+// guard from a missing document; when that re-read fails, the answer is the
+// failure (retried), never "not found" for a document that exists.
+func TestModifyGuardMissWithFailedRereadIsNotNotFound(t *testing.T) {
+	t.Parallel()
+	repo, f, b := setupFaulty[account](t, nil)
+	require.NoError(t, repo.Insert(b.ctx, &account{ID: "g", Balance: 5}))
+
+	var finds atomic.Int64
+	fault := f.DropNextReply(func(c *mongotest.Command) bool {
+		// The first find is the guarded read; drop the reply of the second,
+		// the re-read.
+		return c.Name == "find" && c.Collection == b.coll.Name() && finds.Add(1) == 2
+	})
+	_, err := repo.Modify(b.ctx, "g", func(a *account) error {
+		a.Balance++
+		return nil
+	}, versioned.Where(bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 100}}}}))
+	require.True(t, fault.HasFired(), "the re-read's reply was dropped")
+	require.ErrorIs(t, err, versioned.ErrGuardFailed)
+	require.NotErrorIs(t, err, versioned.ErrNotFound, "the document exists")
+	require.Equal(t, int64(5), b.raw(t, "g")["balance"], "nothing written")
+}

@@ -68,7 +68,7 @@ func (c *docCache) observe(ctx context.Context, key string, ver int64, writes bs
 	s.version = ver
 	s.writes = make(map[string]entry, len(elems))
 	for _, e := range elems {
-		if v, ok := entryVersion(e.Value()); ok {
+		if v, ok := asInt(e.Value()); ok {
 			s.writes[e.Key()] = entry{base: v, done: old[e.Key()].done}
 		}
 	}

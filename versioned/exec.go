@@ -147,11 +147,7 @@ func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docSt
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, *p, func(ctx context.Context) (*docState, error) {
-		st, err := r.find(ctx, w.op, w.id, w.key, nil)
-		if errors.Is(err, ErrNotFound) {
-			return nil, nil
-		}
-		return st, err
+		return r.rereadNow(ctx, w.op, w.id, w.key)
 	})
 }
 

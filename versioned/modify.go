@@ -52,7 +52,13 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 	attempt := func(ctx context.Context) error {
 		st, err := r.find(ctx, op, idv, key, cfg.guards)
 		if errors.Is(err, ErrNotFound) && len(cfg.guards) > 0 {
-			if st, err = r.rereadNow(ctx, op, idv, key); err == nil && st != nil {
+			// The guarded read missed: tell a failed guard from a missing
+			// document. A failed re-read says neither.
+			st, err := r.rereadNow(ctx, op, idv, key)
+			if err != nil {
+				return err
+			}
+			if st != nil {
 				return r.guardError(ctx, op, idv, key, st.version, cfg.guards)
 			}
 			return r.classify(ctx, op, idv, key, 0, nil, nil)

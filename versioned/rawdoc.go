@@ -71,9 +71,6 @@ func asInt(v bson.RawValue) (int64, bool) {
 	return 0, false
 }
 
-// entryVersion reads the version recorded with a write id.
-func entryVersion(v bson.RawValue) (int64, bool) { return asInt(v) }
-
 // maxPrune bounds the write ids one write removes, to keep its update small.
 const maxPrune = 64
 

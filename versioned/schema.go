@@ -16,7 +16,6 @@ type schema struct {
 	idType   reflect.Type
 	verIndex []int
 	verName  string
-	meta     string
 	// mapped holds every top-level BSON name T can write, _id and the
 	// version included. A name that is mapped but absent from an encoded
 	// document was removed (a nil omitempty field, say) and is $unset.
@@ -40,7 +39,7 @@ func describe(typ reflect.Type, verName, meta string) (*schema, error) {
 			return nil, invalidType(typ, "has its own BSON marshaler, so its fields cannot be known")
 		}
 	}
-	s := &schema{typ: typ, verName: verName, meta: meta, mapped: map[string]struct{}{}}
+	s := &schema{typ: typ, verName: verName, mapped: map[string]struct{}{}}
 	if err := s.walk(typ, nil); err != nil {
 		return nil, err
 	}
