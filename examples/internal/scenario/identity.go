@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -238,7 +239,7 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 			continue
 		}
 		res.Failed++
-		firstErr = cmpOr(firstErr, err)
+		firstErr = cmp.Or(firstErr, err)
 	}
 	res.Errors = res.Failed
 	res.Partner = partner.Stats()

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,7 +142,7 @@ func RunInventory(ctx context.Context, db *mongo.Database, s InventoryStrategy, 
 			res.SoldOut++
 		default:
 			res.Errors++
-			firstErr = cmpOr(firstErr, err)
+			firstErr = cmp.Or(firstErr, err)
 		}
 	}
 

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"cmp"
 	"net/http"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ func TestPartnerDetectsInterleavingFencesAndReplays(t *testing.T) {
 	}
 	e1, e2 := <-errs, <-errs
 	require.NotEqual(t, e1 == nil, e2 == nil, "one link finds a no longer primary: %v, %v", e1, e2)
-	require.True(t, isPartnerConflict(cmpOr(e1, e2)))
+	require.True(t, isPartnerConflict(cmp.Or(e1, e2)))
 	st := p.Stats()
 	require.Equal(t, 2, st.Interleaved)
 	require.Equal(t, 1, st.InterleavedUsers)

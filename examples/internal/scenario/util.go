@@ -29,14 +29,6 @@ func abs(n int64) int64 {
 	return n
 }
 
-// cmpOr returns a if it is not nil, else b.
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
 // kindOf is KindMongocas for a mongocas strategy, else KindNaive.
 func kindOf(mongocas bool) string {
 	if mongocas {

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -234,7 +235,7 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 			res.Declined++
 		default:
 			res.Errors++
-			firstErr = cmpOr(firstErr, err)
+			firstErr = cmp.Or(firstErr, err)
 		}
 	}
 	res.Actual = make([]int64, cfg.Wallets)
