@@ -396,3 +396,13 @@ func TestDoPassesContext(t *testing.T) {
 	})
 	require.NoError(t, err)
 }
+
+// The doc promises that a call that succeeds at once allocates nothing.
+func TestDoFirstTrySuccessDoesNotAllocate(t *testing.T) {
+	ctx := context.Background()
+	p := retry.Default()
+	ok := func(context.Context) error { return nil }
+	require.Zero(t, testing.AllocsPerRun(200, func() { _ = retry.Do(ctx, p, ok) }))
+	okValue := func(context.Context) (int, error) { return 1, nil }
+	require.Zero(t, testing.AllocsPerRun(200, func() { _, _ = retry.DoValue(ctx, p, okValue) }))
+}
