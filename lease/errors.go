@@ -7,8 +7,10 @@ import (
 )
 
 // Sentinel errors. Every error the package returns matches at most one of
-// them through errors.Is (an error from Do may also match the function's own
-// error); the typed errors below carry the facts.
+// them through errors.Is, with two exceptions: an error from Do may also
+// match the function's own error, and an Acquire whose context ended while
+// another owner held the lease matches ErrHeld as well as what ended it. The
+// typed errors below carry the facts.
 var (
 	// ErrHeld is matched by the *HeldError that TryAcquire returns when
 	// another owner holds a live lease on the document or name.
@@ -83,6 +85,11 @@ const (
 	// Cleared means the lease record has no owner although this holder
 	// never released it, or the document is gone.
 	Cleared
+	// Unread means a renewal or release found the record no longer naming
+	// this holder and epoch, and re-reading it to learn more failed. The
+	// lease is treated as lost, which is the safe side; Err carries the
+	// re-read's error.
+	Unread
 )
 
 // String returns the reason in words, such as "taken over".
@@ -94,6 +101,8 @@ func (r Reason) String() string {
 		return "taken over"
 	case Cleared:
 		return "cleared"
+	case Unread:
+		return "lost (the re-read of the record failed)"
 	default:
 		return fmt.Sprintf("Reason(%d)", int(r))
 	}
@@ -117,7 +126,7 @@ type LostError struct {
 	// HolderEpoch is the epoch of the record as last read, 0 if unknown.
 	HolderEpoch int64
 	// Err is the error of the function Do ran, when the lease was lost while
-	// it ran; nil otherwise.
+	// it ran, or the re-read's error for Reason Unread; nil otherwise.
 	Err error
 }
 

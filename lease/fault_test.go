@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/lease"
@@ -128,4 +129,37 @@ func requireFree(t *testing.T, m *lease.Manager, id any, want int64) {
 	require.NoError(t, err, "no stuck lease")
 	require.Equal(t, want, l.Epoch())
 	require.NoError(t, l.Release(ctx))
+}
+
+// A release that finds the record no longer naming this holder, and cannot
+// re-read it, reports the lease lost with reason Unread (not a takeover it
+// never saw) and changes nothing.
+func TestReleaseWithFailedRereadIsUnread(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", 10*time.Second, nil)
+	id := b.insert(t)
+	la, err := a.TryAcquire(ctx, id)
+	require.NoError(t, err)
+
+	// Someone else's claim lands behind a's back (as after an expiry).
+	_, err = b.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{
+		{Key: "$set", Value: bson.D{{Key: "_lease.owner", Value: "z"}}},
+		{Key: "$inc", Value: bson.D{{Key: "_lease.epoch", Value: 1}}},
+	})
+	require.NoError(t, err)
+
+	fault := f.DropReplies(50, mongotest.Commands([]string{"find"}, b.coll.Name()))
+	err = la.Release(ctx)
+	require.NotEmpty(t, fault.Dropped(), "the re-read's replies were dropped")
+	require.ErrorIs(t, err, lease.ErrLost)
+	require.NotErrorIs(t, err, lease.ErrReleased)
+	var lost *lease.LostError
+	require.ErrorAs(t, err, &lost)
+	require.Equal(t, lease.Unread, lost.Reason)
+	require.Empty(t, lost.Holder, "no holder is claimed without a read")
+	require.True(t, store.IsNetwork(lost.Err), "Err is the re-read's failure: %v", lost.Err)
+	require.Error(t, la.Context().Err(), "the lease's context ended")
+	require.Equal(t, "z", owner(load(t, b.coll, id).Lease), "the release changed nothing")
 }

@@ -216,7 +216,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 	case err == nil:
 		r, found, rerr := m.read(ctx, l.id)
 		if rerr != nil {
-			return l.finish(l.lost(TakenOver, record{}))
+			lost := l.lost(Unread, record{})
+			lost.Err = rerr
+			return l.finish(lost)
 		}
 		if l.ours(r, found) {
 			// Our record, with an expiry at or past the new one: nothing to
@@ -336,10 +338,11 @@ func (l *Lease) Release(ctx context.Context) error {
 			return released()
 		case err == nil:
 			r, found, rerr := m.read(ctx, l.id)
-			if rerr != nil {
-				r, found = record{}, true
-			}
 			lost := l.lostFrom(r, found)
+			if rerr != nil {
+				lost = l.lost(Unread, record{})
+				lost.Err = rerr
+			}
 			_ = l.finish(lost)
 			return lost
 		case !ambiguous(err):

@@ -73,23 +73,11 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("lease: sweep: %w", err)
 	}
 	stale := bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(est).Add(-m.c.cleanupAfter)}}}}
-	cur, err := m.coll.Find(ctx, stale, options.Find().SetProjection(bson.D{{Key: "_id", Value: 1}}))
+	// One statement: the server checks the filter on each document as it
+	// deletes it, so a lock claimed meanwhile is left alone.
+	res, err := m.coll.DeleteMany(ctx, stale)
 	if err != nil {
 		return 0, fmt.Errorf("lease: sweep: %w", err)
 	}
-	var ids []struct {
-		ID any `bson:"_id"`
-	}
-	if err := cur.All(ctx, &ids); err != nil {
-		return 0, fmt.Errorf("lease: sweep: %w", err)
-	}
-	n := 0
-	for _, d := range ids {
-		res, err := m.coll.DeleteOne(ctx, append(bson.D{{Key: "_id", Value: d.ID}}, stale...))
-		if err != nil {
-			return n, fmt.Errorf("lease: sweep: %w", err)
-		}
-		n += int(res.DeletedCount)
-	}
-	return n, nil
+	return int(res.DeletedCount), nil
 }
