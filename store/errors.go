@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 )
 
 // Server error labels that the classification functions look for.
@@ -78,12 +80,20 @@ func IsTransient(err error) bool {
 
 // IsAmbiguous reports whether a write that failed with err may nevertheless
 // have been applied by the server: a network error or a timeout after the
-// request may have been sent, or an unknown commit result. Code that must
-// apply a change exactly once re-reads after such an error instead of
+// request may have been sent, or an unknown commit result. Failures the
+// driver reports before sending anything (no server could be selected, or
+// the deadline was too close to try) are not ambiguous. Code that must apply
+// a change exactly once re-reads after an ambiguous error instead of
 // retrying blindly.
 func IsAmbiguous(err error) bool {
-	if err == nil {
+	if err == nil || notSent(err) {
 		return false
 	}
 	return IsNetwork(err) || IsTimeout(err) || HasLabel(err, LabelUnknownCommitResult)
+}
+
+// notSent reports whether the driver gave up before sending the request.
+func notSent(err error) bool {
+	var sse topology.ServerSelectionError
+	return errors.Is(err, driver.ErrDeadlineWouldBeExceeded) || errors.As(err, &sse)
 }

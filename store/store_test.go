@@ -12,6 +12,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/store"
@@ -121,6 +123,10 @@ func TestErrorClassificationOnServer(t *testing.T) {
 	require.True(t, store.IsAmbiguous(wrapped))
 	require.False(t, store.IsDuplicateKey(wrapped))
 
+	// Reconnect first (the dropped reply closed the connection and made the
+	// driver forget the server), so the next find is really sent and it is
+	// its reply that times out.
+	require.NoError(t, f.Client.Ping(ctx, nil))
 	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
 	stop := f.DelayReplies(300*time.Millisecond, nil)
@@ -145,6 +151,10 @@ func TestErrorClassificationByLabel(t *testing.T) {
 	require.False(t, store.IsTransient(fmt.Errorf("x: %w", context.Canceled)))
 	require.False(t, store.IsTransient(nil))
 	require.False(t, store.IsAmbiguous(nil))
+	// The driver gave up before sending: nothing can have been applied.
+	require.False(t, store.IsAmbiguous(fmt.Errorf("op: %w", topology.ServerSelectionError{Wrapped: context.DeadlineExceeded})))
+	require.False(t, store.IsAmbiguous(fmt.Errorf("op: %w", driver.ErrDeadlineWouldBeExceeded)))
+	require.True(t, store.IsAmbiguous(fmt.Errorf("op: %w", context.DeadlineExceeded)), "a deadline after sending is")
 	// Text is never matched: an error that merely says "network" is not one.
 	require.False(t, store.IsNetwork(errors.New("network error: connection reset")))
 }

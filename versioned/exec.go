@@ -7,8 +7,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -23,18 +21,6 @@ func newWriteID() string { return rand.Text() }
 func inTransaction(ctx context.Context) bool {
 	s := mongo.SessionFromContext(ctx)
 	return s != nil && s.TransactionRunning()
-}
-
-// ambiguous reports whether a write that failed with err may have been
-// applied: store.IsAmbiguous, except for the failures the driver reports
-// before sending anything (no server selected, or a deadline too close to
-// try).
-func ambiguous(err error) bool {
-	var sse topology.ServerSelectionError
-	if errors.Is(err, driver.ErrDeadlineWouldBeExceeded) || errors.As(err, &sse) {
-		return false
-	}
-	return store.IsAmbiguous(err)
 }
 
 // verdict is what a re-read says about a write whose reply was lost.
@@ -95,7 +81,7 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	if err == nil {
 		return outcome{landed: s.matched, after: s.after}, nil
 	}
-	if !ambiguous(err) || inTransaction(ctx) {
+	if !store.IsAmbiguous(err) || inTransaction(ctx) {
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
 	first, noMatch := err, false
@@ -132,7 +118,7 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 			return outcome{landed: true, after: s.after, resent: true}, nil
 		case err == nil:
 			noMatch = true
-		case !ambiguous(err):
+		case !store.IsAmbiguous(err):
 			return outcome{}, r.unknown(w, st, "sending the write again failed", errors.Join(first, err))
 		}
 	}
