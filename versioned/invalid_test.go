@@ -48,6 +48,8 @@ func TestInvalidInput(t *testing.T) {
 		{"wrong id type modify", func() error { _, err := repo.Modify(b.ctx, bson.NewObjectID(), bump); return err }, "_id"},
 		{"wrong id type guarded", func() error { _, err := repo.Guarded(b.ctx, []byte("a1"), nil, inc); return err }, "_id"},
 		{"nil fn", func() error { _, err := repo.Modify(b.ctx, "a1", nil); return err }, ""},
+		{"negative version update", func() error { c := *good; c.Version = -1; return repo.Update(b.ctx, &c) }, "version"},
+		{"negative version delete", func() error { c := *good; c.Version = -1; return repo.Delete(b.ctx, &c) }, "version"},
 		{"$ key insert", func() error {
 			c := withAttrs(map[string]string{"$where": "1"})
 			c.ID = "a2"

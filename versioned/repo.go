@@ -220,6 +220,9 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 		return err
 	}
 	ver := r.s.versionOf(v)
+	if ver < 0 {
+		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
+	}
 	filter := r.casFilter(key, ver, cfg.guards)
 	w := &write{op: op, id: id, key: key, base: ver}
 	w.send = func(ctx context.Context) (sent, error) {
