@@ -79,17 +79,41 @@ func IsTransient(err error) bool {
 }
 
 // IsAmbiguous reports whether a write that failed with err may nevertheless
-// have been applied by the server: a network error or a timeout after the
-// request may have been sent, or an unknown commit result. Failures the
-// driver reports before sending anything (no server could be selected, or
-// the deadline was too close to try) are not ambiguous. Code that must apply
-// a change exactly once re-reads after an ambiguous error instead of
-// retrying blindly.
+// have been applied by the server, so that only a re-read can tell:
+//
+//   - a network error or a timeout after the request may have been sent;
+//   - a reply with a writeConcernError: the primary applied the write but
+//     could not confirm the requested write concern (a wtimeout, or a
+//     primary that stepped down while waiting);
+//   - an error labelled RetryableWriteError or UnknownTransactionCommitResult:
+//     the server or the driver says the write may be retried, which is not
+//     the same as "it was not applied";
+//   - a failure whose reply could not be decoded after sending.
+//
+// Failures the driver reports before sending anything (no server could be
+// selected, or the deadline was too close to try) are not ambiguous, and
+// neither is a write error the server returned for the write itself (a
+// duplicate key, a validation failure): those writes were not applied. Code
+// that must apply a change exactly once re-reads after an ambiguous error
+// instead of retrying blindly.
 func IsAmbiguous(err error) bool {
 	if err == nil || notSent(err) {
 		return false
 	}
-	return IsNetwork(err) || IsTimeout(err) || HasLabel(err, LabelUnknownCommitResult)
+	return IsNetwork(err) || IsTimeout(err) || HasWriteConcernError(err) ||
+		HasLabel(err, LabelRetryableWrite) || HasLabel(err, LabelUnknownCommitResult)
+}
+
+// HasWriteConcernError reports whether err, or any error it wraps, carries a
+// writeConcernError: the server applied the write but could not confirm the
+// requested write concern.
+func HasWriteConcernError(err error) bool {
+	var we mongo.WriteException
+	if errors.As(err, &we) && we.WriteConcernError != nil {
+		return true
+	}
+	var bwe mongo.BulkWriteException
+	return errors.As(err, &bwe) && bwe.WriteConcernError != nil
 }
 
 // notSent reports whether the driver gave up before sending the request.

@@ -1,0 +1,199 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// The error vocabulary shared by every mongocas package. versioned, lease and
+// the packages above them return errors that match these sentinels through
+// errors.Is (each package also exports them under its own name, with the same
+// value), so one check works whichever package a call went through.
+var (
+	// ErrInvalid is matched by every error that refuses a caller's input
+	// (an id, an option, a field name, an update) before anything is sent to
+	// the server. Nothing was written. A service maps it to HTTP 400.
+	ErrInvalid = errors.New("invalid input")
+
+	// ErrInvalidID is matched by an error that refuses an id: nil, a zero
+	// value, or a value whose encoding could act as a query operator or
+	// pattern instead of a plain value (a document with a $-prefixed key, a
+	// regular expression, JavaScript code, an array, null). Every error that
+	// matches ErrInvalidID also matches ErrInvalid.
+	ErrInvalidID = &sentinel{msg: "invalid id", parent: ErrInvalid}
+
+	// ErrUnknownOutcome is matched by an error that reports a write whose
+	// outcome could not be settled: it may or may not have been applied,
+	// and re-reading could not tell (the re-read failed, or what it found
+	// cannot be told apart from a change made by someone else). A caller
+	// that needs to know reads the document again later.
+	ErrUnknownOutcome = errors.New("write outcome unknown")
+)
+
+// sentinel is a sentinel error that also matches a more general one.
+type sentinel struct {
+	msg    string
+	parent error
+}
+
+func (s *sentinel) Error() string        { return s.msg }
+func (s *sentinel) Is(target error) bool { return target == s.parent }
+
+// IDError refuses an id. It matches ErrInvalidID and ErrInvalid.
+type IDError struct {
+	// ID is the refused id, as the caller passed it.
+	ID any
+	// Reason says why, in words a developer can act on.
+	Reason string
+}
+
+// Error names the id (shortened if long) and the reason.
+func (e *IDError) Error() string {
+	return fmt.Sprintf("invalid id %s: %s", shortValue(e.ID), e.Reason)
+}
+
+// Is reports whether target is ErrInvalidID or ErrInvalid.
+func (e *IDError) Is(target error) bool { return target == ErrInvalidID || target == ErrInvalid }
+
+// shortValue formats v for an error message, cut to 64 bytes: ids come from
+// requests and may be large or hostile.
+func shortValue(v any) string {
+	s := fmt.Sprintf("%#v", v)
+	if _, ok := v.(string); ok {
+		s = fmt.Sprintf("%q", v)
+	}
+	const maxLen = 64
+	if len(s) > maxLen {
+		s = s[:maxLen] + "…"
+	}
+	return s
+}
+
+// CheckID reports whether id can name exactly one document by equality, and
+// returns its BSON encoding. It refuses, with an *IDError and before anything
+// is sent:
+//
+//   - nil, a nil pointer, map, slice or interface, and the zero value of any
+//     type ("", 0, the zero ObjectID, an empty struct);
+//   - a value the driver cannot encode;
+//   - BSON types that are not plain values: null, undefined, regular
+//     expressions, JavaScript code (with or without scope), DBPointer, MinKey,
+//     MaxKey, and arrays (MongoDB refuses an array _id);
+//   - documents, at any depth, with a key that starts with '$' or is empty, or
+//     that hold any of the refused types.
+//
+// The result is meant for a filter of the form {_id: {$eq: raw}} (see
+// IDFilter): with $eq, even a value that slipped through would be compared,
+// never interpreted; refusing them as well means a hostile id is reported to
+// its caller instead of matching nothing silently.
+func CheckID(id any) (bson.RawValue, error) {
+	if id == nil {
+		return bson.RawValue{}, &IDError{ID: id, Reason: "id is nil"}
+	}
+	rv := reflect.ValueOf(id)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
+		if rv.IsNil() {
+			return bson.RawValue{}, &IDError{ID: id, Reason: fmt.Sprintf("id is a nil %T", id)}
+		}
+	default:
+	}
+	if rv.IsZero() {
+		return bson.RawValue{}, &IDError{ID: id, Reason: fmt.Sprintf("id is the zero %T", id)}
+	}
+	t, data, err := bson.MarshalValue(id)
+	if err != nil {
+		return bson.RawValue{}, &IDError{ID: id, Reason: "id cannot be encoded: " + err.Error()}
+	}
+	raw := bson.RawValue{Type: t, Value: data}
+	if why := refusedValue(raw, 0); why != "" {
+		return bson.RawValue{}, &IDError{ID: id, Reason: why}
+	}
+	return raw, nil
+}
+
+// maxIDDepth bounds the nesting CheckID walks; deeper ids are refused.
+const maxIDDepth = 16
+
+// refusedValue returns why v cannot be (part of) an id, or "".
+func refusedValue(v bson.RawValue, depth int) string {
+	switch v.Type {
+	case bson.TypeNull, bson.TypeUndefined:
+		return "id is null"
+	case bson.TypeRegex:
+		return "id is a regular expression"
+	case bson.TypeJavaScript, bson.TypeCodeWithScope:
+		return "id is JavaScript code"
+	case bson.TypeDBPointer:
+		return "id is a DBPointer"
+	case bson.TypeMinKey, bson.TypeMaxKey:
+		return "id is MinKey or MaxKey"
+	case bson.TypeArray:
+		if depth == 0 {
+			return "id is an array (MongoDB refuses an array _id)"
+		}
+		return refusedElements(v.Value, depth, false)
+	case bson.TypeEmbeddedDocument:
+		return refusedElements(v.Value, depth, true)
+	default:
+		return ""
+	}
+}
+
+// refusedElements checks the elements of an encoded document or array.
+func refusedElements(data []byte, depth int, isDoc bool) string {
+	if depth >= maxIDDepth {
+		return fmt.Sprintf("id is nested more than %d levels deep", maxIDDepth)
+	}
+	elems, err := bson.Raw(data).Elements()
+	if err != nil {
+		return "id does not encode to valid BSON: " + err.Error()
+	}
+	for _, e := range elems {
+		key := e.Key()
+		if isDoc && (key == "" || strings.HasPrefix(key, "$")) {
+			return fmt.Sprintf("id holds the key %q: a key that starts with '$' (or is empty) is an operator, not a value", key)
+		}
+		if why := refusedValue(e.Value(), depth+1); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// IDFilter returns the filter {_id: {$eq: raw}} for an id checked by CheckID.
+// The $eq keeps the value a value: the server compares it and never reads it
+// as an operator expression.
+func IDFilter(raw bson.RawValue) bson.D {
+	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: raw}}}}
+}
+
+// CheckContext reports whether ctx can be used for a call that does I/O: it
+// returns an error matching ErrInvalid for a nil ctx, and ctx's own error
+// (context.Canceled or context.DeadlineExceeded, joined with its cause when
+// the cause says more) when ctx has already ended. A call that has ended is
+// the caller's context error, never "invalid input".
+func CheckContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context", ErrInvalid)
+	}
+	return ContextError(ctx)
+}
+
+// ContextError returns ctx.Err(), joined with context.Cause(ctx) when the
+// cause is a different error, or nil while ctx has not ended.
+func ContextError(ctx context.Context) error {
+	err := ctx.Err()
+	if err == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
+}
