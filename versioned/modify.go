@@ -94,11 +94,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
 		}
 		base := st.version
-		ids := st.ids
-		if ids == nil {
-			ids = bson.RawArray{5, 0, 0, 0, 0} // the empty array
-		}
-		out, err := r.updateCAS(ctx, op, idv, key, base, st.inc, true, ids, set, unset, &cfg)
+		out, err := r.updateCAS(ctx, op, idv, key, base, st.inc, true, st, set, unset, &cfg)
 		switch {
 		case err != nil:
 			return err
@@ -156,7 +152,7 @@ func (r *Repo[T]) changes(op string, id any, before reflect.Value, doc *T) (set,
 	var raw bson.Raw
 	for _, name := range r.s.names {
 		index := r.s.mapped[name]
-		if name == r.opts.VersionField || reflect.DeepEqual(before.FieldByIndex(index).Interface(), after.FieldByIndex(index).Interface()) {
+		if name == r.opts.VersionField || equal(before.FieldByIndex(index), after.FieldByIndex(index)) {
 			continue
 		}
 		switch {
@@ -177,4 +173,23 @@ func (r *Repo[T]) changes(op string, id any, before reflect.Value, doc *T) (set,
 		}
 	}
 	return set, unset, nil
+}
+
+// equal reports whether two values of one field type are deeply equal,
+// without boxing the common scalar kinds.
+func equal(a, b reflect.Value) bool {
+	switch a.Kind() {
+	case reflect.String:
+		return a.String() == b.String()
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return a.Int() == b.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return a.Uint() == b.Uint()
+	case reflect.Bool:
+		return a.Bool() == b.Bool()
+	case reflect.Float32, reflect.Float64:
+		return a.Float() == b.Float()
+	default:
+		return reflect.DeepEqual(a.Interface(), b.Interface())
+	}
 }

@@ -1,12 +1,15 @@
 package versioned
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"reflect"
 	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // maxDocSize is MongoDB's limit on a stored document (maxBsonObjectSize).
@@ -58,31 +61,72 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 	return st, nil
 }
 
+// idIter walks the write ids of a document, oldest first, without
+// allocating.
+type idIter struct{ rest []byte }
+
+func (st *docState) iter() idIter {
+	if len(st.ids) < 5 {
+		return idIter{}
+	}
+	return idIter{rest: st.ids[4:]}
+}
+
+// next returns the next id's bytes (nil for an element that is not a
+// string), and false at the end.
+func (it *idIter) next() ([]byte, bool) {
+	if len(it.rest) < 2 {
+		return nil, false
+	}
+	t := bsoncore.Type(it.rest[0])
+	k := bytes.IndexByte(it.rest[1:], 0)
+	if k < 0 {
+		return nil, false
+	}
+	v, rem, ok := bsoncore.ReadValue(it.rest[2+k:], t)
+	if !ok {
+		return nil, false
+	}
+	it.rest = rem
+	if t != bsoncore.TypeString || len(v.Data) < 5 {
+		return nil, true
+	}
+	return v.Data[4 : len(v.Data)-1], true
+}
+
 // has reports whether the document carries write id wid.
 func (st *docState) has(wid string) bool {
-	vals, _ := st.ids.Values()
-	for _, v := range vals {
-		if s, ok := v.StringValueOK(); ok && s == wid {
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			return false
+		}
+		if string(id) == wid {
 			return true
 		}
 	}
-	return false
 }
 
 // nids is the number of write ids the document carries.
 func (st *docState) nids() int64 {
-	vals, _ := st.ids.Values()
-	return int64(len(vals))
+	var n int64
+	for it := st.iter(); ; n++ {
+		if _, ok := it.next(); !ok {
+			return n
+		}
+	}
 }
 
 // last is the id of the document's last write, or "".
 func (st *docState) last() string {
-	vals, _ := st.ids.Values()
-	if len(vals) == 0 {
-		return ""
+	var last []byte
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			return string(last)
+		}
+		last = id
 	}
-	s, _ := vals[len(vals)-1].StringValueOK()
-	return s
 }
 
 // asInt reads an integer: an int32, an int64, or a double that holds an
@@ -250,21 +294,31 @@ func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
 	return set, push
 }
 
-// exactIDs is the list of write ids after a write with id wid to a document
-// whose list, as read, is ids: its last WriteIDs-1 entries and wid. A write
-// whose filter pins the version and the incarnation it read $sets it
+// exactIDs is the list of write ids after a write with id wid to the
+// document st as read: its last WriteIDs-1 entries and wid, as a BSON array.
+// A write whose filter pins the version and the incarnation it read $sets it
 // instead of pushing: the list cannot have changed since the read, and this
 // keeps the bound on servers that ignore $slice (FerretDB v1).
-func exactIDs(ids bson.RawArray, wid string) bson.A {
-	vals, _ := ids.Values()
-	if len(vals) > WriteIDs-1 {
-		vals = vals[len(vals)-(WriteIDs-1):]
+func exactIDs(st *docState, wid string) bson.RawValue {
+	skip := max(st.nids()-(WriteIDs-1), 0)
+	buf := make([]byte, 4, 5+WriteIDs*(len(wid)+9))
+	i := 0
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			break
+		}
+		if skip > 0 {
+			skip--
+			continue
+		}
+		buf = appendIDElement(buf, i, id)
+		i++
 	}
-	out := make(bson.A, 0, len(vals)+1)
-	for _, v := range vals {
-		out = append(out, v)
-	}
-	return append(out, wid)
+	buf = appendIDElement(buf, i, []byte(wid))
+	buf = append(buf, 0)
+	binary.LittleEndian.PutUint32(buf, uint32(len(buf)))
+	return bson.RawValue{Type: bson.TypeArray, Value: buf}
 }
 
 // decode decodes a stored document into a new T, with its version.
@@ -275,4 +329,14 @@ func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {
 	}
 	r.s.setVersion(reflect.ValueOf(t).Elem(), st.version)
 	return t, nil
+}
+
+// appendIDElement appends the array element i holding the string id.
+func appendIDElement(buf []byte, i int, id []byte) []byte {
+	buf = append(buf, byte(bson.TypeString))
+	buf = strconv.AppendInt(buf, int64(i), 10)
+	buf = append(buf, 0)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(id)+1))
+	buf = append(buf, id...)
+	return append(buf, 0)
 }

@@ -181,10 +181,10 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 // updateCAS sends the updateOne of a write made against version base of
 // incarnation inc (filtered on it only if incKnown): the field changes, the
 // version set to base+1 and the write id pushed (or, when the caller read
-// the list of write ids, ids, in this same version and incarnation, that
-// list $set with the write id), filtered on the id, base and the guards;
-// see exec.
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, inc string, incKnown bool, ids bson.RawArray, set, unset bson.D, cfg *writeConfig) (outcome, error) {
+// the document, read, at this same version and incarnation, its list of
+// write ids $set with the write id), filtered on the id, base and the
+// guards; see exec.
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, inc string, incKnown bool, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	filter := append(store.IDFilter(key), r.versionIs(base))
 	if incKnown {
@@ -192,14 +192,15 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.Raw
 	}
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
-	set, push := r.protocol(set, w.wid)
-	update := bson.D{{Key: "$set", Value: set}}
-	if ids != nil {
-		set = append(set, bson.E{Key: r.idsPath(), Value: exactIDs(ids, w.wid)})
-		update[0].Value = set
+	update := make(bson.D, 1, 3)
+	if read != nil {
+		set = append(set, bson.E{Key: r.idsPath(), Value: exactIDs(read, w.wid)})
 	} else {
+		var push bson.E
+		set, push = r.protocol(set, w.wid)
 		update = append(update, push)
 	}
+	update[0] = bson.E{Key: "$set", Value: set}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
