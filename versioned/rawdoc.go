@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -235,12 +236,7 @@ func (r *Repo[T]) own(k string) bool {
 
 // reserved reports whether k is one of Options.Reserved.
 func (r *Repo[T]) reserved(k string) bool {
-	for _, x := range r.opts.Reserved {
-		if x == k {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(r.opts.Reserved, k)
 }
 
 // versionIs is the filter clause "the version is v"; version 0 also
@@ -317,7 +313,8 @@ func exactIDs(st *docState, wid string) bson.RawValue {
 	}
 	buf = appendIDElement(buf, i, []byte(wid))
 	buf = append(buf, 0)
-	binary.LittleEndian.PutUint32(buf, uint32(len(buf)))
+	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
+
 	return bson.RawValue{Type: bson.TypeArray, Value: buf}
 }
 
@@ -336,7 +333,8 @@ func appendIDElement(buf []byte, i int, id []byte) []byte {
 	buf = append(buf, byte(bson.TypeString))
 	buf = strconv.AppendInt(buf, int64(i), 10)
 	buf = append(buf, 0)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(id)+1))
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(id)+1)) //nolint:gosec // an id read from a BSON string, whose length fits
+
 	buf = append(buf, id...)
 	return append(buf, 0)
 }

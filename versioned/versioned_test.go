@@ -306,7 +306,9 @@ func TestWriteIDsStayBounded(t *testing.T) {
 	m := b.raw(t, "a1")
 	require.Equal(t, int64(writes+1), m["version"])
 	require.Equal(t, int64(writes), m["balance"])
-	require.Equal(t, int32(versioned.WriteIDs), m["_mc"].(bson.M)["h"], "the document records the protocol's bound")
+	mc, ok := m["_mc"].(bson.M)
+	require.True(t, ok)
+	require.Equal(t, int32(versioned.WriteIDs), mc["h"], "the document records the protocol's bound")
 }
 
 // TestThousandWritersKeepAtMostWriteIDs: 1,000 distinct repositories (short
