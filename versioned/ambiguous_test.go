@@ -1,7 +1,6 @@
 package versioned_test
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,34 +157,27 @@ func TestWriteThatNeverArrivedIsSentAgain(t *testing.T) {
 	require.Equal(t, int64(2), m["version"])
 }
 
-// TestUnknownOutcomeIsNotGuessed: the write lands but its reply is held past
-// the caller's deadline, and meanwhile other writers move the document on by
-// more than History versions, pruning its write id. The repository cannot
-// tell whether its write landed, and says so instead of retrying (which
-// would apply +10 a second time).
+// TestUnknownOutcomeIsNotGuessed: the write lands but its reply is lost,
+// and meanwhile other writers move the document on by more than WriteIDs
+// writes, pushing its write id out. The repository cannot tell whether its
+// write landed, and says so instead of retrying (which would apply +10 a
+// second time).
 func TestUnknownOutcomeIsNotGuessed(t *testing.T) {
 	t.Parallel()
-	opts := &versioned.Options{History: 2}
-	repo, f, b := setupFaulty[account](t, opts)
-	others, err := versioned.New[account](b.coll, opts)
+	repo, f, b := setupFaulty[account](t, nil)
+	others, err := versioned.New[account](b.coll, nil)
 	require.NoError(t, err)
 	require.NoError(t, repo.Insert(b.ctx, &account{ID: "w", Balance: 100}))
 
-	stop := f.DelayReplies(time.Second, mongotest.Writes(b.coll.Name()))
-	defer stop()
-	go func() {
-		time.Sleep(100 * time.Millisecond) // after the write landed
-		for range 5 {
-			_, err := others.Guarded(b.ctx, "w", nil, bson.M{"$inc": bson.M{"balance": 1}})
-			if err != nil {
-				t.Errorf("other writer: %v", err)
-			}
+	fault := dropWriteAfter(f, b.coll.Name(), func() {
+		for range versioned.WriteIDs + 5 { // Modify keeps the bound on every server
+			_, err := others.Modify(b.ctx, "w", func(a *account) error { a.Balance++; return nil })
+			require.NoError(t, err)
 		}
-	}()
-	ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
-	defer cancel()
+	})
 	calls := 0
-	_, err = repo.Modify(ctx, "w", func(a *account) error { calls++; a.Balance += 10; return nil })
+	_, err = repo.Modify(b.ctx, "w", func(a *account) error { calls++; a.Balance += 10; return nil })
+	require.True(t, fault.HasFired())
 
 	require.ErrorIs(t, err, versioned.ErrUnknownOutcome)
 	var ue *versioned.UnknownOutcomeError
@@ -193,11 +185,11 @@ func TestUnknownOutcomeIsNotGuessed(t *testing.T) {
 	require.Equal(t, "modify", ue.Op)
 	require.NotEmpty(t, ue.WriteID)
 	require.Equal(t, int64(1), ue.Base)
-	require.Greater(t, ue.Current, ue.Base+2)
+	require.Greater(t, ue.Current, ue.Base+versioned.WriteIDs)
 	require.True(t, store.IsAmbiguous(err), "the write's own error stays reachable")
 	require.False(t, retry.IsRetryable(err), "an unknown outcome must not be retried blindly")
 	require.Equal(t, 1, calls)
-	require.Equal(t, int64(115), b.raw(t, "w")["balance"], "the write had landed: a retry would have made it 125")
+	require.Equal(t, int64(100+10+versioned.WriteIDs+5), b.raw(t, "w")["balance"], "the write had landed once: a retry would have added 10 more")
 }
 
 // TestLostRepliesUnderContention: 4 writers × 25 increments through the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Sentinel errors. Match them with errors.Is; the typed errors below carry the
@@ -27,14 +29,21 @@ var (
 	ErrDuplicate = errors.New("versioned: duplicate key")
 
 	// ErrInvalid is matched by *InvalidError and *VersionTypeError: bad
-	// input, or a context that had ended before the call, detected before
-	// anything was written.
-	ErrInvalid = errors.New("versioned: invalid input")
+	// input, detected before anything was written. It is [store.ErrInvalid]
+	// (the same value in every mongocas package).
+	ErrInvalid = store.ErrInvalid
+
+	// ErrInvalidID is matched by an *InvalidError that refuses an id: nil,
+	// zero, of the wrong type, or whose encoding could act as a query
+	// operator ($-keys, regular expressions, code). It also matches
+	// ErrInvalid. It is [store.ErrInvalidID].
+	ErrInvalidID = store.ErrInvalidID
 
 	// ErrUnknownOutcome is matched by *UnknownOutcomeError: a write failed
 	// in a way that leaves open whether the server applied it, and re-reading
-	// the document could not settle it. The write was not retried.
-	ErrUnknownOutcome = errors.New("versioned: write outcome unknown")
+	// the document could not settle it. The write was not retried. It is
+	// [store.ErrUnknownOutcome].
+	ErrUnknownOutcome = store.ErrUnknownOutcome
 )
 
 // ConflictError reports that a write expected the document at one version
@@ -168,6 +177,9 @@ type InvalidError struct {
 
 // Error returns a message with the operation, the field and the reason.
 func (e *InvalidError) Error() string {
+	if ide, ok := e.Err.(*store.IDError); ok && e.Reason == "" { //nolint:errorlint // only the direct wrap reads better unprefixed
+		return "versioned: " + e.Op + ": " + ide.Error()
+	}
 	msg := "versioned: " + e.Op + ": invalid input"
 	if e.Field != "" {
 		msg += " at " + e.Field
@@ -179,8 +191,11 @@ func (e *InvalidError) Error() string {
 	return msg
 }
 
-// Is reports whether target is ErrInvalid.
-func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+// Is reports whether target is ErrInvalid, or ErrInvalidID for an error
+// about the id.
+func (e *InvalidError) Is(target error) bool {
+	return target == ErrInvalid || (target == ErrInvalidID && e.Field == "_id")
+}
 
 // Unwrap returns the underlying error.
 func (e *InvalidError) Unwrap() error { return e.Err }
@@ -209,11 +224,13 @@ func (e *VersionTypeError) Error() string {
 func (e *VersionTypeError) Is(target error) bool { return target == ErrInvalid }
 
 // UnknownOutcomeError reports that a write was sent, failed in a way that
-// leaves its outcome open (a network error or a timeout after sending), and
-// re-reading the document could not tell whether it was applied: the
-// document moved on by more than Options.History versions, the re-read
-// itself kept failing, or the write may still be in flight and the context
-// ended or its condition stopped holding. It matches ErrUnknownOutcome,
+// leaves its outcome open (a network error, a timeout, a write-concern
+// error, an error labelled RetryableWriteError; see store.IsAmbiguous), and
+// re-reading the document could not tell whether it was applied: more than
+// [WriteIDs] writes landed after it, the document was deleted (and perhaps
+// inserted again) meanwhile, the re-read itself kept failing, or the write
+// may still be in flight and the context ended or its condition stopped
+// holding. It matches ErrUnknownOutcome,
 // unwraps to the write's error, and its Retryable method reports false:
 // retrying could apply the change twice.
 type UnknownOutcomeError struct {
@@ -221,8 +238,8 @@ type UnknownOutcomeError struct {
 	Op string
 	// ID is the document's id.
 	ID any
-	// WriteID is the write's id. If it landed, the document's write-id
-	// subdocument held this key until it was pruned.
+	// WriteID is the write's id. If it landed, the document's list of
+	// write ids held it until WriteIDs later writes pushed it out.
 	WriteID string
 	// Base is the version the write was made against (for Guarded, a
 	// version the document had at or before the write).

@@ -34,7 +34,7 @@ const (
 	live
 	// dead: the write has not landed and never will.
 	dead
-	// unknown: the write may have landed and its trace been pruned since.
+	// unknown: the write may have landed and its trace be gone since.
 	unknown
 )
 
@@ -53,8 +53,9 @@ type write struct {
 	wid  string        // the write id it stamps ("" for a delete)
 	base int64         // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
-	// judge tells what a re-read document (nil: no document) says.
-	judge func(st *docState) verdict
+	// judge tells what a re-read document (nil: no document) says, and
+	// why, when it is unknown.
+	judge func(st *docState) (verdict, string)
 }
 
 // outcome is the result of exec.
@@ -68,14 +69,15 @@ type outcome struct {
 	resent bool
 }
 
-// exec sends w and, if the reply is lost (a network error or a timeout,
-// see store.IsAmbiguous), re-reads the document to learn whether w landed:
+// exec sends w and, if it fails ambiguously (see store.IsAmbiguous: a
+// network error, a timeout, a write-concern error, an error labelled
+// RetryableWriteError), re-reads the document to learn whether w landed:
 // it reports landed, reports not landed when w can never land any more, and
 // sends w again, with the same write id, while w has not landed but still
 // could; every copy carries a filter that lets at most one of them apply.
-// When a re-read cannot settle it, exec returns an *UnknownOutcomeError.
-// Inside a transaction the write's error is returned as it is: the
-// transaction, not the write, is then the unit to retry.
+// When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
+// never returns an ambiguous error as it is, except inside a transaction,
+// where the transaction, not the write, is the unit to retry.
 func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
 	s, err := w.send(ctx)
 	if err == nil {
@@ -93,13 +95,14 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 			}
 			return outcome{}, r.unknown(w, nil, "re-reading the document failed", errors.Join(first, rerr))
 		}
-		switch w.judge(st) {
+		v, why := w.judge(st)
+		switch v {
 		case landed:
 			return outcome{landed: true, reread: st, read: true, resent: resends > 0}, nil
 		case dead:
 			return outcome{reread: st, read: true, resent: resends > 0}, nil
 		case unknown:
-			return outcome{}, r.unknown(w, st, "the document moved on too far to tell", first)
+			return outcome{}, r.unknown(w, st, why, first)
 		case live:
 		}
 		// live: a copy may still land. Send it again while the caller waits.
@@ -107,9 +110,9 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 		case noMatch:
 			return outcome{}, r.unknown(w, st, "the write's condition no longer holds, but a copy of it may still be in flight", first)
 		case ctx.Err() != nil:
-			return outcome{}, r.unknown(w, st, "the context ended while a copy of the write may still be in flight", errors.Join(first, ctx.Err()))
+			return outcome{}, r.unknown(w, st, "the context ended while a copy of the write may still be in flight", errors.Join(first, store.ContextError(ctx)))
 		case resends >= maxResends:
-			return outcome{}, r.unknown(w, st, "the write kept failing with network errors", first)
+			return outcome{}, r.unknown(w, st, "the write kept failing ambiguously", first)
 		}
 		resends++
 		s, err = w.send(ctx)
@@ -139,7 +142,7 @@ func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docSt
 
 // find reads the document with id key that also matches the guards.
 func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
-	filter := withGuards(bson.D{{Key: "_id", Value: key}}, guards)
+	filter := withGuards(store.IDFilter(key), guards)
 	raw, err := r.coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, &NotFoundError{Op: op, ID: id}
@@ -151,7 +154,7 @@ func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue
 	if err != nil {
 		return nil, err
 	}
-	r.cache.observe(ctx, cacheKey(key), st.version, r.writes(raw))
+	r.cache.observe(cacheKey(key), st)
 	return st, nil
 }
 
@@ -163,36 +166,71 @@ func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) erro
 	return &UnknownOutcomeError{Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
 }
 
-// judgeCAS judges a write filtered on version == base.
-func (r *Repo[T]) judgeCAS(w *write) func(*docState) verdict {
-	return func(st *docState) verdict {
+// Reasons an outcome is unknown.
+const (
+	whyGone  = "the document was deleted since: the write may have landed before"
+	whyOther = "the document was deleted and inserted again since: the write may have landed on the one deleted"
+	whyFar   = "more write ids than the document keeps were added since"
+	whyCold  = "the write id is absent, and the repository had not seen which incarnation of the document the write targeted, so it cannot rule out that the write landed on one deleted since"
+)
+
+// judgeCAS judges a write filtered on version == base (and, if incKnown, on
+// incarnation inc) that pushes write id w.wid. Versions of one incarnation
+// only grow, one per write, and every write pushes exactly one id at the
+// end of the list, which loses ids only from its front: so the list holds
+// the ids of the writes that made the last nids versions. See DESIGN.md.
+func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
+	return func(st *docState) (verdict, string) {
 		switch {
 		case st == nil:
-			return dead
-		case r.landed(st, w.wid):
-			return landed
-		case st.version > w.base+int64(r.opts.History):
-			return unknown
+			return unknown, whyGone
+		case st.has(w.wid):
+			return landed, ""
+		case !incKnown:
+			return unknown, whyCold
+		case st.inc != inc:
+			return unknown, whyOther
 		case st.version == w.base:
-			return live
-		case st.version < w.base:
-			return unknown // the document was deleted and inserted again
+			return live, ""
+		case st.version > w.base && st.version-w.base <= st.nids():
+			// Had it landed, it made version base+1, whose id the list
+			// still covers.
+			return dead, ""
 		}
-		return dead
+		return unknown, whyFar
 	}
 }
 
-// classify tells why a write filtered on id, version == expected and the
-// guards matched nothing, from a re-read st (nil: no document).
+// classify tells why a write filtered on id, version == expected (and an
+// incarnation) and the guards matched nothing, from a re-read st (nil: no
+// document). A failed Where filter wins over a moved version: the caller's
+// fence (a lease, say) is what stopped the write, and retrying will not
+// help.
 func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawValue, expected int64, st *docState, guards []guard) error {
-	switch {
-	case st == nil:
+	if st == nil {
 		r.cache.forget(cacheKey(key))
 		return &NotFoundError{Op: op, ID: id}
-	case st.version != expected:
-		return &ConflictError{Op: op, ID: id, Expected: expected, Current: st.version}
 	}
-	return r.guardError(ctx, op, id, key, st.version, guards)
+	if len(guards) > 0 {
+		failed, err := r.guardsFail(ctx, op, id, key, guards)
+		if err != nil {
+			return err
+		}
+		if failed {
+			return r.guardError(ctx, op, id, key, st.version, guards)
+		}
+	}
+	return &ConflictError{Op: op, ID: id, Expected: expected, Current: st.version}
+}
+
+// guardsFail reports whether the document fails one of the guards (or is
+// gone).
+func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (bool, error) {
+	_, err := r.find(ctx, op, id, key, guards)
+	if errors.Is(err, ErrNotFound) {
+		return true, nil
+	}
+	return false, err
 }
 
 // guardError builds the *GuardError of a write whose conditions failed,

@@ -10,6 +10,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Guarded applies the caller's update operators to the document with the
@@ -27,19 +29,21 @@ import (
 // cond is a query filter (a bson.D, bson.M or anything that marshals to a
 // BSON document); nil means no condition. update may use $set, $unset, $inc
 // and $currentDate only (the operators every target server runs), on any
-// path except the id, the version field and Options.MetaField; two paths
-// may not overlap. A bad update is an *InvalidError and nothing is sent.
+// path except the id, the version field, Options.MetaField and the reserved
+// fields (Options.Reserved); two paths may not overlap, and the values
+// $set may not exceed MongoDB's 16 MiB document limit. A bad update is an
+// *InvalidError and nothing is sent.
 //
 // Guarded returns the document as stored after the write. If cond (or a
 // Where filter) does not match it returns a *GuardError, and a
 // *NotFoundError if there is no such document: one re-read tells them
 // apart.
 //
-// Guarded normally makes one round trip. It records with its write id a
-// version the document had at or before the write, which it takes from
-// what the repository last saw of the document, or else from one read
-// first; if the document has since moved on by more than Options.History
-// versions the write does not match, and Guarded reads once and sends it
+// Guarded normally makes one round trip. Its filter requires an "anchor":
+// the id of a write the document carried when the repository last saw it
+// (or read it first, if it has not seen it), which makes sure that a copy
+// of the write sent again cannot apply twice. If more than WriteIDs writes
+// have landed since, the anchor is gone: Guarded reads once and sends
 // again. If the reply is lost and the write turns out to have landed, the
 // document returned is the one re-read, which may include later writes.
 func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (*T, error) {
@@ -64,26 +68,40 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 	}
 	ck := cacheKey(key)
-	hist := int64(r.opts.History)
 	for round := 0; ; round++ {
-		base, ok, prune := r.cache.lookup(ck, r.opts.History)
+		s, ok := r.cache.lookup(ck)
 		if !ok {
-			if _, err := r.find(ctx, op, idv, key, nil); err != nil {
+			st, err := r.find(ctx, op, idv, key, nil)
+			if err != nil {
 				return nil, err
 			}
-			base, _, prune = r.cache.lookup(ck, r.opts.History)
+			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
-		wid := newWriteID()
-		filter := withGuards(bson.D{
-			{Key: "_id", Value: key},
-			{Key: "$or", Value: bson.A{
-				bson.D{{Key: r.opts.VersionField, Value: bson.D{{Key: "$lte", Value: base + hist}}}},
-				bson.D{{Key: r.opts.VersionField, Value: bson.D{{Key: "$exists", Value: false}}}},
-			}},
-			{Key: r.writeKey(wid), Value: bson.D{{Key: "$exists", Value: false}}},
-		}, guards)
-		upd := r.guardedUpdate(ops, base, wid, prune)
-		w := &write{op: op, id: idv, key: key, wid: wid, base: base}
+		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
+		filter := store.IDFilter(key)
+		if s.last != "" {
+			// The anchor: present while the write's own id, pushed after
+			// it, cannot have been cut from the list.
+			filter = append(filter, bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$eq", Value: s.last}, {Key: "$ne", Value: w.wid}}})
+			w.judge = func(st *docState) (verdict, string) {
+				switch {
+				case st == nil:
+					return unknown, whyGone
+				case st.has(w.wid):
+					return landed, ""
+				case st.has(s.last):
+					return live, ""
+				}
+				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
+			}
+		} else {
+			// A document that carries no write id yet: pin its version.
+			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc),
+				bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$ne", Value: w.wid}}})
+			w.judge = judgeCAS(w, s.inc, true)
+		}
+		filter = withGuards(filter, guards)
+		upd := r.guardedUpdate(ops, w.wid)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -93,17 +111,6 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return sent{}, err
 			}
 			return sent{matched: true, after: raw}, nil
-		}
-		w.judge = func(st *docState) verdict {
-			switch {
-			case st == nil:
-				return dead
-			case r.landed(st, wid):
-				return landed
-			case st.version > base+hist:
-				return unknown
-			}
-			return live
 		}
 		out, err := r.exec(ctx, r.policy(&cfg), w)
 		if err != nil {
@@ -115,12 +122,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				if st, err = r.readState(op, idv, out.after); err != nil {
 					return nil, err
 				}
-				r.cache.observe(ctx, ck, st.version, r.writes(out.after))
+				r.cache.observe(ck, st)
 			}
-			// Once the caller knows, the write id is needed only to stop
-			// other copies of the write, and there are none unless it was
-			// sent again.
-			r.cache.wrote(ctx, ck, st.version, wid, base, !out.resent, prune)
 			return r.decode(op, idv, st)
 		}
 		st := out.reread
@@ -129,34 +132,33 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return nil, err
 			}
 		}
+		anchored := s.last != ""
 		switch {
 		case st == nil:
 			r.cache.forget(ck)
 			return nil, &NotFoundError{Op: op, ID: idv}
-		case st.version <= base+hist:
+		case anchored && st.has(s.last), !anchored && st.version == s.version && st.inc == s.inc:
+			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		case round < maxResends:
-			continue // the re-read refreshed the base version
+			continue // the re-read refreshed the anchor
 		}
-		return nil, &ConflictError{Op: op, ID: idv, Expected: base, Current: st.version}
+		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
+			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
+		}
+		return nil, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version}
 	}
 }
 
-// guardedUpdate merges the caller's operators with the version bump, the
-// write id and the pruning of old write ids.
-func (r *Repo[T]) guardedUpdate(ops bson.D, base int64, wid string, prune []string) bson.D {
+// guardedUpdate merges the caller's operators with the version bump and the
+// write-id protocol.
+func (r *Repo[T]) guardedUpdate(ops bson.D, wid string) bson.D {
+	set, push := r.protocol(nil, wid)
 	add := map[string]bson.D{
 		"$inc": {{Key: r.opts.VersionField, Value: int64(1)}},
-		"$set": {{Key: r.writeKey(wid), Value: base}},
+		"$set": set,
 	}
-	if len(prune) > 0 {
-		u := make(bson.D, len(prune))
-		for i, p := range prune {
-			u[i] = bson.E{Key: r.writeKey(p), Value: ""}
-		}
-		add["$unset"] = u
-	}
-	out := make(bson.D, 0, len(ops)+len(add))
+	out := make(bson.D, 0, len(ops)+3)
 	for _, o := range ops {
 		fields, _ := o.Value.(bson.D) // checkOps made every operator a bson.D
 		if extra, ok := add[o.Key]; ok {
@@ -165,12 +167,12 @@ func (r *Repo[T]) guardedUpdate(ops bson.D, base int64, wid string, prune []stri
 		}
 		out = append(out, bson.E{Key: o.Key, Value: fields})
 	}
-	for _, k := range []string{"$inc", "$set", "$unset"} {
+	for _, k := range []string{"$inc", "$set"} {
 		if extra, ok := add[k]; ok {
 			out = append(out, bson.E{Key: k, Value: extra})
 		}
 	}
-	return out
+	return append(out, push)
 }
 
 // checkOps validates the caller's update of Guarded and returns it as a
@@ -232,6 +234,9 @@ func (r *Repo[T]) checkOps(op string, update any) (bson.D, error) {
 		}
 		ops = append(ops, bson.E{Key: name, Value: d})
 	}
+	if len(raw) > maxDocSize {
+		return bad("update", "update is %d bytes: what it sets would make the document exceed MongoDB's %d-byte limit", len(raw), maxDocSize)
+	}
 	return ops, nil
 }
 
@@ -254,6 +259,9 @@ func (r *Repo[T]) checkPath(op, path string) error {
 		return &InvalidError{Op: op, Field: path, Reason: "the version field is the repository's to change"}
 	case r.opts.MetaField:
 		return &InvalidError{Op: op, Field: path, Reason: "the write-id field is the repository's to change"}
+	}
+	if r.reserved(segs[0]) {
+		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
 	}
 	return nil
 }

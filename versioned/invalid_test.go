@@ -2,8 +2,10 @@ package versioned_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -20,8 +22,8 @@ func TestInvalidInput(t *testing.T) {
 	good := &account{ID: "a1", Owner: "ana", Balance: 10}
 	require.NoError(t, repo.Insert(b.ctx, good))
 	before := b.rawBytes(t, "a1")
-	cancelled, cancel := context.WithCancel(b.ctx)
-	cancel()
+	anyRepo, err := versioned.New[anyID](b.coll, nil)
+	require.NoError(t, err)
 	inc := bson.M{"$inc": bson.M{"balance": 1}}
 	bump := func(a *account) error { a.Balance++; return nil }
 	withAttrs := func(attrs map[string]string) *account {
@@ -73,10 +75,20 @@ func TestInvalidInput(t *testing.T) {
 			_, err := repo.Modify(b.ctx, "a1", func(a *account) error { a.Note = big.Note; return nil })
 			return err
 		}, ""},
-		{"cancelled context get", func() error { _, err := repo.Get(cancelled, "a1"); return err }, ""},
-		{"cancelled context update", func() error { c := *good; c.Balance = 99; return repo.Update(cancelled, &c) }, ""},
-		{"cancelled context modify", func() error { _, err := repo.Modify(cancelled, "a1", bump); return err }, ""},
-		{"cancelled context guarded", func() error { _, err := repo.Guarded(cancelled, "a1", nil, inc); return err }, ""},
+		{"guarded touches the reserved lease field", func() error {
+			_, err := repo.Guarded(b.ctx, "a1", nil, bson.M{"$inc": bson.M{"_lease.epoch": -5}})
+			return err
+		}, "_lease.epoch"},
+		{"guarded sets more than 16 MiB", func() error {
+			_, err := repo.Guarded(b.ctx, "a1", nil, bson.M{"$set": bson.M{"note": big.Note}})
+			return err
+		}, "update"},
+		{"operator-shaped id get", func() error { _, err := anyRepo.Get(b.ctx, map[string]any{"$ne": "x"}); return err }, "_id"},
+		{"regex id delete", func() error { return anyRepo.Delete(b.ctx, &anyID{ID: bson.Regex{Pattern: ".*"}, Version: 1}) }, "_id"},
+		{"nested operator id guarded", func() error {
+			_, err := anyRepo.Guarded(b.ctx, bson.D{{Key: "a", Value: bson.D{{Key: "$gt", Value: ""}}}}, nil, inc)
+			return err
+		}, "_id"},
 		{"nil context", func() error { _, err := repo.Get(nil, "a1"); return err }, ""}, //nolint:staticcheck // testing the refusal of a nil context
 		{"guarded nil update", func() error { _, err := repo.Guarded(b.ctx, "a1", nil, nil); return err }, "update"},
 		{"guarded empty update", func() error { _, err := repo.Guarded(b.ctx, "a1", nil, bson.M{}); return err }, "update"},
@@ -131,11 +143,6 @@ func TestInvalidInput(t *testing.T) {
 			require.Equal(t, int64(1), b.count(t), "nothing was inserted")
 		})
 	}
-
-	t.Run("a cancelled context also matches context.Canceled", func(t *testing.T) {
-		_, err := repo.Get(cancelled, "a1")
-		require.ErrorIs(t, err, context.Canceled)
-	})
 }
 
 func TestVersionOfWrongTypeInDatabase(t *testing.T) {
@@ -236,7 +243,8 @@ func TestNewRejectsUnusableTypes(t *testing.T) {
 		"maps meta field":  errOf(versioned.New[mapsMeta](b.coll, nil)),
 		"not a struct":     errOf(versioned.New[map[string]any](b.coll, nil)),
 		"nil collection":   errOf(versioned.New[account](nil, nil)),
-		"negative history": errOf(versioned.New[account](b.coll, &versioned.Options{History: -1})),
+		"reserved _id":     errOf(versioned.New[account](b.coll, &versioned.Options{Reserved: []string{"_id"}})),
+		"reserved dotted":  errOf(versioned.New[account](b.coll, &versioned.Options{Reserved: []string{"a.b"}})),
 		"dollar version":   errOf(versioned.New[account](b.coll, &versioned.Options{VersionField: "$v"})),
 		"same fields":      errOf(versioned.New[account](b.coll, &versioned.Options{VersionField: "v", MetaField: "v"})),
 		"bad retry policy": errOf(versioned.New[account](b.coll, &versioned.Options{Retry: retry.Policy{Multiplier: 0.5}})),
@@ -276,4 +284,68 @@ func TestIntegerIDsConvert(t *testing.T) {
 	require.ErrorIs(t, err, versioned.ErrInvalid, "a value that does not fit is refused")
 	_, err = repo.Get(b.ctx, "7")
 	require.ErrorIs(t, err, versioned.ErrInvalid)
+}
+
+// A context that ended before the call is the context's error, wrapped,
+// never ErrInvalid: a service must not answer 400 to a client that hung up.
+// Nothing is sent.
+func TestEndedContextIsTheContextError(t *testing.T) {
+	t.Parallel()
+	repo, b := setup[account](t, nil)
+	good := &account{ID: "a1", Owner: "ana", Balance: 10}
+	require.NoError(t, repo.Insert(b.ctx, good))
+	before := b.rawBytes(t, "a1")
+	cancelled, cancel := context.WithCancelCause(b.ctx)
+	cause := errors.New("client hung up")
+	cancel(cause)
+	expired, cancel2 := context.WithDeadline(b.ctx, time.Now().Add(-time.Second))
+	defer cancel2()
+	inc := bson.M{"$inc": bson.M{"balance": 1}}
+	for name, call := range map[string]func(ctx context.Context) error{
+		"get":    func(ctx context.Context) error { _, err := repo.Get(ctx, "a1"); return err },
+		"insert": func(ctx context.Context) error { return repo.Insert(ctx, &account{ID: "new"}) },
+		"update": func(ctx context.Context) error { c := *good; c.Balance = 99; return repo.Update(ctx, &c) },
+		"delete": func(ctx context.Context) error { c := *good; return repo.Delete(ctx, &c) },
+		"modify": func(ctx context.Context) error {
+			_, err := repo.Modify(ctx, "a1", func(a *account) error { a.Balance++; return nil })
+			return err
+		},
+		"guarded": func(ctx context.Context) error { _, err := repo.Guarded(ctx, "a1", nil, inc); return err },
+	} {
+		err := call(cancelled)
+		require.ErrorIs(t, err, context.Canceled, name)
+		require.ErrorIs(t, err, cause, name)
+		require.NotErrorIs(t, err, versioned.ErrInvalid, name)
+		require.True(t, strings.HasPrefix(err.Error(), "versioned: "+name+": "), err.Error())
+		err = call(expired)
+		require.ErrorIs(t, err, context.DeadlineExceeded, name)
+		require.NotErrorIs(t, err, versioned.ErrInvalid, name)
+	}
+	require.Equal(t, before, b.rawBytes(t, "a1"), "nothing was written")
+	require.Equal(t, int64(1), b.count(t))
+}
+
+// Operator-shaped ids match ErrInvalidID as well as ErrInvalid.
+func TestOperatorIDIsInvalidID(t *testing.T) {
+	t.Parallel()
+	repo, b := setup[anyID](t, nil)
+	require.NoError(t, repo.Insert(b.ctx, &anyID{ID: "alice", Owner: "alice"}))
+	for _, id := range []any{
+		map[string]any{"$ne": nil},
+		bson.M{"$gt": ""},
+		bson.Regex{Pattern: "^a"},
+		bson.JavaScript("1"),
+		bson.A{"alice"},
+		bson.D{{Key: "x", Value: bson.D{{Key: "$exists", Value: true}}}},
+	} {
+		_, err := repo.Get(b.ctx, id)
+		require.ErrorIs(t, err, versioned.ErrInvalidID, "%#v", id)
+		require.ErrorIs(t, err, versioned.ErrInvalid, "%#v", id)
+		require.True(t, strings.HasPrefix(err.Error(), "versioned: get: invalid id"), err.Error())
+	}
+	// A document id that is a plain document works, compared by $eq.
+	require.NoError(t, repo.Insert(b.ctx, &anyID{ID: bson.D{{Key: "tenant", Value: "t"}, {Key: "n", Value: int32(1)}}, Owner: "t"}))
+	got, err := repo.Get(b.ctx, bson.D{{Key: "tenant", Value: "t"}, {Key: "n", Value: int32(1)}})
+	require.NoError(t, err)
+	require.Equal(t, "t", got.Owner)
 }

@@ -1,10 +1,12 @@
 package versioned
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/retry"
 )
@@ -66,11 +68,11 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		if err != nil {
 			return err
 		}
-		doc, err := r.decode(op, idv, st)
+		before, err := r.decode(op, idv, st)
 		if err != nil {
 			return err
 		}
-		before, err := encodeID(op, r.s.idOf(valueOf(doc)))
+		doc, err := r.decode(op, idv, st)
 		if err != nil {
 			return err
 		}
@@ -79,23 +81,20 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			return retry.Permanent(err)
 		}
 		r.s.setVersion(valueOf(doc), st.version)
-		raw, err := r.encode(op, doc)
+		set, unset, err := r.changes(op, idv, valueOf(before), doc)
 		if err != nil {
 			return err
-		}
-		if newID, err := raw.LookupErr("_id"); err != nil || newID.Type != before.Type || !bytes.Equal(newID.Value, before.Value) {
-			return &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", idv)}
-		}
-		set, unset, err := r.diff(st.raw, raw)
-		if err != nil {
-			return &InvalidError{Op: op, Reason: "malformed BSON", Err: err}
 		}
 		if len(set) == 0 && len(unset) == 0 {
 			result = doc
 			return nil
 		}
+		if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
+			// Write ids of the protocol before this one: nobody reads them.
+			unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
+		}
 		base := st.version
-		out, err := r.updateCAS(ctx, op, idv, key, base, set, unset, &cfg)
+		out, err := r.updateCAS(ctx, op, idv, key, base, st.inc, true, st, set, unset, &cfg)
 		switch {
 		case err != nil:
 			return err
@@ -121,12 +120,13 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		// The retries ran out on a conflict not yet re-read: read once to
 		// report the current version, or why the write did not match.
 		st, rerr := r.rereadNow(ctx, op, idv, key)
-		switch {
-		case rerr != nil:
-		case st == nil || st.version == ce.Expected:
-			return nil, r.classify(ctx, op, idv, key, ce.Expected, st, cfg.guards)
-		default:
-			ce.Current = st.version
+		if rerr == nil {
+			cerr := r.classify(ctx, op, idv, key, ce.Expected, st, cfg.guards)
+			if c, ok := errors.AsType[*ConflictError](cerr); ok {
+				ce.Current = c.Current
+			} else {
+				return nil, cerr
+			}
 		}
 	}
 	switch {
@@ -139,4 +139,57 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		return nil, wrapErr(op, idv, err)
 	}
 	return nil, err
+}
+
+// changes compares fn's copy doc with before, an untouched copy of the same
+// read, field by field (Go values, so a map's key order and a stored
+// int32 read into an int64 field do not count as changes), and returns the
+// $set of each changed field, as doc encodes it, and the $unset of each
+// changed field doc's encoding omits. Fields fn did not change are not
+// written. fn may not change the id or a reserved field.
+func (r *Repo[T]) changes(op string, id any, before reflect.Value, doc *T) (set, unset bson.D, err error) {
+	after := valueOf(doc)
+	var raw bson.Raw
+	for _, name := range r.s.names {
+		index := r.s.mapped[name]
+		if name == r.opts.VersionField || equal(before.FieldByIndex(index), after.FieldByIndex(index)) {
+			continue
+		}
+		switch {
+		case name == "_id":
+			return nil, nil, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
+		case r.reserved(name):
+			return nil, nil, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
+		}
+		if raw == nil {
+			if raw, err = r.encode(op, doc); err != nil {
+				return nil, nil, err
+			}
+		}
+		if v, err := raw.LookupErr(name); err == nil {
+			set = append(set, bson.E{Key: name, Value: v})
+		} else {
+			unset = append(unset, bson.E{Key: name, Value: ""})
+		}
+	}
+	return set, unset, nil
+}
+
+// equal reports whether two values of one field type are deeply equal,
+// without boxing the common scalar kinds.
+func equal(a, b reflect.Value) bool {
+	switch a.Kind() {
+	case reflect.String:
+		return a.String() == b.String()
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return a.Int() == b.Int()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return a.Uint() == b.Uint()
+	case reflect.Bool:
+		return a.Bool() == b.Bool()
+	case reflect.Float32, reflect.Float64:
+		return a.Float() == b.Float()
+	default:
+		return reflect.DeepEqual(a.Interface(), b.Interface())
+	}
 }

@@ -16,13 +16,27 @@ const (
 	// DefaultMetaField is the default BSON name of the subdocument in which
 	// writes record their write ids.
 	DefaultMetaField = "_mc"
-	// DefaultHistory is the default number of versions for which a write id
-	// stays in the document.
-	DefaultHistory = 32
+	// DefaultHistory is the former default of Options.History.
+	//
+	// Deprecated: write ids are bounded on the server by [WriteIDs];
+	// Options.History is ignored.
+	DefaultHistory = WriteIDs
+	// DefaultReserved is the top-level field reserved by default: the lease
+	// package's lease record.
+	DefaultReserved = "_lease"
 	// DefaultResolveTimeout is the default bound on re-reading, after the
 	// caller's context ended, to learn whether an ambiguous write landed.
 	DefaultResolveTimeout = 5 * time.Second
 )
+
+// WriteIDs is the write-id protocol's constant H: a document keeps the ids
+// of its last WriteIDs writes, and no more. Each write appends its id and
+// cuts the list to its last WriteIDs entries in the same statement, on the
+// server, so the bound holds whoever writes. A repository can settle a write
+// whose reply was lost as long as fewer than WriteIDs writes landed after it.
+// The value is recorded in each document it writes (the "h" field of
+// Options.MetaField). See DESIGN.md.
+const WriteIDs = 32
 
 // maxResends bounds how often one write is sent again after ambiguous
 // failures before its outcome is reported unknown.
@@ -35,22 +49,25 @@ type Options struct {
 	// an int64 field. Default "version".
 	VersionField string
 
-	// MetaField is the BSON name of the subdocument where each write records
-	// its write id ({"<MetaField>": {"w": {"<write id>": <version>}}}). T
-	// must not map it. Default "_mc".
+	// MetaField is the BSON name of the subdocument where the repository
+	// keeps the document's incarnation id and the ids of its last
+	// [WriteIDs] writes. T must not map it. Default "_mc".
 	MetaField string
 
-	// History is how many versions the write id of a write whose outcome is
-	// not yet known is kept for: other writers prune a write id only once
-	// they have seen the document more than History versions past it (a
-	// repository removes its own as soon as it has reported their outcome).
-	// After an ambiguous failure the repository can tell whether its write
-	// landed as long as the document moved fewer than History versions
-	// meanwhile; past that it reports ErrUnknownOutcome. Guarded also fails
-	// to match, and reads and sends again, when the document has moved more
-	// than History versions past what the repository last saw of it.
-	// Default 32. Negative is invalid.
+	// History is ignored.
+	//
+	// Deprecated: write ids are now bounded on the server by the protocol
+	// constant [WriteIDs], the same for every writer, so that writers
+	// configured differently cannot prune each other's ids.
 	History int
+
+	// Reserved names top-level fields that belong to another component, such
+	// as the lease package's lease record: Guarded refuses an update path in
+	// them, Modify refuses a fn that changes them, and Update never writes
+	// them (all with an error matching [ErrInvalid], before anything is
+	// sent). T may map them to read them. nil means {"_lease"}; an empty
+	// non-nil slice reserves nothing.
+	Reserved []string
 
 	// Retry is the policy for Modify's conflict retries and for re-reads
 	// after an ambiguous write. The zero Policy means the retry package's
@@ -76,8 +93,8 @@ func (o *Options) resolve() (Options, error) {
 	if r.MetaField == "" {
 		r.MetaField = DefaultMetaField
 	}
-	if r.History == 0 {
-		r.History = DefaultHistory
+	if r.Reserved == nil {
+		r.Reserved = []string{DefaultReserved}
 	}
 	if r.ResolveTimeout == 0 {
 		r.ResolveTimeout = DefaultResolveTimeout
@@ -96,10 +113,16 @@ func (o *Options) resolve() (Options, error) {
 	switch {
 	case r.VersionField == r.MetaField:
 		return bad("MetaField", fmt.Sprintf("%q is also the version field", r.MetaField), nil)
-	case r.History < 0:
-		return bad("History", fmt.Sprintf("%d is negative", r.History), nil)
 	case r.ResolveTimeout < 0:
 		return bad("ResolveTimeout", fmt.Sprintf("%v is negative", r.ResolveTimeout), nil)
+	}
+	for _, name := range r.Reserved {
+		if err := checkKey(name); err != nil || name == "" {
+			return bad("Reserved", fmt.Sprintf("%q is not a top-level field name", name), err)
+		}
+		if name == "_id" || name == r.VersionField || name == r.MetaField {
+			return bad("Reserved", fmt.Sprintf("%q is the repository's own field", name), nil)
+		}
 	}
 	if err := r.Retry.Validate(); err != nil {
 		return bad("Retry", "invalid policy", err)
@@ -157,8 +180,8 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one
-// Modify call: its conflict retries and its re-reads after an ambiguous
-// write.
+// call: Modify's conflict retries, and the re-reads after an ambiguous write
+// of any call.
 func WithRetry(p retry.Policy) WriteOption {
 	return func(c *writeConfig) { c.policy = &p }
 }

@@ -2,56 +2,132 @@ package versioned
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // maxDocSize is MongoDB's limit on a stored document (maxBsonObjectSize).
 const maxDocSize = 16 << 20
 
-// docState is a stored document as read: its raw bytes and its version.
+// docState is a stored document as read: its raw bytes, its version, and
+// what the write-id protocol keeps in Options.MetaField.
 type docState struct {
 	raw     bson.Raw
 	version int64
+	// inc is the incarnation id Insert stamped, "" for a document not
+	// inserted by a repository.
+	inc string
+	// ids holds the ids of the document's last writes, oldest first.
+	ids bson.RawArray
 }
 
-// readState parses the version of a stored document. A missing field is
-// version 0 (a document written before the repository was adopted); an
-// integer, or a double holding an integer (as mongosh writes numbers), is
-// that version; anything else is a *VersionTypeError.
+// Names inside Options.MetaField.
+const (
+	metaInc  = "inc" // the incarnation id, stamped once by Insert
+	metaIDs  = "ids" // the ids of the last WriteIDs writes, oldest first
+	metaH    = "h"   // WriteIDs, recorded for readers
+	metaOldW = "w"   // the write ids of the protocol before this one
+)
+
+// readState parses the version of a stored document and its write-id
+// metadata. A missing version field is version 0 (a document written before
+// the repository was adopted); an integer, or a double holding an integer
+// (as mongosh writes numbers), is that version; anything else is a
+// *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
+	st := &docState{raw: raw}
+	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
+		d := meta.Document()
+		st.inc, _ = d.Lookup(metaInc).StringValueOK()
+		if a, ok := d.Lookup(metaIDs).ArrayOK(); ok {
+			st.ids = a
+		}
+	}
 	v := raw.Lookup(r.opts.VersionField)
 	if v.Type == 0 { // no version field
-		return &docState{raw: raw}, nil
+		return st, nil
 	}
 	ver, ok := asInt(v)
 	if !ok || ver < 0 {
 		return nil, &VersionTypeError{Op: op, ID: id, Field: r.opts.VersionField, Value: v}
 	}
-	return &docState{raw: raw, version: ver}, nil
+	st.version = ver
+	return st, nil
 }
 
-// writes returns the write-id subdocument of a stored document, or nil.
-func (r *Repo[T]) writes(raw bson.Raw) bson.Raw {
-	v, err := raw.LookupErr(r.opts.MetaField, "w")
-	if err != nil || v.Type != bson.TypeEmbeddedDocument {
-		return nil
+// idIter walks the write ids of a document, oldest first, without
+// allocating.
+type idIter struct{ rest []byte }
+
+func (st *docState) iter() idIter {
+	if len(st.ids) < 5 {
+		return idIter{}
 	}
-	return v.Document()
+	return idIter{rest: st.ids[4:]}
 }
 
-// landed reports whether the stored document carries write id wid.
-func (r *Repo[T]) landed(st *docState, wid string) bool {
-	w := r.writes(st.raw)
-	if w == nil {
-		return false
+// next returns the next id's bytes (nil for an element that is not a
+// string), and false at the end.
+func (it *idIter) next() ([]byte, bool) {
+	if len(it.rest) < 2 {
+		return nil, false
 	}
-	_, err := w.LookupErr(wid)
-	return err == nil
+	t := bsoncore.Type(it.rest[0])
+	k := bytes.IndexByte(it.rest[1:], 0)
+	if k < 0 {
+		return nil, false
+	}
+	v, rem, ok := bsoncore.ReadValue(it.rest[2+k:], t)
+	if !ok {
+		return nil, false
+	}
+	it.rest = rem
+	if t != bsoncore.TypeString || len(v.Data) < 5 {
+		return nil, true
+	}
+	return v.Data[4 : len(v.Data)-1], true
+}
+
+// has reports whether the document carries write id wid.
+func (st *docState) has(wid string) bool {
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			return false
+		}
+		if string(id) == wid {
+			return true
+		}
+	}
+}
+
+// nids is the number of write ids the document carries.
+func (st *docState) nids() int64 {
+	var n int64
+	for it := st.iter(); ; n++ {
+		if _, ok := it.next(); !ok {
+			return n
+		}
+	}
+}
+
+// last is the id of the document's last write, or "".
+func (st *docState) last() string {
+	var last []byte
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			return string(last)
+		}
+		last = id
+	}
 }
 
 // asInt reads an integer: an int32, an int64, or a double that holds an
@@ -70,9 +146,6 @@ func asInt(v bson.RawValue) (int64, bool) {
 	}
 	return 0, false
 }
-
-// maxPrune bounds the write ids one write removes, to keep its update small.
-const maxPrune = 64
 
 // checkKeys walks an encoded document and reports the first field name
 // MongoDB would misread ('$' prefix or '.'), with its path.
@@ -131,42 +204,39 @@ func (r *Repo[T]) encode(op string, doc *T) (bson.Raw, error) {
 	return raw, nil
 }
 
-// diff returns the $set and $unset of the mapped fields of next against
-// prev (nil prev: every field of next is set). The id, the version and
-// fields T does not map are never touched.
-func (r *Repo[T]) diff(prev, next bson.Raw) (set, unset bson.D, err error) {
+// fullDiff returns the $set of every mapped field of next and the $unset of
+// the mapped fields next omits, for Update. The id, the version, reserved
+// fields and fields T does not map are never touched.
+func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
 	elems, err := next.Elements()
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, e := range elems {
-		k := e.Key()
-		if k == "_id" || k == r.opts.VersionField {
-			continue
+		if k := e.Key(); r.own(k) {
+			set = append(set, bson.E{Key: k, Value: e.Value()})
 		}
-		v := e.Value()
-		if prev != nil {
-			if old, err := prev.LookupErr(k); err == nil && old.Type == v.Type && bytes.Equal(old.Value, v.Value) {
-				continue
-			}
-		}
-		set = append(set, bson.E{Key: k, Value: v})
 	}
-	for k := range r.s.mapped {
-		if k == "_id" || k == r.opts.VersionField {
+	for _, k := range r.s.names {
+		if !r.own(k) {
 			continue
 		}
-		if _, err := next.LookupErr(k); err == nil {
-			continue
+		if _, err := next.LookupErr(k); err != nil {
+			unset = append(unset, bson.E{Key: k, Value: ""})
 		}
-		if prev != nil {
-			if _, err := prev.LookupErr(k); err != nil {
-				continue // absent before and after
-			}
-		}
-		unset = append(unset, bson.E{Key: k, Value: ""})
 	}
 	return set, unset, nil
+}
+
+// own reports whether the top-level field k is one that Update and Modify
+// write: mapped by T, and neither the id, the version nor reserved.
+func (r *Repo[T]) own(k string) bool {
+	return k != "_id" && k != r.opts.VersionField && !r.reserved(k)
+}
+
+// reserved reports whether k is one of Options.Reserved.
+func (r *Repo[T]) reserved(k string) bool {
+	return slices.Contains(r.opts.Reserved, k)
 }
 
 // versionIs is the filter clause "the version is v"; version 0 also
@@ -179,6 +249,15 @@ func (r *Repo[T]) versionIs(v int64) bson.E {
 		}}
 	}
 	return bson.E{Key: r.opts.VersionField, Value: v}
+}
+
+// incIs is the filter clause "the document is incarnation inc" ("": one
+// not inserted by a repository, which has none).
+func (r *Repo[T]) incIs(inc string) bson.E {
+	if inc == "" {
+		return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: bson.D{{Key: "$exists", Value: false}}}
+	}
+	return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: inc}
 }
 
 // withGuards ANDs the guards' filters (the Where filters, and cond for
@@ -195,8 +274,49 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 	return append(filter, bson.E{Key: "$and", Value: and})
 }
 
-// writeKey is the path of write id wid in the document.
-func (r *Repo[T]) writeKey(wid string) string { return r.opts.MetaField + ".w." + wid }
+// idsPath is the path of the list of write ids.
+func (r *Repo[T]) idsPath() string { return r.opts.MetaField + "." + metaIDs }
+
+// protocol adds to an update the write-id protocol's part of a write with
+// id wid: $push of wid onto the list of write ids, cut to its last WriteIDs
+// entries, and WriteIDs recorded in the document. set is the update's $set
+// (extended in place by the caller's slice).
+func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
+	set = append(set, bson.E{Key: r.opts.MetaField + "." + metaH, Value: int32(WriteIDs)})
+	push := bson.E{Key: "$push", Value: bson.D{{Key: r.idsPath(), Value: bson.D{
+		{Key: "$each", Value: bson.A{wid}},
+		{Key: "$slice", Value: -WriteIDs},
+	}}}}
+	return set, push
+}
+
+// exactIDs is the list of write ids after a write with id wid to the
+// document st as read: its last WriteIDs-1 entries and wid, as a BSON array.
+// A write whose filter pins the version and the incarnation it read $sets it
+// instead of pushing: the list cannot have changed since the read, and this
+// keeps the bound on servers that ignore $slice (FerretDB v1).
+func exactIDs(st *docState, wid string) bson.RawValue {
+	skip := max(st.nids()-(WriteIDs-1), 0)
+	buf := make([]byte, 4, 5+WriteIDs*(len(wid)+9))
+	i := 0
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			break
+		}
+		if skip > 0 {
+			skip--
+			continue
+		}
+		buf = appendIDElement(buf, i, id)
+		i++
+	}
+	buf = appendIDElement(buf, i, []byte(wid))
+	buf = append(buf, 0)
+	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
+
+	return bson.RawValue{Type: bson.TypeArray, Value: buf}
+}
 
 // decode decodes a stored document into a new T, with its version.
 func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {
@@ -206,4 +326,15 @@ func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {
 	}
 	r.s.setVersion(reflect.ValueOf(t).Elem(), st.version)
 	return t, nil
+}
+
+// appendIDElement appends the array element i holding the string id.
+func appendIDElement(buf []byte, i int, id []byte) []byte {
+	buf = append(buf, byte(bson.TypeString))
+	buf = strconv.AppendInt(buf, int64(i), 10)
+	buf = append(buf, 0)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(id)+1)) //nolint:gosec // an id read from a BSON string, whose length fits
+
+	buf = append(buf, id...)
+	return append(buf, 0)
 }

@@ -3,6 +3,7 @@ package versioned
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -69,9 +70,12 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 // Insert stores doc as a new document at version 1, and sets doc's version
 // field to 1. Its id must be set (Insert does not generate one). An id that
 // exists already is a *DuplicateError, as is a value another unique index
-// holds. If the reply is lost, Insert re-reads to learn whether its document
-// landed, as every write does (see "Guarantees" in the package
-// documentation).
+// holds. Insert stamps the document with a fresh incarnation id, so that a
+// document deleted and inserted again is never taken for the old one. If
+// the reply is lost, Insert re-reads to learn whether its document landed;
+// it never sends the insert again (a second copy could bring back a
+// document deleted meanwhile), so when the document is not there it
+// returns an *UnknownOutcomeError.
 func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 	const op = "insert"
 	v, id, key, err := r.docID(ctx, op, doc)
@@ -92,7 +96,11 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 	}
 	ins = append(ins,
 		bson.E{Key: r.opts.VersionField, Value: int64(1)},
-		bson.E{Key: r.opts.MetaField, Value: bson.D{{Key: "w", Value: bson.D{{Key: wid, Value: int64(0)}}}}})
+		bson.E{Key: r.opts.MetaField, Value: bson.D{
+			{Key: metaInc, Value: wid},
+			{Key: metaH, Value: int32(WriteIDs)},
+			{Key: metaIDs, Value: bson.A{wid}},
+		}})
 	var dupErr error
 	w := &write{op: op, id: id, key: key, wid: wid, base: 0}
 	w.send = func(ctx context.Context) (sent, error) {
@@ -103,16 +111,14 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		}
 		return sent{matched: err == nil}, err
 	}
-	w.judge = func(st *docState) verdict {
+	w.judge = func(st *docState) (verdict, string) {
 		switch {
 		case st == nil:
-			return live
-		case r.landed(st, wid):
-			return landed
-		case st.version > int64(r.opts.History):
-			return unknown
+			return unknown, "no document has the id: the insert may have landed and been deleted since, or never arrived, and sending it again could bring back a deleted document"
+		case st.inc == wid || st.has(wid):
+			return landed, ""
 		}
-		return dead
+		return unknown, "another incarnation of the document is stored: the insert may have been refused as a duplicate, or have landed and been deleted since"
 	}
 	out, err := r.exec(ctx, &r.opts.Retry, w)
 	if err != nil {
@@ -122,7 +128,11 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
 	r.s.setVersion(v, 1)
-	r.cache.wrote(ctx, cacheKey(key), 1, wid, 0, true, nil)
+	if out.reread != nil {
+		r.cache.observe(cacheKey(key), out.reread)
+	} else {
+		r.cache.put(cacheKey(key), seen{version: 1, inc: wid, last: wid})
+	}
 	return nil
 }
 
@@ -130,12 +140,13 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // stored version is still doc's version: one updateOne filtered on the id,
 // that version and any Where filters, that $sets the fields T maps, $unsets
 // the mapped fields doc omits, and raises the version by one. Fields T does
-// not map are left as they are. On success doc's version field holds the new
-// version.
+// not map, and reserved fields (Options.Reserved), are left as they are. On
+// success doc's version field holds the new version.
 //
-// When nothing matched, one re-read tells why: a *ConflictError (with the
+// When nothing matched, one re-read tells why: a *GuardError if a Where
+// filter fails (whatever the version), else a *ConflictError (with the
 // current version) if the version moved, a *NotFoundError if the document is
-// gone, a *GuardError if a Where filter failed. doc is then left unchanged.
+// gone. doc is then left unchanged.
 func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error {
 	const op = "update"
 	cfg := newWriteConfig(opts)
@@ -147,7 +158,7 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	if err != nil {
 		return err
 	}
-	set, unset, err := r.diff(nil, raw)
+	set, unset, err := r.fullDiff(raw)
 	if err != nil {
 		return &InvalidError{Op: op, Reason: "malformed BSON", Err: err}
 	}
@@ -155,7 +166,8 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	if ver < 0 {
 		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
 	}
-	out, err := r.updateCAS(ctx, op, id, key, ver, set, unset, &cfg)
+	s, known := r.cache.lookup(cacheKey(key))
+	out, err := r.updateCAS(ctx, op, id, key, ver, s.inc, known, nil, set, unset, &cfg)
 	if err != nil {
 		return err
 	}
@@ -166,15 +178,32 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	return nil
 }
 
-// updateCAS sends the updateOne of a write made against version base: the
-// field changes, the version set to base+1, filtered on the id, base and
-// the guards; see exec.
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, set, unset bson.D, cfg *writeConfig) (outcome, error) {
-	ck := cacheKey(key)
-	_, _, prune := r.cache.lookup(ck, r.opts.History)
+// updateCAS sends the updateOne of a write made against version base of
+// incarnation inc (filtered on it only if incKnown): the field changes, the
+// version set to base+1 and the write id pushed (or, when the caller read
+// the document, read, at this same version and incarnation, its list of
+// write ids $set with the write id), filtered on the id, base and the
+// guards; see exec.
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, inc string, incKnown bool, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
-	filter := r.casFilter(key, base, cfg.guards)
-	update := r.casUpdate(set, unset, base, w.wid, prune)
+	filter := append(store.IDFilter(key), r.versionIs(base))
+	if incKnown {
+		filter = append(filter, r.incIs(inc))
+	}
+	filter = withGuards(filter, cfg.guards)
+	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
+	update := make(bson.D, 1, 3)
+	if read != nil {
+		set = append(set, bson.E{Key: r.idsPath(), Value: exactIDs(read, w.wid)})
+	} else {
+		var push bson.E
+		set, push = r.protocol(set, w.wid)
+		update = append(update, push)
+	}
+	update[0] = bson.E{Key: "$set", Value: set}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
 	w.send = func(ctx context.Context) (sent, error) {
 		res, err := r.coll.UpdateOne(ctx, filter, update)
 		if err != nil {
@@ -182,13 +211,16 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.Raw
 		}
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
-	w.judge = r.judgeCAS(w)
+	w.judge = judgeCAS(w, inc, incKnown)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
 	if out.landed {
-		r.cache.wrote(ctx, ck, base+1, w.wid, base, true, prune)
+		if out.reread != nil {
+			inc = out.reread.inc
+		}
+		r.cache.put(cacheKey(key), seen{version: base + 1, inc: inc, last: w.wid})
 	}
 	return out, nil
 }
@@ -207,11 +239,14 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key bson.Ra
 }
 
 // Delete removes the stored document, provided its version is still doc's
-// version and it matches any Where filters: one deleteOne. When nothing
-// matched, one re-read tells a *ConflictError from a *NotFoundError or a
-// *GuardError, as for Update. If the reply is lost and the document is gone
-// when re-read, Delete reports success: a delete is idempotent, although
-// another writer may have removed it.
+// version and it matches any Where filters: one deleteOne, filtered also on
+// the document's incarnation, which the repository knows if it has read or
+// written the document before, and otherwise reads first. When nothing
+// matched, one re-read tells a *GuardError, a *ConflictError and a
+// *NotFoundError apart, as for Update. If the reply is lost and the
+// incarnation it targeted is gone when re-read, Delete reports success: the
+// document it was to delete no longer exists, although another writer may
+// have removed it.
 func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
 	const op = "delete"
 	cfg := newWriteConfig(opts)
@@ -223,7 +258,19 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 	if ver < 0 {
 		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
 	}
-	filter := r.casFilter(key, ver, cfg.guards)
+	ck := cacheKey(key)
+	s, ok := r.cache.lookup(ck)
+	if !ok {
+		st, err := r.rereadNow(ctx, op, id, key)
+		if err != nil {
+			return err
+		}
+		if st == nil || st.version != ver {
+			return r.classify(ctx, op, id, key, ver, st, cfg.guards)
+		}
+		s.inc = st.inc
+	}
+	filter := withGuards(append(store.IDFilter(key), r.versionIs(ver), r.incIs(s.inc)), cfg.guards)
 	w := &write{op: op, id: id, key: key, base: ver}
 	w.send = func(ctx context.Context) (sent, error) {
 		res, err := r.coll.DeleteOne(ctx, filter)
@@ -232,47 +279,24 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 		}
 		return sent{matched: res.DeletedCount == 1}, nil
 	}
-	w.judge = func(st *docState) verdict {
+	w.judge = func(st *docState) (verdict, string) {
 		switch {
-		case st == nil:
-			return landed
+		case st == nil, st.inc != s.inc:
+			return landed, "" // the incarnation it targeted is gone
 		case st.version == ver:
-			return live
+			return live, ""
 		}
-		return dead
+		return dead, ""
 	}
 	out, err := r.exec(ctx, r.policy(&cfg), w)
 	if err != nil {
 		return err
 	}
 	if out.landed {
-		r.cache.forget(cacheKey(key))
+		r.cache.forget(ck)
 		return nil
 	}
 	return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
-}
-
-// casFilter matches the document with id key at version ver that passes
-// the guards.
-func (r *Repo[T]) casFilter(key bson.RawValue, ver int64, guards []guard) bson.D {
-	return withGuards(bson.D{{Key: "_id", Value: key}, r.versionIs(ver)}, guards)
-}
-
-// casUpdate is the update of a write made against version base: the field
-// changes, the version set to base+1, the write id recorded with base, and
-// the pruned write ids removed.
-func (r *Repo[T]) casUpdate(set, unset bson.D, base int64, wid string, prune []string) bson.D {
-	set = append(set,
-		bson.E{Key: r.opts.VersionField, Value: base + 1},
-		bson.E{Key: r.writeKey(wid), Value: base})
-	for _, p := range prune {
-		unset = append(unset, bson.E{Key: r.writeKey(p), Value: ""})
-	}
-	u := bson.D{{Key: "$set", Value: set}}
-	if len(unset) > 0 {
-		u = append(u, bson.E{Key: "$unset", Value: unset})
-	}
-	return u
 }
 
 // start checks ctx and id for an operation that takes an id.
@@ -335,14 +359,15 @@ func (r *Repo[T]) dupOr(op string, id any, err error) error {
 	return &DuplicateError{Op: op, ID: id, Err: err}
 }
 
-// checkCtx refuses a nil context or one that has already ended, before
+// checkCtx refuses a nil context (an *InvalidError) and returns the
+// context's own error, wrapped, for one that has already ended, before
 // anything is sent.
 func checkCtx(ctx context.Context, op string) error {
 	if ctx == nil {
 		return &InvalidError{Op: op, Reason: "context is nil"}
 	}
-	if err := ctx.Err(); err != nil {
-		return &InvalidError{Op: op, Reason: "context already ended", Err: err}
+	if err := store.ContextError(ctx); err != nil {
+		return fmt.Errorf("versioned: %s: %w", op, err)
 	}
 	return nil
 }

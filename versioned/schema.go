@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // schema is what New learns about T by reflection, once: where the id and
@@ -16,10 +18,13 @@ type schema struct {
 	idType   reflect.Type
 	verIndex []int
 	verName  string
-	// mapped holds every top-level BSON name T can write, _id and the
-	// version included. A name that is mapped but absent from an encoded
-	// document was removed (a nil omitempty field, say) and is $unset.
-	mapped map[string]struct{}
+	// mapped holds, for every top-level BSON name T can write (_id and the
+	// version included), the index path of its field. A name that is mapped
+	// but absent from an encoded document was removed (a nil omitempty
+	// field, say) and is $unset.
+	mapped map[string][]int
+	// names lists the mapped names in field order.
+	names []string
 }
 
 var (
@@ -39,7 +44,7 @@ func describe(typ reflect.Type, verName, meta string) (*schema, error) {
 			return nil, invalidType(typ, "has its own BSON marshaler, so its fields cannot be known")
 		}
 	}
-	s := &schema{typ: typ, verName: verName, mapped: map[string]struct{}{}}
+	s := &schema{typ: typ, verName: verName, mapped: map[string][]int{}}
 	if err := s.walk(typ, nil); err != nil {
 		return nil, err
 	}
@@ -85,7 +90,8 @@ func (s *schema) walk(typ reflect.Type, prefix []int) error {
 		if _, dup := s.mapped[name]; dup {
 			return invalidType(s.typ, fmt.Sprintf("maps the BSON name %q twice", name))
 		}
-		s.mapped[name] = struct{}{}
+		s.mapped[name] = index
+		s.names = append(s.names, name)
 		switch name {
 		case "_id":
 			s.idIndex, s.idType = index, sf.Type
@@ -184,11 +190,14 @@ func isInt(k reflect.Kind) bool { return isSigned(k) || (k >= reflect.Uint && k 
 
 func isSigned(k reflect.Kind) bool { return k >= reflect.Int && k <= reflect.Int64 }
 
-// encodeID encodes an id value as the driver encodes it inside a document.
+// encodeID encodes an id value as the driver encodes it inside a document,
+// refusing, as store.CheckID does, an id whose encoding could act as a
+// query operator or pattern ($-keys at any depth, regular expressions,
+// code, arrays, null).
 func encodeID(op string, v reflect.Value) (bson.RawValue, error) {
-	t, data, err := bson.MarshalValue(v.Interface())
+	raw, err := store.CheckID(v.Interface())
 	if err != nil {
-		return bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Reason: "id cannot be encoded", Err: err}
+		return bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Err: err}
 	}
-	return bson.RawValue{Type: t, Value: data}, nil
+	return raw, nil
 }

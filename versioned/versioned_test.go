@@ -251,37 +251,41 @@ func TestGuarded(t *testing.T) {
 
 func TestGuardedStaleBase(t *testing.T) {
 	t.Parallel()
-	// Two repositories: b's many writes leave a's idea of the version far
-	// behind, so a's next Guarded must refresh its base and send again.
-	a, b := setup[item](t, &versioned.Options{History: 2})
-	other, err := versioned.New[item](b.coll, &versioned.Options{History: 2})
+	// Two repositories: b's many writes push the write id a last saw (its
+	// anchor) out of the document, so a's next Guarded must read and send
+	// again.
+	a, b := setup[item](t, nil)
+	other, err := versioned.New[item](b.coll, nil)
 	require.NoError(t, err)
 	require.NoError(t, a.Insert(b.ctx, &item{SKU: "s", Stock: 100}))
 	_, err = a.Guarded(b.ctx, "s", nil, bson.M{"$inc": bson.M{"stock": -1}})
 	require.NoError(t, err)
-	for range 10 {
-		_, err = other.Guarded(b.ctx, "s", nil, bson.M{"$inc": bson.M{"stock": -1}})
+	const others = versioned.WriteIDs + 3
+	for range others {
+		_, err = other.Modify(b.ctx, "s", func(i *item) error { i.Stock--; return nil })
 		require.NoError(t, err)
 	}
 	got, err := a.Guarded(b.ctx, "s", bson.M{"stock": bson.M{"$gte": 1}}, bson.M{"$inc": bson.M{"stock": -1}})
 	require.NoError(t, err)
-	require.Equal(t, int64(88), got.Stock)
-	require.Equal(t, int64(13), got.Version)
+	require.Equal(t, int64(100-2-others), got.Stock)
+	require.Equal(t, int64(3+others), got.Version)
 }
 
+// TestWriteIDsStayBounded: every kind of write, by two repositories, keeps
+// the document at no more than WriteIDs write ids, the last ones written.
 func TestWriteIDsStayBounded(t *testing.T) {
 	t.Parallel()
-	const history = 4
-	repo, b := setup[account](t, &versioned.Options{History: history})
+	repo, b := setup[account](t, nil)
+	requireSlice(t, b)
 	// Another repository on the same collection stands for another process.
-	other, err := versioned.New[account](b.coll, &versioned.Options{History: history})
+	other, err := versioned.New[account](b.coll, nil)
 	require.NoError(t, err)
 	a := &account{ID: "a1"}
 	require.NoError(t, repo.Insert(b.ctx, a))
-	most := 0
-	for i := range 60 {
+	const writes = 3 * versioned.WriteIDs
+	for i := range writes {
 		r := repo
-		if i >= 30 && i%2 == 1 {
+		if i%2 == 1 {
 			r = other
 		}
 		switch i % 3 {
@@ -297,16 +301,45 @@ func TestWriteIDsStayBounded(t *testing.T) {
 			_, err := r.Guarded(b.ctx, "a1", nil, bson.M{"$inc": bson.M{"balance": 1}})
 			require.NoError(t, err)
 		}
-		n := len(b.writeIDs(t, "a1"))
-		if i < 30 {
-			require.LessOrEqual(t, n, 1, "one writer removes its own finished write ids (write %d)", i)
-		}
-		most = max(most, n)
+		require.Len(t, b.writeIDs(t, "a1"), min(i+2, versioned.WriteIDs), "write %d", i)
 	}
-	require.LessOrEqual(t, most, history+2, "two writers keep about History write ids")
 	m := b.raw(t, "a1")
-	require.Equal(t, int64(61), m["version"])
-	require.Equal(t, int64(60), m["balance"])
+	require.Equal(t, int64(writes+1), m["version"])
+	require.Equal(t, int64(writes), m["balance"])
+	mc, ok := m["_mc"].(bson.M)
+	require.True(t, ok)
+	require.Equal(t, int32(versioned.WriteIDs), mc["h"], "the document records the protocol's bound")
+}
+
+// TestThousandWritersKeepAtMostWriteIDs: 1,000 distinct repositories (short
+// lived processes, serverless calls), one write each, of every kind: the
+// document never holds more than WriteIDs write ids, whatever any writer
+// saw, since the bound is part of each write's own update on the server.
+func TestThousandWritersKeepAtMostWriteIDs(t *testing.T) {
+	t.Parallel()
+	repo, b := setup[account](t, nil)
+	requireSlice(t, b)
+	require.NoError(t, repo.Insert(b.ctx, &account{ID: "k"}))
+	const writers = 1000
+	for i := range writers {
+		r, err := versioned.New[account](b.coll, nil)
+		require.NoError(t, err)
+		switch i % 3 {
+		case 0: // a copy read by another process: no read by this one
+			require.NoError(t, r.Update(b.ctx, &account{ID: "k", Balance: int64(i + 1), Version: int64(i + 1)}))
+		case 1:
+			_, err = r.Modify(b.ctx, "k", func(a *account) error { a.Balance++; return nil })
+			require.NoError(t, err)
+		case 2:
+			_, err = r.Guarded(b.ctx, "k", nil, bson.M{"$inc": bson.M{"balance": 1}})
+			require.NoError(t, err)
+		}
+		if i%97 == 0 {
+			require.LessOrEqual(t, len(b.writeIDs(t, "k")), versioned.WriteIDs, "after write %d", i)
+		}
+	}
+	require.Len(t, b.writeIDs(t, "k"), versioned.WriteIDs)
+	require.Equal(t, int64(writers+1), b.raw(t, "k")["version"])
 }
 
 func TestUnmappedFieldsSurvive(t *testing.T) {
