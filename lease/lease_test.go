@@ -273,14 +273,14 @@ func TestBadInput(t *testing.T) {
 			for _, newFn := range []func(*mongo.Collection, *lease.Options) (*lease.Manager, error){lease.New, lease.NewNamed} {
 				m, err := newFn(coll, &tc.opts)
 				require.Nil(t, m)
-				require.ErrorIs(t, err, lease.ErrInvalidOptions, "%s: %+v", tc.field, tc.opts)
+				require.ErrorIs(t, err, lease.ErrInvalid, "%s: %+v", tc.field, tc.opts)
 				var oe *lease.OptionsError
 				require.ErrorAs(t, err, &oe)
 				require.Equal(t, tc.field, oe.Field, "%v", err)
 			}
 		}
 		_, err := lease.New(nil, nil)
-		require.ErrorIs(t, err, lease.ErrInvalidOptions)
+		require.ErrorIs(t, err, lease.ErrInvalid)
 		m, err := lease.New(coll, nil)
 		require.NoError(t, err, "nil options are the defaults")
 		require.Equal(t, lease.DefaultTTL, m.TTL())
@@ -310,7 +310,7 @@ func TestBadInput(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			err = mm.Do(cancelled, id, func(context.Context, *lease.Lease) error { panic("not called") })
 			require.ErrorIs(t, err, context.Canceled)
-			require.ErrorIs(t, mm.Do(ctx, id, nil), lease.ErrInvalidOptions)
+			require.ErrorIs(t, mm.Do(ctx, id, nil), lease.ErrInvalid)
 		}
 	})
 
