@@ -80,7 +80,16 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
 			}
 		default:
-			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			// DocumentDB refuses $$NOW in a findAndModify on a collection
+			// that does not exist yet; any refusal on a document that does
+			// not exist is that document's absence.
+			// The same refusal raced with another owner's first claim, which
+			// made the collection: judge what is there now (once more at
+			// most).
+			var rerr error
+			if s, rerr = m.read(ctx, raw, server); rerr != nil || (s.found && try >= maxClaimAttempts) {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			}
 		}
 
 		if l, ok, err := m.settle(ctx, parent, id, raw, s, pending); ok || err != nil {
@@ -145,9 +154,17 @@ func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.D
 func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update any) {
 	filter = store.IDFilter(raw)
 	if a.server {
-		filter = append(filter, bson.E{Key: "$or", Value: bson.A{
-			bson.D{{Key: m.pOwner, Value: nil}},
-			bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
+		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
+			// A pipeline's $set would replace a lease field that is not a
+			// document; leave such a document alone (read reports it).
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$exists", Value: false}}}},
+				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
+			}}},
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: m.pOwner, Value: nil}},
+				bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
+			}}},
 		}})
 		return filter, m.serverClaim(a, bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, int64(0)}}}, int64(1)}}})
 	}

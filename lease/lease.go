@@ -29,14 +29,14 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 
 	mu        sync.Mutex
-	expiresAt time.Time   // server time, as last confirmed
-	lastSent  time.Time   // the largest expiry ever sent: renewals only move it forward
-	deadline  time.Time   // local time (Options.Now) at which the holder stops
+	expiresAt time.Time // server time, as last confirmed
+	lastSent  time.Time // the largest expiry ever sent: renewals only move it forward
+	deadline  time.Time // local time (Options.Now) at which the holder stops
 	// fenceUntil (ModeServer) is the server time from which Fence fails: the
 	// server's clock reads at least that when deadline passes.
 	fenceUntil time.Time
-	timer     *time.Timer // fires at deadline
-	err       error       // nil while held; ErrReleased or a *LostError after
+	timer      *time.Timer // fires at deadline
+	err        error       // nil while held; ErrReleased or a *LostError after
 }
 
 // ID returns the _id of the leased document, or the name of a named lease.
