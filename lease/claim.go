@@ -99,8 +99,8 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 			if !m.named {
 				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), ErrNotFound)
 			}
-			l, err := m.create(ctx, parent, id, raw, a, pending)
-			if l != nil || err != nil {
+			l, exists, err := m.create(ctx, parent, id, raw, a, pending)
+			if !exists {
 				return l, err
 			}
 			continue // created meanwhile by another owner: judge it
@@ -208,9 +208,9 @@ func (m *Manager) estimatedClaim(a attempt) bson.D {
 // inserts, or fails on the duplicate _id when another owner's claim made the
 // document first. The first epoch is the server's time in microseconds (see
 // DESIGN.md: the epoch never goes backwards even when clean-up deleted an
-// earlier lock document of the same name). It returns (nil, nil) when the
-// document exists after all: the caller judges it.
-func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (*Lease, error) {
+// earlier lock document of the same name). It reports exists when the
+// document exists after all (made by another owner): the caller judges it.
+func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
 	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
 	filter := append(store.IDFilter(raw), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
 	var update any
@@ -220,7 +220,7 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 	} else {
 		var err error
 		if a.est, err = m.estimate(ctx); err != nil {
-			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			return nil, false, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
 		}
 		set := append(m.estimatedClaim(a), bson.E{Key: m.pEpoch, Value: a.est.Latest().UnixMicro() + 1})
 		update = bson.D{{Key: "$set", Value: set}}
@@ -228,28 +228,30 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 	doc, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.createOpts).Raw()
 	switch {
 	case err == nil:
-		return m.claimed(ctx, parent, id, raw, doc, a)
+		l, err := m.claimed(ctx, parent, id, raw, doc, a)
+		return l, false, err
 	case ambiguous(err):
 		s, rerr := m.reread(ctx, raw, a.server)
 		if rerr != nil {
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
-			return nil, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
+			return nil, false, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
 		}
 		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
-			return m.newLease(ctx, parent, id, raw, s.rec, a)
+			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
+			return l, false, err
 		}
-		return nil, nil
+		return nil, true, nil
 	}
 	// A duplicate key (however the server reports it: DocumentDB answers
 	// InternalError inside findAndModify) or another refusal: if the
 	// document exists now, another owner made it; judge it.
 	s, rerr := m.read(ctx, raw, a.server)
 	if rerr == nil && s.found {
-		return nil, nil
+		return nil, true, nil
 	}
-	return nil, fmt.Errorf("lease: acquire %v: create the lock document: %w", idText(id), err)
+	return nil, false, fmt.Errorf("lease: acquire %v: create the lock document: %w", idText(id), err)
 }
 
 // claimed makes the Lease from the document a claim returned.

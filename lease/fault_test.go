@@ -19,6 +19,7 @@ import (
 // learns the truth: no stuck lease, no double holder.
 func TestDroppedReply(t *testing.T) { eachMode(t, testDroppedReply) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testDroppedReply(t *testing.T, mode lease.Mode) {
 	const ttl = 10 * time.Second
 	ctx := context.Background()
@@ -148,6 +149,7 @@ func TestReleaseWithFailedRereadIsUnread(t *testing.T) {
 	eachMode(t, testReleaseWithFailedRereadIsUnread)
 }
 
+//nolint:thelper // the body of a test, run once per mode
 func testReleaseWithFailedRereadIsUnread(t *testing.T, mode lease.Mode) {
 	ctx := context.Background()
 	b := setup(t, mode)

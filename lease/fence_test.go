@@ -20,6 +20,7 @@ import (
 // the two holders: the epoch never goes backwards.
 func TestNamedFence(t *testing.T) { eachMode(t, testNamedFence) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testNamedFence(t *testing.T, mode lease.Mode) {
 	for _, swept := range []bool{false, true} {
 		t.Run(map[bool]string{false: "lock kept", true: "lock swept"}[swept], func(t *testing.T) {
@@ -91,6 +92,7 @@ func testNamedFence(t *testing.T, mode lease.Mode) {
 // before sending anything.
 func TestStampRefusesOlderEpoch(t *testing.T) { eachMode(t, testStampRefusesOlderEpoch) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testStampRefusesOlderEpoch(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -134,6 +136,7 @@ func testStampRefusesOlderEpoch(t *testing.T, mode lease.Mode) {
 // it would fail. Claim, renewals, release and Do all work.
 func TestSessionStripped(t *testing.T) { eachMode(t, testSessionStripped) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testSessionStripped(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()

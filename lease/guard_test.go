@@ -23,6 +23,7 @@ type item struct {
 // nothing, once the lease was taken over.
 func TestGuard(t *testing.T) { eachMode(t, testGuard) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testGuard(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()

@@ -45,7 +45,7 @@ func setup(t *testing.T, mode lease.Mode) *bundle {
 var (
 	serverModeOnce sync.Once
 	serverModeOK   bool
-	serverModeErr  error
+	errServerMode  error
 )
 
 // eachMode runs fn as a subtest in ModeServer and in ModeEstimated: the same
@@ -53,6 +53,7 @@ var (
 // lacks $expr with $$NOW or update pipelines (the embedded FerretDB v1), as
 // found by a ModeAuto Manager's probe.
 func eachMode(t *testing.T, fn func(t *testing.T, mode lease.Mode)) {
+	t.Helper()
 	for _, mode := range []lease.Mode{lease.ModeServer, lease.ModeEstimated} {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == lease.ModeServer {
@@ -64,9 +65,9 @@ func eachMode(t *testing.T, fn func(t *testing.T, mode lease.Mode)) {
 						got, err = m.Mode(context.Background())
 						serverModeOK = got == lease.ModeServer
 					}
-					serverModeErr = err
+					errServerMode = err
 				})
-				require.NoError(t, serverModeErr)
+				require.NoError(t, errServerMode)
 				if !serverModeOK {
 					t.Skip("ModeServer needs $expr with $$NOW in a write filter and $$NOW in an update pipeline; this backend (embedded FerretDB v1) has neither: run with MONGODB_URI=mongodb://127.0.0.1:27018/ (DocumentDB)")
 				}
@@ -146,6 +147,7 @@ func owner(r rec) string {
 
 func TestAcquireRelease(t *testing.T) { eachMode(t, testAcquireRelease) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testAcquireRelease(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -223,6 +225,7 @@ func testAcquireRelease(t *testing.T, mode lease.Mode) {
 
 func TestRenew(t *testing.T) { eachMode(t, testRenew) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testRenew(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -248,6 +251,7 @@ func testRenew(t *testing.T, mode lease.Mode) {
 
 func TestNotFound(t *testing.T) { eachMode(t, testNotFound) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testNotFound(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -291,6 +295,7 @@ func countingClient(t *testing.T, b *bundle) (*mongo.Collection, func() int) {
 
 func TestBadInput(t *testing.T) { eachMode(t, testBadInput) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testBadInput(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()

@@ -78,7 +78,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 		pClaim:    f + ".claim",
 		pRenewal:  f + ".renewal",
 	}
-	m.mode.Store(int32(c.mode))
+	m.mode.Store(int32(c.mode)) //nolint:gosec // resolve accepts only the three modes
 	proj := bson.D{{Key: f, Value: 1}}
 	m.claimOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(proj)
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)

@@ -32,6 +32,7 @@ func (b *bundle) named(t *testing.T, locks *mongo.Collection, owner string, ttl 
 
 func TestNamed(t *testing.T) { eachMode(t, testNamed) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testNamed(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -78,6 +79,7 @@ func testNamed(t *testing.T, mode lease.Mode) {
 // every other owner gets ErrHeld.
 func TestNamedRace(t *testing.T) { eachMode(t, testNamedRace) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testNamedRace(t *testing.T, mode lease.Mode) {
 	const goroutines, rounds = 32, 30
 	b := setup(t, mode)
@@ -118,6 +120,7 @@ func testNamedRace(t *testing.T, mode lease.Mode) {
 
 func TestCleanup(t *testing.T) { eachMode(t, testCleanup) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testCleanup(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -173,6 +176,7 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 // stale lock document by itself.
 func TestTTLIndex(t *testing.T) { eachMode(t, testTTLIndex) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testTTLIndex(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	b.db.Require(t, mongotest.TTLIndexes)

@@ -22,6 +22,7 @@ import (
 // test down.
 func TestRace(t *testing.T) { eachMode(t, testRace) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testRace(t *testing.T, mode lease.Mode) {
 	const goroutines, rounds = 32, 200
 	b := setup(t, mode)
@@ -79,6 +80,7 @@ func testRace(t *testing.T, mode lease.Mode) {
 // greater than every earlier one, and fenced writes count the cycles exactly.
 func TestEpochs(t *testing.T) { eachMode(t, testEpochs) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testEpochs(t *testing.T, mode lease.Mode) {
 	const owners, cycles = 4, 1000
 	b := setup(t, mode)

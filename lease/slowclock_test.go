@@ -24,6 +24,7 @@ import (
 // estimate (an error matching store.ErrNoServerTime instead).
 func TestSlowHelloNoSecondHolder(t *testing.T) { eachMode(t, testSlowHelloNoSecondHolder) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -89,6 +90,7 @@ func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 // waiting out a lease it holds itself.
 func TestAcquireSettlesUnknownClaim(t *testing.T) { eachMode(t, testAcquireSettlesUnknownClaim) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testAcquireSettlesUnknownClaim(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()

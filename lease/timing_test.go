@@ -36,6 +36,7 @@ func closed(ch <-chan struct{}) bool {
 // Renew report ErrLost and change nothing.
 func TestCrashTakeover(t *testing.T) { eachMode(t, testCrashTakeover) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testCrashTakeover(t *testing.T, mode lease.Mode) {
 	const ttl = 400 * time.Millisecond
 	b := setup(t, mode)
@@ -78,6 +79,7 @@ func testCrashTakeover(t *testing.T, mode lease.Mode) {
 // nothing. Do reports the loss with fn's error.
 func TestPausedHolder(t *testing.T) { eachMode(t, testPausedHolder) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testPausedHolder(t *testing.T, mode lease.Mode) {
 	const ttl = 500 * time.Millisecond
 	b := setup(t, mode)
@@ -162,6 +164,7 @@ func testPausedHolder(t *testing.T, mode lease.Mode) {
 // steal a live lease nor wait for a dead one, as holders or as contenders.
 func TestSkew(t *testing.T) { eachMode(t, testSkew) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testSkew(t *testing.T, mode lease.Mode) {
 	const ttl = 400 * time.Millisecond
 	b := setup(t, mode)
@@ -213,6 +216,7 @@ func testSkew(t *testing.T, mode lease.Mode) {
 // behind, also when fn panics.
 func TestDo(t *testing.T) { eachMode(t, testDo) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testDo(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -264,6 +268,7 @@ func testDo(t *testing.T, mode lease.Mode) {
 // the loss with fn's error.
 func TestDoTakenOver(t *testing.T) { eachMode(t, testDoTakenOver) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testDoTakenOver(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
@@ -307,6 +312,7 @@ func testDoTakenOver(t *testing.T, mode lease.Mode) {
 // details when its context ends.
 func TestAcquireWaitsForRelease(t *testing.T) { eachMode(t, testAcquireWaitsForRelease) }
 
+//nolint:thelper // the body of a test, run once per mode
 func testAcquireWaitsForRelease(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
