@@ -23,28 +23,29 @@ import (
 // while fn ran; otherwise, if releasing failed, the release error (joined with
 // fn's error, if any). No goroutine of Do outlives it.
 func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l *Lease) error) (err error) {
-	if fn == nil {
-		return fmt.Errorf("lease: Do %v: nil function: %w", id, ErrInvalidOptions)
-	}
-	if err := m.check(ctx, "acquire", id); err != nil {
+	raw, err := m.check(ctx, "acquire", id)
+	if err != nil {
 		return err
 	}
-	l, err := m.acquire(ctx, id, ctx)
+	if fn == nil {
+		return fmt.Errorf("lease: Do %s: nil function: %w", idText(id), ErrInvalid)
+	}
+	l, err := m.acquire(ctx, id, raw, ctx)
 	if err != nil {
 		return err
 	}
 
-	stop := make(chan struct{})
+	kctx, stop := context.WithCancel(l.ctx)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		l.keepAlive(stop)
+		l.keepAlive(kctx)
 	}()
 
 	var fnErr error
 	returned := false
 	defer func() {
-		close(stop)
+		stop()
 		<-stopped
 		rctx, cancel := m.detached(ctx)
 		relErr := l.Release(rctx)
@@ -69,23 +70,30 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	return nil // replaced by the deferred function
 }
 
-// keepAlive renews l every RenewEvery until stop is closed or the lease's
-// context ends. A failed renewal is retried after a short jittered delay
-// while the local deadline allows; if none succeeds in time, the deadline
-// timer ends the lease. A renewal that finds the lease lost ends it at once.
-func (l *Lease) keepAlive(stop <-chan struct{}) {
+// keepAlive renews l every RenewEvery until ctx ends. A failed renewal is retried with retry.Do (Options.Retry's
+// Budget, OnRetry and Clock; delays from RenewEvery/20 up to RenewEvery/4)
+// while the store classifiers call it transient and the local deadline
+// allows; if none succeeds in time, the deadline timer ends the lease. A
+// renewal that finds the lease lost ends it at once.
+// ctx ends when Do returns or the lease ends.
+func (l *Lease) keepAlive(ctx context.Context) {
 	every := l.m.c.renewEvery
-	bo := retry.Policy{
+	p := retry.Policy{
 		InitialInterval: max(every/20, time.Millisecond),
 		MaxInterval:     max(every/4, time.Millisecond),
-	}.NewBackoff()
+		Jitter:          l.m.c.retry.Jitter,
+		Rand:            l.m.c.retry.Rand,
+		MaxAttempts:     -1,
+		MaxElapsedTime:  -1,
+		Budget:          l.m.c.retry.Budget,
+		OnRetry:         l.m.c.retry.OnRetry,
+		Clock:           l.m.c.retry.Clock,
+	}
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
-		case <-stop:
-			return
-		case <-l.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -95,17 +103,20 @@ func (l *Lease) keepAlive(stop <-chan struct{}) {
 			t.Reset(time.Millisecond)
 			continue
 		}
-		rctx, cancel := context.WithTimeout(l.ctx, left)
-		err := l.Renew(rctx)
+		rctx, cancel := context.WithTimeout(ctx, left)
+		err := retry.Do(rctx, p, func(ctx context.Context) error {
+			err := l.Renew(ctx)
+			if errors.Is(err, ErrLost) || errors.Is(err, ErrReleased) {
+				return retry.Permanent(err)
+			}
+			return err
+		})
 		cancel()
-		switch {
-		case err == nil:
-			bo.Reset()
-			t.Reset(every)
-		case errors.Is(err, ErrLost), errors.Is(err, ErrReleased):
+		if errors.Is(err, ErrLost) || errors.Is(err, ErrReleased) {
 			return
-		default:
-			t.Reset(min(bo.Next(), max(l.TimeLeft(), time.Millisecond)))
 		}
+		// Renewed, or not in time: either way the next renewal is due
+		// RenewEvery from now (or the deadline timer ends the lease first).
+		t.Reset(every)
 	}
 }

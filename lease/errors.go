@@ -4,46 +4,52 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Sentinel errors. Every error the package returns matches at most one of
-// them through errors.Is, with two exceptions: an error from Do may also
-// match the function's own error, and an Acquire whose context ended while
-// another owner held the lease matches ErrHeld as well as what ended it. The
-// typed errors below carry the facts.
+// ErrHeld, ErrLost, ErrReleased, ErrNotFound, ErrInvalid and
+// ErrUnknownOutcome through errors.Is, with two exceptions: an error from Do
+// may also match the function's own error, and an Acquire whose context
+// ended while another owner held the lease matches ErrHeld as well as what
+// ended it. The typed errors below carry the facts.
 var (
 	// ErrHeld is matched by the *HeldError that TryAcquire returns when
 	// another owner holds a live lease on the document or name.
-	ErrHeld = errors.New("lease: held by another owner")
+	ErrHeld = errors.New("held by another owner")
 
 	// ErrLost is matched by the *LostError returned when a lease is no
 	// longer held by its owner: its local deadline passed, another owner
 	// took it over, or someone else cleared the lease or deleted the
 	// document.
-	ErrLost = errors.New("lease: lost")
+	ErrLost = errors.New("lease lost")
 
 	// ErrReleased is returned by Renew and Release on a lease that was
 	// already released, and is the context.Cause of a lease's context after
 	// a successful Release.
-	ErrReleased = errors.New("lease: released")
+	ErrReleased = errors.New("lease released")
 
 	// ErrNotFound is matched by the error a document-lease Manager returns
-	// when the document to lease does not exist. Nothing is written.
-	ErrNotFound = errors.New("lease: document not found")
+	// when the document to lease does not exist, and by the error of
+	// [Lease.Stamp] on a document that does not exist. Nothing is written.
+	ErrNotFound = errors.New("document not found")
 
-	// ErrInvalidOptions is matched by the *OptionsError that New and NewNamed
-	// return for an Options field out of range.
-	ErrInvalidOptions = errors.New("lease: invalid options")
+	// ErrInvalid is [store.ErrInvalid]: bad input (an Options field, a nil
+	// context or function, an id), refused before anything is sent.
+	ErrInvalid = store.ErrInvalid
 
-	// ErrInvalidID is matched by the error returned for an id that cannot
-	// name a lease: nil, an empty string or a zero ObjectID. Nothing is
-	// written.
-	ErrInvalidID = errors.New("lease: invalid id")
+	// ErrInvalidID is [store.ErrInvalidID]: an id that cannot name a lease
+	// or a document (nil, a zero value, or a value that could act as a query
+	// operator, such as {"$gt": ""}). It matches ErrInvalid too. Nothing is
+	// sent.
+	ErrInvalidID = store.ErrInvalidID
 
-	// ErrUncertain is matched by the *UncertainError returned when a write
-	// failed ambiguously (network error or timeout) and the document could
-	// not be re-read to learn whether it was applied.
-	ErrUncertain = errors.New("lease: outcome unknown")
+	// ErrUnknownOutcome is [store.ErrUnknownOutcome], matched by the
+	// *UnknownOutcomeError returned when a write failed ambiguously (network
+	// error or timeout) and re-reading could not tell whether it was
+	// applied.
+	ErrUnknownOutcome = store.ErrUnknownOutcome
 )
 
 // HeldError reports that another owner holds a live lease. It matches ErrHeld.
@@ -57,10 +63,10 @@ type HeldError struct {
 	Epoch int64
 	// ExpiresAt is the lease's expiry, on the server's clock.
 	ExpiresAt time.Time
-	// TimeLeft is the longest this Manager would now wait before it may
-	// judge the lease expired: ExpiresAt minus the earliest the server's
-	// clock can read, plus a millisecond. A renewal by the holder extends
-	// it.
+	// TimeLeft is the longest this Manager would now wait before it may find
+	// the lease expired: ExpiresAt minus the server's time (read with the
+	// record in ModeServer, the earliest the estimate allows in
+	// ModeEstimated), plus a millisecond. A renewal by the holder extends it.
 	TimeLeft time.Duration
 }
 
@@ -80,7 +86,7 @@ const (
 	// succeeded, so another owner may now see the lease as expired.
 	Expired Reason = iota + 1
 	// TakenOver means the lease record carries another owner or a later
-	// epoch.
+	// epoch (for a fence stamp: a later epoch was stamped).
 	TakenOver
 	// Cleared means the lease record has no owner although this holder
 	// never released it, or the document is gone.
@@ -123,7 +129,8 @@ type LostError struct {
 	// Holder and HolderEpoch describe the lease record as last read, when it
 	// was read: the new holder after a takeover, empty otherwise.
 	Holder string
-	// HolderEpoch is the epoch of the record as last read, 0 if unknown.
+	// HolderEpoch is the epoch of the record (or of the fence stamp) as last
+	// read, 0 if unknown.
 	HolderEpoch int64
 	// Err is the error of the function Do ran, when the lease was lost while
 	// it ran, or the re-read's error for Reason Unread; nil otherwise.
@@ -136,6 +143,8 @@ func (e *LostError) Error() string {
 	msg := fmt.Sprintf("lease: lost %v (owner %q, epoch %d): %v", e.ID, e.Owner, e.Epoch, e.Reason)
 	if e.Holder != "" {
 		msg += fmt.Sprintf(", now held by %q (epoch %d)", e.Holder, e.HolderEpoch)
+	} else if e.Reason == TakenOver && e.HolderEpoch != 0 {
+		msg += fmt.Sprintf(", epoch %d stamped since", e.HolderEpoch)
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
@@ -158,8 +167,7 @@ func (e *LostError) withErr(err error) *LostError {
 	return &c
 }
 
-// OptionsError reports an Options field out of range. It matches
-// ErrInvalidOptions.
+// OptionsError reports an Options field out of range. It matches ErrInvalid.
 type OptionsError struct {
 	// Field is the name of the Options field.
 	Field string
@@ -172,19 +180,20 @@ func (e *OptionsError) Error() string {
 	return fmt.Sprintf("lease: invalid options: %s %s", e.Field, e.Reason)
 }
 
-// Is reports whether target is ErrInvalidOptions.
-func (e *OptionsError) Is(target error) bool { return target == ErrInvalidOptions }
+// Is reports whether target is ErrInvalid.
+func (e *OptionsError) Is(target error) bool { return target == ErrInvalid }
 
-// UncertainError reports a write whose outcome is unknown: it failed with a
-// network error or a timeout (store.IsAmbiguous), and re-reading the document
-// failed too. It matches ErrUncertain and unwraps to both errors, so
-// store.IsNetwork and the like still answer.
+// UnknownOutcomeError reports a write whose outcome is unknown: it failed
+// with a network error or a timeout (store.IsAmbiguous), and re-reading the
+// document failed too. It matches ErrUnknownOutcome and unwraps to both
+// errors, so store.IsNetwork and the like still answer.
 //
-// After an uncertain acquire the lease may be held by this owner until it
-// expires; after an uncertain release it may stay held until it expires. In
-// neither case can two owners hold it at once.
-type UncertainError struct {
-	// Op is "acquire", "renew" or "release".
+// After an unknown acquire the lease may be held by this owner until it
+// expires (Acquire settles it: see [Manager.Acquire]); after an unknown
+// release it may stay held until it expires. In neither case can two owners
+// hold it at once.
+type UnknownOutcomeError struct {
+	// Op is "acquire", "renew", "release" or "stamp".
 	Op string
 	// ID is the _id of the leased document, or the name of a named lease.
 	ID any
@@ -196,9 +205,20 @@ type UncertainError struct {
 
 // Error returns a message with the operation, the write's error and the
 // re-read's error.
-func (e *UncertainError) Error() string {
+func (e *UnknownOutcomeError) Error() string {
 	return fmt.Sprintf("lease: %s %v: outcome unknown: %v; re-read failed: %v", e.Op, e.ID, e.Err, e.ReadErr)
 }
 
-// Unwrap returns ErrUncertain, the write's error and the re-read's error.
-func (e *UncertainError) Unwrap() []error { return []error{ErrUncertain, e.Err, e.ReadErr} }
+// Unwrap returns ErrUnknownOutcome, the write's error and the re-read's error.
+func (e *UnknownOutcomeError) Unwrap() []error {
+	return []error{ErrUnknownOutcome, e.Err, e.ReadErr}
+}
+
+// joined is an error with its own message that matches every error in errs.
+type joined struct {
+	msg  string
+	errs []error
+}
+
+func (e *joined) Error() string   { return e.msg }
+func (e *joined) Unwrap() []error { return e.errs }

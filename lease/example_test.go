@@ -120,9 +120,12 @@ func ExampleNewNamed() {
 	if _, err := m.EnsureIndexes(ctx); err != nil {
 		panic(err)
 	}
+	var last int64
 	for range 2 {
 		err = m.Do(ctx, "partner-api:user:42", func(ctx context.Context, l *lease.Lease) error {
-			fmt.Println("calling the partner API as", l.Owner(), "with fencing token", l.Epoch())
+			// The fencing token: pass it to the API if it accepts one.
+			fmt.Println("calling the partner API as", l.Owner(), "with a larger fencing token:", l.Epoch() > last)
+			last = l.Epoch()
 			return nil
 		})
 		if err != nil {
@@ -130,8 +133,8 @@ func ExampleNewNamed() {
 		}
 	}
 	// Output:
-	// calling the partner API as api-1 with fencing token 1
-	// calling the partner API as api-1 with fencing token 2
+	// calling the partner API as api-1 with a larger fencing token: true
+	// calling the partner API as api-1 with a larger fencing token: true
 }
 
 // Guard fences a versioned write on the lease: once the lease is lost, the

@@ -21,8 +21,11 @@ type item struct {
 // TestGuard: versioned writes fenced with Guard succeed while the lease is
 // held, keep the lease record intact, and fail with ErrLost, changing
 // nothing, once the lease was taken over.
-func TestGuard(t *testing.T) {
-	b := setup(t)
+func TestGuard(t *testing.T) { eachMode(t, testGuard) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testGuard(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	repo, err := versioned.New[item](b.coll, nil)
 	require.NoError(t, err)

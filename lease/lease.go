@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Lease is a claim on one document or name, held by its Manager's owner until
@@ -17,6 +20,8 @@ import (
 type Lease struct {
 	m          *Manager
 	id         any
+	raw        bson.RawValue // id's encoding, checked by store.CheckID
+	server     bool          // claimed in ModeServer
 	epoch      int64
 	acquiredAt time.Time
 
@@ -24,11 +29,14 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 
 	mu        sync.Mutex
-	expiresAt time.Time   // server time, as last confirmed
-	lastSent  time.Time   // the largest expiry ever sent: renewals only move it forward
-	deadline  time.Time   // local time (Options.Now) at which the holder stops
-	timer     *time.Timer // fires at deadline
-	err       error       // nil while held; ErrReleased or a *LostError after
+	expiresAt time.Time // server time, as last confirmed
+	lastSent  time.Time // the largest expiry ever sent: renewals only move it forward
+	deadline  time.Time // local time (Options.Now) at which the holder stops
+	// fenceUntil (ModeServer) is the server time from which Fence fails: the
+	// server's clock reads at least that when deadline passes.
+	fenceUntil time.Time
+	timer      *time.Timer // fires at deadline
+	err        error       // nil while held; ErrReleased or a *LostError after
 }
 
 // ID returns the _id of the leased document, or the name of a named lease.
@@ -92,20 +100,47 @@ func (l *Lease) Err() error {
 }
 
 // Fence returns the filter conditions that match the protected document only
-// while this lease holds it: {<field>.owner: owner, <field>.epoch: epoch}. Add
-// them to the filter of every write made under the lease (an update filtered
-// on _id plus Fence matches nothing once another owner took the lease over),
-// or use Guard with the versioned package.
+// while this lease holds it. Add them to the filter of every write made under
+// the lease, or use Guard with the versioned package; a fenced write that
+// matches nothing was made by a holder that had lost the lease, and changed
+// nothing. Call Fence for each write: in ModeServer its conditions also end
+// at the lease's local deadline as it stands at the call.
+//
+// For a document lease the protected document is the leased one and the
+// conditions are {<Field>.owner: owner, <Field>.epoch: epoch}: they fail once
+// another owner claimed the lease, or this one released it. For a named
+// lease the protected documents are those stamped with [Lease.Stamp] and the
+// condition is {<FenceField>.<name>: epoch}: it fails on a document once a
+// later holder of the name stamped it.
+//
+// In ModeServer the conditions also hold {$expr: {$lt: ["$$NOW", t]}}, where
+// t is the server's time at the holder's local deadline at the earliest, so
+// a fenced write sent after the lease expired locally fails even if nobody
+// has claimed the lease since. In ModeEstimated (no $expr on the server)
+// such a write still applies until the record changes: it is ordered before
+// every write of a later holder, never after (see DESIGN.md).
 func (l *Lease) Fence() bson.D {
-	return bson.D{
-		{Key: l.m.pOwner, Value: l.m.c.owner},
-		{Key: l.m.pEpoch, Value: l.epoch},
+	var d bson.D
+	if l.m.named {
+		d = bson.D{{Key: l.fencePath(), Value: l.epoch}}
+	} else {
+		d = bson.D{
+			{Key: l.m.pOwner, Value: l.m.c.owner},
+			{Key: l.m.pEpoch, Value: l.epoch},
+		}
 	}
+	if l.server {
+		l.mu.Lock()
+		until := l.fenceUntil
+		l.mu.Unlock()
+		d = append(d, bson.E{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$$NOW", until}}}})
+	}
+	return d
 }
 
 // String describes the lease for logs.
 func (l *Lease) String() string {
-	return fmt.Sprintf("lease %v owner %q epoch %d", l.id, l.m.c.owner, l.epoch)
+	return fmt.Sprintf("lease %s owner %q epoch %d", idText(l.id), l.m.c.owner, l.epoch)
 }
 
 // finish ends the lease with err unless it has ended already, and returns the
@@ -161,100 +196,161 @@ func (l *Lease) ours(r record, found bool) bool {
 }
 
 func (l *Lease) filter() bson.D {
-	return bson.D{
-		{Key: "_id", Value: l.id},
-		{Key: l.m.pOwner, Value: l.m.c.owner},
-		{Key: l.m.pEpoch, Value: l.epoch},
-	}
+	return append(store.IDFilter(l.raw),
+		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
+		bson.E{Key: l.m.pEpoch, Value: l.epoch},
+	)
 }
 
-// Renew extends the lease to TTL from now, with one updateOne filtered on
-// _id, owner, epoch and an expiry earlier than the new one (so a delayed
-// renewal can never move the expiry back). On success it moves the local
+// Renew extends the lease to TTL from now. On success it moves the local
 // deadline and the lease's context lives on. It returns a *LostError, and
 // ends the lease, when the record shows another owner or epoch or the local
 // deadline has passed; ErrReleased after Release; other errors (network,
 // timeouts) leave the lease held until its deadline. After an ambiguous
 // failure it re-reads the record to learn whether the renewal was applied.
+// A session in ctx is not used.
+//
+// A renewal is one write filtered on _id, owner and epoch. In ModeServer it
+// sets expiresAt to the larger of itself and $$NOW + TTL; in ModeEstimated
+// to the estimate + TTL, filtered on an earlier expiry. Either way a delayed
+// renewal never moves the expiry back.
 func (l *Lease) Renew(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("lease: renew %v: %w", l.id, ctxErr(ctx))
+	if err := store.CheckContext(ctx); err != nil {
+		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
-	m := l.m
+	ctx = noSession(ctx)
 	l.mu.Lock()
 	if err := l.err; err != nil {
 		l.mu.Unlock()
 		return err
 	}
-	if !m.c.now().Before(l.deadline) {
+	if !l.m.c.now().Before(l.deadline) {
 		l.mu.Unlock()
 		return l.finish(l.lost(Expired, record{}))
 	}
 	l.mu.Unlock()
-
-	t0 := m.c.now()
-	est, err := m.c.clock.Now(ctx)
-	if err != nil {
-		return fmt.Errorf("lease: renew %v: %w", l.id, err)
+	if l.server {
+		return l.renewServer(ctx)
 	}
-	expires := est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
+	return l.renewEstimated(ctx)
+}
+
+func (l *Lease) renewServer(ctx context.Context) error {
+	m := l.m
+	a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: true}
+	newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}
+	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: m.pExpires, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.pExpires, newExpiry}}}},
+		{Key: m.pRenewed, Value: "$$NOW"},
+		{Key: m.pRenewal, Value: bson.D{{Key: "$literal", Value: a.claim}}},
+	}}}}
+	doc, err := m.findAndModify(ctx, l.filter(), update)
+	var s snapshot
+	switch {
+	case err == nil:
+		rec, derr := m.decode(doc)
+		if derr != nil {
+			return derr
+		}
+		l.extend(rec, m.deadline(a, rec.ExpiresAt))
+		return nil
+	case errors.Is(err, mongo.ErrNoDocuments):
+		s, err = m.read(ctx, l.raw, true)
+		if err != nil {
+			lost := l.lost(Unread, record{})
+			lost.Err = err
+			return l.finish(lost)
+		}
+		return l.finish(l.lostFrom(s.rec, s.found))
+	case ambiguous(err):
+		s, rerr := m.reread(ctx, l.raw, true)
+		switch {
+		case rerr != nil:
+			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
+		case !l.ours(s.rec, s.found):
+			return l.finish(l.lostFrom(s.rec, s.found))
+		case s.rec.Renewal == a.claim:
+			l.extend(s.rec, m.deadline(a, s.rec.ExpiresAt))
+			return nil
+		default:
+			// Not applied: the deadline stays where it was, which is safe
+			// whether or not the renewal lands later.
+			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
+		}
+	default:
+		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
+	}
+}
+
+func (l *Lease) renewEstimated(ctx context.Context) error {
+	m := l.m
+	a := attempt{t0: m.c.now()}
+	var err error
+	if a.est, err = m.estimate(ctx); err != nil {
+		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
+	}
+	expires := a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
 	l.mu.Lock()
 	if !expires.After(l.lastSent) {
 		expires = l.lastSent.Add(time.Millisecond)
 	}
 	l.lastSent = expires
 	l.mu.Unlock()
-	deadline := m.deadline(t0, est, expires)
+	deadline := m.deadline(a, expires)
 
 	filter := append(l.filter(), bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
 	res, err := m.coll.UpdateOne(ctx, filter, update)
 	switch {
 	case err == nil && res.MatchedCount == 1:
-		l.extend(expires, deadline)
+		l.extend(record{ExpiresAt: expires}, deadline)
 		return nil
 	case err == nil:
-		r, found, rerr := m.read(ctx, l.id)
+		s, rerr := m.read(ctx, l.raw, false)
 		if rerr != nil {
 			lost := l.lost(Unread, record{})
 			lost.Err = rerr
 			return l.finish(lost)
 		}
-		if l.ours(r, found) {
+		if l.ours(s.rec, s.found) {
 			// Our record, with an expiry at or past the new one: nothing to
 			// extend, nothing lost.
-			return fmt.Errorf("lease: renew %v: expiry already at %v", l.id, r.ExpiresAt)
+			return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), s.rec.ExpiresAt)
 		}
-		return l.finish(l.lostFrom(r, found))
+		return l.finish(l.lostFrom(s.rec, s.found))
 	case ambiguous(err):
-		r, found, rerr := m.reread(ctx, l.id)
+		s, rerr := m.reread(ctx, l.raw, false)
 		switch {
 		case rerr != nil:
-			return &UncertainError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
-		case !l.ours(r, found):
-			return l.finish(l.lostFrom(r, found))
-		case r.ExpiresAt.Equal(expires):
-			l.extend(expires, deadline)
+			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
+		case !l.ours(s.rec, s.found):
+			return l.finish(l.lostFrom(s.rec, s.found))
+		case s.rec.ExpiresAt.Equal(expires):
+			l.extend(record{ExpiresAt: expires}, deadline)
 			return nil
 		default:
-			// Not applied (yet): the deadline stays where it was, which is
-			// safe whether or not the renewal lands later.
-			return fmt.Errorf("lease: renew %v: not applied: %w", l.id, err)
+			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
 		}
 	default:
-		return fmt.Errorf("lease: renew %v: %w", l.id, err)
+		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
 }
 
-// extend records a renewal that was applied.
-func (l *Lease) extend(expires, deadline time.Time) {
+// extend records a renewal that was applied and wrote rec.
+func (l *Lease) extend(rec record, deadline time.Time) {
+	recv := l.m.c.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return
 	}
-	if expires.After(l.expiresAt) {
-		l.expiresAt = expires
+	if rec.ExpiresAt.After(l.expiresAt) {
+		l.expiresAt = rec.ExpiresAt
+	}
+	if l.server {
+		if until := l.m.fenceUntil(rec.RenewedAt, deadline, recv); until.After(l.fenceUntil) {
+			l.fenceUntil = until
+		}
 	}
 	// Both deadlines are safe for the record's expiry, which is at least
 	// each of the expiries they were computed for.
@@ -280,11 +376,12 @@ const maxReleaseAttempts = 3
 // done under it was not protected to the end. After an ambiguous failure
 // Release re-reads the record and sends the update again if it was not
 // applied. A named lease's lock document keeps an expiry set to the server's
-// time of release, for the clean-up of EnsureIndexes.
+// time of release, for the clean-up. A session in ctx is not used.
 func (l *Lease) Release(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("lease: release %v: %w", l.id, ctxErr(ctx))
+	if err := store.CheckContext(ctx); err != nil {
+		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
+	ctx = noSession(ctx)
 	m := l.m
 	l.mu.Lock()
 	prior := l.err
@@ -302,16 +399,23 @@ func (l *Lease) Release(ctx context.Context) error {
 		return prior
 	}
 
-	update := bson.D{{Key: "$unset", Value: bson.D{
+	var update any = bson.D{{Key: "$unset", Value: bson.D{
 		{Key: m.pOwner, Value: ""},
 		{Key: m.pClaim, Value: ""},
 		{Key: m.pExpires, Value: ""},
 	}}}
-	if m.named {
-		// Keep an expiry for the clean-up: the server's time of release, or
-		// the lease's own expiry if the clock cannot say.
+	switch {
+	case m.named && l.server:
+		// Keep an expiry for the clean-up: the server's time of release.
+		update = mongo.Pipeline{
+			{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: "$$NOW"}}}},
+			{{Key: "$unset", Value: bson.A{m.pOwner, m.pClaim}}},
+		}
+	case m.named:
+		// The estimate of the server's time of release, or the lease's own
+		// expiry if the clock cannot say.
 		freed := l.ExpiresAt()
-		if est, err := m.c.clock.Now(ctx); err == nil {
+		if est, err := m.estimate(ctx); err == nil {
 			freed = est.Time.Truncate(time.Millisecond)
 		}
 		update = bson.D{
@@ -337,8 +441,8 @@ func (l *Lease) Release(ctx context.Context) error {
 		case err == nil && res.MatchedCount == 1:
 			return released()
 		case err == nil:
-			r, found, rerr := m.read(ctx, l.id)
-			lost := l.lostFrom(r, found)
+			s, rerr := m.read(ctx, l.raw, false)
+			lost := l.lostFrom(s.rec, s.found)
 			if rerr != nil {
 				lost = l.lost(Unread, record{})
 				lost.Err = rerr
@@ -346,16 +450,17 @@ func (l *Lease) Release(ctx context.Context) error {
 			_ = l.finish(lost)
 			return lost
 		case !ambiguous(err):
-			return fmt.Errorf("lease: release %v: %w", l.id, err)
+			return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 		}
-		r, found, rerr := m.reread(ctx, l.id)
+		s, rerr := m.reread(ctx, l.raw, false)
+		r, found := s.rec, s.found
 		switch {
 		case rerr != nil:
-			return &UncertainError{Op: "release", ID: l.id, Err: err, ReadErr: rerr}
+			return &UnknownOutcomeError{Op: "release", ID: l.id, Err: err, ReadErr: rerr}
 		case l.ours(r, found):
 			// Not applied: send it again.
 			if attempt >= maxReleaseAttempts || ctx.Err() != nil {
-				return fmt.Errorf("lease: release %v: not applied: %w", l.id, err)
+				return fmt.Errorf("lease: release %s: not applied: %w", idText(l.id), err)
 			}
 			continue
 		case found && r.Owner == "" && r.Epoch == l.epoch:

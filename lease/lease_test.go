@@ -28,15 +28,52 @@ type bundle struct {
 	db    *mongotest.DB
 	coll  *mongo.Collection
 	clock *store.Clock
+	mode  lease.Mode // set on every Manager the helpers make
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t *testing.T, mode lease.Mode) *bundle {
 	t.Helper()
 	db := mongotest.New(t)
 	return &bundle{
 		db:    db,
 		coll:  db.Collection("docs"),
 		clock: store.NewClock(store.HelloSampler(db.Client()), nil),
+		mode:  mode,
+	}
+}
+
+var (
+	serverModeOnce sync.Once
+	serverModeOK   bool
+	errServerMode  error
+)
+
+// eachMode runs fn as a subtest in ModeServer and in ModeEstimated: the same
+// suite proves both. ModeServer is skipped, saying why, where the backend
+// lacks $expr with $$NOW or update pipelines (the embedded FerretDB v1), as
+// found by a ModeAuto Manager's probe.
+func eachMode(t *testing.T, fn func(t *testing.T, mode lease.Mode)) {
+	t.Helper()
+	for _, mode := range []lease.Mode{lease.ModeServer, lease.ModeEstimated} {
+		t.Run(mode.String(), func(t *testing.T) {
+			if mode == lease.ModeServer {
+				serverModeOnce.Do(func() {
+					db := mongotest.New(t)
+					m, err := lease.New(db.Collection("probe"), nil)
+					if err == nil {
+						var got lease.Mode
+						got, err = m.Mode(context.Background())
+						serverModeOK = got == lease.ModeServer
+					}
+					errServerMode = err
+				})
+				require.NoError(t, errServerMode)
+				if !serverModeOK {
+					t.Skip("ModeServer needs $expr with $$NOW in a write filter and $$NOW in an update pipeline; this backend (embedded FerretDB v1) has neither: run with MONGODB_URI=mongodb://127.0.0.1:27018/ (DocumentDB)")
+				}
+			}
+			fn(t, mode)
+		})
 	}
 }
 
@@ -54,6 +91,9 @@ func (b *bundle) managerOn(t *testing.T, coll *mongo.Collection, owner string, t
 		o = *opts
 	}
 	o.Owner, o.TTL = owner, ttl
+	if o.Mode == lease.ModeAuto {
+		o.Mode = b.mode
+	}
 	if o.Clock == nil && o.Now == nil && coll.Database().Client() == b.db.Client() {
 		o.Clock = b.clock
 	}
@@ -105,8 +145,11 @@ func owner(r rec) string {
 	return *r.Owner
 }
 
-func TestAcquireRelease(t *testing.T) {
-	b := setup(t)
+func TestAcquireRelease(t *testing.T) { eachMode(t, testAcquireRelease) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testAcquireRelease(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	const ttl = 2 * time.Second
@@ -180,8 +223,11 @@ func TestAcquireRelease(t *testing.T) {
 	require.NoError(t, l2.Release(ctx))
 }
 
-func TestRenew(t *testing.T) {
-	b := setup(t)
+func TestRenew(t *testing.T) { eachMode(t, testRenew) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testRenew(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	const ttl = 400 * time.Millisecond
@@ -203,8 +249,11 @@ func TestRenew(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 }
 
-func TestNotFound(t *testing.T) {
-	b := setup(t)
+func TestNotFound(t *testing.T) { eachMode(t, testNotFound) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testNotFound(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	m := b.manager(t, "a", time.Second, nil)
 	id := bson.NewObjectID()
@@ -244,8 +293,11 @@ func countingClient(t *testing.T, b *bundle) (*mongo.Collection, func() int) {
 	}
 }
 
-func TestBadInput(t *testing.T) {
-	b := setup(t)
+func TestBadInput(t *testing.T) { eachMode(t, testBadInput) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testBadInput(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	coll, commands := countingClient(t, b)
 	id := b.insert(t)
@@ -273,14 +325,14 @@ func TestBadInput(t *testing.T) {
 			for _, newFn := range []func(*mongo.Collection, *lease.Options) (*lease.Manager, error){lease.New, lease.NewNamed} {
 				m, err := newFn(coll, &tc.opts)
 				require.Nil(t, m)
-				require.ErrorIs(t, err, lease.ErrInvalidOptions, "%s: %+v", tc.field, tc.opts)
+				require.ErrorIs(t, err, lease.ErrInvalid, "%s: %+v", tc.field, tc.opts)
 				var oe *lease.OptionsError
 				require.ErrorAs(t, err, &oe)
 				require.Equal(t, tc.field, oe.Field, "%v", err)
 			}
 		}
 		_, err := lease.New(nil, nil)
-		require.ErrorIs(t, err, lease.ErrInvalidOptions)
+		require.ErrorIs(t, err, lease.ErrInvalid)
 		m, err := lease.New(coll, nil)
 		require.NoError(t, err, "nil options are the defaults")
 		require.Equal(t, lease.DefaultTTL, m.TTL())
@@ -290,7 +342,7 @@ func TestBadInput(t *testing.T) {
 
 	t.Run("ids and contexts", func(t *testing.T) {
 		m := b.managerOn(t, coll, "a", time.Second, &lease.Options{Clock: b.clock})
-		named, err := lease.NewNamed(coll, &lease.Options{TTL: time.Second, Owner: "a", Clock: b.clock})
+		named, err := lease.NewNamed(coll, &lease.Options{TTL: time.Second, Owner: "a", Clock: b.clock, Mode: b.mode})
 		require.NoError(t, err)
 		cancelled, cancel := context.WithCancel(ctx)
 		cancel()
@@ -310,7 +362,7 @@ func TestBadInput(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 			err = mm.Do(cancelled, id, func(context.Context, *lease.Lease) error { panic("not called") })
 			require.ErrorIs(t, err, context.Canceled)
-			require.ErrorIs(t, mm.Do(ctx, id, nil), lease.ErrInvalidOptions)
+			require.ErrorIs(t, mm.Do(ctx, id, nil), lease.ErrInvalid)
 		}
 	})
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,10 +26,14 @@ type Manager struct {
 	c     config
 
 	// Dotted paths of the lease record's fields.
-	pOwner, pEpoch, pExpires, pAcquired, pClaim string
+	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
+
+	modeMu sync.Mutex
+	mode   atomic.Int32 // the resolved Mode; ModeAuto until known
 
 	claimOpts   *options.FindOneAndUpdateOptionsBuilder // with a projection to the lease field
 	claimOptsNP *options.FindOneAndUpdateOptionsBuilder // without: for servers that lack it
+	createOpts  *options.FindOneAndUpdateOptionsBuilder // upsert, for a named lease's first claim
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
 }
@@ -38,23 +42,24 @@ type Manager struct {
 // is kept in the subdocument Options.Field of each document, which the
 // document's own model must not map. A document must exist before it can be
 // leased. New does no I/O; it fails only for a nil coll or invalid opts, with
-// an error matching ErrInvalidOptions.
+// an *OptionsError matching ErrInvalid.
 func New(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, false)
 }
 
 // NewNamed returns a Manager for named leases ("partner-api:user:42"): each
-// name is the _id of a lock document in coll, created by the first claim
-// (an upsert) and kept afterwards so that its epoch keeps increasing. See
-// EnsureIndexes for the clean-up of stale lock documents. NewNamed does no
-// I/O; it fails only for a nil coll or invalid opts.
+// name is the _id of a lock document in coll, created by the first claim.
+// The lease protects other documents through [Lease.Stamp] and
+// [Lease.Fence]. See [Manager.EnsureIndexes] for the clean-up of stale lock
+// documents. NewNamed does no I/O; it fails only for a nil coll or invalid
+// opts.
 func NewNamed(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, true)
 }
 
 func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, error) {
 	if coll == nil {
-		return nil, fmt.Errorf("lease: nil collection: %w", ErrInvalidOptions)
+		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
 	}
 	c, err := resolve(coll.Database().Client(), opts)
 	if err != nil {
@@ -69,16 +74,15 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 		pEpoch:    f + ".epoch",
 		pExpires:  f + ".expiresAt",
 		pAcquired: f + ".acquiredAt",
+		pRenewed:  f + ".renewedAt",
 		pClaim:    f + ".claim",
+		pRenewal:  f + ".renewal",
 	}
+	m.mode.Store(int32(c.mode)) //nolint:gosec // resolve accepts only the three modes
 	proj := bson.D{{Key: f, Value: 1}}
-	m.claimOpts = options.FindOneAndUpdate().
-		SetReturnDocument(options.After).
-		SetProjection(proj).
-		SetUpsert(named)
-	m.claimOptsNP = options.FindOneAndUpdate().
-		SetReturnDocument(options.After).
-		SetUpsert(named)
+	m.claimOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(proj)
+	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
+	m.createOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
 	return m, nil
 }
@@ -94,7 +98,7 @@ func (m *Manager) TTL() time.Duration { return m.c.ttl }
 func (m *Manager) Field() string { return m.c.field }
 
 // Clock returns the estimate of the server's clock the Manager judges expiry
-// by.
+// by in ModeEstimated.
 func (m *Manager) Clock() *store.Clock { return m.c.clock }
 
 // Collection returns the collection the Manager works on.
@@ -105,114 +109,175 @@ func (m *Manager) Collection() *mongo.Collection { return m.coll }
 // live lease, and, for a Manager made by New, an error matching ErrNotFound
 // when no document has that _id. The returned lease's context keeps ctx's
 // values but not its cancellation: it ends when the lease is released or
-// lost. See the package documentation for every error.
+// lost. A session or transaction in ctx is not used: the lease's own
+// commands never run inside the caller's transaction.
 func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
-	if err := m.check(ctx, "acquire", id); err != nil {
+	raw, err := m.check(ctx, "acquire", id)
+	if err != nil {
 		return nil, err
 	}
-	return m.claim(ctx, id, context.WithoutCancel(ctx))
+	return m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
 }
 
 // Acquire claims the lease on id, waiting while another owner holds it: after
 // each failed attempt it sleeps the next delay of Options.Retry or the time
 // left on the holder's lease, whichever is shorter, and tries again, until it
-// holds the lease or ctx ends. Transient errors (network, timeouts) are
-// retried the same way; other errors, such as ErrNotFound, end it at once.
-// When ctx ends the error wraps both ctx's error and the last attempt's
-// error. The returned lease's context is as for TryAcquire.
+// holds the lease, ctx ends, or the Policy's MaxAttempts, MaxElapsedTime or
+// Budget stop it. Transient errors (network, timeouts) are retried the same
+// way; other errors, such as ErrNotFound, end it at once. An attempt whose
+// outcome was unknown is settled by the next one: if the record shows that
+// claim, Acquire holds the lease (it never waits out its own claim). When
+// ctx ends the error wraps both ctx's error and the last attempt's error.
+// The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
-	if err := m.check(ctx, "acquire", id); err != nil {
+	raw, err := m.check(ctx, "acquire", id)
+	if err != nil {
 		return nil, err
 	}
-	return m.acquire(ctx, id, context.WithoutCancel(ctx))
+	return m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
 }
 
-func (m *Manager) acquire(ctx context.Context, id any, parent context.Context) (*Lease, error) {
-	bo := m.c.retry.NewBackoff()
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	var lastHeld error // the last *HeldError, for the error when ctx ends
-	for {
-		l, err := m.claim(ctx, id, parent)
-		if err == nil {
-			return l, nil
-		}
-		var held *HeldError
-		var wait time.Duration
+// again marks an error Acquire retries whatever the store classifiers say
+// (a held lease, an unknown claim to settle).
+type again struct{ error }
+
+func (e again) Unwrap() error   { return e.error }
+func (e again) Retryable() bool { return true }
+
+// clipClock is a retry.Clock whose timers last at most *clip (when set):
+// Acquire's sleep is the smaller of the backoff delay and the time left on
+// the holder's lease.
+type clipClock struct {
+	base retry.Clock
+	clip *time.Duration
+}
+
+func (c clipClock) Now() time.Time { return c.base.Now() }
+func (c clipClock) NewTimer(d time.Duration) retry.Timer {
+	if *c.clip > 0 {
+		d = min(d, *c.clip)
+	}
+	return c.base.NewTimer(d)
+}
+
+// realClock is the retry.Clock of time.Now and time.NewTimer.
+type realClock struct{}
+
+func (realClock) Now() time.Time                       { return time.Now() }
+func (realClock) NewTimer(d time.Duration) retry.Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
+
+func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent context.Context) (*Lease, error) {
+	p := m.c.retry
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = -1
+	}
+	if p.MaxElapsedTime == 0 {
+		p.MaxElapsedTime = -1
+	}
+	var clip time.Duration
+	base := p.Clock
+	if base == nil {
+		base = realClock{}
+	}
+	p.Clock = clipClock{base: base, clip: &clip}
+	var (
+		l       *Lease
+		pending []attempt // claims whose outcome is unknown, to settle
+		last    error
+		held    *HeldError
+	)
+	err := retry.Do(ctx, p, func(ctx context.Context) error {
+		var err error
+		l, err = m.claim(ctx, id, raw, parent, &pending)
+		last, clip = err, 0
+		var h *HeldError
 		switch {
-		case ctx.Err() != nil && lastHeld != nil && !errors.As(err, &held):
-			// ctx ended during an attempt: say who held the lease before.
-			return nil, fmt.Errorf("%w; before that: %w", err, lastHeld)
-		case errors.As(err, &held):
-			lastHeld = held
-			wait = min(bo.Next(), held.TimeLeft)
-		case errors.Is(err, ErrUncertain) || retry.IsRetryable(err):
-			wait = bo.Next()
-		default:
-			return nil, err
+		case err == nil:
+			return nil
+		case errors.As(err, &h):
+			held, clip = h, max(h.TimeLeft, time.Millisecond)
+			return again{err}
+		case errors.Is(err, ErrUnknownOutcome):
+			return again{err}
 		}
-		wait = max(wait, time.Millisecond)
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("lease: acquire %v: %w; last attempt: %w", id, ctxErr(ctx), err)
-		case <-timer.C:
-		}
+		return err
+	})
+	if err == nil {
+		return l, nil
 	}
+	if last == nil || (!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, retry.ErrExhausted) && !errors.Is(err, retry.ErrBudgetExhausted)) {
+		return nil, err // the attempt's own error, returned as is
+	}
+	// Stopped: by ctx, or by the Policy. Say so, with the last attempt.
+	why := err
+	if cerr := store.ContextError(ctx); cerr != nil {
+		why = cerr
+	}
+	msg := fmt.Sprintf("lease: acquire %v: %v", id, why)
+	if errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted) {
+		msg = fmt.Sprintf("lease: acquire %v: retries stopped (%v)", id, firstLine(err))
+	}
+	errs := []error{err}
+	if held != nil && !errors.Is(last, ErrHeld) {
+		// ctx ended during an attempt: say who held the lease before.
+		errs = append(errs, held)
+		msg += fmt.Sprintf("; held by %q (epoch %d) before that", held.Owner, held.Epoch)
+	}
+	if h := (*HeldError)(nil); errors.As(last, &h) {
+		msg += fmt.Sprintf("; last attempt: held by %q (epoch %d) for up to %v more", h.Owner, h.Epoch, h.TimeLeft)
+	} else {
+		msg += "; last attempt: " + last.Error()
+	}
+	return nil, &joined{msg: msg, errs: errs}
 }
 
-// check rejects a call before any I/O: an ended context or an invalid id.
-func (m *Manager) check(ctx context.Context, op string, id any) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("lease: %s %v: %w", op, id, ctxErr(ctx))
-	}
-	if why := invalidID(id); why != "" {
-		return fmt.Errorf("lease: %s: id %s: %w", op, why, ErrInvalidID)
-	}
-	return nil
-}
-
-// ctxErr returns ctx.Err(), joined with its cause when that differs.
-func ctxErr(ctx context.Context) error {
-	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
-		return fmt.Errorf("%w: %w", err, cause)
-	}
-	return err
-}
-
-// invalidID returns why id cannot name a lease, or "".
-func invalidID(id any) string {
-	switch v := id.(type) {
-	case nil:
-		return "is nil"
-	case string:
-		if v == "" {
-			return "is an empty string"
-		}
-	case bson.ObjectID:
-		if v.IsZero() {
-			return "is the zero ObjectID"
-		}
+// firstLine returns the kind of a retry stop, without the last error it
+// carries (reported separately).
+func firstLine(err error) string {
+	switch {
+	case errors.Is(err, retry.ErrBudgetExhausted):
+		return "retry budget exhausted"
 	default:
-		rv := reflect.ValueOf(id)
-		switch rv.Kind() {
-		case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
-			if rv.IsNil() {
-				return fmt.Sprintf("is a nil %T", id)
-			}
-		default: // not nil-able: any value is an id the server may accept
-		}
+		return "attempts or time used up"
 	}
-	return ""
+}
+
+// check rejects a call before any I/O: a nil or ended context or an invalid
+// id. It returns the id's encoding for the filters.
+func (m *Manager) check(ctx context.Context, op string, id any) (bson.RawValue, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return bson.RawValue{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
+	}
+	raw, err := store.CheckID(id)
+	if err != nil {
+		return bson.RawValue{}, fmt.Errorf("lease: %s: %w", op, err)
+	}
+	return raw, nil
+}
+
+// idText formats an id for a message, cut short: ids come from requests.
+func idText(id any) string {
+	s := fmt.Sprint(id)
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return s
+}
+
+// noSession returns ctx without the driver session it may carry: the lease's
+// commands must not run inside the caller's transaction, nor share its
+// session with the caller's goroutine (the driver forbids concurrent use).
+func noSession(ctx context.Context) context.Context {
+	if mongo.SessionFromContext(ctx) != nil {
+		return mongo.NewSessionContext(ctx, nil)
+	}
+	return ctx
 }
 
 // record is the lease subdocument.
@@ -221,7 +286,9 @@ type record struct {
 	Epoch      int64         `bson:"epoch"`
 	ExpiresAt  time.Time     `bson:"expiresAt"`
 	AcquiredAt time.Time     `bson:"acquiredAt"`
+	RenewedAt  time.Time     `bson:"renewedAt"`
 	Claim      bson.ObjectID `bson:"claim"`
+	Renewal    bson.ObjectID `bson:"renewal"`
 }
 
 func (m *Manager) decode(doc bson.Raw) (record, error) {
@@ -239,223 +306,83 @@ func (m *Manager) decode(doc bson.Raw) (record, error) {
 	return r, nil
 }
 
-// held reports whether r is a live lease as judged on est: it has an owner
-// and its expiry is not before the earliest the server's clock can read.
-func held(r record, est store.Estimate) bool {
-	return r.Owner != "" && !r.ExpiresAt.Before(cutoff(est))
-}
-
 // cutoff is the expiry before which a lease is surely expired: the earliest
 // the server's clock can read, rounded down to BSON's millisecond.
 func cutoff(est store.Estimate) time.Time { return est.Earliest().Truncate(time.Millisecond) }
 
-// timeLeft is how long until held(r, est) turns false if r is not renewed.
-func timeLeft(r record, est store.Estimate) time.Duration {
-	return max(r.ExpiresAt.Sub(est.Earliest())+time.Millisecond, 0)
+// snapshot is a lease record as read, with the server's time of the read in
+// ModeServer (zero in ModeEstimated).
+type snapshot struct {
+	rec   record
+	found bool
+	now   time.Time
 }
 
-// read returns the lease record of id, retrying transient failures for a
-// short while. found is false when no document has that _id.
-func (m *Manager) read(ctx context.Context, id any) (r record, found bool, err error) {
-	err = retry.Do(ctx, retry.Policy{MaxElapsedTime: m.resolveTimeout()}, func(ctx context.Context) error {
-		raw, err := m.coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}, m.readOpts).Raw()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			found = false
-			return nil
+// read returns the lease record of id, retrying transient failures for up
+// to ResolveTimeout. In ModeServer it reads the server's $$NOW with it.
+func (m *Manager) read(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+	ctx = noSession(ctx)
+	var s snapshot
+	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Clock: m.c.retry.Clock}
+	err := retry.Do(ctx, p, func(ctx context.Context) error {
+		s = snapshot{}
+		var doc bson.Raw
+		if server {
+			cur, err := m.coll.Aggregate(ctx, mongo.Pipeline{
+				{{Key: "$match", Value: store.IDFilter(raw)}},
+				{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
+			})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
+			if cur.Next(ctx) {
+				doc = cur.Current
+			} else if err := cur.Err(); err != nil {
+				return err
+			}
+			if doc == nil {
+				// Not found; still learn the server's time for HeldError.
+				return nil
+			}
+			if t, ok := doc.Lookup("now").DateTimeOK(); ok {
+				s.now = time.UnixMilli(t)
+			}
+		} else {
+			var err error
+			doc, err = m.coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		found = true
-		r, err = m.decode(raw)
+		s.found = true
+		var err error
+		s.rec, err = m.decode(doc)
 		return retry.Permanent(err)
 	})
-	return r, found, err
+	return s, err
 }
 
 // reread is read after an ambiguous write, on a context that lives on for
-// resolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
-func (m *Manager) reread(ctx context.Context, id any) (record, bool, error) {
+// ResolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
+func (m *Manager) reread(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
 	rctx, cancel := m.detached(ctx)
 	defer cancel()
-	return m.read(rctx, id)
+	return m.read(rctx, raw, server)
 }
 
-// resolveTimeout bounds the work done after an operation's own context has
-// ended: re-reading after an ambiguous write, releasing after Do. A lease
-// expires by itself after TTL, so more than that is not worth waiting.
-func (m *Manager) resolveTimeout() time.Duration {
-	return min(max(m.c.ttl, time.Second), 10*time.Second)
-}
-
-// detached returns a context for finishing work after ctx may have ended.
+// detached returns a context for finishing work after ctx may have ended,
+// bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), m.resolveTimeout())
+	return context.WithTimeout(noSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
 }
 
 // ambiguous reports whether a write that failed with err may have been
-// applied. A write interrupted by its context's end counts too: the request
-// may already have reached the server.
+// applied: store.IsAmbiguous, or an interruption by the context's end (the
+// request may already have reached the server).
 func ambiguous(err error) bool {
 	return store.IsAmbiguous(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// maxClaimAttempts bounds how often one TryAcquire claims again after finding
-// the lease free or expired on re-reading, under heavy churn.
-const maxClaimAttempts = 3
-
-// claim is TryAcquire without the argument checks. parent is the parent of the
-// lease's context.
-func (m *Manager) claim(ctx context.Context, id any, parent context.Context) (*Lease, error) {
-	for attempt := 1; ; attempt++ {
-		t0 := m.c.now()
-		est, err := m.c.clock.Now(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("lease: acquire %v: %w", id, err)
-		}
-		expires := est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
-		claimID := bson.NewObjectID()
-		filter := bson.D{
-			{Key: "_id", Value: id},
-			{Key: "$or", Value: bson.A{
-				bson.D{{Key: m.pOwner, Value: nil}},
-				bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(est)}}}},
-			}},
-		}
-		update := bson.D{
-			{Key: "$set", Value: bson.D{
-				{Key: m.pOwner, Value: m.c.owner},
-				{Key: m.pExpires, Value: expires},
-				{Key: m.pAcquired, Value: est.Time.Truncate(time.Millisecond)},
-				{Key: m.pClaim, Value: claimID},
-			}},
-			{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
-		}
-		raw, err := m.findAndModify(ctx, filter, update)
-		var (
-			rec      record
-			found    bool
-			haveRead bool
-		)
-		switch {
-		case err == nil:
-			rec, err = m.decode(raw)
-			if err != nil {
-				return nil, err
-			}
-			if rec.Owner != m.c.owner || rec.Claim != claimID {
-				return nil, fmt.Errorf("lease: acquire %v: the server returned a record that is not this claim (owner %q)", id, rec.Owner)
-			}
-			return m.newLease(ctx, parent, id, rec, t0, est)
-		case errors.Is(err, mongo.ErrNoDocuments):
-			// Not claimable: learn why below.
-		case m.named && store.IsDuplicateKey(err):
-			// The upsert lost an insert race: another owner's claim made the
-			// lock document first. Held, not an error.
-		case ambiguous(err):
-			var rerr error
-			rec, found, rerr = m.reread(ctx, id)
-			if rerr != nil {
-				return nil, &UncertainError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
-			}
-			haveRead = true
-			if found && rec.Owner == m.c.owner && rec.Claim == claimID {
-				// The claim was applied; only its reply was lost.
-				return m.newLease(ctx, parent, id, rec, t0, est)
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("lease: acquire %v: %w", id, ctxErr(ctx))
-			}
-		default:
-			return nil, fmt.Errorf("lease: acquire %v: %w", id, err)
-		}
-
-		if !haveRead {
-			rec, found, err = m.read(ctx, id)
-			if err != nil {
-				return nil, fmt.Errorf("lease: acquire %v: read after a failed claim: %w", id, err)
-			}
-		}
-		if !found && !m.named {
-			return nil, fmt.Errorf("lease: acquire %v: %w", id, ErrNotFound)
-		}
-		est, err = m.c.clock.Now(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("lease: acquire %v: %w", id, err)
-		}
-		if (found && held(rec, est)) || attempt >= maxClaimAttempts {
-			return nil, &HeldError{ID: id, Owner: rec.Owner, Epoch: rec.Epoch, ExpiresAt: rec.ExpiresAt, TimeLeft: timeLeft(rec, est)}
-		}
-		// Released or expired since the claim was judged: claim again.
-	}
-}
-
-// codeNotImplemented is the error code of a command option the server does
-// not implement (FerretDB v1 answers it for findAndModify's projection).
-const codeNotImplemented = 238
-
-// findAndModify sends a claim, with a projection to the lease field unless
-// the server has rejected that once: the claim is then not applied, and is
-// sent again without it.
-func (m *Manager) findAndModify(ctx context.Context, filter, update bson.D) (bson.Raw, error) {
-	if !m.noProject.Load() {
-		raw, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOpts).Raw()
-		var se mongo.ServerError
-		if !errors.As(err, &se) || !se.HasErrorCode(codeNotImplemented) {
-			return raw, err
-		}
-		m.noProject.Store(true)
-	}
-	return m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOptsNP).Raw()
-}
-
-// newLease makes the Lease for a claim of rec sent after local time t0 with
-// the server-time estimate est (taken after t0). If the claim's reply came
-// too late for any of the lease to be usable, or ctx ended meanwhile, it
-// releases the claim and fails.
-func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, rec record, t0 time.Time, est store.Estimate) (*Lease, error) {
-	l := &Lease{
-		m:          m,
-		id:         id,
-		epoch:      rec.Epoch,
-		acquiredAt: rec.AcquiredAt,
-		expiresAt:  rec.ExpiresAt,
-		lastSent:   rec.ExpiresAt,
-		deadline:   m.deadline(t0, est, rec.ExpiresAt),
-	}
-	l.ctx, l.cancel = context.WithCancelCause(parent)
-	left := l.deadline.Sub(m.c.now())
-	var fail error
-	switch {
-	case ctx.Err() != nil:
-		fail = fmt.Errorf("lease: acquire %v: %w", id, ctxErr(ctx))
-	case left <= 0:
-		fail = &LostError{ID: id, Owner: m.c.owner, Epoch: l.epoch, Reason: Expired}
-	}
-	if fail != nil {
-		rctx, cancel := m.detached(ctx)
-		_ = l.Release(rctx)
-		cancel()
-		_ = l.finish(fail)
-		return nil, fail
-	}
-	l.mu.Lock()
-	l.timer = time.AfterFunc(left, l.onDeadline)
-	l.mu.Unlock()
-	return l, nil
-}
-
-// deadline is the local time (on Options.Now) before which nobody else can see
-// a lease expiring at server time expires as expired, for a write whose
-// estimate est was taken after local time t0, minus the safety margin.
-//
-// At t0 the server's clock read at most est.Latest(). It gains at most
-// DriftRate on the local clock, so it reaches expires no sooner than
-// (expires − est.Latest())×(1 − DriftRate) after t0, which is at least
-// expires − est.Latest() − TTL×DriftRate since expires − est.Latest() ≤ TTL.
-// Others judge expiry by the earliest the server's clock can read, which is
-// never later than the server's clock itself.
-func (m *Manager) deadline(t0 time.Time, est store.Estimate, expires time.Time) time.Time {
-	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
-	return t0.Add(expires.Sub(est.Latest()) - drift - m.c.margin)
 }

@@ -7,7 +7,6 @@ import (
 	"math"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -30,7 +29,43 @@ const (
 	// after its lease expired or was released before a TTL index may delete
 	// it.
 	DefaultCleanupAfter = 24 * time.Hour
+	// DefaultFenceField is the name of the subdocument that Lease.Stamp
+	// writes to documents protected by a named lease.
+	DefaultFenceField = "_fence"
 )
+
+// Mode says how a Manager judges whether a lease has expired.
+type Mode int
+
+const (
+	// ModeAuto (the zero value) picks ModeServer where the server runs
+	// $expr with $$NOW in a write filter and $$NOW in an update pipeline
+	// (MongoDB 4.2 and later, DocumentDB), found by trying them once per
+	// Manager on its first claim, and ModeEstimated elsewhere (FerretDB v1).
+	ModeAuto Mode = iota
+	// ModeServer judges expiry on the server: a claim's filter compares
+	// expiresAt with $$NOW, and claims and renewals set expiresAt from
+	// $$NOW. No estimate of the server's clock is used.
+	ModeServer
+	// ModeEstimated judges expiry on an estimate of the server's clock
+	// (store.Clock) and writes expiry times computed from it. It needs no
+	// $expr or update pipelines.
+	ModeEstimated
+)
+
+// String returns "auto", "server" or "estimated".
+func (m Mode) String() string {
+	switch m {
+	case ModeAuto:
+		return "auto"
+	case ModeServer:
+		return "server"
+	case ModeEstimated:
+		return "estimated"
+	default:
+		return fmt.Sprintf("Mode(%d)", int(m))
+	}
+}
 
 // Options configures a Manager. A nil *Options means all defaults. In a
 // non-nil Options, TTL must be set; every other zero field takes its default.
@@ -55,6 +90,16 @@ type Options struct {
 	// contain ".". Default "_lease".
 	Field string
 
+	// FenceField is the name of the subdocument in which [Lease.Stamp]
+	// records, on a document protected by a named lease, the largest epoch
+	// of each name stamped there. Same rules as Field. Default "_fence".
+	FenceField string
+
+	// Mode says how expiry is judged: ModeAuto (the default) chooses by
+	// trying the server once; ModeServer or ModeEstimated force a mode
+	// (ModeServer fails on a server without $expr and update pipelines).
+	Mode Mode
+
 	// RenewEvery is the interval at which Do renews its lease. It must be
 	// shorter than TTL minus SafetyMargin. Default TTL/3.
 	RenewEvery time.Duration
@@ -72,21 +117,26 @@ type Options struct {
 	// 0.1 and above are errors.
 	DriftRate float64
 
-	// Retry shapes the waits of Acquire between attempts: its
-	// InitialInterval, MaxInterval, Multiplier, Jitter and Rand are used;
-	// Acquire waits until its context ends, so MaxAttempts and
-	// MaxElapsedTime are ignored. Acquire sleeps the next delay or the time
-	// left on the holder's lease, whichever is shorter. Default: the retry
-	// package's defaults (full jitter, 5ms doubling up to 200ms). An invalid
-	// Policy is an error.
+	// Retry is the retry engine of Acquire's wait and Do's renewals (see
+	// retry.Do): its intervals, Jitter, Rand, Budget, OnRetry and Clock are
+	// honoured. Acquire sleeps the next delay or the time left on the
+	// holder's lease, whichever is shorter. Acquire stops after MaxAttempts
+	// attempts or MaxElapsedTime if they are set; zero means no limit here
+	// (unlike retry.Do), so by default Acquire waits until its context ends.
+	// An invalid Policy is an error.
 	Retry retry.Policy
 
-	// Clock estimates the server's clock (see store.Clock). Default: one
-	// Clock per *mongo.Client, shared by every Manager of this package that
-	// uses the client with the default Now, and kept (with a reference to
-	// the client) for the life of the process; a Manager with its own Now
-	// gets its own Clock reading that Now. Programs that make many
-	// short-lived clients should pass a Clock of their own.
+	// ResolveTimeout bounds the work done to settle an ambiguous write (the
+	// re-read after a lost reply) and the release after Do, which run on a
+	// context that outlives the caller's. Default min(max(TTL, 1s), 10s).
+	// Negative is an error.
+	ResolveTimeout time.Duration
+
+	// Clock estimates the server's clock in ModeEstimated (see store.Clock).
+	// Share one Clock among the Managers of a client (store.Store.Clock
+	// gives one). Default: a Clock of the Manager's own, on
+	// store.HelloSampler and Now, that samples the server only when first
+	// used. ModeServer never uses it.
 	Clock *store.Clock
 
 	// Now is the local clock. Only differences between its readings are
@@ -97,25 +147,27 @@ type Options struct {
 	Now func() time.Time
 
 	// CleanupAfter applies to named leases: the TTL index that
-	// Manager.EnsureIndexes creates deletes a lock document this long after
-	// its lease expired or was released. Deleting the document restarts its
-	// epoch at 1, so it must exceed the longest time a fencing token of the
-	// lease may still be checked. Default 24h. Negative is an error.
+	// Manager.EnsureIndexes creates, or Manager.Sweep, deletes a lock
+	// document this long after its lease expired or was released. Default
+	// 24h. Negative is an error.
 	CleanupAfter time.Duration
 }
 
 // config is Options with every default resolved.
 type config struct {
-	ttl          time.Duration
-	owner        string
-	field        string
-	renewEvery   time.Duration
-	margin       time.Duration
-	drift        float64
-	retry        retry.Policy
-	clock        *store.Clock
-	now          func() time.Time
-	cleanupAfter time.Duration
+	ttl            time.Duration
+	owner          string
+	field          string
+	fenceField     string
+	mode           Mode
+	renewEvery     time.Duration
+	margin         time.Duration
+	drift          float64
+	retry          retry.Policy
+	resolveTimeout time.Duration
+	clock          *store.Clock
+	now            func() time.Time
+	cleanupAfter   time.Duration
 }
 
 func resolve(client *mongo.Client, o *Options) (config, error) {
@@ -141,6 +193,23 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	}
 	if err := checkField(c.field); err != "" {
 		return c, &OptionsError{Field: "Field", Reason: fmt.Sprintf("%q %s", c.field, err)}
+	}
+	c.fenceField = o.FenceField
+	if c.fenceField == "" {
+		c.fenceField = DefaultFenceField
+	}
+	if err := checkField(c.fenceField); err != "" {
+		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q %s", c.fenceField, err)}
+	}
+	if c.fenceField == c.field {
+		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.fenceField)}
+	}
+
+	switch o.Mode {
+	case ModeAuto, ModeServer, ModeEstimated:
+		c.mode = o.Mode
+	default:
+		return c, &OptionsError{Field: "Mode", Reason: fmt.Sprintf("%v is not a mode", o.Mode)}
 	}
 
 	c.margin = o.SafetyMargin
@@ -177,6 +246,14 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	}
 	c.retry = o.Retry
 
+	c.resolveTimeout = o.ResolveTimeout
+	switch {
+	case c.resolveTimeout < 0:
+		return c, &OptionsError{Field: "ResolveTimeout", Reason: fmt.Sprintf("%v is negative", c.resolveTimeout)}
+	case c.resolveTimeout == 0:
+		c.resolveTimeout = min(max(c.ttl, time.Second), 10*time.Second)
+	}
+
 	c.cleanupAfter = o.CleanupAfter
 	switch {
 	case c.cleanupAfter < 0:
@@ -186,14 +263,13 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	}
 
 	c.now = o.Now
+	if c.now == nil {
+		c.now = time.Now
+	}
 	c.clock = o.Clock
-	switch {
-	case c.now == nil && c.clock == nil:
-		c.now = time.Now
-		c.clock = sharedClock(client)
-	case c.now == nil:
-		c.now = time.Now
-	case c.clock == nil:
+	if c.clock == nil {
+		// Lazy: NewClock does no I/O, and a Manager in ModeServer never
+		// asks it for the time.
 		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now})
 	}
 	return c, nil
@@ -212,20 +288,6 @@ func checkField(name string) string {
 		return "is the document's _id"
 	}
 	return ""
-}
-
-var clocks sync.Map // *mongo.Client -> *store.Clock
-
-// sharedClock returns the Clock of client, making it on first use.
-func sharedClock(client *mongo.Client) *store.Clock {
-	if c, ok := clocks.Load(client); ok {
-		if clock, ok := c.(*store.Clock); ok {
-			return clock
-		}
-	}
-	c, _ := clocks.LoadOrStore(client, store.NewClock(store.HelloSampler(client), nil))
-	clock, _ := c.(*store.Clock) // only *store.Clock values are stored
-	return clock
 }
 
 // newOwner returns "host/pid/random", unique per call.

@@ -20,9 +20,12 @@ import (
 // The rounds share one document: FerretDB v1 scans the whole collection for
 // a filter other than a bare _id, so a growing collection would only slow the
 // test down.
-func TestRace(t *testing.T) {
+func TestRace(t *testing.T) { eachMode(t, testRace) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testRace(t *testing.T, mode lease.Mode) {
 	const goroutines, rounds = 32, 200
-	b := setup(t)
+	b := setup(t, mode)
 	ctx := context.Background()
 	managers := make([]*lease.Manager, goroutines)
 	for i := range managers {
@@ -75,9 +78,12 @@ func TestRace(t *testing.T) {
 // TestEpochs: several owners take turns on one document through 1,000
 // acquire/release cycles. In the order the lease was held, every epoch is
 // greater than every earlier one, and fenced writes count the cycles exactly.
-func TestEpochs(t *testing.T) {
+func TestEpochs(t *testing.T) { eachMode(t, testEpochs) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testEpochs(t *testing.T, mode lease.Mode) {
 	const owners, cycles = 4, 1000
-	b := setup(t)
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	var (

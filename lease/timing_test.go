@@ -34,9 +34,12 @@ func closed(ch <-chan struct{}) bool {
 // is taken over after its TTL, and no later than TTL plus one backoff step.
 // The crashed holder's context ended before that, and its late Release and
 // Renew report ErrLost and change nothing.
-func TestCrashTakeover(t *testing.T) {
+func TestCrashTakeover(t *testing.T) { eachMode(t, testCrashTakeover) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testCrashTakeover(t *testing.T, mode lease.Mode) {
 	const ttl = 400 * time.Millisecond
-	b := setup(t)
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	a := b.manager(t, "a", ttl, nil)
@@ -74,9 +77,12 @@ func TestCrashTakeover(t *testing.T) {
 // its TTL is taken over. Its context was cancelled before the takeover
 // happened, and its fenced write, sent after the pause, fails and changes
 // nothing. Do reports the loss with fn's error.
-func TestPausedHolder(t *testing.T) {
+func TestPausedHolder(t *testing.T) { eachMode(t, testPausedHolder) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testPausedHolder(t *testing.T, mode lease.Mode) {
 	const ttl = 500 * time.Millisecond
-	b := setup(t)
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	f := b.db.Faulty(t, nil)
@@ -156,9 +162,12 @@ func TestPausedHolder(t *testing.T) {
 
 // TestSkew: clients whose wall clocks are ten minutes fast or slow neither
 // steal a live lease nor wait for a dead one, as holders or as contenders.
-func TestSkew(t *testing.T) {
+func TestSkew(t *testing.T) { eachMode(t, testSkew) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testSkew(t *testing.T, mode lease.Mode) {
 	const ttl = 400 * time.Millisecond
-	b := setup(t)
+	b := setup(t, mode)
 	ctx := context.Background()
 	skewed := func(d time.Duration) func() time.Time {
 		return func() time.Time { return time.Now().Add(d) }
@@ -205,8 +214,11 @@ func TestSkew(t *testing.T) {
 // TestDo: Do renews the lease while fn runs past several TTLs, hands fn a
 // live context, returns fn's error and releases; it leaves no goroutine
 // behind, also when fn panics.
-func TestDo(t *testing.T) {
-	b := setup(t)
+func TestDo(t *testing.T) { eachMode(t, testDo) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testDo(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	const ttl = 300 * time.Millisecond
 	m := b.manager(t, "a", ttl, nil)
@@ -254,8 +266,11 @@ func TestDo(t *testing.T) {
 // TestDoTakenOver: when a renewal finds the lease taken over, fn's context is
 // cancelled at once with a *LostError naming the new holder, and Do returns
 // the loss with fn's error.
-func TestDoTakenOver(t *testing.T) {
-	b := setup(t)
+func TestDoTakenOver(t *testing.T) { eachMode(t, testDoTakenOver) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testDoTakenOver(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	const ttl = 600 * time.Millisecond
 	m := b.manager(t, "a", ttl, &lease.Options{RenewEvery: 50 * time.Millisecond})
@@ -295,8 +310,11 @@ func TestDoTakenOver(t *testing.T) {
 // TestAcquireWaitsForRelease: Acquire gets the lease soon after the holder
 // releases it, long before it would expire, and gives up with the holder's
 // details when its context ends.
-func TestAcquireWaitsForRelease(t *testing.T) {
-	b := setup(t)
+func TestAcquireWaitsForRelease(t *testing.T) { eachMode(t, testAcquireWaitsForRelease) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testAcquireWaitsForRelease(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
 	a := b.manager(t, "a", time.Minute, nil)

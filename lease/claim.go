@@ -1,0 +1,365 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/store"
+)
+
+// attempt is one claim sent: its claim id, the local time before it was
+// sent, and (in ModeEstimated) the estimate it was computed from.
+type attempt struct {
+	claim  bson.ObjectID
+	t0     time.Time
+	est    store.Estimate
+	server bool
+}
+
+// maxClaimAttempts bounds how often one TryAcquire claims again after finding
+// the lease free or expired on re-reading, under heavy churn.
+const maxClaimAttempts = 3
+
+// estimate returns the Clock's estimate, refusing one that cannot be used
+// (the zero Estimate, a negative bound) as if the Clock had none.
+func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
+	est, err := m.c.clock.Now(ctx)
+	if err != nil {
+		return est, err
+	}
+	if est.Time.IsZero() || est.Bound < 0 || est.Time.Year() < 1971 {
+		return store.Estimate{}, fmt.Errorf("%w: the clock gave an unusable estimate (%v ± %v)", store.ErrNoServerTime, est.Time, est.Bound)
+	}
+	return est, nil
+}
+
+// claim is TryAcquire without the argument checks. parent is the parent of
+// the lease's context. pending, when not nil, holds the claims of earlier
+// attempts whose outcome was unknown: a record showing one of them is ours.
+func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent context.Context, pending *[]attempt) (*Lease, error) {
+	ctx = noSession(ctx)
+	server, err := m.serverMode(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+	}
+	for try := 1; ; try++ {
+		a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: server}
+		if !server {
+			if a.est, err = m.estimate(ctx); err != nil {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			}
+		}
+		filter, update := m.claimOp(raw, a)
+		doc, err := m.findAndModify(ctx, filter, update)
+		var s snapshot
+		switch {
+		case err == nil:
+			return m.claimed(ctx, parent, id, raw, doc, a)
+		case errors.Is(err, mongo.ErrNoDocuments):
+			if s, err = m.read(ctx, raw, server); err != nil {
+				return nil, fmt.Errorf("lease: acquire %v: read after a failed claim: %w", idText(id), err)
+			}
+		case ambiguous(err):
+			var rerr error
+			if s, rerr = m.reread(ctx, raw, server); rerr != nil {
+				if pending != nil {
+					*pending = append(*pending, a)
+				}
+				return nil, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
+			}
+			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+				// The claim was applied; only its reply was lost.
+				return m.newLease(ctx, parent, id, raw, s.rec, a)
+			}
+			if cerr := store.ContextError(ctx); cerr != nil {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
+			}
+		default:
+			// DocumentDB refuses $$NOW in a findAndModify on a collection
+			// that does not exist yet; any refusal on a document that does
+			// not exist is that document's absence.
+			// The same refusal raced with another owner's first claim, which
+			// made the collection: judge what is there now (once more at
+			// most).
+			var rerr error
+			if s, rerr = m.read(ctx, raw, server); rerr != nil || (s.found && try >= maxClaimAttempts) {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			}
+		}
+
+		if l, ok, err := m.settle(ctx, parent, id, raw, s, pending); ok || err != nil {
+			return l, err
+		}
+		if !s.found {
+			if !m.named {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), ErrNotFound)
+			}
+			l, exists, err := m.create(ctx, parent, id, raw, a, pending)
+			if !exists {
+				return l, err
+			}
+			continue // created meanwhile by another owner: judge it
+		}
+		held, left, err := m.judge(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+		}
+		if held || try >= maxClaimAttempts {
+			return nil, &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
+		}
+		// Released or expired since the claim was judged: claim again.
+	}
+}
+
+// settle reports whether the record s shows one of the pending claims (whose
+// outcome was unknown) applied: the lease is then ours, from that claim.
+func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw bson.RawValue, s snapshot, pending *[]attempt) (*Lease, bool, error) {
+	if pending == nil || !s.found || s.rec.Owner != m.c.owner {
+		return nil, false, nil
+	}
+	for _, a := range *pending {
+		if a.claim == s.rec.Claim {
+			*pending = nil
+			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
+			return l, true, err
+		}
+	}
+	return nil, false, nil
+}
+
+// judge reports whether the record s is a live lease, and how long it has
+// left at most. In ModeServer the server's time read with s decides; in
+// ModeEstimated the earliest the estimate allows.
+func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.Duration, err error) {
+	if !s.now.IsZero() {
+		held = s.rec.Owner != "" && !s.rec.ExpiresAt.Before(s.now)
+		return held, max(s.rec.ExpiresAt.Sub(s.now)+time.Millisecond, 0), nil
+	}
+	est, err := m.estimate(ctx)
+	if err != nil {
+		return false, 0, err
+	}
+	held = s.rec.Owner != "" && !s.rec.ExpiresAt.Before(cutoff(est))
+	return held, max(s.rec.ExpiresAt.Sub(est.Earliest())+time.Millisecond, 0), nil
+}
+
+// claimOp returns the filter and update of a claim of an existing document:
+// it matches a record with no owner, or an expired one, and sets the owner,
+// the expiry, the claim id, and the next epoch.
+func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update any) {
+	filter = store.IDFilter(raw)
+	if a.server {
+		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
+			// A pipeline's $set would replace a lease field that is not a
+			// document; leave such a document alone (read reports it).
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$exists", Value: false}}}},
+				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
+			}}},
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: m.pOwner, Value: nil}},
+				bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
+			}}},
+		}})
+		return filter, m.serverClaim(a, bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, int64(0)}}}, int64(1)}}})
+	}
+	filter = append(filter, bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: m.pOwner, Value: nil}},
+		bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
+	}})
+	set := m.estimatedClaim(a)
+	return filter, bson.D{
+		{Key: "$set", Value: set},
+		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
+	}
+}
+
+// serverClaim is the update pipeline of a claim in ModeServer, with epoch as
+// the new epoch's expression. Literals are wrapped in $literal: an owner
+// string that starts with "$" must not read as a field path.
+func (m *Manager) serverClaim(a attempt, epoch any) mongo.Pipeline {
+	return mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.owner}}},
+		{Key: m.pExpires, Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}},
+		{Key: m.pAcquired, Value: "$$NOW"},
+		{Key: m.pRenewed, Value: "$$NOW"},
+		{Key: m.pClaim, Value: bson.D{{Key: "$literal", Value: a.claim}}},
+		{Key: m.pEpoch, Value: epoch},
+	}}}}
+}
+
+// estimatedClaim is the $set of a claim in ModeEstimated.
+func (m *Manager) estimatedClaim(a attempt) bson.D {
+	return bson.D{
+		{Key: m.pOwner, Value: m.c.owner},
+		{Key: m.pExpires, Value: a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)},
+		{Key: m.pAcquired, Value: a.est.Time.Truncate(time.Millisecond)},
+		{Key: m.pClaim, Value: a.claim},
+	}
+}
+
+// create makes the lock document of a named lease with its first claim: an
+// upsert whose filter matches only a document without an epoch, so that it
+// inserts, or fails on the duplicate _id when another owner's claim made the
+// document first. The first epoch is the server's time in microseconds (see
+// DESIGN.md: the epoch never goes backwards even when clean-up deleted an
+// earlier lock document of the same name). It reports exists when the
+// document exists after all (made by another owner): the caller judges it.
+func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
+	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
+	filter := append(store.IDFilter(raw), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
+	var update any
+	if a.server {
+		micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
+		update = m.serverClaim(a, bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}})
+	} else {
+		var err error
+		if a.est, err = m.estimate(ctx); err != nil {
+			return nil, false, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+		}
+		set := append(m.estimatedClaim(a), bson.E{Key: m.pEpoch, Value: a.est.Latest().UnixMicro() + 1})
+		update = bson.D{{Key: "$set", Value: set}}
+	}
+	doc, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.createOpts).Raw()
+	switch {
+	case err == nil:
+		l, err := m.claimed(ctx, parent, id, raw, doc, a)
+		return l, false, err
+	case ambiguous(err):
+		s, rerr := m.reread(ctx, raw, a.server)
+		if rerr != nil {
+			if pending != nil {
+				*pending = append(*pending, a)
+			}
+			return nil, false, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
+		}
+		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
+			return l, false, err
+		}
+		return nil, true, nil
+	}
+	// A duplicate key (however the server reports it: DocumentDB answers
+	// InternalError inside findAndModify) or another refusal: if the
+	// document exists now, another owner made it; judge it.
+	s, rerr := m.read(ctx, raw, a.server)
+	if rerr == nil && s.found {
+		return nil, true, nil
+	}
+	return nil, false, fmt.Errorf("lease: acquire %v: create the lock document: %w", idText(id), err)
+}
+
+// claimed makes the Lease from the document a claim returned.
+func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw bson.RawValue, doc bson.Raw, a attempt) (*Lease, error) {
+	rec, err := m.decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Owner != m.c.owner || rec.Claim != a.claim {
+		return nil, fmt.Errorf("lease: acquire %v: the server returned a record that is not this claim (owner %q)", idText(id), rec.Owner)
+	}
+	return m.newLease(ctx, parent, id, raw, rec, a)
+}
+
+// codeNotImplemented is the error code of a command option the server does
+// not implement (FerretDB v1 answers it for findAndModify's projection).
+const codeNotImplemented = 238
+
+// findAndModify sends a claim, with a projection to the lease field unless
+// the server has rejected that once: the claim is then not applied, and is
+// sent again without it.
+func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any) (bson.Raw, error) {
+	if !m.noProject.Load() {
+		raw, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOpts).Raw()
+		var se mongo.ServerError
+		if !errors.As(err, &se) || !se.HasErrorCode(codeNotImplemented) {
+			return raw, err
+		}
+		m.noProject.Store(true)
+	}
+	return m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOptsNP).Raw()
+}
+
+// newLease makes the Lease for a claim of rec made by attempt a. If the
+// claim's reply came too late for any of the lease to be usable, or ctx
+// ended meanwhile, it releases the claim and fails.
+func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw bson.RawValue, rec record, a attempt) (*Lease, error) {
+	recv := m.c.now()
+	deadline := m.deadline(a, rec.ExpiresAt)
+	l := &Lease{
+		m:          m,
+		id:         id,
+		raw:        raw,
+		server:     a.server,
+		epoch:      rec.Epoch,
+		acquiredAt: rec.AcquiredAt,
+		expiresAt:  rec.ExpiresAt,
+		lastSent:   rec.ExpiresAt,
+		deadline:   deadline,
+	}
+	if a.server {
+		l.fenceUntil = m.fenceUntil(rec.RenewedAt, deadline, recv)
+	}
+	l.ctx, l.cancel = context.WithCancelCause(parent)
+	left := l.deadline.Sub(recv)
+	var fail error
+	switch {
+	case ctx.Err() != nil:
+		fail = fmt.Errorf("lease: acquire %v: %w", idText(id), store.ContextError(ctx))
+	case left <= 0:
+		fail = &LostError{ID: id, Owner: m.c.owner, Epoch: l.epoch, Reason: Expired}
+	}
+	if fail != nil {
+		rctx, cancel := m.detached(ctx)
+		_ = l.Release(rctx)
+		cancel()
+		_ = l.finish(fail)
+		return nil, fail
+	}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(left, l.onDeadline)
+	l.mu.Unlock()
+	return l, nil
+}
+
+// deadline is the local time (on Options.Now) at which the holder must have
+// stopped, for a claim or renewal a that was applied and wrote expires (see
+// DESIGN.md for the derivations).
+//
+// ModeServer: the server set expiresAt = $$NOW + TTL at some instant after
+// a.t0, and nobody sees the lease expired before its clock passes that, which
+// takes at least TTL×(1−DriftRate) of local time: deadline = t0 + TTL −
+// TTL×DriftRate − SafetyMargin.
+//
+// ModeEstimated: at t0 the server's clock read at most est.Latest(), so it
+// reaches expires no sooner than (expires − est.Latest())×(1 − DriftRate)
+// after t0. The result is clamped to t0 + TTL − TTL×DriftRate −
+// SafetyMargin, so that no estimate, however wrong, gives a holder more than
+// the TTL it asked for.
+func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
+	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
+	ceiling := a.t0.Add(m.c.ttl - drift - m.c.margin)
+	if a.server {
+		return ceiling
+	}
+	d := a.t0.Add(expires.Sub(a.est.Latest()) - drift - m.c.margin)
+	if d.After(ceiling) {
+		return ceiling
+	}
+	return d
+}
+
+// fenceUntil is the server time from which a fenced write must fail
+// (ModeServer): no earlier than the server's clock reads when the local
+// deadline passes. The write that set stamp (the server's $$NOW) was
+// executed before recv, so at local time deadline the server's clock reads
+// at least stamp + (deadline − recv)×(1 − DriftRate).
+func (m *Manager) fenceUntil(stamp, deadline, recv time.Time) time.Time {
+	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
+	return stamp.Add(deadline.Sub(recv) - drift).Truncate(time.Millisecond)
+}
