@@ -50,11 +50,12 @@
 // # Errors
 //
 //   - ErrConnect (*ConnectError): Connect could not parse the URI or reach a
-//     primary. The error names the URI with its password redacted and wraps
-//     the driver's error.
-//   - ErrNoServerTime: a Clock has no usable reading of the server's clock and
-//     could not take one (server unreachable, no localTime in hello, context
-//     ended).
+//     primary. The error names the URI with its secrets (password, secret
+//     options) redacted by RedactURI, and wraps the driver's error.
+//   - ErrNoServerTime: a Clock has no usable reading of the server's clock
+//     (none, or one older than MaxAge) and could not take one (server
+//     unreachable, no localTime in hello, context ended: then the error
+//     matches the context's error too).
 //   - IsDuplicateKey, IsNetwork, IsTimeout, IsWriteConflict, HasLabel,
 //     IsTransient and IsAmbiguous classify the driver's errors. IsAmbiguous
 //     is the one that matters for writes: after such an error the write may or
