@@ -256,39 +256,28 @@ func (c *Clock) Now(ctx context.Context) (Estimate, error) {
 	for {
 		c.mu.Lock()
 		now := c.opts.Now()
-		if c.have && !c.stale(c.best, now) {
+		s := c.inflight
+		if c.have && !c.stale(c.best, now) || s != nil && c.usable(now) {
 			e := c.estimate(c.best, now)
 			c.mu.Unlock()
 			return e, nil
 		}
-		if s := c.inflight; s != nil {
-			if c.usable(now) {
-				e := c.estimate(c.best, now)
-				c.mu.Unlock()
-				return e, nil
-			}
+		if s != nil {
 			c.mu.Unlock()
 			select {
 			case <-s.done:
 			case <-ctx.Done():
 				return Estimate{}, noServerTime(ctx, ctx.Err())
 			}
-			c.mu.Lock()
-			now = c.opts.Now()
-			if c.usable(now) {
-				e := c.estimate(c.best, now)
-				c.mu.Unlock()
-				return e, nil
-			}
-			c.mu.Unlock()
-			if s.ctxEnded && ctx.Err() == nil {
+			e, err := c.settle(s.err)
+			if err != nil && s.ctxEnded && ctx.Err() == nil {
 				// That sync ended with its caller's context, not with the
 				// server: this caller may still take its own readings.
 				continue
 			}
-			return Estimate{}, c.unusable(s.err, now)
+			return e, err
 		}
-		s := &syncCall{done: make(chan struct{})}
+		s = &syncCall{done: make(chan struct{})}
 		c.inflight = s
 		c.mu.Unlock()
 
@@ -298,28 +287,26 @@ func (c *Clock) Now(ctx context.Context) (Estimate, error) {
 		s.err, s.ctxEnded = err, err != nil && ctx.Err() != nil
 		c.inflight = nil
 		close(s.done)
-		now = c.opts.Now()
-		if c.usable(now) {
-			e := c.estimate(c.best, now)
-			c.mu.Unlock()
-			return e, nil
-		}
 		c.mu.Unlock()
-		return Estimate{}, c.unusable(err, now)
+		return c.settle(err)
 	}
 }
 
-// unusable is the error of a Now that has no usable reading after a sync that
-// ended with err (nil: the sync succeeded, but its reading is already older
-// than MaxAge, as when the readings themselves took that long).
-func (c *Clock) unusable(err error, now time.Time) error {
-	if err != nil {
-		return err
-	}
+// settle answers from the kept reading if it is usable now, else fails with
+// the error of the sync that just ended (err), or, if that sync succeeded, with
+// the news that its reading is already older than MaxAge (the host was
+// suspended, say).
+func (c *Clock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.have {
-		return fmt.Errorf("%w: no reading", ErrNoServerTime)
+	now := c.opts.Now()
+	switch {
+	case c.usable(now):
+		return c.estimate(c.best, now), nil
+	case err != nil:
+		return Estimate{}, err
+	case !c.have:
+		return Estimate{}, fmt.Errorf("%w: no reading", ErrNoServerTime)
 	}
-	return fmt.Errorf("%w: the newest reading is %v old, past MaxAge %v", ErrNoServerTime, now.Sub(c.best.recv), c.opts.MaxAge)
+	return Estimate{}, fmt.Errorf("%w: the newest reading is %v old, past MaxAge %v", ErrNoServerTime, now.Sub(c.best.recv), c.opts.MaxAge)
 }
