@@ -22,7 +22,7 @@ type Budget struct {
 	burst    int
 	tokens   int
 	acc      time.Duration // time earned towards the next token, < interval
-	last     time.Time     // when tokens were last refilled
+	last     time.Time     // the latest time refill has counted up to
 	started  bool          // last is set
 	err      string        // why the arguments were invalid, reported by Policy.Validate
 }
@@ -43,7 +43,11 @@ func WithBudgetClock(clock Clock) BudgetOption {
 //
 // Tokens are refilled on the clock given by WithBudgetClock, or else on the
 // Clock of the Policy of the Do call that takes the token (the real clock if
-// it has none); use one time source per Budget. A negative, NaN or infinite
+// it has none); use one time source per Budget. The Budget never grants more
+// than burst plus perSecond tokens per second of its clock, under any
+// contention: time it has counted is never counted again, so a clock that
+// steps back earns nothing until it passes the latest time the Budget saw.
+// The clock's Now is called with the Budget's lock held. A negative, NaN or infinite
 // perSecond, or a negative burst, makes every Policy that uses the Budget
 // invalid: Policy.Validate and Do report a *ConfigError.
 func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
@@ -65,15 +69,17 @@ func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
 }
 
 // take takes one token if one is left, after refilling the bucket on the
-// Budget's own clock or else on the given one.
+// Budget's own clock or else on the given one. The clock is read under the
+// lock, so refills see the times in the order they happen; refill ignores a
+// time earlier than one it already counted, so even out-of-order readings
+// (two Policies' clocks, a clock stepped back) never mint a token.
 func (b *Budget) take(clock Clock) bool {
 	if b.clock != nil {
 		clock = b.clock
 	}
-	now := clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.refill(now)
+	b.refill(clock.Now())
 	if b.tokens == 0 {
 		return false
 	}
@@ -81,12 +87,18 @@ func (b *Budget) take(clock Clock) bool {
 	return true
 }
 
-// refill adds the tokens earned since the last refill. b.mu must be held.
+// refill adds the tokens earned since the latest time it has counted. b.mu
+// must be held. Time only moves forward for a Budget: a now earlier than the
+// latest one seen earns nothing and leaves the mark where it is, so no stretch
+// of time is ever counted twice (restarting the count at an earlier time
+// would count the stretch between it and the mark again).
 func (b *Budget) refill(now time.Time) {
-	d := now.Sub(b.last)
-	if !b.started || d < 0 {
-		// First use, or a clock that went backwards: start counting now.
+	if !b.started {
 		b.last, b.started = now, true
+		return
+	}
+	d := now.Sub(b.last)
+	if d <= 0 {
 		return
 	}
 	b.last = now

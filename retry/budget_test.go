@@ -103,7 +103,12 @@ func TestBudgetRefillOnOwnClock(t *testing.T) {
 	require.Equal(t, 0, retriesAfter(50*ms))     // time earned while full is lost
 	budgetClock.Advance(-time.Minute)            // a clock that goes back refills nothing
 	require.Equal(t, 0, retriesAfter(0))
-	require.Equal(t, 1, retriesAfter(100*ms))
+	// and earns nothing until it passes the latest time the Budget counted:
+	// counting from the earlier time would count that minute twice.
+	// 50ms were earned before the step back; 50ms more past the mark make a
+	// token.
+	require.Equal(t, 0, retriesAfter(time.Minute+49*ms))
+	require.Equal(t, 1, retriesAfter(ms))
 }
 
 func TestBudgetRefillOnPolicyClock(t *testing.T) {

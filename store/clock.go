@@ -9,27 +9,38 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 )
 
-// ErrNoServerTime is matched by the error a Clock returns when it has no
-// reading of the server's clock and cannot take one (the server is
-// unreachable, or its hello reply carries no localTime).
+// ErrNoServerTime is matched by every error a Clock returns when it has no
+// usable reading of the server's clock (none, or one older than MaxAge) and
+// cannot take one: the server is unreachable, its hello reply carries no
+// localTime, or the context ended (the error then matches the context's error
+// too).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
 // Sampler reads the server's current time once. The Clock times the call
-// itself, so a Sampler does only the round trip.
+// itself, so a Sampler does only the round trip. A Sampler that returns the
+// zero time with a nil error counts as a failed reading.
 type Sampler func(ctx context.Context) (time.Time, error)
 
 // HelloSampler reads the server's clock from the localTime field of the
-// hello command's reply. hello needs no privileges and is answered by every
-// MongoDB-compatible server.
+// hello command's reply, sent to the primary (the server that judges writes),
+// outside any session or transaction that ctx carries. hello needs no
+// privileges and is answered by every MongoDB-compatible server.
 func HelloSampler(client *mongo.Client) Sampler {
 	admin := client.Database("admin")
+	primary := options.RunCmd().SetReadPreference(readpref.Primary())
 	return func(ctx context.Context) (time.Time, error) {
 		var reply struct {
 			LocalTime bson.DateTime `bson:"localTime"`
 		}
-		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&reply); err != nil {
+		// A nil session in ctx hides the caller's: hello may not run inside a
+		// transaction, and a session pinned to one mongos would choose the
+		// server instead of the read preference.
+		ctx = mongo.NewSessionContext(ctx, nil)
+		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}, primary).Decode(&reply); err != nil {
 			return time.Time{}, fmt.Errorf("%w: hello: %w", ErrNoServerTime, err)
 		}
 		if reply.LocalTime == 0 {
@@ -41,14 +52,17 @@ func HelloSampler(client *mongo.Client) Sampler {
 
 // ClockOptions configures a Clock. A nil *ClockOptions means all defaults.
 type ClockOptions struct {
-	// Samples is how many readings one sync takes; the one with the smallest
-	// round trip is kept. Default 3.
+	// Samples is the most readings one sync takes; of them, the one with the
+	// smallest round trip is kept. A sync stops at the first failed reading.
+	// Default 3.
 	Samples int
-	// ResyncInterval is the age after which the kept reading is refreshed by
-	// the next call to Now. Default 30s.
+	// ResyncInterval is the age after which a reading is stale: the next call
+	// to Now takes new readings, and any new reading replaces a stale one,
+	// however long its round trip. Default 30s.
 	ResyncInterval time.Duration
 	// MaxAge is the age after which a reading is no longer used at all: Now
-	// then fails unless a fresh reading can be taken. Default 5m.
+	// then fails unless a new reading can be taken. Raised to ResyncInterval
+	// if smaller. Default 5m.
 	MaxAge time.Duration
 	// DriftRate is the assumed worst-case rate at which the local and server
 	// clocks drift apart, added to the error bound for every second since the
@@ -88,7 +102,8 @@ func (o *ClockOptions) withDefaults() ClockOptions {
 	return r
 }
 
-// Estimate is the server's current time as a Clock knows it.
+// Estimate is the server's current time as a Clock knows it. An Estimate
+// that a Clock returns with a nil error is never the zero value.
 type Estimate struct {
 	// Time is the best estimate of the server's clock now.
 	Time time.Time
@@ -98,7 +113,7 @@ type Estimate struct {
 	Bound time.Duration
 	// RTT is the round trip of the reading the estimate comes from.
 	RTT time.Duration
-	// Age is how long ago that reading was taken.
+	// Age is how long ago that reading was taken; always below MaxAge.
 	Age time.Duration
 }
 
@@ -118,20 +133,31 @@ func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 // Clock estimates the database server's current time from readings of its
 // clock (hello's localTime) and the local clock's elapsed time since.
 //
-// The estimate for a reading taken between local times sent and recv is
-// server + (rtt + 1ms)/2 + (now - recv), with an error bound of (rtt + 1ms)/2
-// + DriftRate × (now - recv). Of several readings the Clock keeps the one whose
-// bound is smallest now. It re-reads lazily, inside Now, when its reading is
-// older than ResyncInterval; it runs no goroutine. A Clock is safe for
-// concurrent use.
+// The estimate from a reading taken between local times sent and recv is
+// server + (rtt + 1ms)/2 + (now - recv), within ± (rtt + 1ms)/2 + DriftRate ×
+// (now - recv). The Clock keeps one reading: a new reading replaces it when
+// it is stale (older than ResyncInterval) or when the new one's bound is
+// smaller now, so a slower network widens the bound but never leaves the Clock
+// without a fresh reading. Now re-reads lazily, when the kept reading is
+// stale; it runs no goroutine. Concurrent callers share one sync, and one
+// call of Now sends at most Samples readings, so at most Samples × (1 +
+// ⌊T / ResyncInterval⌋) readings are sent in a span T in which every reading
+// succeeds (see store/DESIGN.md). A Clock is safe for concurrent use.
 type Clock struct {
 	sample Sampler
 	opts   ClockOptions
 
-	mu      sync.Mutex
-	best    reading
-	have    bool
-	syncing chan struct{} // closed when the sync in progress ends
+	mu       sync.Mutex
+	best     reading
+	have     bool
+	inflight *syncCall // the sync Now is running, nil if none
+}
+
+// syncCall is a sync run by one caller of Now and awaited by the others.
+type syncCall struct {
+	done     chan struct{} // closed when the sync ends
+	err      error         // why it took no reading; set before done is closed
+	ctxEnded bool          // it failed because its caller's context ended
 }
 
 // NewClock returns a Clock that reads the server's time with sample.
@@ -139,46 +165,63 @@ func NewClock(sample Sampler, opts *ClockOptions) *Clock {
 	return &Clock{sample: sample, opts: opts.withDefaults()}
 }
 
-// Sync takes Samples readings now and keeps the best reading it has. It
-// returns an error only when no reading at all succeeded.
+// Sync takes up to Samples readings now, stopping at the first that fails,
+// and keeps the best reading (see Clock). It returns an error matching
+// ErrNoServerTime only when no reading succeeded.
 func (c *Clock) Sync(ctx context.Context) error {
-	var firstErr error
-	ok := false
-	for range c.opts.Samples {
+	if err := CheckContext(ctx); err != nil {
+		if ctx == nil {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrNoServerTime, err)
+	}
+	for i := range c.opts.Samples {
 		sent := c.opts.Now()
 		st, err := c.sample(ctx)
 		recv := c.opts.Now()
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
+		if err == nil && st.IsZero() {
+			err = errors.New("the sampler returned the zero time")
 		}
-		ok = true
+		if err != nil {
+			if i > 0 {
+				return nil // the readings taken are kept
+			}
+			return noServerTime(ctx, err)
+		}
 		c.offer(reading{sent: sent, recv: recv, server: st})
 	}
-	if !ok {
-		if firstErr == nil {
-			firstErr = ctx.Err()
-		}
-		if !errors.Is(firstErr, ErrNoServerTime) {
-			firstErr = fmt.Errorf("%w: %w", ErrNoServerTime, firstErr)
-		}
-		return firstErr
-	}
 	return nil
+}
+
+// noServerTime wraps err so that it matches ErrNoServerTime, and the context's
+// error when ctx has ended.
+func noServerTime(ctx context.Context, err error) error {
+	if !errors.Is(err, ErrNoServerTime) {
+		err = fmt.Errorf("%w: %w", ErrNoServerTime, err)
+	}
+	if cerr := ContextError(ctx); cerr != nil && !errors.Is(err, ctx.Err()) {
+		err = fmt.Errorf("%w: %w", err, cerr)
+	}
+	return err
 }
 
 func (c *Clock) offer(r reading) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.opts.Now()
-	if !c.have || c.bound(r, now) <= c.bound(c.best, now) {
+	if !c.have || c.stale(c.best, now) || c.bound(r, now) <= c.bound(c.best, now) {
 		c.best, c.have = r, true
 	}
+}
+
+func (c *Clock) stale(r reading, now time.Time) bool {
+	return now.Sub(r.recv) >= c.opts.ResyncInterval
+}
+
+// usable reports whether the kept reading may be used at local time now.
+// c.mu must be held.
+func (c *Clock) usable(now time.Time) bool {
+	return c.have && now.Sub(c.best.recv) < c.opts.MaxAge
 }
 
 func (c *Clock) bound(r reading, now time.Time) time.Duration {
@@ -197,57 +240,73 @@ func (c *Clock) estimate(r reading, now time.Time) Estimate {
 	}
 }
 
-// Now returns the estimate of the server's current time. It takes readings
-// first when it has none, or when its reading is older than ResyncInterval;
-// if that refresh fails but a reading younger than MaxAge remains, it answers
-// from that reading (with its wider bound). It fails with an error matching
-// ErrNoServerTime only when it has no usable reading.
+// Now returns the estimate of the server's current time, from a reading
+// younger than MaxAge, or an error matching ErrNoServerTime; never the zero
+// Estimate with a nil error. It answers from the kept reading while that is
+// fresh. When the reading is stale or missing it syncs (see Sync), unless
+// another caller is syncing: then it answers from the kept reading if that is
+// younger than MaxAge, else it waits for that sync and shares its outcome. A
+// call sends at most Samples readings. If a sync fails, Now answers from the
+// kept reading while it is younger than MaxAge (with its wider bound). A nil
+// ctx is an error matching ErrInvalid.
 func (c *Clock) Now(ctx context.Context) (Estimate, error) {
+	if ctx == nil {
+		return Estimate{}, CheckContext(ctx)
+	}
 	for {
 		c.mu.Lock()
 		now := c.opts.Now()
-		age := now.Sub(c.best.recv)
-		if c.have && age < c.opts.ResyncInterval {
+		s := c.inflight
+		if c.have && !c.stale(c.best, now) || s != nil && c.usable(now) {
 			e := c.estimate(c.best, now)
 			c.mu.Unlock()
 			return e, nil
 		}
-		if c.syncing != nil {
-			// Another caller is refreshing. Use the old reading while it is
-			// still allowed, else wait for the refresh.
-			if c.have && age < c.opts.MaxAge {
-				e := c.estimate(c.best, now)
-				c.mu.Unlock()
-				return e, nil
-			}
-			wait := c.syncing
+		if s != nil {
 			c.mu.Unlock()
 			select {
-			case <-wait:
-				continue
+			case <-s.done:
 			case <-ctx.Done():
-				return Estimate{}, fmt.Errorf("%w: %w", ErrNoServerTime, ctx.Err())
+				return Estimate{}, noServerTime(ctx, ctx.Err())
 			}
+			e, err := c.settle(s.err)
+			if err != nil && s.ctxEnded && ctx.Err() == nil {
+				// That sync ended with its caller's context, not with the
+				// server: this caller may still take its own readings.
+				continue
+			}
+			return e, err
 		}
-		done := make(chan struct{})
-		c.syncing = done
+		s = &syncCall{done: make(chan struct{})}
+		c.inflight = s
 		c.mu.Unlock()
 
 		err := c.Sync(ctx)
 
 		c.mu.Lock()
-		c.syncing = nil
-		close(done)
-		now = c.opts.Now()
-		usable := c.have && now.Sub(c.best.recv) < c.opts.MaxAge
-		var e Estimate
-		if usable {
-			e = c.estimate(c.best, now)
-		}
+		s.err, s.ctxEnded = err, err != nil && ctx.Err() != nil
+		c.inflight = nil
+		close(s.done)
 		c.mu.Unlock()
-		if usable {
-			return e, nil
-		}
-		return Estimate{}, err
+		return c.settle(err)
 	}
+}
+
+// settle answers from the kept reading if it is usable now, else fails with
+// the error of the sync that just ended (err), or, if that sync succeeded, with
+// the news that its reading is already older than MaxAge (the host was
+// suspended, say).
+func (c *Clock) settle(err error) (Estimate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Now()
+	switch {
+	case c.usable(now):
+		return c.estimate(c.best, now), nil
+	case err != nil:
+		return Estimate{}, err
+	case !c.have:
+		return Estimate{}, fmt.Errorf("%w: no reading", ErrNoServerTime)
+	}
+	return Estimate{}, fmt.Errorf("%w: the newest reading is %v old, past MaxAge %v", ErrNoServerTime, now.Sub(c.best.recv), c.opts.MaxAge)
 }

@@ -22,14 +22,15 @@
 // # The server clock
 //
 // Lease expiry is judged on the database server's clock, not on the
-// application host's. A Clock estimates the server's time from the localTime
-// field of hello plus the local monotonic time elapsed since the reading. Of
-// several readings it keeps the one with the smallest round trip. The error
-// bound of an Estimate is (round trip + 1 ms) / 2 + DriftRate × age: the
-// server stamped its time somewhere during the round trip, at millisecond
-// resolution, and the two clocks may drift apart after. Hosts whose wall
-// clocks are wrong get the same estimate, because only differences of local
-// readings are used.
+// application host's. Where the server has $expr and $$NOW, judge it inside
+// the server and need no estimate; elsewhere a Clock estimates the server's
+// time from the localTime field of hello (sent to the primary) plus the local
+// monotonic time elapsed since the reading. The error bound of an Estimate is
+// (round trip + 1 ms) / 2 + DriftRate × age. A Clock keeps its best fresh
+// reading: a stale one (older than ResyncInterval) is replaced by the next
+// successful reading whatever its round trip, so a slower network widens the
+// bound but never leaves the Clock on an old reading; one past MaxAge is never
+// used. The derivations are in DESIGN.md beside this file.
 //
 // # Guarantees
 //
@@ -37,6 +38,11 @@
 //   - An Estimate brackets the server's true time, Earliest() ≤ true ≤
 //     Latest(), as long as the clocks drift apart by less than DriftRate and
 //     the reading's round trip was real (not replayed).
+//   - Clock.Now returns an Estimate from a reading younger than MaxAge, or an
+//     error matching ErrNoServerTime; never the zero Estimate with a nil
+//     error. One call sends at most Samples hellos; concurrent callers share
+//     one sync; while every reading succeeds, a Clock sends at most Samples ×
+//     (1 + ⌊T / ResyncInterval⌋) hellos in any span T.
 //   - The error classifiers look only at error types, codes and labels,
 //     through errors.As and errors.Is, so they keep working on wrapped errors;
 //     they never match message text.
@@ -44,11 +50,12 @@
 // # Errors
 //
 //   - ErrConnect (*ConnectError): Connect could not parse the URI or reach a
-//     primary. The error names the URI with its password redacted and wraps
-//     the driver's error.
-//   - ErrNoServerTime: a Clock has no usable reading of the server's clock and
-//     could not take one (server unreachable, no localTime in hello, context
-//     ended).
+//     primary. The error names the URI with its secrets (password, secret
+//     options) redacted by RedactURI, and wraps the driver's error.
+//   - ErrNoServerTime: a Clock has no usable reading of the server's clock
+//     (none, or one older than MaxAge) and could not take one (server
+//     unreachable, no localTime in hello, context ended: then the error
+//     matches the context's error too).
 //   - IsDuplicateKey, IsNetwork, IsTimeout, IsWriteConflict, HasLabel,
 //     IsTransient and IsAmbiguous classify the driver's errors. IsAmbiguous
 //     is the one that matters for writes: after such an error the write may or

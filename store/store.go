@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +23,7 @@ var ErrConnect = errors.New("store: cannot connect")
 // ConnectError tells which URI (credentials redacted) could not be used, and
 // why. It matches ErrConnect and unwraps to the driver's error.
 type ConnectError struct {
-	// URI is the connection string with any password removed.
+	// URI is the connection string with its secrets redacted (RedactURI).
 	URI string
 	// Err is the underlying error.
 	Err error
@@ -108,8 +110,8 @@ type Store struct {
 // Connect connects to uri with production defaults (see ClientOptions) and
 // pings the primary, so a wrong or unreachable URI fails here within
 // ServerSelectionTimeout (or ctx), not on the first write. The error is a
-// *ConnectError naming the URI with its password redacted. The Store owns the
-// client: Close disconnects it.
+// *ConnectError naming the URI with its secrets redacted (RedactURI). The
+// Store owns the client: Close disconnects it.
 func Connect(ctx context.Context, uri string, opts *Options) (*Store, error) {
 	if strings.TrimSpace(uri) == "" {
 		return nil, &ConnectError{URI: `""`, Err: errors.New("empty URI")}
@@ -175,29 +177,133 @@ func (s *Store) Close(ctx context.Context) error {
 	return nil
 }
 
-// RedactURI returns uri with any password replaced by "xxxxx", keeping the
-// scheme, user name, hosts, path and options, so that an error can name the
-// URI without leaking the secret. It works on connection strings that do not
-// parse as URLs too (several hosts, a bad port).
+// RedactURI returns uri with its secrets replaced by "xxxxx", keeping the
+// scheme, user name, hosts, path and other options, so that an error can name
+// the URI without leaking them. The secrets are the password and the values of
+// options whose names contain "pass", "pwd", "secret" or "token" (in any case,
+// escaped or not: tlsCertificateKeyFilePassword, sslClientCertificateKeyPassword,
+// ...) and of authMechanismProperties (which can carry AWS_SESSION_TOKEN).
+//
+// It works on connection strings that do not parse too, which is when they get
+// printed: if the driver would accept the user information (no unescaped '/',
+// ':' or '@' in the password), exactly the password it would send is hidden;
+// otherwise everything from the ':' after the user name to the last '@' is,
+// since the writer may have meant all of it as the password (an unescaped '/',
+// '?' or '@' in it).
 func RedactURI(uri string) string {
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
 		scheme, rest = "", uri
 	}
-	end := strings.IndexAny(rest, "/?")
-	if end < 0 {
-		end = len(rest)
-	}
-	authority, tail := rest[:end], rest[end:]
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		user, _, hasPassword := strings.Cut(authority[:at], ":")
-		if hasPassword {
-			user += ":xxxxx"
+	// Both kinds of secret are found on the original text and hidden
+	// together, so that neither search is misled by the other's edits (a
+	// password holding "?token=", an option value holding '@').
+	spans := secretOptionSpans(rest)
+	if at := userInfoEnd(rest); at >= 0 {
+		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
+			spans = append(spans, [2]int{colon + 1, at})
 		}
-		authority = user + "@" + authority[at+1:]
 	}
-	if scheme == "" {
-		return authority + tail
+	slices.SortFunc(spans, func(a, b [2]int) int { return a[0] - b[0] })
+	var b strings.Builder
+	if ok {
+		b.WriteString(scheme + "://")
 	}
-	return scheme + "://" + authority + tail
+	done := 0
+	for i := 0; i < len(spans); {
+		start, end := spans[i][0], spans[i][1]
+		for i++; i < len(spans) && spans[i][0] <= end; i++ {
+			end = max(end, spans[i][1])
+		}
+		b.WriteString(rest[done:start] + redacted)
+		done = end
+	}
+	b.WriteString(rest[done:])
+	return b.String()
+}
+
+const redacted = "xxxxx"
+
+// userInfoEnd returns the index of the '@' that ends the user information of
+// rest (a URI without its scheme), or -1 if it has none. See RedactURI.
+func userInfoEnd(rest string) int {
+	first := strings.IndexByte(rest, '@')
+	if first < 0 {
+		return -1
+	}
+	if driverReading(rest, first) {
+		return first
+	}
+	return strings.LastIndexByte(rest, '@')
+}
+
+// driverReading reports whether rest, whose first '@' is at first, reads
+// unambiguously the way the driver reads it: user information up to the first
+// '@' with no '/', at most one ':' and no empty password if another '@'
+// follows, then hosts up to a '/' (or the end), then a path with no '@', then
+// options in which an '@' appears only inside the value of a name=value pair.
+// A password holding an unescaped '@' followed by anything else fails one of
+// these.
+func driverReading(rest string, first int) bool {
+	userInfo := rest[:first]
+	if strings.Contains(userInfo, "/") || strings.Count(userInfo, ":") > 1 {
+		return false
+	}
+	after := rest[first+1:]
+	if strings.HasSuffix(userInfo, ":") && strings.Contains(after, "@") {
+		return false // the '@' may open the password rather than end it
+	}
+	i := strings.IndexAny(after, "/?@")
+	if i < 0 {
+		return after != ""
+	}
+	if i == 0 || after[i] != '/' {
+		return false
+	}
+	path, query, _ := strings.Cut(after[i:], "?")
+	if strings.Contains(path, "@") {
+		return false
+	}
+	for pair := range strings.FieldsFuncSeq(query, func(r rune) bool { return r == '&' || r == ';' }) {
+		if name, _, hasValue := strings.Cut(pair, "="); strings.Contains(name, "@") || (!hasValue && strings.Contains(pair, "@")) {
+			return false
+		}
+	}
+	return true
+}
+
+// secretOptionSpans returns where the values of secret options are in s (see
+// RedactURI). An option starts after any '?', '&' or ';' and its value runs
+// to the next '&' or ';'.
+func secretOptionSpans(s string) [][2]int {
+	var spans [][2]int
+	for i := range len(s) {
+		if s[i] != '?' && s[i] != '&' && s[i] != ';' {
+			continue
+		}
+		opt := s[i+1:]
+		if end := strings.IndexAny(opt, "&;"); end >= 0 {
+			opt = opt[:end]
+		}
+		if name, _, hasValue := strings.Cut(opt, "="); hasValue && secretOption(name) {
+			start := i + 1 + len(name) + 1
+			spans = append(spans, [2]int{start, start + len(opt) - len(name) - 1})
+		}
+	}
+	return spans
+}
+
+// secretOption reports whether the URI option name (escaped or not) may carry
+// a secret.
+func secretOption(name string) bool {
+	if u, err := url.QueryUnescape(name); err == nil {
+		name = u
+	}
+	name = strings.ToLower(name)
+	for _, s := range []string{"pass", "pwd", "secret", "token", "authmechanismproperties"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
 }

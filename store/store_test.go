@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +71,21 @@ func TestConnectMalformedURI(t *testing.T) {
 	require.NotContains(t, err.Error(), "s3cret", "credentials must be redacted")
 	require.Contains(t, err.Error(), "mongodb://user:xxxxx@host:notaport/?w=1")
 
+	// Neither the URI in the message nor the driver's reason shows a secret
+	// of a URI that does not parse.
+	for _, tc := range []struct{ uri, secret string }{
+		{"mongodb://admin:s3cr/et@h/app", "s3cr/et"},
+		{"mongodb://admin:p@ssw0rd@h/app", "p@ssw0rd"},
+		{"mongodb://admin:pa:ssw0rd@h/app", "pa:ssw0rd"},
+		{"mongodb://admin:hunter2@h:notaport/app", "hunter2"},
+		{"mongodb://h/?connectTimeoutMS=soon&tlsCertificateKeyFilePassword=hunter2", "hunter2"},
+		{"mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:tok3n&connectTimeoutMS=soon", "tok3n"},
+	} {
+		_, err := store.Connect(context.Background(), tc.uri, &store.Options{ServerSelectionTimeout: 200 * time.Millisecond})
+		require.ErrorIs(t, err, store.ErrConnect, tc.uri)
+		require.NotContains(t, err.Error(), tc.secret, tc.uri)
+	}
+
 	_, err = store.Connect(context.Background(), "  ", nil)
 	require.ErrorIs(t, err, store.ErrConnect)
 	_, err = store.Connect(context.Background(), "http://example", nil)
@@ -100,6 +116,100 @@ func TestRedactURI(t *testing.T) {
 	require.Equal(t, "mongodb://u:xxxxx@h1:1,h2:2/db?replicaSet=rs", store.RedactURI("mongodb://u:p@ss@h1:1,h2:2/db?replicaSet=rs"))
 	require.Equal(t, "mongodb+srv://u@cluster.example/", store.RedactURI("mongodb+srv://u@cluster.example/"))
 	require.Equal(t, "h:1", store.RedactURI("h:1"))
+
+	for _, tc := range []struct{ uri, want string }{
+		// Unescaped '/', '?', '@' in the password (the URIs that fail to
+		// parse and get printed).
+		{"mongodb://admin:s3cr/et@db:27017/app", "mongodb://admin:xxxxx@db:27017/app"},
+		{"mongodb://admin:pa?ss@db:27017/app", "mongodb://admin:xxxxx@db:27017/app"},
+		{"mongodb://admin:a@b/c@db:27017/app", "mongodb://admin:xxxxx@db:27017/app"},
+		{"mongodb://admin:a/b?c=d@db/app?w=1", "mongodb://admin:xxxxx@db/app?w=1"},
+		{"admin:s3cr/et@db", "admin:xxxxx@db"},
+		// An '@' in an option value of a URI the driver reads keeps the hosts.
+		{"mongodb://u:pw@h/db?appName=svc@prod", "mongodb://u:xxxxx@h/db?appName=svc@prod"},
+		{"mongodb://h/db?appName=svc@prod", "mongodb://h/db?appName=svc@prod"},
+		// Secret options, in any case, escaped or not; others are kept.
+		{"mongodb://h/?tls=true&tlsCertificateKeyFilePassword=hunter2&w=1", "mongodb://h/?tls=true&tlsCertificateKeyFilePassword=xxxxx&w=1"},
+		{"mongodb://h/?SSLCLIENTCERTIFICATEKEYPASSWORD=hunter2", "mongodb://h/?SSLCLIENTCERTIFICATEKEYPASSWORD=xxxxx"},
+		{"mongodb://h/?tlsCertificateKeyFile%50assword=hunter2", "mongodb://h/?tlsCertificateKeyFile%50assword=xxxxx"},
+		{"mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:tok3n;w=1", "mongodb://h/?authMechanism=MONGODB-AWS&authMechanismProperties=xxxxx;w=1"},
+		{"mongodb://h/?clientSecret=s&apiToken=t&key-password=k", "mongodb://h/?clientSecret=xxxxx&apiToken=xxxxx&key-password=xxxxx"},
+		{"mongodb://u:p@h/?authMechanismProperties=AWS_SESSION_TOKEN:a@b", "mongodb://u:xxxxx@h/?authMechanismProperties=xxxxx"},
+		// Both searches run on the original: neither hides part of a secret
+		// from the other.
+		{"mongodb://h/?a:b&tlsCertificateKeyFilePassword=se@cret", "mongodb://h/?a:xxxxx"},
+		{"mongodb://u:x?token=ab@h/db", "mongodb://u:xxxxx"},
+		{"mongodb://u:@h/?a=b@h2/db", "mongodb://u:xxxxx@h2/db"},
+	} {
+		require.Equal(t, tc.want, store.RedactURI(tc.uri), tc.uri)
+	}
+}
+
+// For any URI with a password (four characters or more, found nowhere else in
+// the URI), the redacted form does not contain it, whatever the password,
+// hosts and the rest hold ('/', '?', '@', ':' included). The user name is kept
+// free of ':', '/', '?' and '@', which make it a different URI.
+func FuzzRedactURIHidesPassword(f *testing.F) {
+	f.Add("admin", "s3cr/et", "db.example.com:27017", "/app", false)
+	f.Add("admin", "pa?ss", "db", "/app?w=1", true)
+	f.Add("u", "p@ss@h", "h1:1,h2:2", "/db?appName=a@b", false)
+	f.Add("u", "@ab/", "h", "/db", false)
+	f.Add("u", "x?token=ab", "host", "/db?replicaSet=rs&tlsCertificateKeyFilePassword=pw", false)
+	f.Add("u", "p@h/?x=yyyy", "host", "/db", false)
+	f.Fuzz(func(t *testing.T, user, password, hosts, tail string, srv bool) {
+		if strings.ContainsAny(user, ":/?@") {
+			return
+		}
+		scheme := "mongodb://"
+		if srv {
+			scheme = "mongodb+srv://"
+		}
+		uri := scheme + user + ":" + password + "@" + hosts + tail
+		if len(password) < 4 || strings.Contains(password, "\x00") || overlapping(uri, password) != 1 {
+			return
+		}
+		got := store.RedactURI(uri)
+		if strings.Contains(strings.ReplaceAll(got, "xxxxx", "\x00"), password) {
+			t.Fatalf("RedactURI(%q) = %q shows the password %q", uri, got, password)
+		}
+	})
+}
+
+// For any URI with a secret option, the redacted form does not contain the
+// option's value (four characters or more, found nowhere else in the URI, with
+// no '&' or ';', which end a value).
+func FuzzRedactURIHidesSecretOptions(f *testing.F) {
+	f.Add("h", "w=1", "tlsCertificateKeyFilePassword", "hunter2")
+	f.Add("u:p@h", "appName=a@b", "authMechanismProperties", "AWS_SESSION_TOKEN:tok3n")
+	f.Add("h/x", "a:b", "SECRET", "se@cret")
+	f.Fuzz(func(t *testing.T, authority, before, name, value string) {
+		lower := strings.ToLower(name)
+		if !strings.Contains(lower, "pass") && !strings.Contains(lower, "token") && !strings.Contains(lower, "secret") {
+			return
+		}
+		if strings.ContainsAny(name, "&;=?") {
+			return
+		}
+		uri := "mongodb://" + authority + "/?" + before + "&" + name + "=" + value
+		if len(value) < 4 || strings.ContainsAny(value, "&;\x00") || overlapping(uri, value) != 1 {
+			return
+		}
+		got := store.RedactURI(uri)
+		if strings.Contains(strings.ReplaceAll(got, "xxxxx", "\x00"), value) {
+			t.Fatalf("RedactURI(%q) = %q shows %s's value %q", uri, got, name, value)
+		}
+	})
+}
+
+// overlapping counts the occurrences of sub in s, overlapping ones included.
+func overlapping(s, sub string) int {
+	n := 0
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			n++
+		}
+	}
+	return n
 }
 
 func TestErrorClassificationOnServer(t *testing.T) {
