@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
@@ -41,7 +42,8 @@ type FaultyOptions struct {
 }
 
 // Faulty returns a client to d's database through a fresh fault proxy, closed
-// when t ends. It skips t when the backend's traffic cannot go through a
+// when t ends. If the proxy refused traffic it cannot keep serialized or
+// inspect (see Faulty.Err), t fails at cleanup. It skips t when the backend's traffic cannot go through a
 // plain TCP proxy (a TLS or SRV MONGODB_URI).
 func (d *DB) Faulty(t testing.TB, opts *FaultyOptions) *Faulty {
 	t.Helper()
@@ -52,7 +54,12 @@ func (d *DB) Faulty(t testing.TB, opts *FaultyOptions) *Faulty {
 	if err != nil {
 		t.Fatalf("mongotest: %v", err)
 	}
-	t.Cleanup(f.Close)
+	t.Cleanup(func() {
+		f.Close()
+		if err := f.Err(); err != nil {
+			t.Errorf("mongotest: the fault proxy refused traffic: %v", err)
+		}
+	})
 	return f
 }
 
@@ -150,8 +157,13 @@ func (f *Fault) HasFired() bool {
 	}
 }
 
-// Dropped returns the commands whose replies the fault dropped so far.
+// Dropped returns the commands the fault acted on so far: for DropNextReply
+// and DropReplies, those whose replies it dropped. It is Matched under the
+// name it had first.
 func (f *Fault) Dropped() []*Command { return f.f.proxy.Dropped(f.t) }
+
+// Matched returns the commands the fault acted on so far, in order.
+func (f *Fault) Matched() []*Command { return f.f.proxy.Matched(f.t) }
 
 // DropNextReply arms an ambiguous write: the next request that matches is
 // sent to the server and applied, its reply is discarded and the connection
@@ -180,3 +192,198 @@ func (f *Faulty) ResetConnections() int { return f.proxy.ResetConnections() }
 
 // Requests returns how many requests passed through the proxy.
 func (f *Faulty) Requests() int64 { return f.proxy.Requests() }
+
+// Err returns what the fault proxy refused, or nil: traffic it cannot keep
+// serialized or inspect (a server streaming exhaust replies, compressed or
+// legacy messages), for which the client got an error reply whose errmsg
+// starts with "wireproxy: refused" and its connection was closed. Faulty
+// fails the test at cleanup when Err is not nil.
+func (f *Faulty) Err() error { return f.proxy.Err() }
+
+// ErrNothingHeld is returned by Fault.Deliver when there is no held copy to
+// deliver: the fault has not fired yet, or its copy was delivered already.
+var ErrNothingHeld = wireproxy.ErrNothingHeld
+
+// ServerError is an error reply a fault sends instead of the server's
+// reply: {ok: 0, code, codeName, errmsg, errorLabels}.
+type ServerError struct {
+	// Code is the server error code, such as 10107 (NotWritablePrimary).
+	Code int32
+	// CodeName is the code's name, such as "NotWritablePrimary".
+	CodeName string
+	// Errmsg is the error message. Default "mongotest: injected <CodeName>".
+	Errmsg string
+	// ErrorLabels are the reply's errorLabels, such as
+	// "RetryableWriteError". None by default.
+	ErrorLabels []string
+}
+
+// NotWritablePrimary is the reply of a primary that stepped down before it
+// applied the write: code 10107, labelled RetryableWriteError as a server
+// labels it for a client that uses retryable writes.
+func NotWritablePrimary() ServerError {
+	return ServerError{
+		Code: 10107, CodeName: "NotWritablePrimary", Errmsg: "not primary",
+		ErrorLabels: []string{"RetryableWriteError"},
+	}
+}
+
+// WriteConcernError is the writeConcernError a fault adds to the reply of a
+// write the server applied.
+type WriteConcernError struct {
+	// Code is the error code, such as 64 (WriteConcernFailed) or 189
+	// (PrimarySteppedDown).
+	Code int32
+	// CodeName is the code's name.
+	CodeName string
+	// Errmsg is the error message. Default "mongotest: injected <CodeName>".
+	Errmsg string
+	// ErrInfo, when not nil, is the writeConcernError's errInfo document,
+	// such as {wtimeout: true}.
+	ErrInfo bson.D
+	// ErrorLabels are added to the reply's top-level errorLabels, where a
+	// server puts them (for example "RetryableWriteError" for a primary that
+	// stepped down while waiting for the write concern). None by default.
+	ErrorLabels []string
+}
+
+// WriteConcernTimeout is the writeConcernError of a write that was applied
+// on the primary but not replicated in time: code 64, WriteConcernFailed,
+// errInfo {wtimeout: true}, no labels.
+func WriteConcernTimeout() WriteConcernError {
+	return WriteConcernError{
+		Code: 64, CodeName: "WriteConcernFailed", Errmsg: "waiting for replication timed out",
+		ErrInfo: bson.D{{Key: "wtimeout", Value: true}},
+	}
+}
+
+func errmsg(msg, codeName string) string {
+	if msg != "" {
+		return msg
+	}
+	return "mongotest: injected " + codeName
+}
+
+func (e ServerError) reply() (bson.Raw, error) {
+	d := bson.D{
+		{Key: "ok", Value: 0.0},
+		{Key: "errmsg", Value: errmsg(e.Errmsg, e.CodeName)},
+		{Key: "code", Value: e.Code},
+		{Key: "codeName", Value: e.CodeName},
+	}
+	if len(e.ErrorLabels) > 0 {
+		d = append(d, bson.E{Key: "errorLabels", Value: e.ErrorLabels})
+	}
+	return bson.Marshal(d)
+}
+
+// arm arms a wireproxy fault; the faults mongotest builds are always
+// complete, so an error is a bug here.
+func (f *Faulty) arm(wf wireproxy.Fault) *Fault {
+	t, err := f.proxy.Arm(wf)
+	if err != nil {
+		panic("mongotest: " + err.Error())
+	}
+	return &Fault{f: f, t: t}
+}
+
+// WriteConcernErrorNext arms a write-concern failure: the next request that
+// matches is sent to the server and applied, and the client gets the
+// server's reply with wce added as its writeConcernError (and wce's labels
+// in its errorLabels): a write that happened, reported as failing its write
+// concern. The driver returns it as a mongo.WriteException (a
+// mongo.CommandError for findAndModify) carrying the WriteConcernError.
+func (f *Faulty) WriteConcernErrorNext(match Match, wce WriteConcernError) *Fault {
+	w := bson.D{
+		{Key: "code", Value: wce.Code},
+		{Key: "codeName", Value: wce.CodeName},
+		{Key: "errmsg", Value: errmsg(wce.Errmsg, wce.CodeName)},
+	}
+	if wce.ErrInfo != nil {
+		w = append(w, bson.E{Key: "errInfo", Value: wce.ErrInfo})
+	}
+	labels := slices.Clone(wce.ErrorLabels)
+	return f.arm(wireproxy.Fault{Action: wireproxy.RewriteReply, Match: match, Rewrite: func(_ *Command, reply bson.Raw) (bson.Raw, error) {
+		var d bson.D
+		if err := bson.Unmarshal(reply, &d); err != nil {
+			return nil, err
+		}
+		out := make(bson.D, 0, len(d)+2)
+		var have bson.A
+		for _, e := range d {
+			switch e.Key {
+			case "writeConcernError":
+				continue // replaced
+			case "errorLabels":
+				if a, ok := e.Value.(bson.A); ok {
+					have = a
+				}
+				continue
+			}
+			out = append(out, e)
+		}
+		out = append(out, bson.E{Key: "writeConcernError", Value: w})
+		for _, l := range labels {
+			if !slices.Contains(have, any(l)) {
+				have = append(have, l)
+			}
+		}
+		if len(have) > 0 {
+			out = append(out, bson.E{Key: "errorLabels", Value: have})
+		}
+		return bson.Marshal(out)
+	}})
+}
+
+// ErrorAfterApply arms an error reply for a write that happened: the next
+// request that matches is sent to the server and applied, and the client
+// gets e instead of the server's reply.
+func (f *Faulty) ErrorAfterApply(match Match, e ServerError) *Fault {
+	reply, err := e.reply()
+	if err != nil {
+		panic("mongotest: " + err.Error())
+	}
+	return f.arm(wireproxy.Fault{Action: wireproxy.RewriteReply, Match: match, Rewrite: func(*Command, bson.Raw) (bson.Raw, error) {
+		return reply, nil
+	}})
+}
+
+// ErrorBeforeApply arms an error reply for a write that never happened: the
+// next request that matches is not sent to the server, and the client gets
+// e as its reply.
+func (f *Faulty) ErrorBeforeApply(match Match, e ServerError) *Fault {
+	reply, err := e.reply()
+	if err != nil {
+		panic("mongotest: " + err.Error())
+	}
+	return f.arm(wireproxy.Fault{Action: wireproxy.Refuse, Match: match, Reply: reply})
+}
+
+// HoldNext arms a late copy: the next request that matches is kept at the
+// proxy, not sent to the server, and the client's connection is closed, so
+// the client gets a network error for a write the server has not seen. The
+// client may then re-read and send the write again. Fault.Deliver sends the
+// kept copy to the server when the test decides (on the embedded backend,
+// under the serializing lock like any other exchange), so "at most one copy
+// applies" is tested with two copies really reaching the server. A copy
+// never delivered is discarded at cleanup.
+func (f *Faulty) HoldNext(match Match) *Fault {
+	return f.arm(wireproxy.Fault{Action: wireproxy.Hold, Match: match})
+}
+
+// Deliver sends the copy a HoldNext fault kept to the server, on a
+// connection of its own, and returns the server's reply body (for an
+// update, {n, nModified, ok}: n is 0 when the copy's filter no longer
+// matched). It returns ErrNothingHeld when the fault has not fired yet or
+// its copy was delivered already. A copy is sent at most once. ctx bounds
+// the exchange.
+func (f *Fault) Deliver(ctx context.Context) (bson.Raw, error) {
+	replies, err := f.f.proxy.Deliver(ctx, f.t)
+	if err != nil {
+		return nil, err
+	}
+	return replies[0], nil
+}
+
+// Delivered returns the server's replies to the copies Deliver sent so far.
+func (f *Fault) Delivered() []bson.Raw { return f.f.proxy.Delivered(f.t) }

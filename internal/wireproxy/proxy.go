@@ -186,7 +186,8 @@ type Fault struct {
 	// Action is what the fault does. Required.
 	Action Action
 	// Match selects the requests the fault acts on. Nil matches every
-	// request. Faults act only on OP_MSG requests that expect a reply.
+	// request. Faults act only on OP_MSG requests that expect a reply; when
+	// several armed faults match a request, the one armed first acts.
 	Match func(*Command) bool
 	// Times is how many matching requests the fault acts on. Default 1.
 	Times int
@@ -693,13 +694,20 @@ func (p *Proxy) faultsArmed() bool {
 	return len(p.faults) > 0 || len(p.delays) > 0
 }
 
-// take finds the first armed fault of the phase that matches cmd and counts
-// one action of it. A Hold keeps req.
+// take finds the first armed fault that matches cmd, in the order they were
+// armed, and counts one action of it if it acts in this phase. A Hold keeps
+// req.
 func (p *Proxy) take(cmd *Command, ph phase, req []byte) *Trigger {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, t := range p.faults {
-		if t.action.phase() != ph || !t.match(cmd) {
+		if !t.match(cmd) {
+			continue
+		}
+		if t.action.phase() != ph {
+			if ph == beforeForward {
+				return nil // it acts once the reply is read
+			}
 			continue
 		}
 		t.remaining--

@@ -429,3 +429,30 @@ func TestDeliverKeepsUnsentCopy(t *testing.T) {
 	require.ErrorContains(t, err, "dial", "the unsent copy is still held")
 	require.NotErrorIs(t, err, ErrNothingHeld)
 }
+
+// TestFaultsActInArmingOrder: when several faults match, the one armed
+// first acts, whatever its phase.
+func TestFaultsActInArmingOrder(t *testing.T) {
+	srv := newFakeServer(t, okReply)
+	p := startProxy(t, srv.ln.Addr().String(), nil)
+	doc, err := bson.Marshal(bson.D{{Key: "ok", Value: 0.0}, {Key: "refused", Value: true}})
+	require.NoError(t, err)
+	rw, err := p.Arm(Fault{Action: RewriteReply, Rewrite: func(*Command, bson.Raw) (bson.Raw, error) {
+		return bson.Marshal(bson.D{{Key: "ok", Value: 1.0}, {Key: "rewritten", Value: true}})
+	}})
+	require.NoError(t, err)
+	ref, err := p.Arm(Fault{Action: Refuse, Reply: doc})
+	require.NoError(t, err)
+	c := dial(t, p)
+	for i, want := range []string{"rewritten", "refused"} {
+		_, err = c.Write(withID(opMsgBytes(t, 0, bson.D{{Key: "update", Value: "c"}, {Key: "$db", Value: "x"}}, ""), uint32(20+i)))
+		require.NoError(t, err)
+		r, err := readMessage(c)
+		require.NoError(t, err)
+		require.Equal(t, true, bodyOf(t, r)[want], "request %d", i)
+	}
+	require.Len(t, p.Matched(rw), 1)
+	require.Len(t, p.Matched(ref), 1)
+	got, _ := srv.seen()
+	require.Len(t, got, 1, "only the rewritten request reached the server")
+}
