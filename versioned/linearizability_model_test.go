@@ -158,6 +158,7 @@ func regStep(s regState, in regInput, out regOutput) []regState {
 		return []regState{s}
 	case resFailed:
 		return []regState{s}
+	case resNotFound: // decided above
 	case resUnknown:
 		if holds {
 			return []regState{s, next}
@@ -174,7 +175,7 @@ var registerModel = porcupine.NondeterministicModel{
 		byKey := map[string][]porcupine.Operation{}
 		var keys []string
 		for _, op := range history {
-			k := op.Input.(regInput).Key
+			k := asInput(op.Input).Key
 			if _, ok := byKey[k]; !ok {
 				keys = append(keys, k)
 			}
@@ -188,16 +189,16 @@ var registerModel = porcupine.NondeterministicModel{
 	},
 	Init: func() []any { return []any{regInit} },
 	Step: func(state, input, output any) []any {
-		next := regStep(state.(regState), input.(regInput), output.(regOutput))
+		next := regStep(asState(state), asInput(input), asOutput(output))
 		out := make([]any, len(next))
 		for i, s := range next {
 			out[i] = s
 		}
 		return out
 	},
-	Equal: func(a, b any) bool { return a.(regState) == b.(regState) },
+	Equal: func(a, b any) bool { return asState(a) == asState(b) },
 	DescribeOperation: func(input, output any) string {
-		in, out := input.(regInput), output.(regOutput)
+		in, out := asInput(input), asOutput(output)
 		var call string
 		switch in.Kind {
 		case regGet:
@@ -219,13 +220,19 @@ var registerModel = porcupine.NondeterministicModel{
 		return fmt.Sprintf("%s %s → %s", in.Key, call, out.Result)
 	},
 	DescribeState: func(state any) string {
-		s := state.(regState)
+		s := asState(state)
 		if !s.Exists {
 			return "absent"
 		}
 		return fmt.Sprintf("%d@v%d", s.Value, s.Version)
 	},
 }
+
+// porcupine hands back the values this model gave it; a zero value on a
+// mismatch makes the step illegal rather than panic.
+func asInput(x any) regInput   { v, _ := x.(regInput); return v }
+func asOutput(x any) regOutput { v, _ := x.(regOutput); return v }
+func asState(x any) regState   { v, _ := x.(regState); return v }
 
 // never is the return time of an operation whose outcome is unknown: its
 // write may land at any time after its call.
@@ -268,6 +275,7 @@ func checkLinearizable(t *testing.T, history []porcupine.Operation, timeout time
 		t.Logf("not linearizable from %s:%s", registerModel.DescribeState(regInit), b.String())
 	}
 	where := "(visualization not written)"
+	//nolint:usetesting // kept after the test for a human to open; t.TempDir is removed
 	if f, err := os.CreateTemp("", "mongocas-linearizability-*.html"); err == nil {
 		if err := porcupine.Visualize(model, info, f); err == nil {
 			where = f.Name()
@@ -452,7 +460,7 @@ func TestLinearizabilityCheckerRejectsBadHistories(t *testing.T) {
 func TestLinearizabilityCheckerBrokenModel(t *testing.T) {
 	broken := registerModel
 	broken.Step = func(state, input, output any) []any {
-		s, in, out := state.(regState), input.(regInput), output.(regOutput)
+		s, in, out := asState(state), asInput(input), asOutput(output)
 		if in.Kind == regModify && out.Result == resOK {
 			return []any{s} // "forgets" the write
 		}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -135,7 +136,7 @@ func (r *linRecorder) note(s string) {
 	r.notes = append(r.notes, s)
 }
 
-func itoa(i int) string { return string(rune('0' + i)) }
+func itoa(i int) string { return strconv.Itoa(i) }
 
 // result reads an error the way the model does; see regResult.
 func result(kind regKind, err error) regResult {
@@ -157,6 +158,7 @@ func result(kind regKind, err error) regResult {
 }
 
 func runLinearizability(t *testing.T, arm linFault) {
+	t.Helper()
 	db := mongotest.New(t)
 	ctx := context.Background()
 	seed := time.Now().UnixNano()
@@ -172,7 +174,7 @@ func runLinearizability(t *testing.T, arm linFault) {
 		repo  *versioned.Repo[linDoc]
 		fault *mongotest.Faulty // nil for a plain client
 	}
-	var clients []client
+	clients := make([]client, 0, linPlainClients+linFaultClients)
 	for i := range linPlainClients + linFaultClients {
 		coll := db.Collection("lin")
 		var f *mongotest.Faulty
@@ -188,7 +190,7 @@ func runLinearizability(t *testing.T, arm linFault) {
 	rec := &linRecorder{start: time.Now(), results: map[string]int{}}
 	var wg, deliveries sync.WaitGroup
 	for ci, c := range clients {
-		rng := rand.New(rand.NewPCG(uint64(seed), uint64(ci))) //nolint:gosec // a test's workload
+		rng := rand.New(rand.NewPCG(uint64(seed), uint64(ci)))
 		wg.Go(func() {
 			var held []*mongotest.Fault // late copies not yet scheduled
 			for seq := range linOpsPerClient {

@@ -34,9 +34,7 @@ func newFakeServer(t *testing.T, reply func(req []byte) [][]byte) *fakeServer {
 	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	s := &fakeServer{ln: ln, reply: reply}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.wg.Go(func() {
 		var conns []net.Conn
 		defer func() {
 			for _, c := range conns {
@@ -49,16 +47,14 @@ func newFakeServer(t *testing.T, reply func(req []byte) [][]byte) *fakeServer {
 				return
 			}
 			conns = append(conns, c)
-			s.wg.Add(1)
-			go s.serve(c)
+			s.wg.Go(func() { s.serve(c) })
 		}
-	}()
+	})
 	t.Cleanup(func() { _ = ln.Close(); s.wg.Wait() })
 	return s
 }
 
 func (s *fakeServer) serve(c net.Conn) {
-	defer s.wg.Done()
 	defer c.Close()
 	for {
 		req, err := readMessage(c)
@@ -150,15 +146,16 @@ func TestUnacknowledgedIsSerialized(t *testing.T) {
 	c1, c2 := dial(t, p1), dial(t, p2)
 
 	w0 := withID(opMsgBytes(t, flagMoreToCome|flagChecksumPresent, bson.D{{Key: "insert", Value: "c"}, {Key: "$db", Value: "x"}}, ""), 7)
-	w0 = append(w0, 0, 0, 0, 0) // a checksum (not checked by anyone here)
-	binary.LittleEndian.PutUint32(w0[0:4], uint32(len(w0)))
+	w0 = append(w0, 0, 0, 0, 0)                             // a checksum (not checked by anyone here)
+	binary.LittleEndian.PutUint32(w0[0:4], uint32(len(w0))) //nolint:gosec // a test message of a few bytes
 	_, err := c1.Write(w0)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { _, ev := srv.seen(); return len(ev) == 1 }, 5*time.Second, time.Millisecond)
 
+	find := withID(opMsgBytes(t, 0, bson.D{{Key: "find", Value: "c"}, {Key: "$db", Value: "x"}}, ""), 8)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c2.Write(withID(opMsgBytes(t, 0, bson.D{{Key: "find", Value: "c"}, {Key: "$db", Value: "x"}}, ""), 8))
+		_, err := c2.Write(find)
 		errc <- err
 	}()
 	require.NoError(t, <-errc)
@@ -209,7 +206,7 @@ func requireRefused(t *testing.T, p *Proxy, c net.Conn, id uint32, why string) {
 	require.NoError(t, err)
 	require.Equal(t, id, responseTo(r))
 	m := bodyOf(t, r)
-	require.Equal(t, 0.0, m["ok"])
+	require.InDelta(t, 0.0, m["ok"], 0)
 	require.Equal(t, int32(codeNotImplemented), m["code"])
 	require.Contains(t, m["errmsg"], "wireproxy: refused: ")
 	require.Contains(t, m["errmsg"], why)
@@ -444,8 +441,8 @@ func TestFaultsActInArmingOrder(t *testing.T) {
 	ref, err := p.Arm(Fault{Action: Refuse, Reply: doc})
 	require.NoError(t, err)
 	c := dial(t, p)
-	for i, want := range []string{"rewritten", "refused"} {
-		_, err = c.Write(withID(opMsgBytes(t, 0, bson.D{{Key: "update", Value: "c"}, {Key: "$db", Value: "x"}}, ""), uint32(20+i)))
+	for i, want := range map[uint32]string{20: "rewritten", 21: "refused"} {
+		_, err = c.Write(withID(opMsgBytes(t, 0, bson.D{{Key: "update", Value: "c"}, {Key: "$db", Value: "x"}}, ""), i))
 		require.NoError(t, err)
 		r, err := readMessage(c)
 		require.NoError(t, err)
