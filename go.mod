@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/FerretDB/FerretDB v1.24.2
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/stretchr/testify v1.12.1
 	github.com/testcontainers/testcontainers-go v0.45.0

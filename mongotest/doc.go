@@ -45,11 +45,39 @@
 // # Faults
 //
 // DB.Faulty returns a second client to the same database whose traffic passes
-// through a proxy of its own, so one test's faults never touch another's:
-// DropNextReply (the server applies a write, the client gets a network error:
-// an ambiguous write), DelayReplies, Pause (hold all traffic for a while) and
-// ResetConnections. The driver's retryable writes are off for that client by
-// default, so the fault reaches the code under test on every backend.
+// through a proxy of its own, so one test's faults never touch another's. A
+// Match (Writes, Commands) picks the requests a fault acts on; each fault
+// acts once (DropReplies: n times) and reports through Fault.HasFired, Fired
+// and Matched. When several armed faults match a request, the one armed
+// first acts.
+//
+//   - DropNextReply: the server applies the write, the client gets a network
+//     error (an ambiguous write).
+//   - WriteConcernErrorNext: the server applies the write, the client gets
+//     the reply with a writeConcernError (code, codeName, errmsg, errInfo,
+//     errorLabels) added; WriteConcernTimeout is a canned one.
+//   - ErrorAfterApply: the server applies the write, the client gets an
+//     error reply instead (ServerError; NotWritablePrimary is a canned one,
+//     labelled RetryableWriteError).
+//   - ErrorBeforeApply: the write never reaches the server, the client gets
+//     the error reply.
+//   - HoldNext: a late copy. The write is kept at the proxy and the client's
+//     connection closed, so the client gets a network error for a write the
+//     server has not seen; it may re-read and resend; Fault.Deliver then
+//     sends the kept copy to the server, when the test decides, and returns
+//     the server's reply to it. "At most one copy applies" is then tested
+//     with two copies really reaching the server.
+//   - DelayReplies, Pause (hold all traffic for a while), ResetConnections.
+//
+// The driver's retryable writes are off for that client by default, so the
+// fault reaches the code under test on every backend. On the embedded
+// backend every exchange of the fault proxy, a delivered late copy included,
+// takes the serializing lock like the shared client's. The proxy forwards
+// unacknowledged (w:0) writes as acknowledged ones and waits for their reply
+// under the lock, never lets a server stream exhaust replies, and refuses
+// traffic it cannot keep serialized or inspect (compressed or legacy
+// messages) with an error reply; Faulty.Err reports such a refusal and the
+// test fails at cleanup.
 //
 // # Guarantees
 //
