@@ -97,11 +97,24 @@ func IsTransient(err error) bool {
 // that must apply a change exactly once re-reads after an ambiguous error
 // instead of retrying blindly.
 func IsAmbiguous(err error) bool {
-	if err == nil || notSent(err) {
+	if err == nil || notSent(err) || hasWriteErrors(err) {
 		return false
 	}
 	return IsNetwork(err) || IsTimeout(err) || HasWriteConcernError(err) ||
 		HasLabel(err, LabelRetryableWrite) || HasLabel(err, LabelUnknownCommitResult)
+}
+
+// hasWriteErrors reports whether the server returned write errors for the
+// write itself (a duplicate key, a validation failure). Such a write was not
+// applied, even when the reply also carries a writeConcernError: the write
+// error wins.
+func hasWriteErrors(err error) bool {
+	var we mongo.WriteException
+	if errors.As(err, &we) && len(we.WriteErrors) > 0 {
+		return true
+	}
+	var bwe mongo.BulkWriteException
+	return errors.As(err, &bwe) && len(bwe.WriteErrors) > 0
 }
 
 // HasWriteConcernError reports whether err, or any error it wraps, carries a

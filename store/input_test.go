@@ -104,5 +104,10 @@ func TestIsAmbiguousWriteConcernAndLabels(t *testing.T) {
 	require.True(t, store.IsAmbiguous(labelled))
 	dup := mongo.WriteException{WriteErrors: mongo.WriteErrors{{Code: 11000, Message: "E11000 duplicate key"}}}
 	require.False(t, store.IsAmbiguous(dup), "a write error the server returned was not applied")
+	dupAndWCE := mongo.WriteException{
+		WriteErrors:       mongo.WriteErrors{{Code: 11000, Message: "E11000 duplicate key"}},
+		WriteConcernError: &mongo.WriteConcernError{Code: 64, Name: "WriteConcernFailed"},
+	}
+	require.False(t, store.IsAmbiguous(dupAndWCE), "a write error wins over a writeConcernError: the write was not applied")
 	require.False(t, store.IsAmbiguous(nil))
 }
