@@ -247,13 +247,15 @@ func TestFaultsMatchOnlyTheirCommand(t *testing.T) {
 	for _, fl := range faults {
 		require.False(t, fl.HasFired())
 	}
-	// The first armed fault acts first, each once.
-	for i := range faults {
+	// Faults that act before forwarding (ErrorBeforeApply, HoldNext) act
+	// first; then those on the reply, in the order they were armed; each once.
+	order := []int{2, 3, 0, 1}
+	for k, i := range order {
 		_, err := f.Collection("c").UpdateOne(ctx, bson.D{{Key: "_id", Value: 1}}, incN)
 		require.Error(t, err, "fault %d", i)
 		require.True(t, faults[i].HasFired(), "fault %d", i)
-		for _, later := range faults[i+1:] {
-			require.False(t, later.HasFired())
+		for _, later := range order[k+1:] {
+			require.False(t, faults[later].HasFired(), "fault %d fired before its turn", later)
 		}
 	}
 	_, err = f.Collection("c").UpdateOne(ctx, bson.D{{Key: "_id", Value: 1}}, incN)

@@ -110,7 +110,11 @@ func (f *Faulty) Close() {
 type Command = wireproxy.Command
 
 // Match selects the commands a fault applies to. A nil Match matches every
-// command.
+// command. A fault's Match runs where the fault acts: for the faults on a
+// reply (DropNextReply, DropReplies, WriteConcernErrorNext, ErrorAfterApply)
+// after the server applied the command and before its client hears of it,
+// so a test may use it as a hook for what happens "meanwhile"; for HoldNext
+// and ErrorBeforeApply before the command reaches the server.
 type Match func(*Command) bool
 
 // Writes matches insert, update, delete and findAndModify commands,

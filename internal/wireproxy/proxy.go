@@ -187,7 +187,10 @@ type Fault struct {
 	Action Action
 	// Match selects the requests the fault acts on. Nil matches every
 	// request. Faults act only on OP_MSG requests that expect a reply; when
-	// several armed faults match a request, the one armed first acts.
+	// several armed faults match a request, the one armed first acts. Match
+	// is called only where the fault acts: before forwarding for Hold and
+	// Refuse, after the server replied (so after it applied the request) for
+	// DropReply and RewriteReply.
 	Match func(*Command) bool
 	// Times is how many matching requests the fault acts on. Default 1.
 	Times int
@@ -694,20 +697,18 @@ func (p *Proxy) faultsArmed() bool {
 	return len(p.faults) > 0 || len(p.delays) > 0
 }
 
-// take finds the first armed fault that matches cmd, in the order they were
-// armed, and counts one action of it if it acts in this phase. A Hold keeps
-// req.
+// take finds the first armed fault that acts in phase ph and matches cmd, in
+// the order they were armed, and counts one action of it. A fault's Match is
+// called only in the phase it acts in. A Hold keeps req.
 func (p *Proxy) take(cmd *Command, ph phase, req []byte) *Trigger {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, t := range p.faults {
-		if !t.match(cmd) {
-			continue
-		}
-		if t.action.phase() != ph {
-			if ph == beforeForward {
-				return nil // it acts once the reply is read
-			}
+		// Match only in the phase the fault acts in: a Match of a fault that
+		// acts on the reply runs after the server applied the request, so
+		// tests may use it as a hook that runs "meanwhile", between the write
+		// landing and its writer hearing of it.
+		if t.action.phase() != ph || !t.match(cmd) {
 			continue
 		}
 		t.remaining--

@@ -427,8 +427,9 @@ func TestDeliverKeepsUnsentCopy(t *testing.T) {
 	require.NotErrorIs(t, err, ErrNothingHeld)
 }
 
-// TestFaultsActInArmingOrder: when several faults match, the one armed
-// first acts, whatever its phase.
+// TestFaultsActInArmingOrder: when several faults match, one that acts
+// before forwarding acts first (the request never reaches the server, so no
+// reply fault can see it); among faults of one phase, the one armed first.
 func TestFaultsActInArmingOrder(t *testing.T) {
 	srv := newFakeServer(t, okReply)
 	p := startProxy(t, srv.ln.Addr().String(), nil)
@@ -441,7 +442,11 @@ func TestFaultsActInArmingOrder(t *testing.T) {
 	ref, err := p.Arm(Fault{Action: Refuse, Reply: doc})
 	require.NoError(t, err)
 	c := dial(t, p)
-	for i, want := range map[uint32]string{20: "rewritten", 21: "refused"} {
+	for _, step := range []struct {
+		id   uint32
+		want string
+	}{{20, "refused"}, {21, "rewritten"}} {
+		i, want := step.id, step.want
 		_, err = c.Write(withID(opMsgBytes(t, 0, bson.D{{Key: "update", Value: "c"}, {Key: "$db", Value: "x"}}, ""), i))
 		require.NoError(t, err)
 		r, err := readMessage(c)
@@ -452,4 +457,5 @@ func TestFaultsActInArmingOrder(t *testing.T) {
 	require.Len(t, p.Matched(ref), 1)
 	got, _ := srv.seen()
 	require.Len(t, got, 1, "only the rewritten request reached the server")
+	require.EqualValues(t, 21, binary.LittleEndian.Uint32(got[0][4:8]), "the refused one did not")
 }
