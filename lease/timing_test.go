@@ -186,7 +186,11 @@ func testSkew(t *testing.T, mode lease.Mode) {
 			start := time.Now()
 			lh, err := h.TryAcquire(ctx, id)
 			require.NoError(t, err, name)
-			require.InDelta(t, float64(ttl), float64(lh.TimeLeft()), float64(ttl/4), name)
+			// A skew mistaken for time would show as minutes; the claim's
+			// own round trips (and a loaded machine) only shorten the time
+			// left, never lengthen it past the TTL.
+			require.LessOrEqual(t, lh.TimeLeft(), ttl, name)
+			require.Greater(t, lh.TimeLeft(), ttl/4, name)
 
 			// No steal.
 			_, err = c.TryAcquire(ctx, id)
