@@ -262,10 +262,20 @@ func TestCapabilitiesReported(t *testing.T) {
 	require.NotEmpty(t, caps.Version)
 	require.NotEmpty(t, caps.Topology)
 	if db.Server.Backend == mongotest.BackendEmbedded {
-		require.True(t, caps.FerretDB)
+		require.Equal(t, store.FerretDBv1, caps.Server)
 		require.Equal(t, store.Standalone, caps.Topology)
 		require.False(t, caps.Transactions)
 		require.False(t, caps.TTLIndexes)
+	}
+	// Every capability Require knows maps to the probe's answer.
+	for c, want := range map[mongotest.Capability]bool{
+		mongotest.Transactions:    caps.Transactions,
+		mongotest.RetryableWrites: caps.RetryableWrites,
+		mongotest.Expr:            caps.Expr,
+		mongotest.UpdatePipelines: caps.UpdatePipelines,
+		mongotest.TTLIndexes:      caps.TTLIndexes,
+	} {
+		require.Equal(t, want, db.Server.Has(c), "%s", c)
 	}
 }
 

@@ -13,11 +13,15 @@
 //
 // # Capabilities
 //
-// Probe finds what the server can do by trying each feature: topology from
-// hello, FerretDB from buildInfo, then $expr with $$NOW, an update pipeline,
-// an aborted transaction and a TTL index, on one scratch document it deletes
-// afterwards. It never reads the version number to decide: FerretDB v1
-// reports 7.0.42 and lacks most of those.
+// Probe finds what the server can do by trying each feature and checking its
+// effect: topology from hello, the kind of server (MongoDB, FerretDB v1,
+// FerretDB v2 on DocumentDB) from buildInfo, then $expr with $$NOW in a write
+// filter and $$NOW in an update pipeline, an update pipeline, a transaction
+// whose aborted insert must be gone and whose committed one must be there,
+// and a TTL index, on scratch documents it deletes afterwards. It never reads
+// the version number to decide: FerretDB v1 reports 7.0.42 and lacks most of
+// those, and FerretDB v2 accepts startTransaction but applies each write at
+// once.
 //
 // # The server clock
 //
