@@ -43,7 +43,10 @@
 //     the reading's round trip was real (not replayed).
 //   - The error classifiers look only at error types, codes and labels,
 //     through errors.As and errors.Is, so they keep working on wrapped errors;
-//     they never match message text.
+//     they never match message text, with one narrow exception: IsDuplicateKey
+//     also recognises FerretDB v2's InternalError (code 1) carrying
+//     PostgreSQL's duplicate-key message, its answer to a duplicate key inside
+//     findAndModify.
 //
 // # Errors
 //
