@@ -37,7 +37,7 @@ func TestIsDuplicateKeyDocumentDBForm(t *testing.T) {
 	for _, err := range []error{
 		nil,
 		internal("could not serialize access due to concurrent update"),
-		internal("ERROR: " + pk),                                  // the prefix, not anywhere in the text
+		internal("ERROR: " + pk),                                   // the prefix, not anywhere in the text
 		internal("duplicate key value violates unique constraint"), // no constraint named
 		mongo.CommandError{Code: 2, Name: "InternalError", Message: pk},
 		mongo.CommandError{Code: 1, Name: "BadValue", Message: pk},
