@@ -116,7 +116,7 @@ func TestDuplicateKeyInFindAndModifyRace(t *testing.T) {
 		t.Logf("%s by %s: %d duplicate-key losers, %d of them InternalError code 1; %d deadlocks",
 			db.Caps().Server, by, dups, internal, deadlocks)
 		require.Equal(t, (racers-1)*rounds, dups+deadlocks, "every loser saw a duplicate key (or, on FerretDB v2, a deadlock)")
-		require.Greater(t, dups, 0)
+		require.Positive(t, dups)
 		if db.Caps().Server == store.FerretDBv2 {
 			require.Equal(t, dups, internal, "DocumentDB answers a duplicate key in findAndModify with InternalError code 1")
 		}
