@@ -1,11 +1,12 @@
 # mongocas developer targets. Every test target runs against a real
-# MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB.
+# MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
+# test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= ./...
 
-.PHONY: all demo test test-race lint lint-install fmt vet deps-check bench fuzz ci
+.PHONY: all demo test test-race test-short test-documentdb lint lint-install fmt vet deps-check bench fuzz ci
 
 all: vet test
 
@@ -19,6 +20,13 @@ test-race: test
 
 test-short:
 	$(GO) test -count=1 $(PKGS)
+
+# FerretDB v2 + DocumentDB from ../shared/backends/documentdb (override with
+# MONGOCAS_DOCUMENTDB_DIR): build.sh if not built yet (as root, through sudo
+# when needed; 12-16 min once), start.sh in a temporary directory on free
+# ports, the suite without -race, stop.sh. The same stage as CI's.
+test-documentdb: ## the suite on FerretDB v2 + DocumentDB, no proxy
+	PKGS='$(PKGS)' bash .ci/run documentdb
 
 vet:
 	$(GO) vet $(PKGS)

@@ -25,8 +25,24 @@
 //     MONGOCAS_EMBEDDED=process|inprocess overrides the choice.
 //
 // MONGOCAS_BACKEND=uri|docker|embedded forces one. Server.Caps says what the
-// backend can do; DB.Require skips a test, saying why, when a capability is
-// missing. A skipped test is reported as skipped, never as passed.
+// backend can do, as store.Probe found it by trying each feature, and which
+// kind of server it is (MongoDB, FerretDB v1, FerretDB v2); DB.Require skips
+// a test, saying why, when a capability is missing. A skipped test is
+// reported as skipped, never as passed.
+//
+// # FerretDB v2 on DocumentDB
+//
+// MONGODB_URI may name FerretDB v2 in front of PostgreSQL with the
+// DocumentDB extension (the engine of Azure Cosmos DB for MongoDB vCore).
+// CI builds and starts one from ../shared/backends/documentdb and runs the
+// whole suite on it (make test-documentdb does the same on a developer's
+// machine). Clients reach it directly, with no proxy: its storage engine runs
+// our concurrent writes itself, and the self-test below holds there too. It
+// has $expr and $$NOW in write filters and update pipelines, and TTL indexes,
+// so the tests that need them run; it has no multi-document transactions
+// (startTransaction is accepted and each write applies at once; Probe checks
+// the effect and reports none). It answers a duplicate key inside
+// findAndModify with an InternalError, which store.IsDuplicateKey recognises.
 //
 // # What the embedded backend proves, and what it does not
 //
@@ -38,9 +54,10 @@
 // MongoDB's documented single-document atomicity, which is all mongocas relies
 // on, and the self-test in this package shows it holds: 16 × 200 version-CAS
 // increments end at exactly 3,200 and a 32-way claim race has exactly one
-// winner in each of 200 rounds. It proves nothing about mongod's own
-// storage engine, replication, elections or retryable writes; run the suite
-// against real MongoDB (MONGODB_URI or Docker) for those.
+// winner in each of 200 rounds. It proves nothing about a storage engine
+// running writes concurrently (FerretDB v2 on DocumentDB does that), nor about
+// mongod's replication, elections or retryable writes; run the suite against
+// real MongoDB (MONGODB_URI or Docker) for those.
 //
 // # Faults
 //

@@ -79,11 +79,19 @@ func TestSelfTestVersionCAS(t *testing.T) {
 		V int64 `bson:"v"`
 	}
 	require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "c"}}).Decode(&final))
-	t.Logf("self-test CAS: backend=%s (%s) acknowledged=%d final=%d version=%d conflicts=%d in %v",
-		db.Server.Backend, db.Server.Embedded, acked.Load(), final.N, final.V, conflicts.Load(), time.Since(start).Round(time.Millisecond))
+	t.Logf("self-test CAS: backend=%s %s (%s) acknowledged=%d final=%d version=%d conflicts=%d in %v",
+		db.Server.Backend, db.Caps().Server, via(db.Server), acked.Load(), final.N, final.V, conflicts.Load(), time.Since(start).Round(time.Millisecond))
 	require.Equal(t, int64(workers*perWorker), acked.Load())
 	require.Equal(t, acked.Load(), final.N, "lost updates")
 	require.Equal(t, acked.Load(), final.V)
+}
+
+// via says how the tests reach the server, for the self-test's log line.
+func via(s *mongotest.Server) string {
+	if s.Serialized {
+		return "serializing proxy, FerretDB " + s.Embedded
+	}
+	return "direct, no proxy"
 }
 
 // TestSelfTestLeaseRace proves a findOneAndUpdate claim has exactly one
@@ -135,8 +143,8 @@ func TestSelfTestLeaseRace(t *testing.T) {
 		Epoch int64 `bson:"epoch"`
 	}
 	require.NoError(t, coll.FindOne(ctx, bson.D{{Key: "_id", Value: "l"}}).Decode(&doc))
-	t.Logf("self-test lease race: backend=%s rounds=%d racers=%d rounds-with-double-grant=%d epoch=%d in %v",
-		db.Server.Backend, rounds, racers, double, doc.Epoch, time.Since(start).Round(time.Millisecond))
+	t.Logf("self-test lease race: backend=%s %s (%s) rounds=%d racers=%d rounds-with-double-grant=%d epoch=%d in %v",
+		db.Server.Backend, db.Caps().Server, via(db.Server), rounds, racers, double, doc.Epoch, time.Since(start).Round(time.Millisecond))
 	require.Equal(t, int64(rounds), doc.Epoch, "one grant per round")
 }
 
@@ -261,11 +269,23 @@ func TestCapabilitiesReported(t *testing.T) {
 	t.Logf("backend=%s capabilities: %s", db.Server.Backend, caps)
 	require.NotEmpty(t, caps.Version)
 	require.NotEmpty(t, caps.Topology)
+	require.Equal(t, db.Server.Backend == mongotest.BackendEmbedded, db.Server.Serialized,
+		"only the embedded backend is behind the serializing proxy")
 	if db.Server.Backend == mongotest.BackendEmbedded {
-		require.True(t, caps.FerretDB)
+		require.Equal(t, store.FerretDBv1, caps.Server)
 		require.Equal(t, store.Standalone, caps.Topology)
 		require.False(t, caps.Transactions)
 		require.False(t, caps.TTLIndexes)
+	}
+	// Every capability Require knows maps to the probe's answer.
+	for c, want := range map[mongotest.Capability]bool{
+		mongotest.Transactions:    caps.Transactions,
+		mongotest.RetryableWrites: caps.RetryableWrites,
+		mongotest.Expr:            caps.Expr,
+		mongotest.UpdatePipelines: caps.UpdatePipelines,
+		mongotest.TTLIndexes:      caps.TTLIndexes,
+	} {
+		require.Equal(t, want, db.Server.Has(c), "%s", c)
 	}
 }
 

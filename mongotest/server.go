@@ -72,6 +72,12 @@ type Server struct {
 	// Embedded says how the embedded backend runs FerretDB: "in-process" or
 	// "child process" (see EnvEmbedded); empty for other backends.
 	Embedded string
+	// Serialized is true when a proxy in front of the server runs one
+	// request at a time (the embedded backend): concurrency claims tested
+	// there rest on that model. On every other backend, FerretDB v2 on
+	// DocumentDB included, clients reach the server directly and its own
+	// engine runs concurrent writes.
+	Serialized bool
 
 	// upstream is the address fault proxies forward to, and serializer the
 	// mutex they must share ("" and nil when faults cannot be injected).
@@ -337,6 +343,7 @@ func startEmbedded(ctx context.Context) (s *Server, err error) {
 	cleanups = append(cleanups, func() { _ = srv.Client.Disconnect(context.Background()) })
 	srv.upstream, srv.serializer = ferretAddr, serializer
 	srv.Embedded = how
+	srv.Serialized = true
 	srv.stop = cleanup
 	return srv, nil
 }

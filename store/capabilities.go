@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -20,27 +22,54 @@ const (
 	Sharded    Topology = "sharded"
 )
 
-// ProbeCollection is the scratch collection Probe writes one short-lived
-// document to. It is left empty afterwards.
+// ServerKind is the kind of server behind a connection, from buildInfo.
+type ServerKind string
+
+// The server kinds Probe tells apart.
+const (
+	// MongoDB is MongoDB itself, or any server that does not say in
+	// buildInfo that it is FerretDB.
+	MongoDB ServerKind = "mongodb"
+	// FerretDBv1 is FerretDB 1.x (buildInfo has ferretdbVersion): its own
+	// engine over SQLite or PostgreSQL. Its conditional writes are not atomic
+	// under concurrency, and it accepts TTL indexes but never deletes.
+	FerretDBv1 ServerKind = "ferretdb-v1"
+	// FerretDBv2 is FerretDB 2.x (buildInfo has a ferretdb document), the
+	// wire protocol in front of PostgreSQL with the DocumentDB extension, the
+	// engine of Azure Cosmos DB for MongoDB (vCore). It has no multi-document
+	// transactions, and it reports a duplicate key inside findAndModify as an
+	// InternalError (see IsDuplicateKey).
+	FerretDBv2 ServerKind = "ferretdb-v2"
+)
+
+// ProbeCollection is the scratch collection Probe writes its short-lived
+// documents to. It is left empty afterwards.
 const ProbeCollection = "mongocas_probe"
 
 // Capabilities is what a server can do, as found by trying.
 type Capabilities struct {
 	// Topology is standalone, replica set or sharded, from hello.
 	Topology Topology
-	// FerretDB is true when buildInfo carries FerretDB's fields.
-	FerretDB bool
+	// Server is the kind of server, from buildInfo. It names the server for
+	// messages and for working around a server's known divergences; the
+	// features below are found by trying, not from this.
+	Server ServerKind
 	// Version is the version the server reports. It is informational only:
 	// FerretDB v1 reports 7.0.42 while lacking features MongoDB 7.0 has.
 	Version string
-	// Transactions is true when a multi-document transaction started,
-	// wrote and aborted.
+	// Transactions is true when a document inserted in a transaction that
+	// is then aborted is gone afterwards, and one inserted in a transaction
+	// that is committed is there. (FerretDB v2 accepts startTransaction,
+	// applies each write at once and has no commit or abort.)
 	Transactions bool
 	// RetryableWrites is true when the server supports sessions on a replica
 	// set or sharded cluster, so the driver retries a write once after a
 	// network error without applying it twice.
 	RetryableWrites bool
-	// Expr is true when a query filter with $expr comparing "$$NOW" works.
+	// Expr is true when $expr comparing a field to "$$NOW" selects the right
+	// document in the filter of a findOneAndUpdate (and not the wrong one),
+	// and "$$NOW" in an update pipeline stores the server's current date:
+	// what a lease judged on the server's clock needs.
 	Expr bool
 	// UpdatePipelines is true when an update given as an aggregation
 	// pipeline works.
@@ -54,11 +83,7 @@ type Capabilities struct {
 // String summarizes the capabilities in one line.
 func (c Capabilities) String() string {
 	var b strings.Builder
-	name := "mongodb"
-	if c.FerretDB {
-		name = "ferretdb"
-	}
-	fmt.Fprintf(&b, "%s %s %s", name, c.Version, c.Topology)
+	fmt.Fprintf(&b, "%s %s %s", c.Server, c.Version, c.Topology)
 	for _, f := range []struct {
 		on   bool
 		name string
@@ -78,14 +103,16 @@ func (c Capabilities) String() string {
 	return b.String()
 }
 
-// Probe finds what the server behind db can do by trying each feature, not
-// by reading its version number. It runs hello and buildInfo, then works on
-// one document it inserts into ProbeCollection and deletes at the end: a
-// find with $expr and $$NOW, an update pipeline, a transaction that is
-// aborted, and a TTL index on that collection. It needs read and write
-// access to db. A feature whose attempt fails is reported absent; Probe
-// itself fails only when the server cannot be reached or the probe document
-// cannot be written.
+// Probe finds what the server behind db can do by trying each feature and
+// checking its effect, not by reading its version number. It runs hello and
+// buildInfo, then works on a few documents it inserts into ProbeCollection
+// and deletes at the end: a findOneAndUpdate whose filter compares a date to
+// $$NOW with $expr, an update pipeline that stores $$NOW, a transaction that
+// is aborted (its insert must be gone) and one that is committed (its insert
+// must be there), and a TTL index on that collection. It needs read and
+// write access to db. A feature whose attempt fails, or does not have its
+// effect, is reported absent; Probe itself fails only when the server cannot
+// be reached or the probe document cannot be written.
 func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	var c Capabilities
 	admin := db.Client().Database("admin")
@@ -113,32 +140,77 @@ func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 		return c, fmt.Errorf("store: probe: buildInfo: %w", err)
 	}
 	c.Version, _ = build["version"].(string)
-	_, c.FerretDB = build["ferretdbVersion"]
-	if !c.FerretDB {
-		_, c.FerretDB = build["ferretdbFeatures"]
-	}
+	c.Server = serverKind(build)
 
 	coll := db.Collection(ProbeCollection)
 	id := bson.NewObjectID()
-	if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "n", Value: 1}}); err != nil {
+	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	doc := bson.D{{Key: "_id", Value: id}, {Key: "n", Value: 1}, {Key: "t", Value: past}}
+	if _, err := coll.InsertOne(ctx, doc); err != nil {
 		return c, fmt.Errorf("store: probe: insert into %s.%s: %w", db.Name(), ProbeCollection, err)
 	}
-	defer func() { _, _ = coll.DeleteOne(context.WithoutCancel(ctx), bson.D{{Key: "_id", Value: id}}) }()
+	// The transaction probe adds documents of its own, with a probe field.
+	defer func() {
+		_, _ = coll.DeleteMany(context.WithoutCancel(ctx), bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: "_id", Value: id}},
+			bson.D{{Key: "probe", Value: id}},
+		}}})
+	}()
 
-	c.Expr = probeExpr(ctx, coll, id)
+	c.Expr = probeExpr(ctx, coll, id, past)
 	c.UpdatePipelines = probePipeline(ctx, coll, id)
-	c.Transactions = probeTransactions(ctx, db.Client(), coll)
-	c.TTLIndexes = !c.FerretDB && probeTTL(ctx, coll)
+	c.Transactions = probeTransactions(ctx, db.Client(), coll, id)
+	c.TTLIndexes = c.Server != FerretDBv1 && probeTTL(ctx, coll)
 	return c, ctx.Err()
 }
 
-func probeExpr(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
-	filter := bson.D{
-		{Key: "_id", Value: id},
-		{Key: "$expr", Value: bson.D{{Key: "$lte", Value: bson.A{"$$NOW", "$$NOW"}}}},
+// serverKind tells FerretDB v1 (ferretdbVersion, ferretdbFeatures), FerretDB
+// v2 (a ferretdb document) and anything else apart from a buildInfo reply.
+func serverKind(build bson.M) ServerKind {
+	if _, ok := build["ferretdb"]; ok {
+		return FerretDBv2
 	}
-	n, err := coll.CountDocuments(ctx, filter)
-	return err == nil && n == 1
+	_, v1 := build["ferretdbVersion"]
+	_, v1f := build["ferretdbFeatures"]
+	if v1 || v1f {
+		return FerretDBv1
+	}
+	return MongoDB
+}
+
+// probeExpr checks $expr with $$NOW in a write filter, matching and not
+// matching, and $$NOW in an update pipeline: both the document's date t (in
+// the past) against the server's current date.
+func probeExpr(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, past time.Time) bool {
+	exprFilter := func(op string) bson.D {
+		return bson.D{
+			{Key: "_id", Value: id},
+			{Key: "$expr", Value: bson.D{{Key: op, Value: bson.A{"$t", "$$NOW"}}}},
+		}
+	}
+	mark := func(v string) bson.D { return bson.D{{Key: "$set", Value: bson.D{{Key: "e", Value: v}}}} }
+	// t is in the past: "t > $$NOW" must match nothing, "t < $$NOW" the
+	// document. Both together rule out a $$NOW read as null or a string.
+	err := coll.FindOneAndUpdate(ctx, exprFilter("$gt"), mark("wrong")).Err()
+	if !errors.Is(err, mongo.ErrNoDocuments) {
+		return false
+	}
+	if err := coll.FindOneAndUpdate(ctx, exprFilter("$lt"), mark("right")).Err(); err != nil {
+		return false
+	}
+	pipe := mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "now", Value: "$$NOW"}}}}}
+	if _, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, pipe); err != nil {
+		return false
+	}
+	var got struct {
+		E   string        `bson:"e"`
+		Now bson.RawValue `bson:"now"`
+	}
+	if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&got); err != nil {
+		return false
+	}
+	now, ok := got.Now.DateTimeOK()
+	return got.E == "right" && ok && time.UnixMilli(now).After(past)
 }
 
 func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
@@ -153,19 +225,49 @@ func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID
 	return coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc) == nil && doc.N == 2
 }
 
-func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection) bool {
+// probeTransactions inserts a document in a transaction it aborts, and one
+// in a transaction it commits, and reads both back outside the session: the
+// first must be gone and the second there. Trying alone is not enough: the
+// driver's AbortTransaction ignores the server's answer, and FerretDB v2
+// applies writes sent in a "transaction" at once.
+func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection, probe bson.ObjectID) bool {
 	sess, err := client.StartSession()
 	if err != nil {
 		return false
 	}
 	defer sess.EndSession(context.WithoutCancel(ctx))
-	if err := sess.StartTransaction(); err != nil {
+	insert := func(id bson.ObjectID) error {
+		if err := sess.StartTransaction(); err != nil {
+			return err
+		}
+		_, err := coll.InsertOne(mongo.NewSessionContext(ctx, sess), bson.D{{Key: "_id", Value: id}, {Key: "probe", Value: probe}})
+		return err
+	}
+	exists := func(id bson.ObjectID) (bool, error) {
+		n, err := coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: id}})
+		return n == 1, err
+	}
+
+	aborted := bson.NewObjectID()
+	err = insert(aborted)
+	_ = sess.AbortTransaction(context.WithoutCancel(ctx)) // its error is not reported
+	if err != nil {
 		return false
 	}
-	sctx := mongo.NewSessionContext(ctx, sess)
-	_, err = coll.InsertOne(sctx, bson.D{{Key: "_id", Value: bson.NewObjectID()}})
-	abortErr := sess.AbortTransaction(context.WithoutCancel(ctx))
-	return err == nil && abortErr == nil
+	if there, err := exists(aborted); err != nil || there {
+		return false
+	}
+
+	committed := bson.NewObjectID()
+	if err := insert(committed); err != nil {
+		_ = sess.AbortTransaction(context.WithoutCancel(ctx))
+		return false
+	}
+	if err := sess.CommitTransaction(ctx); err != nil {
+		return false
+	}
+	there, err := exists(committed)
+	return err == nil && there
 }
 
 func probeTTL(ctx context.Context, coll *mongo.Collection) bool {

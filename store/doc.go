@@ -13,11 +13,15 @@
 //
 // # Capabilities
 //
-// Probe finds what the server can do by trying each feature: topology from
-// hello, FerretDB from buildInfo, then $expr with $$NOW, an update pipeline,
-// an aborted transaction and a TTL index, on one scratch document it deletes
-// afterwards. It never reads the version number to decide: FerretDB v1
-// reports 7.0.42 and lacks most of those.
+// Probe finds what the server can do by trying each feature and checking its
+// effect: topology from hello, the kind of server (MongoDB, FerretDB v1,
+// FerretDB v2 on DocumentDB) from buildInfo, then $expr with $$NOW in a write
+// filter and $$NOW in an update pipeline, an update pipeline, a transaction
+// whose aborted insert must be gone and whose committed one must be there,
+// and a TTL index, on scratch documents it deletes afterwards. It never reads
+// the version number to decide: FerretDB v1 reports 7.0.42 and lacks most of
+// those, and FerretDB v2 accepts startTransaction but applies each write at
+// once.
 //
 // # The server clock
 //
@@ -45,7 +49,10 @@
 //     (1 + ⌊T / ResyncInterval⌋) hellos in any span T.
 //   - The error classifiers look only at error types, codes and labels,
 //     through errors.As and errors.Is, so they keep working on wrapped errors;
-//     they never match message text.
+//     they never match message text, with one narrow exception: IsDuplicateKey
+//     also recognises FerretDB v2's InternalError (code 1) carrying
+//     PostgreSQL's duplicate-key message, its answer to a duplicate key inside
+//     findAndModify.
 //
 // # Errors
 //

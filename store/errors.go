@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
@@ -25,12 +26,44 @@ const (
 // Server error codes that the classification functions look for.
 const (
 	codeWriteConflict = 112
+	codeInternalError = 1
 )
 
 // IsDuplicateKey reports whether err, or any error it wraps, is a duplicate
-// key error (codes 11000, 11001, 12582) from the server.
+// key error from the server: codes 11000, 11001 and 12582, or the one form
+// FerretDB v2 on DocumentDB gives a duplicate key inside findAndModify.
+//
+// That server answers findAndModify's unique-index violation with code 1,
+// codeName InternalError and PostgreSQL's own message: "duplicate key value
+// violates unique constraint ..." (the _id primary key) or "conflicting key
+// value violates exclusion constraint ..." (DocumentDB enforces a unique
+// secondary index with an exclusion constraint). Only that exact combination
+// of code, name and message prefix counts; no other InternalError does, and
+// this is the only place a classifier reads message text.
 func IsDuplicateKey(err error) bool {
-	return err != nil && mongo.IsDuplicateKeyError(err)
+	return err != nil && (mongo.IsDuplicateKeyError(err) || isPostgresDuplicateKey(err))
+}
+
+// PostgreSQL's messages for unique_violation (23505) and exclusion_violation
+// (23P01), as DocumentDB passes them through.
+var postgresDuplicateKey = []string{
+	"duplicate key value violates unique constraint ",
+	"conflicting key value violates exclusion constraint ",
+}
+
+// isPostgresDuplicateKey recognises DocumentDB's InternalError for a
+// duplicate key in findAndModify (see IsDuplicateKey).
+func isPostgresDuplicateKey(err error) bool {
+	var ce mongo.CommandError
+	if !errors.As(err, &ce) || ce.Code != codeInternalError || ce.Name != "InternalError" {
+		return false
+	}
+	for _, p := range postgresDuplicateKey {
+		if strings.HasPrefix(ce.Message, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // IsNetwork reports whether err, or any error it wraps, is a network failure

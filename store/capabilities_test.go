@@ -1,0 +1,63 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+)
+
+// TestProbeKnowsEachServer holds Probe to the exact capabilities of each
+// kind of server the suite runs on, so a probe that starts to believe a
+// server (or stops believing one) fails here instead of skipping or
+// failing tests elsewhere.
+func TestProbeKnowsEachServer(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	caps, err := store.Probe(ctx, db.Database)
+	require.NoError(t, err)
+	t.Logf("%s", caps)
+	require.NotEmpty(t, caps.Version)
+
+	switch caps.Server {
+	case store.FerretDBv1:
+		// FerretDB v1 (the embedded backend): none of it.
+		require.Equal(t, store.Capabilities{Topology: store.Standalone, Server: store.FerretDBv1, Version: caps.Version}, caps)
+	case store.FerretDBv2:
+		// FerretDB v2 on DocumentDB, as start.sh configures it: no
+		// transactions (startTransaction is accepted, the writes apply at
+		// once), everything else.
+		require.Equal(t, store.Capabilities{
+			Topology: store.Standalone, Server: store.FerretDBv2, Version: caps.Version,
+			Expr: true, UpdatePipelines: true, TTLIndexes: true,
+		}, caps)
+	case store.MongoDB:
+		replicated := caps.Topology != store.Standalone
+		require.Equal(t, store.Capabilities{
+			Topology: caps.Topology, Server: store.MongoDB, Version: caps.Version,
+			Transactions: replicated, RetryableWrites: replicated,
+			Expr: true, UpdatePipelines: true, TTLIndexes: true,
+		}, caps)
+	default:
+		t.Fatalf("unknown server kind %q", caps.Server)
+	}
+	if db.Server.Backend == mongotest.BackendEmbedded {
+		require.Equal(t, store.FerretDBv1, caps.Server)
+	}
+
+	// Nothing is left behind: not the probe document, not the documents of
+	// the transaction probe (whether or not the server has transactions),
+	// not the TTL index.
+	n, err := db.Collection(store.ProbeCollection).CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	names, err := db.Collection(store.ProbeCollection).Indexes().ListSpecifications(ctx)
+	require.NoError(t, err)
+	for _, ix := range names {
+		require.Equal(t, "_id_", ix.Name)
+	}
+}
