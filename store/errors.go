@@ -54,11 +54,24 @@ var postgresDuplicateKey = []string{
 // isPostgresDuplicateKey recognises DocumentDB's InternalError for a
 // duplicate key in findAndModify (see IsDuplicateKey).
 func isPostgresDuplicateKey(err error) bool {
+	return isPostgresError(err, postgresDuplicateKey...)
+}
+
+// PostgreSQL's message for deadlock_detected (40P01): DocumentDB aborts one
+// of two racing writes with it (seen on upserts racing on a unique secondary
+// index). The aborted write was not applied.
+const postgresDeadlock = "deadlock detected"
+
+// isPostgresError reports whether err is DocumentDB's pass-through of a
+// PostgreSQL error in a command reply (findAndModify): code 1, codeName
+// InternalError, with a message that starts with one of prefixes. Nothing
+// else reads message text.
+func isPostgresError(err error, prefixes ...string) bool {
 	var ce mongo.CommandError
 	if !errors.As(err, &ce) || ce.Code != codeInternalError || ce.Name != "InternalError" {
 		return false
 	}
-	for _, p := range postgresDuplicateKey {
+	for _, p := range prefixes {
 		if strings.HasPrefix(ce.Message, p) {
 			return true
 		}
@@ -89,10 +102,12 @@ func HasLabel(err error, label string) bool {
 
 // IsWriteConflict reports whether err is the server's WriteConflict (code 112),
 // which a concurrent write inside a transaction or a storage-level conflict
-// can cause. It is always safe to retry the operation that caused it.
+// can cause, or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
+// (InternalError, code 1), its storage-level equivalent. The write was not
+// applied; it is always safe to retry the operation that caused it.
 func IsWriteConflict(err error) bool {
 	var se mongo.ServerError
-	return errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)
+	return (errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)) || isPostgresError(err, postgresDeadlock)
 }
 
 // IsTransient reports whether err is a failure that may pass if the same

@@ -92,7 +92,7 @@ func TestDuplicateKeyInFindAndModifyRace(t *testing.T) {
 					switch {
 					case errors.Is(err, mongo.ErrNoDocuments):
 						winners++ // upserted: no document before
-					case db.Caps().Server == store.FerretDBv2 && isDeadlock(err):
+					case db.Caps().Server == store.FerretDBv2 && store.IsWriteConflict(err):
 						deadlocks++
 					case store.IsDuplicateKey(err):
 						dups++
@@ -123,9 +123,26 @@ func TestDuplicateKeyInFindAndModifyRace(t *testing.T) {
 	}
 }
 
-// isDeadlock recognises PostgreSQL's deadlock_detected as DocumentDB passes
-// it through.
-func isDeadlock(err error) bool {
-	var ce mongo.CommandError
-	return errors.As(err, &ce) && ce.Code == 1 && ce.Name == "InternalError" && ce.Message == "deadlock detected"
+// TestDocumentDBDeadlockIsAWriteConflict: PostgreSQL's deadlock_detected, as
+// DocumentDB passes it through, is a write conflict (retry it) and not
+// ambiguous (it was not applied); nothing else with its code or its text is.
+func TestDocumentDBDeadlockIsAWriteConflict(t *testing.T) {
+	for _, err := range []error{
+		mongo.CommandError{Code: 1, Name: "InternalError", Message: "deadlock detected"},
+		fmt.Errorf("wrapped: %w", mongo.CommandError{Code: 1, Name: "InternalError", Message: "deadlock detected"}),
+	} {
+		require.True(t, store.IsWriteConflict(err), "%v", err)
+		require.True(t, store.IsTransient(err), "%v", err)
+		require.False(t, store.IsAmbiguous(err), "%v", err)
+		require.False(t, store.IsDuplicateKey(err), "%v", err)
+	}
+	for _, err := range []error{
+		mongo.CommandError{Code: 1, Name: "InternalError", Message: "something else: deadlock detected"},
+		mongo.CommandError{Code: 2, Name: "InternalError", Message: "deadlock detected"},
+		mongo.CommandError{Code: 1, Name: "BadValue", Message: "deadlock detected"},
+		errors.New("deadlock detected"),
+		mongo.WriteException{WriteErrors: mongo.WriteErrors{{Code: 1, Message: "deadlock detected"}}},
+	} {
+		require.False(t, store.IsWriteConflict(err), "%v", err)
+	}
 }
