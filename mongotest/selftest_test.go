@@ -18,7 +18,12 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-func TestMain(m *testing.M) { mongotest.Main(m) }
+func TestMain(m *testing.M) {
+	if leakChild(m) {
+		return
+	}
+	mongotest.Main(m, mongotest.CheckLeaks())
+}
 
 // TestSelfTestVersionCAS proves the backend keeps single-document atomicity
 // for a conditional update: 16 goroutines × 200 version-checked increments
