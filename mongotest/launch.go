@@ -93,6 +93,7 @@ func buildChild(ctx context.Context) (string, error) {
 		return bin, nil
 	}
 	unlock, err := lockFile(ctx, bin+".lock", func(holder string) {
+		// The holder has said what it does; this goes to the log only.
 		fmt.Fprintf(os.Stderr, "mongotest: waiting for %s to finish building the embedded server into %s\n", holder, bin)
 	})
 	if err != nil {
@@ -102,7 +103,7 @@ func buildChild(ctx context.Context) (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil // built while we waited
 	}
-	fmt.Fprintf(os.Stderr, "mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
+	announce("mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
 		"the first build takes 1-3 minutes (about 100 s on two cores), later runs reuse it\n", serverPackage, bin)
 	began := time.Now()
 	tmp := fmt.Sprintf("%s.tmp-%d", bin, os.Getpid())
@@ -116,8 +117,22 @@ func buildChild(ctx context.Context) (string, error) {
 		_ = os.Remove(tmp)
 		return "", err
 	}
-	fmt.Fprintf(os.Stderr, "mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
+	announce("mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
 	return bin, nil
+}
+
+// announce tells the person at the terminal what is happening. go test holds
+// back a test binary's output until the package's tests end (when it tests
+// several packages), so a message about a minutes-long build goes to the
+// controlling terminal when there is one, and to standard error otherwise
+// (CI logs).
+func announce(format string, args ...any) {
+	w := io.Writer(os.Stderr)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		w = tty
+	}
+	fmt.Fprintf(w, format, args...)
 }
 
 // childKey is a hash of everything the child binary is built from: the Go
