@@ -2,6 +2,7 @@ package mongotest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -103,7 +104,7 @@ func buildChild(ctx context.Context) (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil // built while we waited
 	}
-	announce("mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
+	announcef("mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
 		"the first build takes 1-3 minutes (about 100 s on two cores), later runs reuse it\n", serverPackage, bin)
 	began := time.Now()
 	tmp := fmt.Sprintf("%s.tmp-%d", bin, os.Getpid())
@@ -117,16 +118,16 @@ func buildChild(ctx context.Context) (string, error) {
 		_ = os.Remove(tmp)
 		return "", err
 	}
-	announce("mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
+	announcef("mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
 	return bin, nil
 }
 
-// announce tells the person at the terminal what is happening. go test holds
+// announcef tells the person at the terminal what is happening. go test holds
 // back a test binary's output until the package's tests end (when it tests
 // several packages), so a message about a minutes-long build goes to the
 // controlling terminal when there is one, and to standard error otherwise
 // (CI logs).
-func announce(format string, args ...any) {
+func announcef(format string, args ...any) {
 	w := io.Writer(os.Stderr)
 	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
 		defer tty.Close()
@@ -142,13 +143,11 @@ func announce(format string, args ...any) {
 func childKey(ctx context.Context, goBin string) (string, error) {
 	const format = `{{if not .Standard}}{{.ImportPath}}	{{.Dir}}	{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}{{end}}{{end}}`
 	cmd := exec.CommandContext(ctx, goBin, "list", "-deps", "-f", format, serverPackage)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
-		}
-		return "", fmt.Errorf("go list %s: %w", serverPackage, err)
+		return "", fmt.Errorf("go list %s: %w: %s", serverPackage, err, strings.TrimSpace(stderr.String()))
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
@@ -183,7 +182,7 @@ func hashSources(h io.Writer, dir string) error {
 		if e.IsDir() {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, e.Name())) //nolint:gosec // a package directory the go command named
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
 			return err
 		}
@@ -241,7 +240,7 @@ func lockFile(ctx context.Context, path string, waiting func(holder string)) (fu
 
 // lockState reads the holder of a lock file and whether the lock is stale.
 func lockState(path string) (holder string, stale bool) {
-	b, err := os.ReadFile(path) //nolint:gosec // our own lock file
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "another process", errors.Is(err, os.ErrNotExist)
 	}

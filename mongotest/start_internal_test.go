@@ -124,9 +124,9 @@ func TestLockHeldByALiveProcessIsNeverStale(t *testing.T) {
 	require.Equal(t, holder, waited)
 
 	// A process that has exited: stale at once, however young the file.
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.CommandContext(context.Background(), os.Args[0], "-test.run=^$") //nolint:gosec // this test binary
 	require.NoError(t, cmd.Run())
-	require.NoError(t, os.WriteFile(path, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(path, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)) //nolint:gosec // a path under t.TempDir
 	_, stale = lockState(path)
 	require.True(t, stale)
 	unlock, err := lockFile(context.Background(), path, nil)
@@ -158,7 +158,7 @@ func TestChildKeyFollowsTheSources(t *testing.T) {
 	require.Equal(t, k1, k2)
 	require.Len(t, k1, 16)
 
-	// A source file that changes changes the hash.
+	// Editing a source file changes the hash.
 	dir := t.TempDir()
 	sum := func() string {
 		h := sha256.New()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,8 +28,9 @@ func sections(t *testing.T) []string {
 	src, err := os.ReadFile("snippets_test.go")
 	require.NoError(t, err)
 	re := regexp.MustCompile(`(?s)// README: [^\n]*\n(.*?)\n// README end\n`)
-	var out []string
-	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+	ms := re.FindAllStringSubmatch(string(src), -1)
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
 		out = append(out, strings.TrimSpace(m[1]))
 	}
 	return out
@@ -53,8 +55,9 @@ func readmeBlocks(t *testing.T) []string {
 	readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
 	require.NoError(t, err)
 	re := regexp.MustCompile("(?s)```go\n(.*?)```")
-	var out []string
-	for _, m := range re.FindAllStringSubmatch(string(readme), -1) {
+	ms := re.FindAllStringSubmatch(string(readme), -1)
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
 		out = append(out, strings.TrimSpace(m[1]))
 	}
 	return out
@@ -177,7 +180,7 @@ func TestChangePrimaryOneAtATime(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for i := range 8 {
-		wg.Go(func() { errs <- ChangePrimary(t.Context(), leases, users, p, "u", fmt.Sprint(i)) })
+		wg.Go(func() { errs <- ChangePrimary(t.Context(), leases, users, p, "u", strconv.Itoa(i)) })
 	}
 	wg.Wait()
 	close(errs)
