@@ -39,7 +39,7 @@
 // # Guarantees
 //
 // Given a server that applies single-document writes atomically, write
-// concern majority and primary reads on a replica set (store.ClientOptions
+// concern majority and primary reads on a replica set ([store.ClientOptions]
 // sets both), a server clock that gains less than DriftRate on the local one
 // (in ModeEstimated: clock estimates within their bounds), and timers late by
 // less than SafetyMargin:
@@ -60,7 +60,7 @@
 //     local deadline but before anyone else claimed the lease still
 //     applies, ordered before every write of any later holder.
 //   - Bad input (options, ids, a nil context) and an ended context are
-//     reported before anything is sent. Ids are checked by store.CheckID
+//     reported before anything is sent. Ids are checked by [store.CheckID]
 //     and compared with $eq: an id such as {"$gt": ""} is refused.
 //   - The lease's own commands never use a session or transaction carried
 //     by the caller's context.
@@ -93,7 +93,7 @@
 //   - [*UnknownOutcomeError], matching [ErrUnknownOutcome]: a write failed
 //     ambiguously and the re-read failed too. No two owners can hold the
 //     lease because of it.
-//   - store.ErrNoServerTime (wrapped): ModeEstimated could not read the
+//   - [store.ErrNoServerTime] (wrapped): ModeEstimated could not read the
 //     server's clock, so nothing was claimed or renewed.
 //   - [ErrNotNamed]: EnsureIndexes or Sweep on a Manager made by New.
 //   - Acquire stopped by its context or by Options.Retry (retry.ErrExhausted,

@@ -1,7 +1,7 @@
 // Package mongotest gives a test a real MongoDB-wire server in one call, on
 // any machine, and injects faults into its traffic.
 //
-//	func TestMain(m *testing.M) { mongotest.Main(m) }
+//	func TestMain(m *testing.M) { mongotest.Main(m) } // or Main(m, mongotest.CheckLeaks())
 //
 //	func TestSomething(t *testing.T) {
 //		db := mongotest.New(t) // a fresh database, dropped when t ends
@@ -20,13 +20,16 @@
 //     /dev/shm when it exists), reached through a proxy that serializes wire
 //     exchanges. It runs inside the test binary, or, when the binary is
 //     built with -race, in a child process built from ./ferretdbserver with
-//     the go command (cached): FerretDB's SQLite engine is several times
-//     slower under the race detector, and it is not our code to check.
+//     the go command: FerretDB's SQLite engine is several times slower under
+//     the race detector, and it is not our code to check. The first such
+//     build takes one to three minutes and says so on standard error; the
+//     binary is kept in the user cache directory under a name keyed by the
+//     Go version, the modules it links and its sources, and reused.
 //     MONGOCAS_EMBEDDED=process|inprocess overrides the choice.
 //
-// MONGOCAS_BACKEND=uri|docker|embedded forces one. Server.Caps says what the
-// backend can do, as store.Probe found it by trying each feature, and which
-// kind of server it is (MongoDB, FerretDB v1, FerretDB v2); DB.Require skips
+// MONGOCAS_BACKEND=uri|docker|embedded forces one. [Server].Caps says what the
+// backend can do, as [store.Probe] found it by trying each feature, and which
+// kind of server it is (MongoDB, FerretDB v1, FerretDB v2); [DB.Require] skips
 // a test, saying why, when a capability is missing. A skipped test is
 // reported as skipped, never as passed.
 //
@@ -42,7 +45,7 @@
 // so the tests that need them run; it has no multi-document transactions
 // (startTransaction is accepted and each write applies at once; Probe checks
 // the effect and reports none). It answers a duplicate key inside
-// findAndModify with an InternalError, which store.IsDuplicateKey recognises.
+// findAndModify with an InternalError, which [store.IsDuplicateKey] recognises.
 //
 // # What the embedded backend proves, and what it does not
 //
@@ -61,7 +64,7 @@
 //
 // # Faults
 //
-// DB.Faulty returns a second client to the same database whose traffic passes
+// [DB.Faulty] returns a second client to the same database whose traffic passes
 // through a proxy of its own, so one test's faults never touch another's. A
 // Match (Writes, Commands) picks the requests a fault acts on; each fault
 // acts once (DropReplies: n times) and reports through Fault.HasFired, Fired
@@ -99,14 +102,16 @@
 // # Guarantees
 //
 //   - New returns a database no other test uses, and drops it at cleanup.
-//   - One server per test binary; Main stops it and removes its files.
+//   - One server per test binary; [Main] stops it and removes its files. With
+//     [CheckLeaks] it also fails the run if a goroutine outlives the tests.
 //   - Start bounds each backend's start: MONGODB_URI is given up on after its
 //     server-selection timeout (10 s); Docker is tried only when its engine
 //     answers a ping within two seconds.
 //
 // # Errors
 //
-//   - ErrNoServer: no backend could give a server; the error says which
-//     backend failed and why (an unreachable or malformed MONGODB_URI is named
-//     with its password redacted). New fails the test with it.
+//   - [ErrNoServer]: no backend could give a server; the error says which
+//     backend failed, why (an unreachable or malformed MONGODB_URI is named
+//     with its password redacted), and what to do about it ("To fix: start
+//     Docker, or unset MONGOCAS_BACKEND ..."). [New] fails the test with it.
 package mongotest

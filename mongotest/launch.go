@@ -2,7 +2,10 @@ package mongotest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -49,7 +53,7 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 		fmt.Fprintf(os.Stderr, "mongotest: FerretDB child process unavailable (%v); running it in-process\n", err)
 	case "inprocess":
 	default:
-		return "", nil, "", fmt.Errorf("%s=%q: want process or inprocess", EnvEmbedded, mode)
+		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=%q: want process or inprocess", EnvEmbedded, mode))
 	}
 	addr, stop, err = runInProcess(dir)
 	return addr, stop, "in-process", err
@@ -59,13 +63,23 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 // bin directory first there).
 func goCommand() (string, error) { return exec.LookPath("go") }
 
-// buildChild builds ferretdbserver (without -race) into the user cache
-// directory. go build relinks only when something changed; a lock file keeps
-// parallel test binaries from writing the same file at once.
+// buildChild returns the path of the ferretdbserver binary (built without
+// -race) for the sources and Go version at hand, building it on first use.
+//
+// The binary lives in the user cache directory under a name keyed by a hash
+// of what it is built from (see childKey), so checkouts and versions of
+// mongocas never run each other's binary, and one that exists is used as it
+// is: no go command runs. A lock file keeps parallel test binaries from
+// building the same file at once; the first says what it is doing, once, on
+// standard error, since a cold build takes minutes.
 func buildChild(ctx context.Context) (string, error) {
 	goBin, err := goCommand()
 	if err != nil {
-		return "", fmt.Errorf("no go command: %w", err)
+		return "", fmt.Errorf("no go command on PATH to build %s: %w", serverPackage, err)
+	}
+	key, err := childKey(ctx, goBin)
+	if err != nil {
+		return "", err
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
@@ -75,42 +89,166 @@ func buildChild(ctx context.Context) (string, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "ferretdbserver-"+runtime.GOOS+"-"+runtime.GOARCH)
-	unlock, err := lockFile(ctx, bin+".lock")
+	bin := filepath.Join(dir, "ferretdbserver-"+runtime.GOOS+"-"+runtime.GOARCH+"-"+key)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	unlock, err := lockFile(ctx, bin+".lock", func(holder string) {
+		// The holder has said what it does; this goes to the log only.
+		fmt.Fprintf(os.Stderr, "mongotest: waiting for %s to finish building the embedded server into %s\n", holder, bin)
+	})
 	if err != nil {
 		return "", err
 	}
 	defer unlock()
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, serverPackage)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // built while we waited
+	}
+	announcef("mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
+		"the first build takes 1-3 minutes (about 100 s on two cores), later runs reuse it\n", serverPackage, bin)
+	began := time.Now()
+	tmp := fmt.Sprintf("%s.tmp-%d", bin, os.Getpid())
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, serverPackage)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("go build %s: %w: %s", serverPackage, err, strings.TrimSpace(string(out)))
 	}
+	if err := os.Rename(tmp, bin); err != nil {
+		_ = os.Remove(tmp)
+		return "", err
+	}
+	announcef("mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
 	return bin, nil
 }
 
-// lockFile takes an exclusive lock by creating path; a lock older than five
-// minutes is taken to be left by a crashed process.
-func lockFile(ctx context.Context, path string) (func(), error) {
+// announcef tells the person at the terminal what is happening. go test holds
+// back a test binary's output until the package's tests end (when it tests
+// several packages), so a message about a minutes-long build goes to the
+// controlling terminal when there is one, and to standard error otherwise
+// (CI logs).
+func announcef(format string, args ...any) {
+	w := io.Writer(os.Stderr)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		w = tty
+	}
+	fmt.Fprintf(w, format, args...)
+}
+
+// childKey is a hash of everything the child binary is built from: the Go
+// version, the version of every module it links, and the source files of
+// its packages that come from a module with no version (this checkout, or a
+// local replace), whose sources can change under the same name.
+func childKey(ctx context.Context, goBin string) (string, error) {
+	const format = `{{if not .Standard}}{{.ImportPath}}	{{.Dir}}	{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}{{end}}{{end}}`
+	cmd := exec.CommandContext(ctx, goBin, "list", "-deps", "-f", format, serverPackage)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list %s: %w: %s", serverPackage, err, strings.TrimSpace(stderr.String()))
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	ver, err := exec.CommandContext(ctx, goBin, "env", "GOVERSION").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOVERSION: %w", err)
+	}
+	fmt.Fprintf(h, "go command %s", ver)
+	for line := range strings.Lines(string(out)) {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		if len(f) != 3 {
+			continue
+		}
+		fmt.Fprintf(h, "%s %s\n", f[0], f[2])
+		if f[2] == "" || strings.HasSuffix(f[2], "@") { // no version, or replaced by a directory
+			if err := hashSources(h, f[1]); err != nil {
+				return "", err
+			}
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// hashSources adds the name and contents of every file of the package in
+// dir to h, in name order.
+func hashSources(h io.Writer, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %d\n", e.Name(), len(b))
+		_, _ = h.Write(b)
+	}
+	return nil
+}
+
+// staleLockAge is how old a lock file whose holder cannot be checked must be
+// before it is taken to be left by a crashed process: far longer than a cold
+// build of the child on a busy machine.
+const staleLockAge = 30 * time.Minute
+
+// lockFile takes an exclusive lock by creating path and writing this
+// process's id into it. A lock whose holder has exited is stale and is
+// broken at once; a lock held by a live process never is. A lock whose
+// holder cannot be read (written by an older version, or not yet written)
+// is stale after staleLockAge. waiting is called once, with the holder, if
+// the lock is busy.
+func lockFile(ctx context.Context, path string, waiting func(holder string)) (func(), error) {
+	told := false
 	for {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err == nil {
-			_ = f.Close()
+			_, werr := fmt.Fprintf(f, "%d\n", os.Getpid())
+			if cerr := f.Close(); werr == nil {
+				werr = cerr
+			}
+			if werr != nil {
+				_ = os.Remove(path)
+				return nil, werr
+			}
 			return func() { _ = os.Remove(path) }, nil
 		}
 		if !errors.Is(err, os.ErrExist) {
 			return nil, err
 		}
-		if st, serr := os.Stat(path); serr == nil && time.Since(st.ModTime()) > 5*time.Minute {
+		holder, stale := lockState(path)
+		if stale {
 			_ = os.Remove(path)
 			continue
 		}
+		if !told && waiting != nil {
+			waiting(holder)
+			told = true
+		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for %s: %w", path, ctx.Err())
+			return nil, fmt.Errorf("waiting for %s (held by %s): %w", path, holder, ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// lockState reads the holder of a lock file and whether the lock is stale.
+func lockState(path string) (holder string, stale bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "another process", errors.Is(err, os.ErrNotExist)
+	}
+	if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+		return "process " + strconv.Itoa(pid), !processAlive(pid)
+	}
+	st, err := os.Stat(path)
+	return "another process", err == nil && time.Since(st.ModTime()) > staleLockAge
 }
 
 func startChild(ctx context.Context, dir string) (string, func(), error) {

@@ -126,20 +126,86 @@ func Shutdown() {
 }
 
 func start(ctx context.Context) (*Server, error) {
+	s, err := pick(ctx)
+	if err != nil {
+		return nil, &startError{err: err, fix: fixFor(err)}
+	}
+	return s, nil
+}
+
+// startError is a start-up failure with what to do about it.
+type startError struct {
+	err error
+	fix string
+}
+
+func (e *startError) Error() string { return e.err.Error() + ". To fix: " + e.fix }
+func (e *startError) Unwrap() error { return e.err }
+
+// Start-up failures of each backend, so that fixFor can suggest a fix.
+var (
+	errURIBackend      = errors.New("uri backend")
+	errDockerBackend   = errors.New("docker backend")
+	errEmbeddedBackend = errors.New("embedded backend")
+	errBadSetting      = errors.New("bad setting")
+)
+
+// backendError tags err with its backend (one of the errors above) without
+// adding to its message.
+type backendError struct {
+	kind error
+	err  error
+}
+
+func (e *backendError) Error() string   { return e.err.Error() }
+func (e *backendError) Unwrap() []error { return []error{e.kind, e.err} }
+
+func tag(kind, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &backendError{kind: kind, err: err}
+}
+
+// fixFor says what to do about a start-up failure.
+func fixFor(err error) string {
+	switch {
+	case errors.Is(err, errBadSetting):
+		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; %s to process or inprocess, or unset it",
+			EnvBackend, EnvEmbedded)
+	case errors.Is(err, errURIBackend):
+		return fmt.Sprintf("check that the server in %s is running and reachable from here (and its credentials), "+
+			"or unset %s (and %s) to use Docker or the embedded server", EnvURI, EnvURI, EnvBackend)
+	case errors.Is(err, errDockerBackend):
+		return fmt.Sprintf("start Docker (or point DOCKER_HOST at a running engine), "+
+			"or unset %s to use the embedded server, or set %s to a MongoDB of yours", EnvBackend, EnvURI)
+	default:
+		return fmt.Sprintf("check that the go command is on PATH and that %s builds (go build %s), "+
+			"or set %s to a MongoDB of yours; %s=inprocess runs the server inside non-race test binaries",
+			serverPackage, serverPackage, EnvURI, EnvEmbedded)
+	}
+}
+
+// pick starts the backend the environment asks for (see Start).
+func pick(ctx context.Context) (*Server, error) {
 	uri := os.Getenv(EnvURI)
 	switch b := Backend(strings.ToLower(os.Getenv(EnvBackend))); b {
 	case BackendURI:
 		if uri == "" {
-			return nil, fmt.Errorf("%s=%s but %s is empty", EnvBackend, b, EnvURI)
+			return nil, tag(errBadSetting, fmt.Errorf("%s=%s but %s is empty", EnvBackend, b, EnvURI))
 		}
 		return startURI(ctx, uri)
 	case BackendDocker:
+		if !dockerAnswers(ctx) {
+			return nil, tag(errDockerBackend, fmt.Errorf("%s=docker, but no Docker engine answered a ping at %s within 2s",
+				EnvBackend, dockerHost()))
+		}
 		return startDocker(ctx)
 	case BackendEmbedded:
 		return startEmbedded(ctx)
 	case "":
 	default:
-		return nil, fmt.Errorf("%s=%q: want uri, docker or embedded", EnvBackend, b)
+		return nil, tag(errBadSetting, fmt.Errorf("%s=%q: want uri, docker or embedded", EnvBackend, b))
 	}
 	if uri != "" {
 		return startURI(ctx, uri)
@@ -170,7 +236,7 @@ func connect(ctx context.Context, uri string, b Backend) (*Server, error) {
 func startURI(ctx context.Context, uri string) (*Server, error) {
 	s, err := connect(ctx, uri, BackendURI)
 	if err != nil {
-		return nil, err
+		return nil, tag(errURIBackend, err)
 	}
 	s.upstream = faultUpstream(ctx, s.Client, uri)
 	s.stop = func() { _ = s.Client.Disconnect(context.Background()) }
@@ -210,6 +276,11 @@ func faultUpstream(ctx context.Context, client *mongo.Client, uri string) string
 }
 
 func startDocker(ctx context.Context) (*Server, error) {
+	s, err := runDocker(ctx)
+	return s, tag(errDockerBackend, err)
+}
+
+func runDocker(ctx context.Context) (*Server, error) {
 	img := os.Getenv(EnvDockerImage)
 	if img == "" {
 		img = DefaultDockerImage
@@ -246,6 +317,14 @@ func startDocker(ctx context.Context) (*Server, error) {
 		_ = testcontainers.TerminateContainer(c)
 	}
 	return s, nil
+}
+
+// dockerHost says where dockerAnswers looks for the engine.
+func dockerHost() string {
+	if h := os.Getenv("DOCKER_HOST"); h != "" {
+		return "DOCKER_HOST=" + h
+	}
+	return "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
 }
 
 // dockerAnswers reports whether a Docker engine answers a ping within two
@@ -305,7 +384,12 @@ func tempRoot() string {
 	return ""
 }
 
-func startEmbedded(ctx context.Context) (s *Server, err error) {
+func startEmbedded(ctx context.Context) (*Server, error) {
+	s, err := runEmbedded(ctx)
+	return s, tag(errEmbeddedBackend, err)
+}
+
+func runEmbedded(ctx context.Context) (s *Server, err error) {
 	dir, err := os.MkdirTemp(tempRoot(), "mongocas-ferretdb-")
 	if err != nil {
 		return nil, fmt.Errorf("embedded backend: temp dir: %w", err)

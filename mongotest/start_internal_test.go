@@ -2,8 +2,14 @@ package mongotest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -98,4 +104,69 @@ func TestEmbeddedStartFailureIsAClearError(t *testing.T) {
 	runtime.GC()
 	time.Sleep(50 * time.Millisecond)
 	runtime.GC()
+}
+
+func TestLockHeldByALiveProcessIsNeverStale(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lock")
+
+	// Ours: alive, however old the file.
+	require.NoError(t, os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600))
+	old := time.Now().Add(-24 * time.Hour)
+	require.NoError(t, os.Chtimes(path, old, old))
+	holder, stale := lockState(path)
+	require.False(t, stale)
+	require.Equal(t, "process "+strconv.Itoa(os.Getpid()), holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	waited := ""
+	_, err := lockFile(ctx, path, func(h string) { waited = h })
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, holder, waited)
+
+	// A process that has exited: stale at once, however young the file.
+	cmd := exec.CommandContext(context.Background(), os.Args[0], "-test.run=^$") //nolint:gosec // this test binary
+	require.NoError(t, cmd.Run())
+	require.NoError(t, os.WriteFile(path, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)) //nolint:gosec // a path under t.TempDir
+	_, stale = lockState(path)
+	require.True(t, stale)
+	unlock, err := lockFile(context.Background(), path, nil)
+	require.NoError(t, err)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(os.Getpid())+"\n", string(b))
+	unlock()
+	require.NoFileExists(t, path)
+
+	// No pid to check: stale only after staleLockAge.
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	_, stale = lockState(path)
+	require.False(t, stale)
+	old = time.Now().Add(-staleLockAge - time.Minute)
+	require.NoError(t, os.Chtimes(path, old, old))
+	_, stale = lockState(path)
+	require.True(t, stale)
+}
+
+func TestChildKeyFollowsTheSources(t *testing.T) {
+	goBin, err := goCommand()
+	require.NoError(t, err)
+	ctx := context.Background()
+	k1, err := childKey(ctx, goBin)
+	require.NoError(t, err)
+	k2, err := childKey(ctx, goBin)
+	require.NoError(t, err)
+	require.Equal(t, k1, k2)
+	require.Len(t, k1, 16)
+
+	// Editing a source file changes the hash.
+	dir := t.TempDir()
+	sum := func() string {
+		h := sha256.New()
+		require.NoError(t, hashSources(h, dir))
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n"), 0o600))
+	before := sum()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main // edited\n"), 0o600))
+	require.NotEqual(t, before, sum())
 }

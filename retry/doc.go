@@ -4,17 +4,23 @@
 // budgets fit for request paths, one classification of what is retryable, and
 // a retry budget that caps retries during conflict storms.
 //
-// The usual call is
+// The usual call wraps one operation that may fail transiently, here a
+// write the server may answer with a write conflict or a network error:
 //
 //	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
-//		return repo.Update(ctx, id, change)
+//		_, err := orders.UpdateOne(ctx, bson.D{{"_id", id}, {"status", "new"}},
+//			bson.D{{"$set", bson.D{{"status", "paid"}}}})
+//		return err
 //	})
+//
+// (The versioned package's Modify runs its own loop on this package: give it
+// a [Policy] through its options rather than wrapping it in Do.)
 //
 // The zero Policy means the defaults: full-jitter exponential backoff whose
 // cap starts at 5ms and doubles up to 200ms, at most 10 attempts and at most
-// 2s in all. A retry Budget, a hook for logs and metrics (OnRetry), and, for
-// tests, a Clock and a random source are set on the Policy. DoValue is Do for
-// functions that return a value; Policy.NewBackoff gives the bare delay
+// 2s in all. A retry [Budget], a hook for logs and metrics (OnRetry), and, for
+// tests, a [Clock] and a random source are set on the [Policy]. [DoValue] is [Do] for
+// functions that return a value; [Policy.NewBackoff] gives the bare delay
 // sequence to loops that Do does not fit.
 //
 // The exponential part comes from github.com/cenkalti/backoff/v4, which this
@@ -23,11 +29,11 @@
 //
 // # Classification
 //
-// IsRetryable decides, through errors.Is and errors.As only (never the text
+// [IsRetryable] decides, through errors.Is and errors.As only (never the text
 // of a message), so that wrapping with %w or errors.Join keeps the answer:
-// Permanent and context cancellation or deadline mean no; an error type that
-// implements Retryable (such as the versioned package's conflict error)
-// answers for itself; otherwise store.IsTransient decides (network errors,
+// [Permanent] and context cancellation or deadline mean no; an error type that
+// implements [Retryable] (such as the versioned package's conflict error)
+// answers for itself; otherwise [store.IsTransient] decides (network errors,
 // timeouts, write conflicts, the RetryableWriteError and
 // TransientTransactionError labels). Do adds one refinement: a deadline error
 // while the caller's context is still live is a per-attempt timeout and is
@@ -35,7 +41,7 @@
 //
 // Retrying is only safe for operations that are idempotent or that detect
 // their own earlier success: after a network error or a timeout a write may
-// have been applied (see store.IsAmbiguous). The versioned package's
+// have been applied (see [store.IsAmbiguous]). The versioned package's
 // read-modify-write loop re-reads before it writes again, which makes it so.
 //
 // # Guarantees
@@ -61,18 +67,18 @@
 //
 // Do returns nil on success and, otherwise, one of these:
 //
-//   - *ConfigError, which matches ErrInvalidPolicy: a Policy field is out of
+//   - [*ConfigError], which matches [ErrInvalidPolicy]: a Policy field is out of
 //     range (a negative interval, a Multiplier below 1, an unknown Jitter, a
-//     Budget made with invalid arguments). Policy.Validate returns the same
+//     Budget made with invalid arguments). [Policy.Validate] returns the same
 //     error. Do returns it before calling fn.
 //   - The error of fn itself, when it is not retryable, so errors.Is and
 //     errors.As on it behave as if Do were not there. An error wrapped by
-//     Permanent is returned as the error given to Permanent.
-//   - *ExhaustedError, which matches ErrExhausted: fn failed with a retryable
+//     [Permanent] is returned as the error given to Permanent.
+//   - [*ExhaustedError], which matches [ErrExhausted]: fn failed with a retryable
 //     error and MaxAttempts or MaxElapsedTime leaves no room for another
 //     attempt. It carries the number of attempts, the time spent and the last
 //     error, and it also matches whatever that last error matches.
-//   - *BudgetExhaustedError, which matches ErrBudgetExhausted: fn failed with
+//   - [*BudgetExhaustedError], which matches [ErrBudgetExhausted]: fn failed with
 //     a retryable error and the shared Budget had no token left. It carries
 //     the number of attempts and the last error, and it also matches
 //     whatever that last error matches.

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
-
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -203,7 +201,7 @@ func classify(err error, callerLive bool) bool {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) &&
-		(!callerLive || errors.Is(err, driver.ErrDeadlineWouldBeExceeded)) {
+		(!callerLive || store.IsDeadlineTooClose(err)) {
 		return false
 	}
 	var r Retryable

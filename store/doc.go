@@ -4,16 +4,16 @@
 //
 // # Connecting
 //
-// Connect opens a client with the defaults a service should not have to
+// [Connect] opens a client with the defaults a service should not have to
 // remember (majority write concern with journaling, retryable writes and
 // reads, primary reads, bounded connect and server-selection timeouts, an app
-// name) and pings the primary, so a wrong URI fails at start-up. New wraps a
+// name) and pings the primary, so a wrong URI fails at start-up. [New] wraps a
 // *mongo.Client the caller already has and leaves its lifecycle to the
 // caller.
 //
 // # Capabilities
 //
-// Probe finds what the server can do by trying each feature and checking its
+// [Probe] finds what the server can do by trying each feature and checking its
 // effect: topology from hello, the kind of server (MongoDB, FerretDB v1,
 // FerretDB v2 on DocumentDB) from buildInfo, then $expr with $$NOW in a write
 // filter and $$NOW in an update pipeline, an update pipeline, a transaction
@@ -27,9 +27,9 @@
 //
 // Lease expiry is judged on the database server's clock, not on the
 // application host's. Where the server has $expr and $$NOW, judge it inside
-// the server and need no estimate; elsewhere a Clock estimates the server's
+// the server and need no estimate; elsewhere a [Clock] estimates the server's
 // time from the localTime field of hello (sent to the primary) plus the local
-// monotonic time elapsed since the reading. The error bound of an Estimate is
+// monotonic time elapsed since the reading. The error bound of an [Estimate] is
 // (round trip + 1 ms) / 2 + DriftRate × age. A Clock keeps its best fresh
 // reading: a stale one (older than ResyncInterval) is replaced by the next
 // successful reading whatever its round trip, so a slower network widens the
@@ -42,29 +42,30 @@
 //   - An Estimate brackets the server's true time, Earliest() ≤ true ≤
 //     Latest(), as long as the clocks drift apart by less than DriftRate and
 //     the reading's round trip was real (not replayed).
-//   - Clock.Now returns an Estimate from a reading younger than MaxAge, or an
-//     error matching ErrNoServerTime; never the zero Estimate with a nil
+//   - [Clock.Now] returns an Estimate from a reading younger than MaxAge, or an
+//     error matching [ErrNoServerTime]; never the zero Estimate with a nil
 //     error. One call sends at most Samples hellos; concurrent callers share
 //     one sync; while every reading succeeds, a Clock sends at most Samples ×
 //     (1 + ⌊T / ResyncInterval⌋) hellos in any span T.
 //   - The error classifiers look only at error types, codes and labels,
 //     through errors.As and errors.Is, so they keep working on wrapped errors;
-//     they never match message text, with one narrow exception: IsDuplicateKey
+//     they never match message text, with one narrow exception: [IsDuplicateKey]
 //     also recognises FerretDB v2's InternalError (code 1) carrying
 //     PostgreSQL's duplicate-key message, its answer to a duplicate key inside
 //     findAndModify.
 //
 // # Errors
 //
-//   - ErrConnect (*ConnectError): Connect could not parse the URI or reach a
+//   - [ErrConnect] ([*ConnectError]): Connect could not parse the URI or reach a
 //     primary. The error names the URI with its secrets (password, secret
-//     options) redacted by RedactURI, and wraps the driver's error.
-//   - ErrNoServerTime: a Clock has no usable reading of the server's clock
+//     options) redacted by [RedactURI], and wraps the driver's error.
+//   - [ErrNoServerTime]: a Clock has no usable reading of the server's clock
 //     (none, or one older than MaxAge) and could not take one (server
 //     unreachable, no localTime in hello, context ended: then the error
 //     matches the context's error too).
-//   - IsDuplicateKey, IsNetwork, IsTimeout, IsWriteConflict, HasLabel,
-//     IsTransient and IsAmbiguous classify the driver's errors. IsAmbiguous
+//   - [IsDuplicateKey], [IsNetwork], [IsTimeout], [IsWriteConflict], [HasLabel],
+//     [IsTransient], [IsAmbiguous] and [IsDeadlineTooClose] classify the
+//     driver's errors. IsAmbiguous
 //     is the one that matters for writes: after such an error the write may or
 //     may not have been applied, and code that must apply a change exactly
 //     once re-reads before retrying.

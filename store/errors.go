@@ -6,8 +6,6 @@ import (
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 )
 
 // Server error labels that the classification functions look for.
@@ -175,10 +173,4 @@ func HasWriteConcernError(err error) bool {
 	}
 	var bwe mongo.BulkWriteException
 	return errors.As(err, &bwe) && bwe.WriteConcernError != nil
-}
-
-// notSent reports whether the driver gave up before sending the request.
-func notSent(err error) bool {
-	var sse topology.ServerSelectionError
-	return errors.Is(err, driver.ErrDeadlineWouldBeExceeded) || errors.As(err, &sse)
 }

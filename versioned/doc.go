@@ -32,7 +32,7 @@
 //
 // Writes are diffs ($set, $unset, $inc), never replacements: fields T does
 // not map survive. Every write also records its write id in the document
-// (the subdocument Options.MetaField, "_mc"), bounded to the last
+// (the subdocument [Options].MetaField, "_mc"), bounded to the last
 // [WriteIDs] ids by the write itself; after an ambiguous failure the
 // repository re-reads and looks for it. How and why this is safe is in
 // DESIGN.md, beside this file.
@@ -75,7 +75,7 @@
 // Match with errors.Is and errors.As:
 //
 //   - [ErrConflict], [*ConflictError]: the stored version is not the
-//     expected one. Retryable: retry.Do retries it.
+//     expected one. Retryable: [retry.Do] retries it.
 //   - [ErrNotFound], [*NotFoundError]: no document has the id.
 //   - [ErrGuardFailed], [*GuardError]: Guarded's cond or a Where filter
 //     does not hold. A failed [WhereErr] filter also matches its own error,

@@ -157,17 +157,23 @@ func newWriteConfig(opts []WriteOption) writeConfig {
 // Where adds conditions to a write's filter, ANDed with the id, the version
 // and any other condition. If the document exists (at the expected version,
 // for writes that expect one) but does not match, the write changes nothing
-// and returns a *GuardError, which matches ErrGuardFailed. Modify checks the
-// conditions when it reads, too, so fn is not called on a document that
-// fails them. A typical use is fencing a write on a lease:
+// and returns a [*GuardError], which matches [ErrGuardFailed]. [Repo.Modify]
+// checks the conditions when it reads, too, so fn is not called on a
+// document that fails them. A typical use is a state the write requires:
 //
-//	repo.Update(ctx, doc, versioned.Where(bson.D{{"lease.owner", me}, {"lease.epoch", epoch}}))
+//	repo.Update(ctx, order, versioned.Where(bson.D{{"status", "open"}}))
+//
+// To fence a write on a lease of the lease package, pass its Guard, which
+// adds the lease record's owner and epoch ("_lease.owner", "_lease.epoch" by
+// default) this way and reports a lost lease as lease.ErrLost:
+//
+//	repo.Update(ctx, doc, l.Guard())
 func Where(filter bson.D) WriteOption {
 	return WhereErr(filter, nil)
 }
 
-// WhereErr is Where whose failure also matches failErr: the returned
-// *GuardError unwraps to failErr, so errors.Is(err, failErr) holds and
+// WhereErr is [Where] whose failure also matches failErr: the returned
+// [*GuardError] unwraps to failErr, so errors.Is(err, failErr) holds and
 // errors.As reaches failErr's type. When a write has several conditions,
 // the repository re-checks each WhereErr filter after the failure to tell
 // which one failed; the first one found failing gives its error.

@@ -18,7 +18,7 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-func TestMain(m *testing.M) { mongotest.Main(m) }
+func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
 
 // fastRetry makes Acquire poll often, so timing tests measure the lease, not
 // the backoff.

@@ -20,7 +20,7 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-func TestMain(m *testing.M) { mongotest.Main(m) }
+func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
 
 func TestConnectAppliesProductionDefaults(t *testing.T) {
 	co := store.ClientOptions("mongodb://localhost:27017", nil)

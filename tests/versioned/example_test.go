@@ -204,16 +204,17 @@ func ExampleWhereErr() {
 	wallets, drop := exampleWallets("where")
 	defer drop()
 	ctx := context.Background()
-	// Another service holds a lease on the document, in a field the Wallet
-	// type does not map; writes made under the lease are fenced on it.
+	// A lease record on the document, where the lease package keeps it
+	// ("_lease", a field the Wallet type does not map). Lease.Guard builds
+	// this fence for you; WhereErr is how it does it.
 	_, err := wallets.Collection().UpdateOne(ctx, bson.D{{Key: "_id", Value: "ana"}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "lease", Value: bson.D{{Key: "owner", Value: "worker-2"}, {Key: "epoch", Value: 7}}}}}})
+		bson.D{{Key: "$set", Value: bson.D{{Key: "_lease", Value: bson.D{{Key: "owner", Value: "worker-2"}, {Key: "epoch", Value: 7}}}}}})
 	if err != nil {
 		panic(err)
 	}
 	errLeaseLost := errors.New("lease lost")
 	fenced := func(owner string, epoch int) versioned.WriteOption {
-		return versioned.WhereErr(bson.D{{Key: "lease.owner", Value: owner}, {Key: "lease.epoch", Value: epoch}}, errLeaseLost)
+		return versioned.WhereErr(bson.D{{Key: "_lease.owner", Value: owner}, {Key: "_lease.epoch", Value: epoch}}, errLeaseLost)
 	}
 
 	_, err = wallets.Modify(ctx, "ana", func(w *Wallet) error { w.Balance -= 30; return nil }, fenced("worker-1", 6))

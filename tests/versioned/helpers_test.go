@@ -15,7 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	mongotest.Main(m)
+	mongotest.Main(m, mongotest.CheckLeaks())
 }
 
 // account is the model most tests use.

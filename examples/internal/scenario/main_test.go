@@ -12,7 +12,7 @@ import (
 // TestMain runs the package's tests against one shared server (see
 // mongotest): the scenarios run small, on fresh databases, and check exact
 // invariants for the mongocas strategies.
-func TestMain(m *testing.M) { mongotest.Main(m) }
+func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
 
 func TestPercentiles(t *testing.T) {
 	t.Parallel()
