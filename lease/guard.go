@@ -25,7 +25,11 @@ import (
 //
 //	err := repo.Update(ctx, &user, l.Guard())
 func (l *Lease) Guard() versioned.WriteOption {
-	return versioned.WhereErr(l.Fence(), l.lost(TakenOver, record{}))
+	var lost *LostError
+	if !errors.As(l.Err(), &lost) {
+		lost = l.lost(TakenOver, record{})
+	}
+	return versioned.WhereErr(l.Fence(), lost)
 }
 
 // fencePath is the dotted path of this named lease's stamp in a protected

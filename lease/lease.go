@@ -18,11 +18,16 @@ import (
 // (or Guard) to the writes made under the lease, so that they fail once the
 // lease was taken over. A Lease is safe for concurrent use.
 type Lease struct {
-	m          *Manager
-	id         any
-	raw        bson.RawValue // id's encoding, checked by store.CheckID
-	server     bool          // claimed in ModeServer
-	epoch      int64
+	m      *Manager
+	id     any
+	raw    bson.RawValue // id's encoding, checked by store.CheckID
+	server bool          // claimed in ModeServer
+	epoch  int64
+	// claim is the id of the claim that made this Lease, kept in the record
+	// until it is released or claimed again: unique to this Lease, it is in
+	// every filter on the record and in a document lease's fence, so two
+	// Leases never share a fence even with one owner and one epoch.
+	claim      bson.ObjectID
 	acquiredAt time.Time
 
 	ctx    context.Context
@@ -120,19 +125,30 @@ func (l *Lease) Err() error {
 // such a write still applies until the record changes: it is ordered before
 // every write of a later holder, never after (see DESIGN.md).
 func (l *Lease) Fence() bson.D {
+	key := l.m.pOwner
+	if l.m.named {
+		key = l.fencePath()
+	}
+	l.mu.Lock()
+	ended, until := l.err != nil, l.fenceUntil
+	l.mu.Unlock()
+	if ended {
+		// Released or lost, as known here: match nothing. $in with an empty
+		// list is accepted by every backend; the key is the fence's own, so
+		// it meets the caller's filter as the live fence would.
+		return bson.D{{Key: key, Value: bson.D{{Key: "$in", Value: bson.A{}}}}}
+	}
 	var d bson.D
 	if l.m.named {
-		d = bson.D{{Key: l.fencePath(), Value: l.epoch}}
+		d = bson.D{{Key: key, Value: l.epoch}}
 	} else {
 		d = bson.D{
-			{Key: l.m.pOwner, Value: l.m.c.owner},
+			{Key: key, Value: l.m.c.owner},
 			{Key: l.m.pEpoch, Value: l.epoch},
+			{Key: l.m.pClaim, Value: l.claim},
 		}
 	}
 	if l.server {
-		l.mu.Lock()
-		until := l.fenceUntil
-		l.mu.Unlock()
 		d = append(d, bson.E{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$$NOW", until}}}})
 	}
 	return d
@@ -192,13 +208,16 @@ func (l *Lease) lostFrom(r record, found bool) *LostError {
 
 // ours reports whether r is this lease's record.
 func (l *Lease) ours(r record, found bool) bool {
-	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch
+	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch && r.Claim == l.claim
 }
 
+// filter matches the record while it is this lease's: _id, owner, epoch and
+// claim id.
 func (l *Lease) filter() bson.D {
 	return append(store.IDFilter(l.raw),
 		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
+		bson.E{Key: l.m.pClaim, Value: l.claim},
 	)
 }
 
