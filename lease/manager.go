@@ -133,7 +133,9 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
 // Budget stop it. Transient errors (network, timeouts) are retried the same
 // way; other errors, such as ErrNotFound, end it at once. An attempt whose
 // outcome was unknown is settled by the next one: if the record shows that
-// claim, Acquire holds the lease (it never waits out its own claim). When
+// claim, Acquire holds the lease (it never waits out its own claim); if that
+// claim's deadline has passed meanwhile, Acquire releases it and claims
+// again. When
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
@@ -210,6 +212,14 @@ func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent
 			held, clip = h, max(h.TimeLeft, time.Millisecond)
 			return again{err}
 		case errors.Is(err, ErrUnknownOutcome):
+			return again{err}
+		}
+		var lost *LostError
+		if errors.As(err, &lost) && lost.Reason == Expired {
+			// A claim settled (or answered) too late: its deadline, counted
+			// from when it was sent, had passed, so it was released. The
+			// lease is free: claim again at once.
+			clip = time.Millisecond
 			return again{err}
 		}
 		return err
