@@ -17,10 +17,11 @@ import (
 
 // Guard returns a versioned.WriteOption that fences a versioned write on this
 // lease: the write's filter also requires Fence. Once the fence fails (the
-// lease was taken over or released; for a named lease, a later holder
-// stamped the document; in ModeServer, the local deadline passed) the write
-// changes nothing and fails with a *versioned.GuardError that matches ErrLost
-// (through a *LostError with Reason TakenOver) as well as
+// lease was taken over or released, or this Lease knows it ended; for a
+// named lease, a later holder stamped the document; in ModeServer, the local
+// deadline passed) the write changes nothing and fails with a
+// *versioned.GuardError that matches ErrLost (through the Lease's own
+// *LostError when it knows one, else one with Reason TakenOver) as well as
 // versioned.ErrGuardFailed. Call Guard for each write, as Fence.
 //
 //	err := repo.Update(ctx, &user, l.Guard())

@@ -52,7 +52,9 @@ func (l *Lease) Owner() string { return l.m.c.owner }
 
 // Epoch returns the lease's fencing token: the record's epoch after this
 // claim. Every claim of the same document or name, by any owner, gets a
-// larger one.
+// larger one, even after the document was deleted and inserted again: the
+// first claim of a record takes the server's time in microseconds + 1, so
+// epochs are large numbers (see DESIGN.md).
 func (l *Lease) Epoch() int64 { return l.epoch }
 
 // AcquiredAt returns when the lease was claimed, on the server's clock (as
@@ -108,15 +110,22 @@ func (l *Lease) Err() error {
 // while this lease holds it. Add them to the filter of every write made under
 // the lease, or use Guard with the versioned package; a fenced write that
 // matches nothing was made by a holder that had lost the lease, and changed
-// nothing. Call Fence for each write: in ModeServer its conditions also end
-// at the lease's local deadline as it stands at the call.
+// nothing. Call Fence for each write: once the Lease knows it was released
+// or lost (Err is not nil) Fence returns a condition that matches nothing
+// ({<key>: {$in: []}}), and in ModeServer its conditions also end at the
+// lease's local deadline as it stands at the call.
 //
 // For a document lease the protected document is the leased one and the
-// conditions are {<Field>.owner: owner, <Field>.epoch: epoch}: they fail once
-// another owner claimed the lease, or this one released it. For a named
-// lease the protected documents are those stamped with [Lease.Stamp] and the
-// condition is {<FenceField>.<name>: epoch}: it fails on a document once a
-// later holder of the name stamped it.
+// conditions are {<Field>.owner: owner, <Field>.epoch: epoch, <Field>.claim:
+// the claim id of this Lease}: they fail once another owner (or another
+// Lease of this Manager) claimed the lease, or this one released it. For a
+// named lease the protected documents are those stamped with [Lease.Stamp]
+// and the condition is {<FenceField>.<name>: epoch}: it fails on a document
+// once a later holder of the name stamped it. Release changes no stamp: a
+// write with a named lease's Fence taken before its release or loss, made
+// after another owner claimed the name but before it stamped the document,
+// still applies (in ModeServer, until the deadline below); it is ordered
+// before that stamp, so before every fenced write of the next holder.
 //
 // In ModeServer the conditions also hold {$expr: {$lt: ["$$NOW", t]}}, where
 // t is the server's time at the holder's local deadline at the earliest, so
