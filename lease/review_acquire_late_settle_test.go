@@ -29,7 +29,6 @@ func TestAcquireClaimsAgainAfterLateSettle(t *testing.T) {
 func testAcquireClaimsAgainAfterLateSettle(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
-	id := b.insert(t)
 	f := b.db.Faulty(t, nil)
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
@@ -50,25 +49,20 @@ func testAcquireClaimsAgainAfterLateSettle(t *testing.T, mode lease.Mode) {
 		}
 		healed.Store(true)
 	}
-	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", ttl, &lease.Options{
+	a, id, first := primed(t, b, f, &lease.Options{
+		TTL:            ttl,
 		ResolveTimeout: 300 * time.Millisecond,
 		Retry:          policy,
 		Now:            now,
 		Clock:          b.clock, // the server's clock estimate stays on real time
 	})
-	// A first claim and release, so that the record has an epoch and the
-	// dropped findAndModify is the claim itself in both modes.
-	l, err := a.TryAcquire(ctx, id)
-	require.NoError(t, err)
-	first := l.Epoch()
-	require.NoError(t, l.Release(ctx))
 
 	fault := f.DropNextReply(mongotest.Commands([]string{"findAndModify"}, b.coll.Name()))
 	reads := mongotest.Commands([]string{"find", "aggregate"}, b.coll.Name())
 	f.DropReplies(1000, func(c *mongotest.Command) bool { return !healed.Load() && reads(c) })
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	l, err = a.Acquire(actx, id)
+	l, err := a.Acquire(actx, id)
 	require.True(t, fault.HasFired())
 	require.NoError(t, err, "Acquire claimed again after its settled claim had expired locally")
 	require.Equal(t, int32(1), unknowns.Load(), "the first attempt's outcome was unknown")
