@@ -50,7 +50,8 @@ func ExampleManager_TryAcquire() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("worker-1 holds the lease, epoch", l.Epoch())
+	first := l.Epoch() // the server's time in µs when the document was first leased
+	fmt.Println("worker-1 holds the lease")
 
 	_, err = worker2.TryAcquire(ctx, "user-42")
 	if held, ok := errors.AsType[*lease.HeldError](err); ok {
@@ -64,12 +65,12 @@ func ExampleManager_TryAcquire() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("worker-2 holds the lease, epoch", l.Epoch())
+	fmt.Println("worker-2 holds the lease, epoch +", l.Epoch()-first)
 	_ = l.Release(ctx)
 	// Output:
-	// worker-1 holds the lease, epoch 1
+	// worker-1 holds the lease
 	// worker-2: 409, held by worker-1, Retry-After 30s
-	// worker-2 holds the lease, epoch 2
+	// worker-2 holds the lease, epoch + 1
 }
 
 // Do runs a function under the lease: it renews in the background, cancels

@@ -88,8 +88,8 @@ func testDroppedReply(t *testing.T, mode lease.Mode) {
 		require.ErrorIs(t, la.Err(), lease.ErrReleased)
 		d := load(t, b.coll, id)
 		require.Empty(t, owner(d.Lease))
-		require.Equal(t, int64(1), d.Lease.Epoch)
-		requireFree(t, c, id, 2)
+		require.Equal(t, la.Epoch(), d.Lease.Epoch)
+		requireFree(t, c, id, la.Epoch()+1)
 	})
 
 	t.Run("unresolved", func(t *testing.T) {
@@ -121,9 +121,6 @@ func droppedClaim(t *testing.T, f *mongotest.Faulty, a, c *lease.Manager, coll *
 	d := load(t, coll, id)
 	require.Equal(t, a.Owner(), owner(d.Lease))
 	require.Equal(t, la.Epoch(), d.Lease.Epoch)
-	if _, named := id.(string); !named {
-		require.Equal(t, int64(1), d.Lease.Epoch, "applied once")
-	}
 
 	_, err = c.TryAcquire(ctx, id)
 	require.ErrorIs(t, err, lease.ErrHeld, "no double holder")
