@@ -34,7 +34,8 @@ func testGuard(t *testing.T, mode lease.Mode) {
 
 	const ttl = 300 * time.Millisecond
 	a := b.manager(t, "a", ttl, nil)
-	c := b.manager(t, "c", ttl, &lease.Options{Retry: fastRetry})
+	// c's own lease lives through every step below.
+	c := b.manager(t, "c", time.Minute, &lease.Options{Retry: fastRetry})
 	la, err := a.TryAcquire(ctx, it.ID)
 	require.NoError(t, err)
 

@@ -37,8 +37,8 @@ func testNamed(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	a := b.named(t, locks, "a", 5*time.Second, nil)
-	c := b.named(t, locks, "c", 5*time.Second, nil)
+	a := b.named(t, locks, "a", time.Minute, nil)
+	c := b.named(t, locks, "c", time.Minute, nil)
 	const name = "partner-api:user:42"
 
 	la, err := a.TryAcquire(ctx, name)
@@ -147,7 +147,9 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 	_, err = m.TryAcquire(ctx, "crashed") // never released
 	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
-	live, err := m.TryAcquire(ctx, "live")
+	// A live lease with a TTL that no delay before the Sweep comes near.
+	liveM := b.named(t, locks, "a", time.Minute, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+	live, err := liveM.TryAcquire(ctx, "live")
 	require.NoError(t, err)
 
 	n, err := m.Sweep(ctx)
