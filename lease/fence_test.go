@@ -98,7 +98,7 @@ func testStampRefusesOlderEpoch(t *testing.T, mode lease.Mode) {
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
 	id := b.insert(t)
-	a := b.named(t, locks, "a", 300*time.Millisecond, nil)
+	a := b.named(t, locks, "a", time.Second, nil) // c waits it out
 	c := b.named(t, locks, "c", time.Minute, &lease.Options{Retry: fastRetry})
 	la, err := a.TryAcquire(ctx, "job")
 	require.NoError(t, err)

@@ -125,7 +125,11 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	m := b.named(t, locks, "a", 200*time.Millisecond, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+	// m's claims must be applied within its deadline (0.9 TTL), on a loaded
+	// machine too.
+	m := b.named(t, locks, "a", time.Second, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+	// long: leases that stay held, through any delay before the Sweep.
+	long := b.named(t, locks, "b", time.Minute, &lease.Options{CleanupAfter: 50 * time.Millisecond})
 
 	ttl, err := m.EnsureIndexes(ctx)
 	require.NoError(t, err)
@@ -141,15 +145,13 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 	}
 	require.Equal(t, ttl, found)
 
-	released, err := m.TryAcquire(ctx, "released")
+	released, err := long.TryAcquire(ctx, "released")
 	require.NoError(t, err)
 	require.NoError(t, released.Release(ctx))
 	_, err = m.TryAcquire(ctx, "crashed") // never released
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
-	// A live lease with a TTL that no delay before the Sweep comes near.
-	liveM := b.named(t, locks, "a", time.Minute, &lease.Options{CleanupAfter: 50 * time.Millisecond})
-	live, err := liveM.TryAcquire(ctx, "live")
+	time.Sleep(1200 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
+	live, err := long.TryAcquire(ctx, "live")
 	require.NoError(t, err)
 
 	n, err := m.Sweep(ctx)
@@ -184,7 +186,7 @@ func testTTLIndex(t *testing.T, mode lease.Mode) {
 	b.db.Require(t, mongotest.TTLIndexes)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	m := b.named(t, locks, "a", time.Second, &lease.Options{CleanupAfter: time.Second})
+	m := b.named(t, locks, "a", time.Minute, &lease.Options{CleanupAfter: time.Second})
 	ok, err := m.EnsureIndexes(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)
