@@ -21,7 +21,9 @@ func TestDroppedReply(t *testing.T) { eachMode(t, testDroppedReply) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testDroppedReply(t *testing.T, mode lease.Mode) {
-	const ttl = 10 * time.Second
+	// Far above the re-reads' ResolveTimeout (10s): every lease here is
+	// still held when its check comes.
+	const ttl = time.Minute
 	ctx := context.Background()
 	b := setup(t, mode)
 	f := b.db.Faulty(t, nil)
@@ -151,7 +153,7 @@ func testReleaseWithFailedRereadIsUnread(t *testing.T, mode lease.Mode) {
 	ctx := context.Background()
 	b := setup(t, mode)
 	f := b.db.Faulty(t, nil)
-	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", 10*time.Second, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Minute, nil)
 	id := b.insert(t)
 	la, err := a.TryAcquire(ctx, id)
 	require.NoError(t, err)

@@ -97,7 +97,7 @@ func testEpochs(t *testing.T, mode lease.Mode) {
 		errs   = make(chan error, owners)
 	)
 	for i := range owners {
-		m := b.manager(t, fmt.Sprintf("owner-%d", i), 5*time.Second, &lease.Options{Retry: fastRetry})
+		m := b.manager(t, fmt.Sprintf("owner-%d", i), time.Minute, &lease.Options{Retry: fastRetry})
 		wg.Go(func() {
 			for range cycles / owners {
 				l, err := m.Acquire(ctx, id)
