@@ -78,7 +78,9 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
-		filter := store.IDFilter(key)
+		// The version must be below the last one, so that $inc cannot wrap
+		// it (a stored version written by another program).
+		filter := append(store.IDFilter(key), r.versionBelowLast())
 		if s.last != "" {
 			// The anchor: present while the write's own id, pushed after
 			// it, cannot have been cut from the list.
@@ -137,6 +139,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		case st == nil:
 			r.cache.forget(ck)
 			return nil, &NotFoundError{Op: op, ID: idv}
+		case st.version == lastVersion:
+			return nil, checkBase(op, r.opts.VersionField, st.version, true)
 		case anchored && st.has(s.last), !anchored && st.version == s.version && st.inc == s.inc:
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
