@@ -8,6 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -18,10 +20,14 @@ import (
 // make one per collection and share it, so that it can reuse what it learns
 // about documents (see the package documentation, "Write ids").
 type Repo[T any] struct {
-	coll  *mongo.Collection
-	s     *schema
-	opts  Options
-	cache *docCache
+	coll *mongo.Collection
+	// settle is coll with read concern majority: the re-reads that settle
+	// an ambiguous write read through it, so that they never see a write
+	// that a replica set may still roll back.
+	settle *mongo.Collection
+	s      *schema
+	opts   Options
+	cache  *docCache
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -44,7 +50,8 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Repo[T]{coll: coll, s: s, opts: o, cache: newDocCache()}, nil
+	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache()}, nil
 }
 
 // Collection returns the collection the repository works on.
