@@ -84,7 +84,7 @@ func TestConcurrentWallets(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		opening = map[string]int64{}
-		start   = map[string]int64{} // the version Insert gave
+		start   = map[string]int64{}          // the version Insert gave
 		acked   = map[string]int64{}          // sum of acknowledged deltas
 		history = map[string]map[int64]step{} // version -> the write that made it
 		refused atomic.Int64
