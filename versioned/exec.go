@@ -146,7 +146,7 @@ func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docSt
 	return retry.DoValue(rctx, *p, func(ctx context.Context) (*docState, error) {
 		st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
 		if errors.Is(err, ErrNotFound) {
-			return nil, nil //nolint:nilnil // no document is an answer here, which the judges judge
+			return nil, nil // no document is an answer here, which the judges judge
 		}
 		return st, err
 	})
