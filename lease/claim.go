@@ -76,6 +76,12 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 				// The claim was applied; only its reply was lost.
 				return m.newLease(ctx, parent, id, raw, s.rec, a)
 			}
+			// Not applied as far as a majority knows; it may still be (a
+			// write the server has not run yet): a later read that shows it
+			// settles it.
+			if pending != nil {
+				*pending = append(*pending, a)
+			}
 			if cerr := store.ContextError(ctx); cerr != nil {
 				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
 			}
@@ -95,10 +101,10 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 		if l, ok, err := m.settle(ctx, parent, id, raw, s, pending); ok || err != nil {
 			return l, err
 		}
-		if !s.found {
-			if !m.named {
-				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), ErrNotFound)
-			}
+		if !s.found && !m.named {
+			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), ErrNotFound)
+		}
+		if !s.found || (!server && s.rec.Epoch == 0 && s.rec.Owner == "") {
 			l, exists, err := m.create(ctx, parent, id, raw, a, pending)
 			if !exists {
 				return l, err
@@ -166,17 +172,31 @@ func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update a
 				bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
 			}}},
 		}})
-		return filter, m.serverClaim(a, bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, int64(0)}}}, int64(1)}}})
+		return filter, m.serverClaim(a, m.nextEpoch())
 	}
-	filter = append(filter, bson.E{Key: "$or", Value: bson.A{
-		bson.D{{Key: m.pOwner, Value: nil}},
-		bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
-	}})
+	// $inc would start a record without an epoch at 1: such a record gets
+	// its first epoch from create instead.
+	filter = append(filter,
+		bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: true}}},
+		bson.E{Key: "$or", Value: bson.A{
+			bson.D{{Key: m.pOwner, Value: nil}},
+			bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
+		}})
 	set := m.estimatedClaim(a)
 	return filter, bson.D{
 		{Key: "$set", Value: set},
 		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
 	}
+}
+
+// nextEpoch is the expression of a claim's epoch in ModeServer: the
+// record's epoch + 1, or, for a record without one (a document leased for
+// the first time, or deleted and inserted again; a new lock document), the
+// server's time in microseconds + 1. Epochs of a document or name thus
+// never repeat across its incarnations (see DESIGN.md).
+func (m *Manager) nextEpoch() bson.D {
+	micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
+	return bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}}
 }
 
 // serverClaim is the update pipeline of a claim in ModeServer, with epoch as
@@ -203,20 +223,23 @@ func (m *Manager) estimatedClaim(a attempt) bson.D {
 	}
 }
 
-// create makes the lock document of a named lease with its first claim: an
-// upsert whose filter matches only a document without an epoch, so that it
-// inserts, or fails on the duplicate _id when another owner's claim made the
-// document first. The first epoch is the server's time in microseconds (see
-// DESIGN.md: the epoch never goes backwards even when clean-up deleted an
-// earlier lock document of the same name). It reports exists when the
-// document exists after all (made by another owner): the caller judges it.
+// create makes the first claim of a record without an epoch. For a named
+// lease it makes the lock document: an upsert whose filter matches only a
+// document without an epoch, so that it inserts, or fails on the duplicate
+// _id when another owner's claim made the document first. For a document
+// lease (ModeEstimated, where a claim's $inc would start the epoch at 1) it
+// is an update of the existing document on the same filter. The first epoch
+// is the server's time in microseconds (see DESIGN.md: the epoch never goes
+// backwards even when a document was deleted and inserted again, or
+// clean-up deleted an earlier lock document of the same name). It reports
+// exists when the record has an epoch after all (another owner's claim):
+// the caller judges it.
 func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
 	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
 	filter := append(store.IDFilter(raw), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
 	var update any
 	if a.server {
-		micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
-		update = m.serverClaim(a, bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}})
+		update = m.serverClaim(a, m.nextEpoch())
 	} else {
 		var err error
 		if a.est, err = m.estimate(ctx); err != nil {
@@ -225,7 +248,11 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 		set := append(m.estimatedClaim(a), bson.E{Key: m.pEpoch, Value: a.est.Latest().UnixMicro() + 1})
 		update = bson.D{{Key: "$set", Value: set}}
 	}
-	doc, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.createOpts).Raw()
+	opts := m.createOpts
+	if !m.named {
+		opts = m.claimOptsNP // the document exists: never insert one
+	}
+	doc, err := m.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
 	switch {
 	case err == nil:
 		l, err := m.claimed(ctx, parent, id, raw, doc, a)
@@ -241,6 +268,9 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
 			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
 			return l, false, err
+		}
+		if pending != nil {
+			*pending = append(*pending, a) // as in claim
 		}
 		return nil, true, nil
 	}
@@ -297,6 +327,7 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 		raw:        raw,
 		server:     a.server,
 		epoch:      rec.Epoch,
+		claim:      rec.Claim,
 		acquiredAt: rec.AcquiredAt,
 		expiresAt:  rec.ExpiresAt,
 		lastSent:   rec.ExpiresAt,

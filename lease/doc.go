@@ -32,9 +32,8 @@
 // with $$NOW on servers that have $expr and update pipelines (MongoDB 4.2+,
 // DocumentDB: [ModeServer]), else from an estimate of the server's clock
 // ([ModeEstimated], for FerretDB v1). [ModeAuto] chooses by trying. The
-// derivations of the holder's deadline in both modes, the epochs of named
-// leases, and what fencing can and cannot promise are in DESIGN.md beside
-// this file.
+// derivations of the holder's deadline in both modes, the epochs, and what
+// fencing can and cannot promise are in DESIGN.md beside this file.
 //
 // # Guarantees
 //
@@ -49,24 +48,41 @@
 //   - A holder's context ends before any other owner can claim its lease.
 //     Its local deadline is at most TTL after it sent its last applied
 //     claim or renewal, whatever the clock estimate says.
-//   - Epochs strictly increase per document, and per name even across the
-//     clean-up of the lock document (named leases start from the server's
-//     time in microseconds).
-//   - A fenced write matches only while the record (or, for a named lease,
-//     the stamp) names this holder's epoch: after a takeover, a release, or
-//     a later holder's stamp it changes nothing, and Guard reports
-//     [ErrLost]. In ModeServer it also fails once the holder's local
-//     deadline has passed; in ModeEstimated a fenced write made after the
-//     local deadline but before anyone else claimed the lease still
-//     applies, ordered before every write of any later holder.
+//   - Epochs are large numbers, not 1, 2, 3: the first claim of a record
+//     takes the server's time in microseconds + 1, each later claim adds 1.
+//     They strictly increase per document even across its deletion and
+//     re-insertion, and per name even across the clean-up of its lock
+//     document.
+//   - Fence and Guard match nothing once the [Lease] knows it was released
+//     or lost (its Err is not nil); Guard then reports [ErrLost].
+//   - A document lease's fenced write matches only while the record names
+//     this Lease (owner, epoch, and the id of the claim that made it: two
+//     Leases never share a fence, even of one owner): after a takeover or a
+//     release it changes nothing.
+//   - A named lease's fenced write matches only while the protected
+//     document's stamp is this holder's epoch. The fence ends at the
+//     holder's release or loss as known locally (above), in ModeServer at
+//     its deadline, and for everyone at the next holder's Stamp. A write by
+//     a holder that does not yet know it lost (or made with a Fence taken
+//     before), racing a new holder that has not stamped yet, still applies:
+//     it is ordered before that stamp, so before every fenced write of the
+//     new holder. Stamp before the first write.
+//   - In ModeServer a fenced write also fails once the holder's local
+//     deadline has passed; in ModeEstimated one made after the local
+//     deadline, before the lease's context ended and before anyone else
+//     claimed (or stamped), still applies, ordered before every write of
+//     any later holder.
 //   - Bad input (options, ids, a nil context) and an ended context are
 //     reported before anything is sent. Ids are checked by [store.CheckID]
 //     and compared with $eq: an id such as {"$gt": ""} is refused.
 //   - The lease's own commands never use a session or transaction carried
 //     by the caller's context.
 //   - After an ambiguous write the record is re-read (for up to
-//     ResolveTimeout) before anything is retried; Acquire holds the lease
-//     when the re-read shows its own earlier claim.
+//     ResolveTimeout) with read concern majority before anything is
+//     retried, so a claim a replica set later rolls back never counts as
+//     held (on a server that refuses majority reads, with the collection's
+//     read concern). Acquire holds the lease when a re-read shows its own
+//     earlier claim, and claims again if that claim's deadline has passed.
 //   - Do starts one goroutine, which ends before Do returns; a Lease's
 //     deadline timer is stopped when the lease ends.
 //

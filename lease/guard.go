@@ -17,15 +17,20 @@ import (
 
 // Guard returns a versioned.WriteOption that fences a versioned write on this
 // lease: the write's filter also requires Fence. Once the fence fails (the
-// lease was taken over or released; for a named lease, a later holder
-// stamped the document; in ModeServer, the local deadline passed) the write
-// changes nothing and fails with a *versioned.GuardError that matches ErrLost
-// (through a *LostError with Reason TakenOver) as well as
+// lease was taken over or released, or this Lease knows it ended; for a
+// named lease, a later holder stamped the document; in ModeServer, the local
+// deadline passed) the write changes nothing and fails with a
+// *versioned.GuardError that matches ErrLost (through the Lease's own
+// *LostError when it knows one, else one with Reason TakenOver) as well as
 // versioned.ErrGuardFailed. Call Guard for each write, as Fence.
 //
 //	err := repo.Update(ctx, &user, l.Guard())
 func (l *Lease) Guard() versioned.WriteOption {
-	return versioned.WhereErr(l.Fence(), l.lost(TakenOver, record{}))
+	var lost *LostError
+	if !errors.As(l.Err(), &lost) {
+		lost = l.lost(TakenOver, record{})
+	}
+	return versioned.WhereErr(l.Fence(), lost)
 }
 
 // fencePath is the dotted path of this named lease's stamp in a protected

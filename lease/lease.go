@@ -18,11 +18,16 @@ import (
 // (or Guard) to the writes made under the lease, so that they fail once the
 // lease was taken over. A Lease is safe for concurrent use.
 type Lease struct {
-	m          *Manager
-	id         any
-	raw        bson.RawValue // id's encoding, checked by store.CheckID
-	server     bool          // claimed in ModeServer
-	epoch      int64
+	m      *Manager
+	id     any
+	raw    bson.RawValue // id's encoding, checked by store.CheckID
+	server bool          // claimed in ModeServer
+	epoch  int64
+	// claim is the id of the claim that made this Lease, kept in the record
+	// until it is released or claimed again: unique to this Lease, it is in
+	// every filter on the record and in a document lease's fence, so two
+	// Leases never share a fence even with one owner and one epoch.
+	claim      bson.ObjectID
 	acquiredAt time.Time
 
 	ctx    context.Context
@@ -47,7 +52,9 @@ func (l *Lease) Owner() string { return l.m.c.owner }
 
 // Epoch returns the lease's fencing token: the record's epoch after this
 // claim. Every claim of the same document or name, by any owner, gets a
-// larger one.
+// larger one, even after the document was deleted and inserted again: the
+// first claim of a record takes the server's time in microseconds + 1, so
+// epochs are large numbers (see DESIGN.md).
 func (l *Lease) Epoch() int64 { return l.epoch }
 
 // AcquiredAt returns when the lease was claimed, on the server's clock (as
@@ -103,15 +110,22 @@ func (l *Lease) Err() error {
 // while this lease holds it. Add them to the filter of every write made under
 // the lease, or use Guard with the versioned package; a fenced write that
 // matches nothing was made by a holder that had lost the lease, and changed
-// nothing. Call Fence for each write: in ModeServer its conditions also end
-// at the lease's local deadline as it stands at the call.
+// nothing. Call Fence for each write: once the Lease knows it was released
+// or lost (Err is not nil) Fence returns a condition that matches nothing
+// ({<key>: {$in: []}}), and in ModeServer its conditions also end at the
+// lease's local deadline as it stands at the call.
 //
 // For a document lease the protected document is the leased one and the
-// conditions are {<Field>.owner: owner, <Field>.epoch: epoch}: they fail once
-// another owner claimed the lease, or this one released it. For a named
-// lease the protected documents are those stamped with [Lease.Stamp] and the
-// condition is {<FenceField>.<name>: epoch}: it fails on a document once a
-// later holder of the name stamped it.
+// conditions are {<Field>.owner: owner, <Field>.epoch: epoch, <Field>.claim:
+// the claim id of this Lease}: they fail once another owner (or another
+// Lease of this Manager) claimed the lease, or this one released it. For a
+// named lease the protected documents are those stamped with [Lease.Stamp]
+// and the condition is {<FenceField>.<name>: epoch}: it fails on a document
+// once a later holder of the name stamped it. Release changes no stamp: a
+// write with a named lease's Fence taken before its release or loss, made
+// after another owner claimed the name but before it stamped the document,
+// still applies (in ModeServer, until the deadline below); it is ordered
+// before that stamp, so before every fenced write of the next holder.
 //
 // In ModeServer the conditions also hold {$expr: {$lt: ["$$NOW", t]}}, where
 // t is the server's time at the holder's local deadline at the earliest, so
@@ -120,19 +134,30 @@ func (l *Lease) Err() error {
 // such a write still applies until the record changes: it is ordered before
 // every write of a later holder, never after (see DESIGN.md).
 func (l *Lease) Fence() bson.D {
+	key := l.m.pOwner
+	if l.m.named {
+		key = l.fencePath()
+	}
+	l.mu.Lock()
+	ended, until := l.err != nil, l.fenceUntil
+	l.mu.Unlock()
+	if ended {
+		// Released or lost, as known here: match nothing. $in with an empty
+		// list is accepted by every backend; the key is the fence's own, so
+		// it meets the caller's filter as the live fence would.
+		return bson.D{{Key: key, Value: bson.D{{Key: "$in", Value: bson.A{}}}}}
+	}
 	var d bson.D
 	if l.m.named {
-		d = bson.D{{Key: l.fencePath(), Value: l.epoch}}
+		d = bson.D{{Key: key, Value: l.epoch}}
 	} else {
 		d = bson.D{
-			{Key: l.m.pOwner, Value: l.m.c.owner},
+			{Key: key, Value: l.m.c.owner},
 			{Key: l.m.pEpoch, Value: l.epoch},
+			{Key: l.m.pClaim, Value: l.claim},
 		}
 	}
 	if l.server {
-		l.mu.Lock()
-		until := l.fenceUntil
-		l.mu.Unlock()
 		d = append(d, bson.E{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$$NOW", until}}}})
 	}
 	return d
@@ -192,13 +217,16 @@ func (l *Lease) lostFrom(r record, found bool) *LostError {
 
 // ours reports whether r is this lease's record.
 func (l *Lease) ours(r record, found bool) bool {
-	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch
+	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch && r.Claim == l.claim
 }
 
+// filter matches the record while it is this lease's: _id, owner, epoch and
+// claim id.
 func (l *Lease) filter() bson.D {
 	return append(store.IDFilter(l.raw),
 		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
+		bson.E{Key: l.m.pClaim, Value: l.claim},
 	)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -21,9 +23,13 @@ import (
 // leases names, each stored as a lock document whose _id is the name. A
 // Manager is safe for concurrent use; goroutines sharing it share its owner.
 type Manager struct {
-	coll  *mongo.Collection
-	named bool
-	c     config
+	coll *mongo.Collection
+	// majority is coll with read concern majority: the re-reads that judge
+	// or settle a claim read only what a majority has (see read).
+	majority   *mongo.Collection
+	noMajority atomic.Bool // the server refused read concern majority
+	named      bool
+	c          config
 
 	// Dotted paths of the lease record's fields.
 	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
@@ -68,6 +74,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	f := c.field
 	m := &Manager{
 		coll:      coll,
+		majority:  coll.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
 		named:     named,
 		c:         c,
 		pOwner:    f + ".owner",
@@ -126,7 +133,9 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
 // Budget stop it. Transient errors (network, timeouts) are retried the same
 // way; other errors, such as ErrNotFound, end it at once. An attempt whose
 // outcome was unknown is settled by the next one: if the record shows that
-// claim, Acquire holds the lease (it never waits out its own claim). When
+// claim, Acquire holds the lease (it never waits out its own claim); if that
+// claim's deadline has passed meanwhile, Acquire releases it and claims
+// again. When
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
@@ -203,6 +212,14 @@ func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent
 			held, clip = h, max(h.TimeLeft, time.Millisecond)
 			return again{err}
 		case errors.Is(err, ErrUnknownOutcome):
+			return again{err}
+		}
+		var lost *LostError
+		if errors.As(err, &lost) && lost.Reason == Expired {
+			// A claim settled (or answered) too late: its deadline, counted
+			// from when it was sent, had passed, so it was released. The
+			// lease is free: claim again at once.
+			clip = time.Millisecond
 			return again{err}
 		}
 		return err
@@ -320,50 +337,94 @@ type snapshot struct {
 
 // read returns the lease record of id, retrying transient failures for up
 // to ResolveTimeout. In ModeServer it reads the server's $$NOW with it.
+//
+// It reads with read concern majority: what it shows judges a claim, or
+// settles one whose outcome was unknown, and after a writeConcernError on a
+// replica set the old primary may show a claim that is rolled back later.
+// A claim a majority does not show is not held (it may still be applied:
+// the claim stays pending in Acquire, and otherwise simply expires). On a
+// server that refuses read concern majority (refusesMajority) the Manager
+// reads with the collection's own read concern from then on: such a server
+// has no replica set to roll back.
 func (m *Manager) read(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
 	ctx = noSession(ctx)
 	var s snapshot
 	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
-		s = snapshot{}
-		var doc bson.Raw
-		if server {
-			cur, err := m.coll.Aggregate(ctx, mongo.Pipeline{
-				{{Key: "$match", Value: store.IDFilter(raw)}},
-				{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
-			})
-			if err != nil {
-				return err
-			}
-			defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
-			if cur.Next(ctx) {
-				doc = cur.Current
-			} else if err := cur.Err(); err != nil {
-				return err
-			}
-			if doc == nil {
-				// Not found; still learn the server's time for HeldError.
-				return nil
-			}
-			if t, ok := doc.Lookup("now").DateTimeOK(); ok {
-				s.now = time.UnixMilli(t)
-			}
-		} else {
+		if m.noMajority.Load() {
 			var err error
-			doc, err = m.coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
-			if errors.Is(err, mongo.ErrNoDocuments) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+			s, err = m.readOnce(ctx, m.coll, raw, server)
+			return err
 		}
-		s.found = true
 		var err error
-		s.rec, err = m.decode(doc)
-		return retry.Permanent(err)
+		s, err = m.readOnce(ctx, m.majority, raw, server)
+		if err != nil && refusesMajority(err) {
+			m.noMajority.Store(true)
+			s, err = m.readOnce(ctx, m.coll, raw, server)
+		}
+		return err
 	})
 	return s, err
+}
+
+// Error codes of a server that does not do read concern majority.
+const (
+	codeInvalidOptions                = 72
+	codeReadConcernMajorityNotEnabled = 148
+)
+
+// refusesMajority reports whether err is a server's refusal of read concern
+// majority (not a failure of the read itself).
+func refusesMajority(err error) bool {
+	var se mongo.ServerError
+	if !errors.As(err, &se) {
+		return false
+	}
+	if se.HasErrorCode(codeReadConcernMajorityNotEnabled) {
+		return true
+	}
+	return (se.HasErrorCode(codeInvalidOptions) || se.HasErrorCode(codeNotImplemented)) &&
+		strings.Contains(strings.ToLower(err.Error()), "readconcern")
+}
+
+// readOnce is one read of read, on coll.
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson.RawValue, server bool) (snapshot, error) {
+	var s snapshot
+	var doc bson.Raw
+	if server {
+		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
+			{{Key: "$match", Value: store.IDFilter(raw)}},
+			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
+		})
+		if err != nil {
+			return s, err
+		}
+		defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
+		if cur.Next(ctx) {
+			doc = cur.Current
+		} else if err := cur.Err(); err != nil {
+			return s, err
+		}
+		if doc == nil {
+			return s, nil // not found
+		}
+		if t, ok := doc.Lookup("now").DateTimeOK(); ok {
+			s.now = time.UnixMilli(t)
+		}
+	} else {
+		var err error
+		doc, err = coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return s, nil
+		}
+		if err != nil {
+			return s, err
+		}
+	}
+	s.found = true
+	var err error
+	s.rec, err = m.decode(doc)
+	return s, retry.Permanent(err)
 }
 
 // reread is read after an ambiguous write, on a context that lives on for

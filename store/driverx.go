@@ -21,9 +21,18 @@ func IsDeadlineTooClose(err error) bool {
 	return err != nil && errors.Is(err, driver.ErrDeadlineWouldBeExceeded)
 }
 
-// notSent reports whether the driver gave up before sending the request: no
-// server could be selected, or the deadline was too close to try.
+// notSent reports whether the driver gave up before sending the request:
+// no server could be selected, the deadline was too close to try, or no
+// connection could be checked out of the pool (the context ended while
+// waiting for one, or the pool or server was closed). The driver returns a
+// checkout error only from an operation's first attempt (a retry that
+// cannot check out returns the first attempt's error), so none of these
+// follows a send.
 func notSent(err error) bool {
-	var sse topology.ServerSelectionError
-	return IsDeadlineTooClose(err) || errors.As(err, &sse)
+	var (
+		sse topology.ServerSelectionError
+		wqe topology.WaitQueueTimeoutError
+	)
+	return IsDeadlineTooClose(err) || errors.As(err, &sse) || errors.As(err, &wqe) ||
+		errors.Is(err, topology.ErrPoolClosed) || errors.Is(err, topology.ErrServerClosed)
 }

@@ -12,9 +12,11 @@ const maxCached = 4096
 // seen is what a repository last observed of one document. Safety never
 // depends on it: every value taken from it goes into a write's filter, so a
 // stale one makes the write match nothing (and the repository re-reads),
-// never apply where it should not. It saves round trips: Guarded takes its
-// anchor from it instead of reading first, and Update and Delete their
-// target incarnation.
+// never apply where it should not; and a write whose version names its
+// incarnation needs nothing from it. It saves round trips: Guarded takes its
+// anchor from it instead of reading first. Delete takes from it the
+// incarnation of the version it deletes, when it saw that version, which
+// lets it settle a lost reply exactly instead of answering unknown.
 type seen struct {
 	version int64
 	inc     string // the incarnation id ("" for none)

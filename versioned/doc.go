@@ -5,7 +5,12 @@
 //
 // A [Repo] wraps the caller's *mongo.Collection. T names its id with
 // bson:"_id" and an int64 version with bson:"version"; the repository owns
-// the version (reads fill it in, writes raise it by one):
+// the version (reads fill it in, writes raise it by one). Versions are
+// opaque: Insert starts each document at a random version below 2^52 (so
+// that it stays exact in JavaScript and JSON clients), which makes the
+// version name the document's incarnation as well as its state. Compare
+// versions for equality only; do not assume they start at 1 or count
+// writes from 1:
 //
 //	type Account struct {
 //		ID      string `bson:"_id"`
@@ -48,9 +53,18 @@
 //     otherwise an error saying it was not, or an [*UnknownOutcomeError]
 //     when the re-read cannot tell (for instance when more than [WriteIDs]
 //     writes landed since, or the document was deleted meanwhile). Modify
-//     never runs fn again after a write it could not settle.
-//   - A document deleted and inserted again is never taken for the old one:
-//     Insert stamps an incarnation id that later writes filter on.
+//     never runs fn again after a write it could not settle. The re-read
+//     uses read concern majority, so a write reported landed is one no
+//     replica-set rollback can undo.
+//   - A document deleted and inserted again is never taken for the old one,
+//     by any repository, whatever it has seen: a copy of the old document
+//     (its version) never matches the new one, since their versions come
+//     from independent random starts (the chance that they meet is about
+//     (k+j+1)/2^52 for k and j writes to each; see DESIGN.md). This holds for
+//     documents Insert created. A document another program inserts without
+//     a version (version 0) or with small versions has no such start: a
+//     copy of it can match a re-inserted one at the same version, as with
+//     any version counter.
 //   - Modify's fn sees the state it replaces, and writes only the fields it
 //     changed (compared as Go values). fn may run several times.
 //   - Guarded's condition and change are one atomic statement.
@@ -58,7 +72,9 @@
 //     $eq and an id that could act as an operator is refused; field names
 //     with '$' or '.', documents over 16 MiB, the id, the version, the
 //     write-id field and reserved fields (Options.Reserved, the lease record
-//     by default) cannot be written through Guarded or Modify.
+//     by default) cannot be written through Guarded or Modify. A version
+//     never wraps: a copy whose version is negative or above
+//     math.MaxInt64-1 is refused, and no write raises math.MaxInt64-1.
 //   - Write ids take at most [WriteIDs] entries per document, whoever writes.
 //   - Inside a transaction every call takes part in it; Modify makes one
 //     attempt, and an ambiguous error is returned as it is, for the
@@ -83,8 +99,10 @@
 //   - [ErrDuplicate], [*DuplicateError]: Insert of an existing id, or a
 //     unique index violation.
 //   - [ErrInvalid], [*InvalidError], [*VersionTypeError]: bad input, nothing
-//     sent; [ErrInvalidID] too for a bad id. The same values as the store
-//     package's, in every mongocas package.
+//     sent; [ErrInvalidID] too for a bad id. A stored version that is not an
+//     integer from 0 to math.MaxInt64-1 is a *VersionTypeError; a write that
+//     would raise the version past math.MaxInt64-1 is an *InvalidError. The
+//     same values as the store package's, in every mongocas package.
 //   - [ErrUnknownOutcome], [*UnknownOutcomeError]: the outcome of an
 //     ambiguous write could not be settled. Not retryable; read the document
 //     to see its state.

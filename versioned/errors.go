@@ -201,7 +201,9 @@ func (e *InvalidError) Is(target error) bool {
 func (e *InvalidError) Unwrap() error { return e.Err }
 
 // VersionTypeError reports that a stored document's version field holds a
-// value that is not an integer (a string, a fraction, a negative number):
+// value that is not an integer from 0 to math.MaxInt64-1 (a string, a
+// fraction, a negative number, math.MaxInt64, after which no write could
+// follow):
 // the repository will not guess what version it means, and writes nothing
 // to it. It matches ErrInvalid.
 type VersionTypeError struct {
@@ -217,7 +219,7 @@ type VersionTypeError struct {
 
 // Error returns a message with the id, the field and the stored value.
 func (e *VersionTypeError) Error() string {
-	return fmt.Sprintf("versioned: %s %v: invalid input: stored version field %q holds %s %s, want a non-negative integer", e.Op, e.ID, e.Field, e.Value.Type, e.Value)
+	return fmt.Sprintf("versioned: %s %v: invalid input: stored version field %q holds %s %s, want an integer from 0 to %d", e.Op, e.ID, e.Field, e.Value.Type, e.Value, int64(lastVersion))
 }
 
 // Is reports whether target is ErrInvalid.

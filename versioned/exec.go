@@ -128,23 +128,40 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	}
 }
 
-// reread reads the document by id after an ambiguous write, retrying
-// transient failures under policy p. It runs for at most ResolveTimeout,
-// whether or not ctx has ended meanwhile, since the caller must learn what
-// became of its write (the write itself may have failed on ctx's
-// deadline). It returns nil when there is no document.
+// reread reads the document by id after an ambiguous write, with read
+// concern majority, retrying transient failures under policy p. It runs
+// for at most ResolveTimeout, whether or not ctx has ended meanwhile, since
+// the caller must learn what became of its write (the write itself may have
+// failed on ctx's deadline). It returns nil when there is no document.
+//
+// Majority, because after a writeConcernError on a replica set the primary
+// may hold the write and then lose it in a rollback: a local read could
+// report landed a write that is undone later. A majority read shows only
+// what no rollback can undo, so a write it shows has landed for good, and a
+// write it does not show yet is judged as not landed yet: the copy sent
+// again matches nothing where the write did land (the filters see to it),
+// and the outcome is then unknown rather than guessed.
 func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docState, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, *p, func(ctx context.Context) (*docState, error) {
-		return r.rereadNow(ctx, w.op, w.id, w.key)
+		st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
+		if errors.Is(err, ErrNotFound) {
+			return nil, nil // no document is an answer here, which the judges judge
+		}
+		return st, err
 	})
 }
 
 // find reads the document with id key that also matches the guards.
 func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
+	return r.findIn(ctx, r.coll, op, id, key, guards)
+}
+
+// findIn is find through coll (the repository's collection, or settle).
+func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
 	filter := withGuards(store.IDFilter(key), guards)
-	raw, err := r.coll.FindOne(ctx, filter).Raw()
+	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, &NotFoundError{Op: op, ID: id}
 	}
@@ -169,17 +186,20 @@ func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) erro
 
 // Reasons an outcome is unknown.
 const (
-	whyGone  = "the document was deleted since: the write may have landed before"
-	whyOther = "the document was deleted and inserted again since: the write may have landed on the one deleted"
-	whyFar   = "more write ids than the document keeps were added since"
-	whyCold  = "the write id is absent, and the repository had not seen which incarnation of the document the write targeted, so it cannot rule out that the write landed on one deleted since"
+	whyGone      = "the document was deleted since (or is not majority-committed): the write may have landed before"
+	whyOther     = "the document was deleted and inserted again since: the write may have landed on the one deleted"
+	whyFar       = "more write ids than the document keeps were added since"
+	whyUnrelated = "the document is at a version that cannot follow the write's: it was deleted and inserted again since (the write may have landed on the one deleted), or the majority-committed state has not caught up yet"
 )
 
 // judgeCAS judges a write filtered on version == base (and, if incKnown, on
-// incarnation inc) that pushes write id w.wid. Versions of one incarnation
-// only grow, one per write, and every write pushes exactly one id at the
-// end of the list, which loses ids only from its front: so the list holds
-// the ids of the writes that made the last nids versions. See DESIGN.md.
+// incarnation inc) that pushes write id w.wid. Versions of one
+// incarnation only grow, one per write, and every write pushes exactly one
+// id at the end of the list, which loses ids only from its front: so the
+// list holds the ids of the writes that made the last nids versions. A
+// version names its incarnation (Insert starts each at a random one), so a
+// document at base, or a little past it, is the incarnation the write
+// targeted. See DESIGN.md.
 func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
 	return func(st *docState) (verdict, string) {
 		switch {
@@ -187,9 +207,7 @@ func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, str
 			return unknown, whyGone
 		case st.has(w.wid):
 			return landed, ""
-		case !incKnown:
-			return unknown, whyCold
-		case st.inc != inc:
+		case incKnown && st.inc != inc:
 			return unknown, whyOther
 		case st.version == w.base:
 			return live, ""
@@ -197,8 +215,10 @@ func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, str
 			// Had it landed, it made version base+1, whose id the list
 			// still covers.
 			return dead, ""
+		case st.version > w.base:
+			return unknown, whyFar
 		}
-		return unknown, whyFar
+		return unknown, whyUnrelated
 	}
 }
 

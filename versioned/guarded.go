@@ -32,7 +32,9 @@ import (
 // path except the id, the version field, Options.MetaField and the reserved
 // fields (Options.Reserved); two paths may not overlap, and the values
 // $set may not exceed MongoDB's 16 MiB document limit. A bad update is an
-// *InvalidError and nothing is sent.
+// *InvalidError and nothing is sent. So is a write to a document at the
+// largest version (math.MaxInt64-1): the filter requires a version below
+// it, so that the $inc cannot wrap.
 //
 // Guarded returns the document as stored after the write. If cond (or a
 // Where filter) does not match it returns a *GuardError, and a
@@ -80,6 +82,9 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := store.IDFilter(key)
 		if s.last != "" {
+			// The version must be below the last one, so that $inc cannot
+			// wrap it (a stored version written by another program).
+			filter = append(filter, r.versionBelowLast())
 			// The anchor: present while the write's own id, pushed after
 			// it, cannot have been cut from the list.
 			filter = append(filter, bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$eq", Value: s.last}, {Key: "$ne", Value: w.wid}}})
@@ -95,7 +100,11 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
 			}
 		} else {
-			// A document that carries no write id yet: pin its version.
+			// A document that carries no write id yet: pin its version,
+			// which must be below the last one.
+			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
+				return nil, err
+			}
 			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc),
 				bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$ne", Value: w.wid}}})
 			w.judge = judgeCAS(w, s.inc, true)
@@ -137,6 +146,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		case st == nil:
 			r.cache.forget(ck)
 			return nil, &NotFoundError{Op: op, ID: idv}
+		case st.version == lastVersion:
+			return nil, checkBase(op, r.opts.VersionField, st.version, true)
 		case anchored && st.has(s.last), !anchored && st.version == s.version && st.inc == s.inc:
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)

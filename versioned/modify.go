@@ -68,6 +68,9 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		if err != nil {
 			return err
 		}
+		if err := checkBase(op, r.opts.VersionField, st.version, true); err != nil {
+			return err
+		}
 		before, err := r.decode(op, idv, st)
 		if err != nil {
 			return err
@@ -94,7 +97,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
 		}
 		base := st.version
-		out, err := r.updateCAS(ctx, op, idv, key, base, st.inc, true, st, set, unset, &cfg)
+		out, err := r.updateCAS(ctx, op, idv, key, base, st, set, unset, &cfg)
 		switch {
 		case err != nil:
 			return err

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	mrand "math/rand/v2"
 	"reflect"
 	"slices"
 	"strconv"
@@ -36,11 +37,30 @@ const (
 	metaOldW = "w"   // the write ids of the protocol before this one
 )
 
+// Versions.
+const (
+	// startVersions bounds the version Insert starts a document at: a
+	// random value in [1, startVersions). Below 2^52, so that versions stay
+	// exact in clients that hold numbers as float64 (JavaScript, JSON).
+	startVersions = 1 << 52
+	// lastVersion is the largest version a document can have: no write can
+	// follow it, since the next version would overflow int64. A stored
+	// version above it is a *VersionTypeError.
+	lastVersion = math.MaxInt64 - 1
+)
+
+// startVersion returns the version of a newly inserted document: random in
+// [1, 2^52), so that the version of a document deleted and inserted again
+// never meets a version of the one deleted (see DESIGN.md, "Versions name
+// their incarnation"). math/rand/v2's global generator is ChaCha8, seeded
+// from the operating system.
+func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
+
 // readState parses the version of a stored document and its write-id
 // metadata. A missing version field is version 0 (a document written before
-// the repository was adopted); an integer, or a double holding an integer
-// (as mongosh writes numbers), is that version; anything else is a
-// *VersionTypeError.
+// the repository was adopted); an integer up to lastVersion, or a double
+// holding one (as mongosh writes numbers), is that version; anything else
+// (a negative number, math.MaxInt64) is a *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
 	st := &docState{raw: raw}
 	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
@@ -55,7 +75,7 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 		return st, nil
 	}
 	ver, ok := asInt(v)
-	if !ok || ver < 0 {
+	if !ok || ver < 0 || ver > lastVersion {
 		return nil, &VersionTypeError{Op: op, ID: id, Field: r.opts.VersionField, Value: v}
 	}
 	st.version = ver
@@ -249,6 +269,27 @@ func (r *Repo[T]) versionIs(v int64) bson.E {
 		}}
 	}
 	return bson.E{Key: r.opts.VersionField, Value: v}
+}
+
+// versionBelowLast is the filter clause "the version is below lastVersion"
+// (or absent): a write that raises the version by one cannot overflow.
+func (r *Repo[T]) versionBelowLast() bson.E {
+	return bson.E{Key: r.opts.VersionField, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: int64(lastVersion)}}}}}
+}
+
+// checkBase refuses, before anything is sent, a write that would make
+// version base+1 (next) or remove version base (!next) when base is not a
+// version a document can have, or is the last one and next is true.
+func checkBase(op, field string, base int64, next bool) error {
+	switch {
+	case base < 0:
+		return &InvalidError{Op: op, Field: field, Reason: "version is negative"}
+	case base > lastVersion:
+		return &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf("version %d is above the largest a document can have (%d)", base, int64(lastVersion))}
+	case next && base == lastVersion:
+		return &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf("the document is at version %d, the largest it can have: another write would overflow the version", base)}
+	}
+	return nil
 }
 
 // incIs is the filter clause "the document is incarnation inc" ("": one

@@ -8,6 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -18,10 +20,14 @@ import (
 // make one per collection and share it, so that it can reuse what it learns
 // about documents (see the package documentation, "Write ids").
 type Repo[T any] struct {
-	coll  *mongo.Collection
-	s     *schema
-	opts  Options
-	cache *docCache
+	coll *mongo.Collection
+	// settle is coll with read concern majority: the re-reads that settle
+	// an ambiguous write read through it, so that they never see a write
+	// that a replica set may still roll back.
+	settle *mongo.Collection
+	s      *schema
+	opts   Options
+	cache  *docCache
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -44,7 +50,8 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Repo[T]{coll: coll, s: s, opts: o, cache: newDocCache()}, nil
+	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache()}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -53,7 +60,8 @@ func (r *Repo[T]) Collection() *mongo.Collection { return r.coll }
 // Get reads the document with the given id. Its version field holds the
 // stored version (0 for a document written before the repository was
 // adopted). It fails with a *NotFoundError if there is none, and a
-// *VersionTypeError if its stored version is not an integer.
+// *VersionTypeError if its stored version is not an integer from 0 to
+// math.MaxInt64-1.
 func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 	const op = "get"
 	idv, key, err := r.start(ctx, op, id)
@@ -67,11 +75,13 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 	return r.decode(op, idv, st)
 }
 
-// Insert stores doc as a new document at version 1, and sets doc's version
-// field to 1. Its id must be set (Insert does not generate one). An id that
-// exists already is a *DuplicateError, as is a value another unique index
-// holds. Insert stamps the document with a fresh incarnation id, so that a
-// document deleted and inserted again is never taken for the old one. If
+// Insert stores doc as a new document at a random starting version, below
+// 2^52, and sets doc's version field to it (versions are opaque: see the
+// package documentation). Its id must be set (Insert does not generate
+// one). An id that exists already is a *DuplicateError, as is a value
+// another unique index holds. The random start, and the incarnation id
+// Insert stamps, make sure that a document deleted and inserted again is
+// never taken for the old one, by any repository. If
 // the reply is lost, Insert re-reads to learn whether its document landed;
 // it never sends the insert again (a second copy could bring back a
 // document deleted meanwhile), so when the document is not there it
@@ -87,7 +97,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		return err
 	}
 	elems, _ := raw.Elements()
-	wid := newWriteID()
+	wid, start := newWriteID(), startVersion()
 	ins := make(bson.D, 0, len(elems)+2)
 	for _, e := range elems {
 		if e.Key() != r.opts.VersionField {
@@ -95,7 +105,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 		}
 	}
 	ins = append(ins,
-		bson.E{Key: r.opts.VersionField, Value: int64(1)},
+		bson.E{Key: r.opts.VersionField, Value: start},
 		bson.E{Key: r.opts.MetaField, Value: bson.D{
 			{Key: metaInc, Value: wid},
 			{Key: metaH, Value: int32(WriteIDs)},
@@ -127,11 +137,9 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 	if !out.landed {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
-	r.s.setVersion(v, 1)
-	if out.reread != nil {
-		r.cache.observe(cacheKey(key), out.reread)
-	} else {
-		r.cache.put(cacheKey(key), seen{version: 1, inc: wid, last: wid})
+	r.s.setVersion(v, start)
+	if out.reread == nil {
+		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid})
 	}
 	return nil
 }
@@ -141,7 +149,12 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // that version and any Where filters, that $sets the fields T maps, $unsets
 // the mapped fields doc omits, and raises the version by one. Fields T does
 // not map, and reserved fields (Options.Reserved), are left as they are. On
-// success doc's version field holds the new version.
+// success doc's version field holds the new version. doc's version also
+// names the incarnation of the document it was read from (Insert starts
+// each at a random version), so a copy of a document deleted and inserted
+// again since matches nothing, whichever repository sends it. A version
+// that is negative, or the largest one (math.MaxInt64-1, after which the
+// version would overflow), is an *InvalidError.
 //
 // When nothing matched, one re-read tells why: a *GuardError if a Where
 // filter fails (whatever the version), else a *ConflictError (with the
@@ -163,11 +176,10 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 		return &InvalidError{Op: op, Reason: "malformed BSON", Err: err}
 	}
 	ver := r.s.versionOf(v)
-	if ver < 0 {
-		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
+	if err := checkBase(op, r.opts.VersionField, ver, true); err != nil {
+		return err
 	}
-	s, known := r.cache.lookup(cacheKey(key))
-	out, err := r.updateCAS(ctx, op, id, key, ver, s.inc, known, nil, set, unset, &cfg)
+	out, err := r.updateCAS(ctx, op, id, key, ver, nil, set, unset, &cfg)
 	if err != nil {
 		return err
 	}
@@ -178,17 +190,17 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	return nil
 }
 
-// updateCAS sends the updateOne of a write made against version base of
-// incarnation inc (filtered on it only if incKnown): the field changes, the
-// version set to base+1 and the write id pushed (or, when the caller read
-// the document, read, at this same version and incarnation, its list of
-// write ids $set with the write id), filtered on the id, base and the
+// updateCAS sends the updateOne of a write made against version base: the
+// field changes, the version set to base+1 and the write id pushed (or, when
+// the caller read the document, read, at this same version, its list of
+// write ids $set with the write id), filtered on the id, base (which names
+// the incarnation too), the incarnation read if there is one, and the
 // guards; see exec.
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, inc string, incKnown bool, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	filter := append(store.IDFilter(key), r.versionIs(base))
-	if incKnown {
-		filter = append(filter, r.incIs(inc))
+	if read != nil {
+		filter = append(filter, r.incIs(read.inc))
 	}
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
@@ -211,18 +223,37 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.Raw
 		}
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
-	w.judge = judgeCAS(w, inc, incKnown)
+	w.judge = judgeCAS(w, "", false)
+	if read != nil {
+		w.judge = judgeCAS(w, read.inc, true)
+	}
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
 	if out.landed {
-		if out.reread != nil {
-			inc = out.reread.inc
-		}
-		r.cache.put(cacheKey(key), seen{version: base + 1, inc: inc, last: w.wid})
+		r.sawWrite(cacheKey(key), base, read, out, w.wid)
 	}
 	return out, nil
+}
+
+// sawWrite records in the cache that write wid made version base+1, when
+// it is known of which incarnation: the one read, or re-read, or else the
+// one the cache held at version base. The cache only saves round trips, so
+// when none says, it is left as it is.
+func (r *Repo[T]) sawWrite(ck string, base int64, read *docState, out outcome, wid string) {
+	var inc string
+	switch s, ok := r.cache.lookup(ck); {
+	case out.reread != nil:
+		inc = out.reread.inc
+	case read != nil:
+		inc = read.inc
+	case ok && s.version == base:
+		inc = s.inc
+	default:
+		return
+	}
+	r.cache.put(ck, seen{version: base + 1, inc: inc, last: wid})
 }
 
 // notApplied tells why a write made against version expected did not
@@ -239,14 +270,15 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key bson.Ra
 }
 
 // Delete removes the stored document, provided its version is still doc's
-// version and it matches any Where filters: one deleteOne, filtered also on
-// the document's incarnation, which the repository knows if it has read or
-// written the document before, and otherwise reads first. When nothing
-// matched, one re-read tells a *GuardError, a *ConflictError and a
-// *NotFoundError apart, as for Update. If the reply is lost and the
-// incarnation it targeted is gone when re-read, Delete reports success: the
+// version and it matches any Where filters: one deleteOne filtered on the
+// id, the version (which names the incarnation, as for Update) and the
+// filters. When nothing matched, one re-read tells a *GuardError, a
+// *ConflictError and a *NotFoundError apart, as for Update. If the reply is
+// lost and the document is gone when re-read, Delete reports success: the
 // document it was to delete no longer exists, although another writer may
-// have removed it.
+// have removed it. If it is at another version that the re-read cannot
+// relate to doc's (far ahead, or another incarnation), the outcome is an
+// *UnknownOutcomeError.
 func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
 	const op = "delete"
 	cfg := newWriteConfig(opts)
@@ -255,22 +287,20 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 		return err
 	}
 	ver := r.s.versionOf(v)
-	if ver < 0 {
-		return &InvalidError{Op: op, Field: r.opts.VersionField, Reason: "version is negative"}
+	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {
+		return err
 	}
+	// If the repository saw the document at this version, it knows its
+	// incarnation (a version names one): the filter pins it too, and a lost
+	// reply is judged exactly. Otherwise the version alone pins it.
 	ck := cacheKey(key)
-	s, ok := r.cache.lookup(ck)
-	if !ok {
-		st, err := r.rereadNow(ctx, op, id, key)
-		if err != nil {
-			return err
-		}
-		if st == nil || st.version != ver {
-			return r.classify(ctx, op, id, key, ver, st, cfg.guards)
-		}
-		s.inc = st.inc
+	s, known := r.cache.lookup(ck)
+	known = known && s.version == ver
+	filter := append(store.IDFilter(key), r.versionIs(ver))
+	if known {
+		filter = append(filter, r.incIs(s.inc))
 	}
-	filter := withGuards(append(store.IDFilter(key), r.versionIs(ver), r.incIs(s.inc)), cfg.guards)
+	filter = withGuards(filter, cfg.guards)
 	w := &write{op: op, id: id, key: key, base: ver}
 	w.send = func(ctx context.Context) (sent, error) {
 		res, err := r.coll.DeleteOne(ctx, filter)
@@ -281,12 +311,18 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 	}
 	w.judge = func(st *docState) (verdict, string) {
 		switch {
-		case st == nil, st.inc != s.inc:
+		case st == nil, known && st.inc != s.inc:
 			return landed, "" // the incarnation it targeted is gone
 		case st.version == ver:
 			return live, ""
+		case st.version > ver && (known || st.version-ver <= st.nids()):
+			// The same incarnation moved on: a delete that landed would
+			// have removed it.
+			return dead, ""
 		}
-		return dead, ""
+		// Another incarnation, the same far ahead, or a majority-committed
+		// state that has not caught up with the version the caller read.
+		return unknown, whyUnrelated
 	}
 	out, err := r.exec(ctx, r.policy(&cfg), w)
 	if err != nil {

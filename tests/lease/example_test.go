@@ -27,7 +27,7 @@ func exampleDB() (*mongo.Database, func()) {
 }
 
 // A second worker is refused while the first holds the lease, and told for
-// how long: enough for an HTTP 409 with Retry-After.
+// how long: enough for an HTTP 409 with Retry-After (here in minutes).
 func ExampleManager_TryAcquire() {
 	db, drop := exampleDB()
 	defer drop()
@@ -37,11 +37,11 @@ func ExampleManager_TryAcquire() {
 		panic(err)
 	}
 
-	worker1, err := lease.New(users, &lease.Options{TTL: 30 * time.Second, Owner: "worker-1"})
+	worker1, err := lease.New(users, &lease.Options{TTL: 2 * time.Minute, Owner: "worker-1"})
 	if err != nil {
 		panic(err)
 	}
-	worker2, err := lease.New(users, &lease.Options{TTL: 30 * time.Second, Owner: "worker-2"})
+	worker2, err := lease.New(users, &lease.Options{TTL: 2 * time.Minute, Owner: "worker-2"})
 	if err != nil {
 		panic(err)
 	}
@@ -50,11 +50,12 @@ func ExampleManager_TryAcquire() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("worker-1 holds the lease, epoch", l.Epoch())
+	first := l.Epoch() // the server's time in µs when the document was first leased
+	fmt.Println("worker-1 holds the lease")
 
 	_, err = worker2.TryAcquire(ctx, "user-42")
 	if held, ok := errors.AsType[*lease.HeldError](err); ok {
-		fmt.Printf("worker-2: 409, held by %s, Retry-After %v\n", held.Owner, held.TimeLeft.Round(time.Second))
+		fmt.Printf("worker-2: 409, held by %s, Retry-After %v\n", held.Owner, held.TimeLeft.Round(time.Minute))
 	}
 
 	if err := l.Release(ctx); err != nil {
@@ -64,12 +65,12 @@ func ExampleManager_TryAcquire() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("worker-2 holds the lease, epoch", l.Epoch())
+	fmt.Println("worker-2 holds the lease, epoch +", l.Epoch()-first)
 	_ = l.Release(ctx)
 	// Output:
-	// worker-1 holds the lease, epoch 1
-	// worker-2: 409, held by worker-1, Retry-After 30s
-	// worker-2 holds the lease, epoch 2
+	// worker-1 holds the lease
+	// worker-2: 409, held by worker-1, Retry-After 2m0s
+	// worker-2 holds the lease, epoch + 1
 }
 
 // Do runs a function under the lease: it renews in the background, cancels

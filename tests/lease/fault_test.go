@@ -21,7 +21,9 @@ func TestDroppedReply(t *testing.T) { eachMode(t, testDroppedReply) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testDroppedReply(t *testing.T, mode lease.Mode) {
-	const ttl = 10 * time.Second
+	// Far above the re-reads' ResolveTimeout (10s): every lease here is
+	// still held when its check comes.
+	const ttl = time.Minute
 	ctx := context.Background()
 	b := setup(t, mode)
 	f := b.db.Faulty(t, nil)
@@ -88,8 +90,8 @@ func testDroppedReply(t *testing.T, mode lease.Mode) {
 		require.ErrorIs(t, la.Err(), lease.ErrReleased)
 		d := load(t, b.coll, id)
 		require.Empty(t, owner(d.Lease))
-		require.Equal(t, int64(1), d.Lease.Epoch)
-		requireFree(t, c, id, 2)
+		require.Equal(t, la.Epoch(), d.Lease.Epoch)
+		requireFree(t, c, id, la.Epoch()+1)
 	})
 
 	t.Run("unresolved", func(t *testing.T) {
@@ -121,9 +123,6 @@ func droppedClaim(t *testing.T, f *mongotest.Faulty, a, c *lease.Manager, coll *
 	d := load(t, coll, id)
 	require.Equal(t, a.Owner(), owner(d.Lease))
 	require.Equal(t, la.Epoch(), d.Lease.Epoch)
-	if _, named := id.(string); !named {
-		require.Equal(t, int64(1), d.Lease.Epoch, "applied once")
-	}
 
 	_, err = c.TryAcquire(ctx, id)
 	require.ErrorIs(t, err, lease.ErrHeld, "no double holder")
@@ -154,7 +153,7 @@ func testReleaseWithFailedRereadIsUnread(t *testing.T, mode lease.Mode) {
 	ctx := context.Background()
 	b := setup(t, mode)
 	f := b.db.Faulty(t, nil)
-	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", 10*time.Second, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Minute, nil)
 	id := b.insert(t)
 	la, err := a.TryAcquire(ctx, id)
 	require.NoError(t, err)

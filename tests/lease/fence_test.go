@@ -98,7 +98,7 @@ func testStampRefusesOlderEpoch(t *testing.T, mode lease.Mode) {
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
 	id := b.insert(t)
-	a := b.named(t, locks, "a", 300*time.Millisecond, nil)
+	a := b.named(t, locks, "a", time.Second, nil) // c waits it out
 	c := b.named(t, locks, "c", time.Minute, &lease.Options{Retry: fastRetry})
 	la, err := a.TryAcquire(ctx, "job")
 	require.NoError(t, err)
@@ -148,13 +148,17 @@ func testSessionStripped(t *testing.T, mode lease.Mode) {
 	_, err = b.coll.CountDocuments(sctx, bson.D{})
 	require.Error(t, err, "the ended session cannot be used")
 
-	m := b.manager(t, "a", 300*time.Millisecond, nil)
+	m := b.manager(t, "a", time.Minute, &lease.Options{RenewEvery: 20 * time.Millisecond})
 	l, err := m.TryAcquire(sctx, id)
 	require.NoError(t, err)
 	require.NoError(t, l.Renew(sctx))
 	require.NoError(t, l.Release(sctx))
 	err = m.Do(sctx, id, func(ctx context.Context, l *lease.Lease) error {
-		time.Sleep(400 * time.Millisecond) // past the TTL: renewed meanwhile
+		// Do renews in the background on fn's context, which carries the
+		// session.
+		if err := renewed(ctx, l); err != nil {
+			return err
+		}
 		return l.Err()
 	})
 	require.NoError(t, err)

@@ -32,9 +32,12 @@ func testGuard(t *testing.T, mode lease.Mode) {
 	it := &item{ID: bson.NewObjectID(), Data: "initial"}
 	require.NoError(t, repo.Insert(ctx, it))
 
-	const ttl = 300 * time.Millisecond
+	// a's guarded writes below must land before its deadline (0.9 TTL), on
+	// a loaded machine too; then c waits the TTL out.
+	const ttl = 2 * time.Second
 	a := b.manager(t, "a", ttl, nil)
-	c := b.manager(t, "c", ttl, &lease.Options{Retry: fastRetry})
+	// c's own lease lives through every step below.
+	c := b.manager(t, "c", time.Minute, &lease.Options{Retry: fastRetry})
 	la, err := a.TryAcquire(ctx, it.ID)
 	require.NoError(t, err)
 

@@ -145,6 +145,76 @@ func owner(r rec) string {
 	return *r.Owner
 }
 
+// fakeTime returns a local clock that the test moves forward (time passing
+// without waiting for it) and a store.Clock over b's server whose readings
+// move with it, as if the server's clock had run on alike. Managers given
+// both (Options.Now and Options.Clock) see that time pass in ModeEstimated;
+// in ModeServer the server's own clock, which judges expiry, does not move.
+func (b *bundle) fakeTime() (*slowableClock, *store.Clock) {
+	sc := &slowableClock{}
+	hello := store.HelloSampler(b.db.Client())
+	clock := store.NewClock(func(ctx context.Context) (time.Time, error) {
+		st, err := hello(ctx)
+		return st.Add(sc.skipped()), err
+	}, &store.ClockOptions{Now: sc.now})
+	return sc, clock
+}
+
+// claimLog returns a collection on b's database through a client of its own
+// that notes when each findAndModify (a claim or, in ModeServer, a renewal)
+// starts to be sent, and a function returning the latest such time: taken
+// before the command reaches the wire, so no later than the real send.
+func claimLog(t *testing.T, b *bundle) (*mongo.Collection, func() time.Time) {
+	t.Helper()
+	var mu sync.Mutex
+	var last time.Time
+	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		if e.CommandName == "findAndModify" {
+			now := time.Now()
+			mu.Lock()
+			last = now
+			mu.Unlock()
+		}
+	}}
+	f := b.db.Faulty(t, &mongotest.FaultyOptions{ClientOptions: options.Client().SetMonitor(mon)})
+	return f.Collection(b.coll.Name()), func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return last
+	}
+}
+
+// sleepLog is a retry.Clock on real time that notes the length of every
+// sleep asked of it.
+type sleepLog struct {
+	mu     sync.Mutex
+	sleeps []time.Duration
+}
+
+func (s *sleepLog) Now() time.Time { return time.Now() }
+
+func (s *sleepLog) NewTimer(d time.Duration) retry.Timer {
+	s.mu.Lock()
+	s.sleeps = append(s.sleeps, d)
+	s.mu.Unlock()
+	return realTimer{time.NewTimer(d)}
+}
+
+// longest returns the number of sleeps and the longest one.
+func (s *sleepLog) longest() (n int, longest time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.sleeps {
+		longest = max(longest, d)
+	}
+	return len(s.sleeps), longest
+}
+
+type realTimer struct{ t *time.Timer }
+
+func (t realTimer) C() <-chan time.Time { return t.t.C }
+func (t realTimer) Stop() bool          { return t.t.Stop() }
+
 func TestAcquireRelease(t *testing.T) { eachMode(t, testAcquireRelease) }
 
 //nolint:thelper // the body of a test, run once per mode
@@ -152,28 +222,37 @@ func testAcquireRelease(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
-	const ttl = 2 * time.Second
+	// A TTL no stall of a loaded machine comes near: the lease must stay
+	// held through every step below.
+	const ttl = time.Minute
 	a := b.manager(t, "a", ttl, nil)
 	c := b.manager(t, "c", ttl, nil)
 
 	before := time.Now()
 	l, err := a.TryAcquire(ctx, id)
+	after := time.Now()
 	require.NoError(t, err)
 	require.Equal(t, "a", l.Owner())
-	require.Equal(t, int64(1), l.Epoch())
+	require.Positive(t, l.Epoch())
 	require.Equal(t, id, l.ID())
 	require.NoError(t, l.Err())
-	require.Greater(t, l.TimeLeft(), ttl/2)
-	require.LessOrEqual(t, l.TimeLeft(), ttl)
+	// The deadline is at most TTL after the claim was sent, and after the
+	// call returned.
+	require.True(t, l.Deadline().After(after), "deadline %v, returned at %v", l.Deadline(), after)
+	require.False(t, l.Deadline().After(before.Add(ttl)), "deadline %v past send + TTL %v", l.Deadline(), before.Add(ttl))
 
 	d := load(t, b.coll, id)
 	require.Equal(t, "initial", d.Data)
 	require.Equal(t, "a", owner(d.Lease))
-	require.Equal(t, int64(1), d.Lease.Epoch)
+	require.Equal(t, l.Epoch(), d.Lease.Epoch)
 	require.NotNil(t, d.Lease.ExpiresAt)
 	require.NotNil(t, d.Lease.AcquiredAt)
 	require.True(t, d.Lease.ExpiresAt.Equal(l.ExpiresAt()))
-	require.WithinDuration(t, before.Add(ttl), *d.Lease.ExpiresAt, time.Second, "expiry is server time + TTL")
+	// Expiry is the server's time of the claim + TTL. The server's clock is
+	// this host's (the same machine): the second allows for estimate bounds
+	// and millisecond truncation, not for load, which the bracket absorbs.
+	require.False(t, d.Lease.ExpiresAt.Before(before.Add(ttl-time.Second)), "expiry %v, claim sent at %v", *d.Lease.ExpiresAt, before)
+	require.False(t, d.Lease.ExpiresAt.After(after.Add(ttl+time.Second)), "expiry %v, claim returned at %v", *d.Lease.ExpiresAt, after)
 	require.Equal(t, ttl, d.Lease.ExpiresAt.Sub(*d.Lease.AcquiredAt))
 
 	// Held: typed error with the holder and the time left.
@@ -182,11 +261,14 @@ func testAcquireRelease(t *testing.T, mode lease.Mode) {
 	var held *lease.HeldError
 	require.ErrorAs(t, err, &held)
 	require.Equal(t, "a", held.Owner)
-	require.Equal(t, int64(1), held.Epoch)
+	require.Equal(t, l.Epoch(), held.Epoch)
 	require.Equal(t, id, held.ID)
 	require.True(t, held.ExpiresAt.Equal(l.ExpiresAt()))
-	require.Greater(t, held.TimeLeft, ttl/2)
-	require.LessOrEqual(t, held.TimeLeft, ttl+50*time.Millisecond)
+	// About the TTL: more by the contender's estimate bound at most, less by
+	// the time since the claim. A wrong reference (the zero time, a skewed
+	// clock) would be off by minutes or years.
+	require.Positive(t, held.TimeLeft)
+	require.Less(t, held.TimeLeft, ttl+ttl/2)
 
 	// The same Manager cannot take it twice.
 	_, err = a.TryAcquire(ctx, id)
@@ -205,7 +287,7 @@ func testAcquireRelease(t *testing.T, mode lease.Mode) {
 	require.Equal(t, "by a", d.Data)
 	require.Nil(t, d.Lease.Owner, "release clears the owner")
 	require.Nil(t, d.Lease.ExpiresAt, "release clears the expiry")
-	require.Equal(t, int64(1), d.Lease.Epoch, "release keeps the epoch")
+	require.Equal(t, l.Epoch(), d.Lease.Epoch, "release keeps the epoch")
 
 	// Released twice: ErrReleased, nothing written.
 	raw := loadRaw(t, b.coll, id)
@@ -216,7 +298,7 @@ func testAcquireRelease(t *testing.T, mode lease.Mode) {
 	// The next claim gets the next epoch; the old fence no longer matches.
 	l2, err := c.TryAcquire(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, int64(2), l2.Epoch())
+	require.Equal(t, l.Epoch()+1, l2.Epoch())
 	res, err = b.coll.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: id}}, l.Fence()...), bson.D{{Key: "$set", Value: bson.D{{Key: "data", Value: "stale"}}}})
 	require.NoError(t, err)
 	require.Equal(t, int64(0), res.MatchedCount)
@@ -230,22 +312,32 @@ func testRenew(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
-	const ttl = 400 * time.Millisecond
-	a := b.manager(t, "a", ttl, nil)
+	// Time passes on a local clock the test moves (and, in ModeEstimated,
+	// on the server's clock as the Manager reads it), so no stall of a
+	// loaded machine can make a renewal late.
+	const ttl = time.Minute
+	sc, clock := b.fakeTime()
+	a := b.manager(t, "a", ttl, &lease.Options{Now: sc.now, Clock: clock})
 	l, err := a.TryAcquire(ctx, id)
 	require.NoError(t, err)
 	first, firstDeadline := l.ExpiresAt(), l.Deadline()
-	// Renew past the first TTL several times: the lease lives on.
+	// Renew every quarter TTL, for one and a half TTLs: the lease lives on.
 	for range 6 {
-		time.Sleep(ttl / 4)
+		sc.pass(ttl / 4)
+		time.Sleep(2 * time.Millisecond) // the server's $$NOW moves too (ModeServer)
 		require.NoError(t, l.Renew(ctx))
 	}
 	require.NoError(t, l.Err())
-	require.True(t, l.ExpiresAt().After(first.Add(ttl)), "expiry moved forward")
-	require.True(t, l.Deadline().After(firstDeadline.Add(ttl)), "deadline moved forward")
+	require.True(t, l.Deadline().After(firstDeadline.Add(ttl)), "deadline moved forward past the first TTL")
+	if mode == lease.ModeServer {
+		// The server's clock, which sets the expiry, ran in real time.
+		require.True(t, l.ExpiresAt().After(first), "expiry moved forward")
+	} else {
+		require.True(t, l.ExpiresAt().After(first.Add(ttl)), "expiry moved forward past the first TTL")
+	}
 	d := load(t, b.coll, id)
 	require.True(t, d.Lease.ExpiresAt.Equal(l.ExpiresAt()))
-	require.Equal(t, int64(1), d.Lease.Epoch, "renewal keeps the epoch")
+	require.Equal(t, l.Epoch(), d.Lease.Epoch, "renewal keeps the epoch")
 	require.NoError(t, l.Release(ctx))
 }
 
@@ -370,7 +462,7 @@ func testBadInput(t *testing.T, mode lease.Mode) {
 	require.Equal(t, before, loadRaw(t, b.coll, id))
 
 	t.Run("cancelled renew and release", func(t *testing.T) {
-		m := b.managerOn(t, coll, "a", time.Second, &lease.Options{Clock: b.clock})
+		m := b.managerOn(t, coll, "a", time.Minute, &lease.Options{Clock: b.clock}) // held through the checks below
 		l, err := m.TryAcquire(ctx, id)
 		require.NoError(t, err)
 		held := loadRaw(t, b.coll, id)

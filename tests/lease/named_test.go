@@ -37,8 +37,8 @@ func testNamed(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	a := b.named(t, locks, "a", 5*time.Second, nil)
-	c := b.named(t, locks, "c", 5*time.Second, nil)
+	a := b.named(t, locks, "a", time.Minute, nil)
+	c := b.named(t, locks, "c", time.Minute, nil)
 	const name = "partner-api:user:42"
 
 	la, err := a.TryAcquire(ctx, name)
@@ -125,7 +125,11 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 	b := setup(t, mode)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	m := b.named(t, locks, "a", 200*time.Millisecond, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+	// m's claims must be applied within its deadline (0.9 TTL), on a loaded
+	// machine too.
+	m := b.named(t, locks, "a", time.Second, &lease.Options{CleanupAfter: 50 * time.Millisecond})
+	// long: leases that stay held, through any delay before the Sweep.
+	long := b.named(t, locks, "b", time.Minute, &lease.Options{CleanupAfter: 50 * time.Millisecond})
 
 	ttl, err := m.EnsureIndexes(ctx)
 	require.NoError(t, err)
@@ -141,13 +145,13 @@ func testCleanup(t *testing.T, mode lease.Mode) {
 	}
 	require.Equal(t, ttl, found)
 
-	released, err := m.TryAcquire(ctx, "released")
+	released, err := long.TryAcquire(ctx, "released")
 	require.NoError(t, err)
 	require.NoError(t, released.Release(ctx))
 	_, err = m.TryAcquire(ctx, "crashed") // never released
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
-	live, err := m.TryAcquire(ctx, "live")
+	time.Sleep(1200 * time.Millisecond) // past the crashed lease's TTL + CleanupAfter
+	live, err := long.TryAcquire(ctx, "live")
 	require.NoError(t, err)
 
 	n, err := m.Sweep(ctx)
@@ -182,7 +186,7 @@ func testTTLIndex(t *testing.T, mode lease.Mode) {
 	b.db.Require(t, mongotest.TTLIndexes)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
-	m := b.named(t, locks, "a", time.Second, &lease.Options{CleanupAfter: time.Second})
+	m := b.named(t, locks, "a", time.Minute, &lease.Options{CleanupAfter: time.Second})
 	ok, err := m.EnsureIndexes(ctx)
 	require.NoError(t, err)
 	require.True(t, ok)

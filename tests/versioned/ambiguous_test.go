@@ -45,7 +45,8 @@ func requireDropped(t *testing.T, fault *mongotest.Fault) {
 func TestLostReplyModifyAddsExactlyOnce(t *testing.T) {
 	t.Parallel()
 	repo, f, b := setupFaulty[account](t, nil)
-	require.NoError(t, repo.Insert(b.ctx, &account{ID: "w", Balance: 100}))
+	ins := &account{ID: "w", Balance: 100}
+	require.NoError(t, repo.Insert(b.ctx, ins))
 
 	fault := dropNextWrite(f, b)
 	calls := 0
@@ -59,10 +60,10 @@ func TestLostReplyModifyAddsExactlyOnce(t *testing.T) {
 	require.Equal(t, "update", fault.Dropped()[0].Name)
 	require.Equal(t, 1, calls, "the write landed: fn was not run again")
 	require.Equal(t, int64(110), got.Balance)
-	require.Equal(t, int64(2), got.Version)
+	require.Equal(t, ins.Version+1, got.Version)
 	m := b.raw(t, "w")
 	require.Equal(t, int64(110), m["balance"], "+10 applied exactly once")
-	require.Equal(t, int64(2), m["version"])
+	require.Equal(t, ins.Version+1, m["version"])
 }
 
 func TestLostReplyUpdateAppliesOnce(t *testing.T) {
@@ -70,31 +71,33 @@ func TestLostReplyUpdateAppliesOnce(t *testing.T) {
 	repo, f, b := setupFaulty[account](t, nil)
 	a := &account{ID: "w", Balance: 100}
 	require.NoError(t, repo.Insert(b.ctx, a))
+	v0 := a.Version
 
 	fault := dropNextWrite(f, b)
 	a.Balance += 10
 	require.NoError(t, repo.Update(b.ctx, a))
 	requireDropped(t, fault)
-	require.Equal(t, int64(2), a.Version, "the copy carries the new version")
+	require.Equal(t, v0+1, a.Version, "the copy carries the new version")
 	m := b.raw(t, "w")
 	require.Equal(t, int64(110), m["balance"])
-	require.Equal(t, int64(2), m["version"])
+	require.Equal(t, v0+1, m["version"])
 }
 
 func TestLostReplyGuardedAppliesOnce(t *testing.T) {
 	t.Parallel()
 	repo, f, b := setupFaulty[item](t, nil)
-	require.NoError(t, repo.Insert(b.ctx, &item{SKU: "s", Stock: 10}))
+	ins := &item{SKU: "s", Stock: 10}
+	require.NoError(t, repo.Insert(b.ctx, ins))
 
 	fault := dropNextWrite(f, b)
 	got, err := repo.Guarded(b.ctx, "s", bson.M{"stock": bson.M{"$gte": 3}}, bson.M{"$inc": bson.M{"stock": -3}})
 	require.NoError(t, err)
 	requireDropped(t, fault)
 	require.Equal(t, "findAndModify", fault.Dropped()[0].Name)
-	require.Equal(t, &item{SKU: "s", Stock: 7, Version: 2}, got)
+	require.Equal(t, &item{SKU: "s", Stock: 7, Version: ins.Version + 1}, got)
 	m := b.raw(t, "s")
 	require.Equal(t, int64(7), m["stock"], "-3 applied exactly once")
-	require.Equal(t, int64(2), m["version"])
+	require.Equal(t, ins.Version+1, m["version"])
 }
 
 func TestLostReplyInsertAndDelete(t *testing.T) {
@@ -106,7 +109,7 @@ func TestLostReplyInsertAndDelete(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, a), "the insert landed: not a duplicate of itself")
 	requireDropped(t, fault)
 	require.Equal(t, "insert", fault.Dropped()[0].Name)
-	require.Equal(t, int64(1), a.Version)
+	require.Equal(t, a.Version, b.raw(t, "w")["version"])
 	require.Equal(t, int64(1), b.count(t))
 
 	fault = dropNextWrite(f, b)
@@ -126,7 +129,9 @@ func TestWriteThatNeverArrivedIsSentAgain(t *testing.T) {
 	require.NoError(t, err)
 	a := &account{ID: "w", Balance: 100}
 	require.NoError(t, repo.Insert(b.ctx, a))
-	require.NoError(t, items.Insert(b.ctx, &item{SKU: "s", Stock: 10}))
+	s := &item{SKU: "s", Stock: 10}
+	require.NoError(t, items.Insert(b.ctx, s))
+	start := map[string]int64{"w": a.Version, "s": s.Version}
 	_, err = items.Get(b.ctx, "s") // so that Guarded knows the version without reading
 	require.NoError(t, err)
 
@@ -148,17 +153,17 @@ func TestWriteThatNeverArrivedIsSentAgain(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- op.write() }()
 		time.Sleep(150 * time.Millisecond) // the write is now held in the proxy
-		require.Equal(t, int64(1), b.raw(t, op.id)["version"], "the held write has not reached the server")
+		require.Equal(t, start[op.id], b.raw(t, op.id)["version"], "the held write has not reached the server")
 		require.Positive(t, f.ResetConnections())
 		require.NoError(t, <-done, op.id)
 	}
 	m := b.raw(t, "w")
 	require.Equal(t, int64(110), m["balance"])
-	require.Equal(t, int64(2), m["version"])
-	require.Equal(t, int64(2), a.Version)
+	require.Equal(t, start["w"]+1, m["version"])
+	require.Equal(t, start["w"]+1, a.Version)
 	m = b.raw(t, "s")
 	require.Equal(t, int64(7), m["stock"])
-	require.Equal(t, int64(2), m["version"])
+	require.Equal(t, start["s"]+1, m["version"])
 }
 
 // TestUnknownOutcomeIsNotGuessed: the write lands but its reply is lost,
@@ -171,7 +176,8 @@ func TestUnknownOutcomeIsNotGuessed(t *testing.T) {
 	repo, f, b := setupFaulty[account](t, nil)
 	others, err := versioned.New[account](b.coll, nil)
 	require.NoError(t, err)
-	require.NoError(t, repo.Insert(b.ctx, &account{ID: "w", Balance: 100}))
+	ins := &account{ID: "w", Balance: 100}
+	require.NoError(t, repo.Insert(b.ctx, ins))
 
 	fault := dropWriteAfter(f, b.coll.Name(), func() {
 		for range versioned.WriteIDs + 5 { // Modify keeps the bound on every server
@@ -188,7 +194,7 @@ func TestUnknownOutcomeIsNotGuessed(t *testing.T) {
 	require.ErrorAs(t, err, &ue)
 	require.Equal(t, "modify", ue.Op)
 	require.NotEmpty(t, ue.WriteID)
-	require.Equal(t, int64(1), ue.Base)
+	require.Equal(t, ins.Version, ue.Base)
 	require.Greater(t, ue.Current, ue.Base+versioned.WriteIDs)
 	require.True(t, store.IsAmbiguous(err), "the write's own error stays reachable")
 	require.False(t, retry.IsRetryable(err), "an unknown outcome must not be retried blindly")
@@ -202,7 +208,8 @@ func TestLostRepliesUnderContention(t *testing.T) {
 	t.Parallel()
 	const workers, each, drops = 4, 25, 10
 	repo, f, b := setupFaulty[account](t, &versioned.Options{Retry: patient})
-	require.NoError(t, repo.Insert(b.ctx, &account{ID: "w"}))
+	ins := &account{ID: "w"}
+	require.NoError(t, repo.Insert(b.ctx, ins))
 
 	fault := f.DropReplies(drops, mongotest.Writes(b.coll.Name()))
 	var acked atomic.Int64
@@ -224,7 +231,7 @@ func TestLostRepliesUnderContention(t *testing.T) {
 	require.Equal(t, int64(workers*each), acked.Load())
 	m := b.raw(t, "w")
 	require.Equal(t, int64(workers*each), m["balance"])
-	require.Equal(t, int64(workers*each+1), m["version"])
+	require.Equal(t, ins.Version+workers*each, m["version"])
 }
 
 // A Modify under a guard whose guarded read misses re-reads to tell a failed

@@ -76,31 +76,44 @@ type regOutput struct {
 }
 
 // regState is one document: whether it exists, its value and version.
+// Insert starts each document at a random version, which the model learns
+// from the first operation that reports it: until then the version is Free
+// (and Version is 0). A free version is one no Update or Delete can have
+// read, since a read reports it: so a write that expects a version never
+// matches it (versions name their incarnation).
 type regState struct {
 	Exists  bool
 	Value   int64
 	Version int64
+	Free    bool
 }
 
-// regInit is every document's state when the history begins.
-var regInit = regState{Exists: true, Value: 100, Version: 1}
+// regInit is every document's state when the history begins: inserted
+// before the history, at a version the first read reports.
+var regInit = regState{Exists: true, Value: 100, Free: true}
 
 // regApply returns the state after a write applied to s, and whether the
 // write's condition holds in s: the document exists (does not, for Insert)
 // and, for Update and Delete, is at version Expect; for Guarded, its value
 // is at least Arg.
 func regApply(s regState, in regInput) (regState, bool) {
+	next := func(v int64) regState {
+		if s.Free {
+			return regState{Exists: true, Value: v, Free: true}
+		}
+		return regState{Exists: true, Value: v, Version: s.Version + 1}
+	}
 	switch in.Kind {
 	case regUpdate:
-		return regState{Exists: true, Value: in.Arg, Version: s.Version + 1}, s.Exists && s.Version == in.Expect
+		return regState{Exists: true, Value: in.Arg, Version: in.Expect + 1}, s.Exists && !s.Free && s.Version == in.Expect
 	case regModify:
-		return regState{Exists: true, Value: s.Value + in.Arg, Version: s.Version + 1}, s.Exists
+		return next(s.Value + in.Arg), s.Exists
 	case regGuarded:
-		return regState{Exists: true, Value: s.Value - in.Arg, Version: s.Version + 1}, s.Exists && s.Value >= in.Arg
+		return next(s.Value - in.Arg), s.Exists && s.Value >= in.Arg
 	case regDelete:
-		return regState{}, s.Exists && s.Version == in.Expect
+		return regState{}, s.Exists && !s.Free && s.Version == in.Expect
 	case regInsert:
-		return regState{Exists: true, Value: in.Arg, Version: 1}, !s.Exists
+		return regState{Exists: true, Value: in.Arg, Free: true}, !s.Exists
 	case regGet:
 	}
 	return s, false
@@ -119,8 +132,10 @@ func regStep(s regState, in regInput, out regOutput) []regState {
 		switch {
 		case out.Result != resOK:
 			return []regState{s} // a failed read changes nothing and says nothing
-		case s.Exists && out.Value == s.Value && out.Version == s.Version:
+		case s.Exists && out.Value == s.Value && out.Version == s.Version && !s.Free:
 			return []regState{s}
+		case s.Exists && out.Value == s.Value && s.Free:
+			return []regState{{Exists: true, Value: s.Value, Version: out.Version}} // learnt
 		}
 		return nil
 	}
@@ -141,6 +156,14 @@ func regStep(s regState, in regInput, out regOutput) []regState {
 		}
 		if !holds {
 			return nil
+		}
+		if next.Free {
+			// The document returned is the one this write made (the
+			// version is learnt), or a later one (it is not).
+			if out.Value == next.Value {
+				return []regState{{Exists: true, Value: next.Value, Version: out.Version}, next}
+			}
+			return []regState{next}
 		}
 		// The document returned is the one this write made, or (after a
 		// lost reply was settled by a re-read) a later one.
@@ -223,6 +246,9 @@ var registerModel = porcupine.NondeterministicModel{
 		s := asState(state)
 		if !s.Exists {
 			return "absent"
+		}
+		if s.Free {
+			return fmt.Sprintf("%d@v?", s.Value)
 		}
 		return fmt.Sprintf("%d@v%d", s.Value, s.Version)
 	},
@@ -329,6 +355,9 @@ func TestLinearizabilityCheckerRejectsBadHistories(t *testing.T) {
 	}
 	s := func(c int, call, ret int64, x opIO) step { return step{c, call, ret, x} }
 	build := func(steps ...step) []porcupine.Operation {
+		// Every history opens with a read of the document at version 1
+		// (Insert's random start, learnt by the model from this read).
+		steps = append([]step{s(9, -20, -10, get(100, 1))}, steps...)
 		h := make([]porcupine.Operation, len(steps))
 		for i, x := range steps {
 			h[i] = op(x.client, x.call, x.ret, x.in, x.out)

@@ -24,13 +24,14 @@ func TestReproWriteIDsGrowWithoutBound(t *testing.T) {
 	repo, b := setup[account](t, nil)
 	requireSlice(t, b)
 	ctx := context.Background()
-	require.NoError(t, repo.Insert(ctx, &account{ID: "g", Balance: 0}))
+	g := &account{ID: "g", Balance: 0}
+	require.NoError(t, repo.Insert(ctx, g))
 
 	const writers = 100 // 100 short-lived processes, one Update each
 	for i := range writers {
 		r, err := versioned.New[account](b.coll, nil)
 		require.NoError(t, err)
-		require.NoError(t, r.Update(ctx, &account{ID: "g", Balance: int64(i + 1), Version: int64(i + 1)}))
+		require.NoError(t, r.Update(ctx, &account{ID: "g", Balance: int64(i + 1), Version: g.Version + int64(i)}))
 	}
 	n := len(b.writeIDs(t, "g"))
 	t.Logf("after %d writes the document carries %d write ids (bound %d), %d bytes", writers, n, versioned.WriteIDs, len(b.rawBytes(t, "g")))

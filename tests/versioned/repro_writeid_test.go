@@ -95,12 +95,14 @@ func TestReproDeleteABADeletesReinsertedDocument(t *testing.T) {
 	ctx := context.Background()
 	doc := &account{ID: "r", Owner: "first"}
 	require.NoError(t, repoB.Insert(ctx, doc))
+	got, err := repoA.Get(ctx, "r")
+	require.NoError(t, err)
 
 	fault := dropWriteAfter(f, b.coll.Name(), func() {
 		// The delete landed; someone creates the id afresh.
 		require.NoError(t, repoB.Insert(ctx, &account{ID: "r", Owner: "second"}))
 	})
-	require.NoError(t, repoA.Delete(ctx, &account{ID: "r", Version: 1}))
+	require.NoError(t, repoA.Delete(ctx, got))
 	require.True(t, fault.HasFired())
 	n := b.count(t)
 	require.Equal(t, int64(1), n, "BUG: one Delete removed the first document and then the second one, inserted after it")

@@ -1,0 +1,139 @@
+package versioned_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// deleteAndReinsert makes the reviewers' ABA: the copy stale of incarnation
+// I is read, then I is deleted and the id inserted again (incarnation J) by
+// another repository, as another process would.
+func deleteAndReinsert(t *testing.T, repo *versioned.Repo[account], b *bundle) (stale *account) {
+	t.Helper()
+	ctx := b.ctx
+	require.NoError(t, repo.Insert(ctx, &account{ID: "ana", Owner: "ana", Balance: 100}))
+	stale, err := repo.Get(ctx, "ana")
+	require.NoError(t, err)
+	other, err := versioned.New[account](b.coll, nil)
+	require.NoError(t, err)
+	cp := *stale
+	require.NoError(t, other.Delete(ctx, &cp))
+	require.NoError(t, other.Insert(ctx, &account{ID: "ana", Owner: "new-ana", Balance: 5}))
+	return stale
+}
+
+// requireNewIncarnationIntact checks J is as inserted.
+func requireNewIncarnationIntact(t *testing.T, repo *versioned.Repo[account], b *bundle, opErr error) {
+	t.Helper()
+	got, err := repo.Get(b.ctx, "ana")
+	require.NoError(t, err, "the incarnation inserted again is still there (stale write err=%v)", opErr)
+	require.Equal(t, "new-ana", got.Owner, "a stale copy of the deleted incarnation wrote over the new one (err=%v)", opErr)
+	require.Equal(t, int64(5), got.Balance)
+	require.ErrorIs(t, opErr, versioned.ErrConflict)
+}
+
+// TestStaleCopyUpdateFromColdRepoMissesReinsertedDocument: a caller's copy
+// of incarnation I is written back by a repository that has not seen the
+// document (another process, another instance behind a load balancer doing
+// GET then PUT with the version) after the document was deleted and
+// inserted again. The copy's version names I, so the Update matches
+// nothing: a conflict, and J is untouched.
+func TestStaleCopyUpdateFromColdRepoMissesReinsertedDocument(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	stale := deleteAndReinsert(t, repo, b)
+	cold, err := versioned.New[account](b.coll, nil)
+	require.NoError(t, err)
+	stale.Balance = 999
+	err = cold.Update(b.ctx, stale)
+	requireNewIncarnationIntact(t, repo, b, err)
+}
+
+// TestStaleCopyDeleteFromColdRepoMissesReinsertedDocument: the same with
+// Delete: the stale copy does not delete J.
+func TestStaleCopyDeleteFromColdRepoMissesReinsertedDocument(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	stale := deleteAndReinsert(t, repo, b)
+	cold, err := versioned.New[account](b.coll, nil)
+	require.NoError(t, err)
+	err = cold.Delete(b.ctx, stale)
+	require.Equal(t, int64(1), b.count(t), "a stale copy of the deleted incarnation deleted the new one (Delete err=%v)", err)
+	requireNewIncarnationIntact(t, repo, b, err)
+}
+
+// TestStaleCopyUpdateAfterCacheEvictionMissesReinsertedDocument: the same
+// within one repository that saw I, once it has served more documents than
+// its cache keeps (4096; a full cache forgets an arbitrary entry), so that
+// it has forgotten the document: safety never depends on the cache.
+func TestStaleCopyUpdateAfterCacheEvictionMissesReinsertedDocument(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	ctx := b.ctx
+	stale := deleteAndReinsert(t, repo, b)
+	_, err := repo.Get(ctx, "ana") // the repository sees J, then forgets it
+	require.NoError(t, err)
+	require.Positive(t, versioned.EvictUntilForgotten(repo, "ana"))
+	stale.Balance = 999
+	err = repo.Update(ctx, stale)
+	requireNewIncarnationIntact(t, repo, b, err)
+}
+
+// TestStaleCopyWarmRepoMissesReinsertedDocument: and by the repository that
+// saw both incarnations, Update and Delete.
+func TestStaleCopyWarmRepoMissesReinsertedDocument(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	stale := deleteAndReinsert(t, repo, b)
+	_, err := repo.Get(b.ctx, "ana") // the repository sees J
+	require.NoError(t, err)
+	cp := *stale
+	cp.Balance = 999
+	requireNewIncarnationIntact(t, repo, b, repo.Update(b.ctx, &cp))
+	requireNewIncarnationIntact(t, repo, b, repo.Delete(b.ctx, stale))
+}
+
+// TestInsertStartsAtARandomVersion: versions are opaque. Insert starts each
+// document at a random version in [1, 2^52) (exact as a JavaScript number),
+// and each write raises it by one.
+func TestInsertStartsAtARandomVersion(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	seen := map[int64]bool{}
+	for i := range 8 {
+		a := &account{ID: fmt.Sprintf("r-%d", i), Balance: 1}
+		require.NoError(t, repo.Insert(b.ctx, a))
+		require.GreaterOrEqual(t, a.Version, int64(1))
+		require.Less(t, a.Version, int64(1)<<52)
+		require.Equal(t, a.Version, b.raw(t, a.ID)["version"], "the stored version is the one reported")
+		seen[a.Version] = true
+		before := a.Version
+		a.Balance++
+		require.NoError(t, repo.Update(b.ctx, a))
+		require.Equal(t, before+1, a.Version)
+	}
+	require.Len(t, seen, 8, "eight inserts, eight different starting versions")
+}
+
+// TestLostDeleteReplyThenReinsertFromColdRepo: a repository that has not
+// seen the document deletes it, the reply is lost, and another process
+// inserts the id again before the re-read. The Delete reports success or an
+// unknown outcome, never a conflict, and never deletes the new document.
+func TestLostDeleteReplyThenReinsertFromColdRepo(t *testing.T) {
+	cold, f, b := setupFaulty[account](t, nil)
+	other, err := versioned.New[account](b.coll, nil)
+	require.NoError(t, err)
+	doc := &account{ID: "r", Owner: "first"}
+	require.NoError(t, other.Insert(b.ctx, doc))
+
+	fault := dropWriteAfter(f, b.coll.Name(), func() {
+		require.NoError(t, other.Insert(b.ctx, &account{ID: "r", Owner: "second"}))
+	})
+	err = cold.Delete(b.ctx, doc)
+	require.True(t, fault.HasFired())
+	if err != nil {
+		require.ErrorIs(t, err, versioned.ErrUnknownOutcome)
+	}
+	got, gerr := other.Get(b.ctx, "r")
+	require.NoError(t, gerr, "the document inserted again is there (Delete err=%v)", err)
+	require.Equal(t, "second", got.Owner)
+}
