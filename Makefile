@@ -1,12 +1,18 @@
 # mongocas developer targets. Every test target runs against a real
 # MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
 # test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
+#
+# The repository is four modules tied by go.work: the library (root),
+# mongotest, tests (the server-backed tests) and examples. `./...` stops at
+# module boundaries; the module path pattern covers them all.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
-PKGS ?= ./...
+PKGS ?= github.com/mongocas/mongocas/...
+# golangci-lint takes directories, one pattern per module.
+LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/...
 
-.PHONY: all demo test test-race test-short test-documentdb lint lint-install fmt vet deps-check bench fuzz ci
+.PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench fuzz ci
 
 all: vet test
 
@@ -20,6 +26,9 @@ test-race: test
 
 test-short:
 	$(GO) test -count=1 $(PKGS)
+
+test-min-go: ## the root module alone, with the Go version its go.mod declares
+	GOWORK=off GOTOOLCHAIN=go$$(awk '/^go /{print $$2}' go.mod) $(GO) test -count=1 ./...
 
 # FerretDB v2 + DocumentDB from ../shared/backends/documentdb (override with
 # MONGOCAS_DOCUMENTDB_DIR): build.sh if not built yet (as root, through sudo
@@ -35,20 +44,20 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 lint:
-	$(GOLANGCI_LINT) run $(PKGS)
+	$(GOLANGCI_LINT) run $(LINT_DIRS)
 
 lint-install:
 	$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
-deps-check: ## the library packages must not link FerretDB or testcontainers
-	@! $(GO) list -deps ./store ./versioned ./lease ./retry | grep -E 'FerretDB|testcontainers'
+deps-check: ## what a user's module gets: no test-only modules, a small go.sum
+	bash .ci/deps-check
 
 bench: ## each operation beside the raw driver doing the same work
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=200x ./versioned ./lease ./retry
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=200x ./tests/versioned ./tests/lease ./retry
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzJitterBounds -fuzztime=20s ./retry
-	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=20s ./internal/wireproxy
+	$(GO) test -run='^$$' -fuzz=FuzzParseCommand -fuzztime=20s ./mongotest/internal/wireproxy
 
 ci:
 	bash .ci/run

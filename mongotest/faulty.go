@@ -14,7 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 
-	"github.com/mongocas/mongocas/internal/wireproxy"
+	"github.com/mongocas/mongocas/mongotest/internal/wireproxy"
 	"github.com/mongocas/mongocas/store"
 )
 

@@ -18,7 +18,7 @@ import (
 	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/internal/wireproxy"
+	"github.com/mongocas/mongocas/mongotest/internal/wireproxy"
 	"github.com/mongocas/mongocas/store"
 )
 

@@ -3,17 +3,59 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/mongocas/mongocas/retry"
 )
 
+// TestMain fails the run when a goroutine running this module's code outlives
+// the tests. It does goleak's job with the standard library alone: the root
+// module's tests depend on nothing beyond it and testify, so that a user's
+// module graph stays small.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if code == 0 {
+		if leaked := leakedGoroutines(5 * time.Second); leaked != "" {
+			fmt.Fprintf(os.Stderr, "goroutines left running after the tests:\n\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// leakedGoroutines returns the stacks of the goroutines, other than the
+// caller's, that run or were started by code of this module, waiting up to
+// wait for them to end; "" when there are none.
+func leakedGoroutines(wait time.Duration) string {
+	deadline := time.Now().Add(wait)
+	for {
+		buf := make([]byte, 1<<20)
+		for {
+			n := runtime.Stack(buf, true)
+			if n < len(buf) {
+				buf = buf[:n]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		// The caller's goroutine comes first; blank lines separate the others.
+		var leaked []string
+		for _, g := range strings.Split(string(buf), "\n\n")[1:] {
+			if strings.Contains(g, "github.com/mongocas/mongocas/") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 || time.Now().After(deadline) {
+			return strings.Join(leaked, "\n\n")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // fakeClock is a retry.Clock whose time moves only when told. By default its

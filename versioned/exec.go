@@ -90,7 +90,8 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	for resends := 0; ; {
 		st, rerr := r.reread(ctx, p, w)
 		if rerr != nil {
-			if _, ok := errors.AsType[*VersionTypeError](rerr); ok {
+			var vte *VersionTypeError
+			if errors.As(rerr, &vte) {
 				return outcome{}, rerr
 			}
 			return outcome{}, r.unknown(w, nil, "re-reading the document failed", errors.Join(first, rerr))

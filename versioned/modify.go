@@ -125,7 +125,8 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		st, rerr := r.rereadNow(ctx, op, idv, key)
 		if rerr == nil {
 			cerr := r.classify(ctx, op, idv, key, ce.Expected, st, cfg.guards)
-			if c, ok := errors.AsType[*ConflictError](cerr); ok {
+			var c *ConflictError
+			if errors.As(cerr, &c) {
 				ce.Current = c.Current
 			} else {
 				return nil, cerr

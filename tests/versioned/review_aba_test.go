@@ -65,16 +65,26 @@ func TestStaleCopyDeleteFromColdRepoMissesReinsertedDocument(t *testing.T) {
 }
 
 // TestStaleCopyUpdateAfterCacheEvictionMissesReinsertedDocument: the same
-// within one repository that saw I, once it has served more documents than
-// its cache keeps (4096; a full cache forgets an arbitrary entry), so that
-// it has forgotten the document: safety never depends on the cache.
+// within one repository that saw I and has since forgotten the document, as
+// it does once it has served more documents than its cache keeps (4096; a
+// full cache forgets an arbitrary entry): safety never depends on the cache.
+// The test empties the repository's entry the way a caller can, black-box:
+// a read that finds the document gone forgets it. The repository then holds
+// nothing of "ana" when J is inserted and the stale copy of I is written,
+// the state an eviction leaves.
 func TestStaleCopyUpdateAfterCacheEvictionMissesReinsertedDocument(t *testing.T) {
 	repo, b := setup[account](t, nil)
 	ctx := b.ctx
-	stale := deleteAndReinsert(t, repo, b)
-	_, err := repo.Get(ctx, "ana") // the repository sees J, then forgets it
+	require.NoError(t, repo.Insert(ctx, &account{ID: "ana", Owner: "ana", Balance: 100}))
+	stale, err := repo.Get(ctx, "ana")
 	require.NoError(t, err)
-	require.Positive(t, versioned.EvictUntilForgotten(repo, "ana"))
+	other, err := versioned.New[account](b.coll, nil)
+	require.NoError(t, err)
+	cp := *stale
+	require.NoError(t, other.Delete(ctx, &cp))
+	_, err = repo.Get(ctx, "ana") // the repository finds I gone and forgets it
+	require.ErrorIs(t, err, versioned.ErrNotFound)
+	require.NoError(t, other.Insert(ctx, &account{ID: "ana", Owner: "new-ana", Balance: 5}))
 	stale.Balance = 999
 	err = repo.Update(ctx, stale)
 	requireNewIncarnationIntact(t, repo, b, err)

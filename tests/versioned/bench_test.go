@@ -17,7 +17,7 @@ import (
 // Each benchmark runs an operation of the repository beside the raw driver
 // calls that do the same work, in the same run and on the same server:
 //
-//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./versioned
+//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./tests/versioned
 
 func benchSetup(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
 	b.Helper()

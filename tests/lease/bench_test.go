@@ -20,7 +20,7 @@ import (
 // run, so the ratio shows what the package adds: the clock estimate, argument
 // checks, decoding, the Lease with its deadline timer.
 //
-//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./lease
+//	go test -run='^$' -bench=. -benchmem -benchtime=200x ./tests/lease
 
 // benchSetup returns a collection holding one document, the one every
 // iteration works on. (FerretDB v1 scans the whole collection for any filter

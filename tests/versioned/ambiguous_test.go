@@ -145,7 +145,11 @@ func TestWriteThatNeverArrivedIsSentAgain(t *testing.T) {
 			return err
 		}},
 	} {
-		f.Pause(500 * time.Millisecond)
+		// The pause outlasts the check below by far: on a loaded machine the
+		// check's own read, queued behind other tests in the serializing
+		// proxy, took more than 500 ms, the pause ended and the held write
+		// landed before it was looked for.
+		f.Pause(2 * time.Second)
 		done := make(chan error, 1)
 		go func() { done <- op.write() }()
 		time.Sleep(150 * time.Millisecond) // the write is now held in the proxy
