@@ -2,7 +2,6 @@ package lease_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,19 +10,8 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/tests/internal/errmsg"
 )
-
-// requireOnePrefix fails unless err's message names each package at most
-// once: "lease: acquire x: document not found", never
-// "lease: acquire x: lease: document not found".
-func requireOnePrefix(t *testing.T, err error) {
-	t.Helper()
-	require.Error(t, err)
-	msg := err.Error()
-	for _, p := range []string{"lease: ", "versioned: ", "store: ", "retry: ", "mongotest: "} {
-		require.LessOrEqual(t, strings.Count(msg, p), 1, "prefix %q repeats in %q", p, msg)
-	}
-}
 
 // TestErrorsSayTheirPrefixOnce triggers the errors each entry point returns
 // before and after reaching the server, and checks each message's prefix.
@@ -45,52 +33,52 @@ func TestErrorsSayTheirPrefixOnce(t *testing.T) {
 
 	_, err = m.Acquire(ctx, "nobody")
 	require.ErrorIs(t, err, lease.ErrNotFound)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	require.Equal(t, "lease: acquire nobody: document not found", err.Error())
 
 	_, err = m.TryAcquire(ctx, bson.D{{Key: "$gt", Value: ""}})
 	require.ErrorIs(t, err, lease.ErrInvalid)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 
 	_, err = m.TryAcquire(cancelled, "a")
 	require.ErrorIs(t, err, context.Canceled)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 
 	_, err = lease.New(coll, &lease.Options{TTL: -time.Second})
 	require.ErrorIs(t, err, lease.ErrInvalid)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 
 	err = m.Do(ctx, "a", nil)
 	require.ErrorIs(t, err, lease.ErrInvalid)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 
 	l, err := m.TryAcquire(ctx, "a")
 	require.NoError(t, err)
 	_, err = m2.TryAcquire(ctx, "a")
 	require.ErrorIs(t, err, lease.ErrHeld)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	err = l.Stamp(ctx, coll, "a")
 	require.ErrorIs(t, err, lease.ErrInvalid)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	require.NoError(t, l.Release(ctx))
 	err = l.Renew(ctx)
 	require.Error(t, err)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 
 	nl, err := named.TryAcquire(ctx, "job")
 	require.NoError(t, err)
 	err = nl.Stamp(ctx, coll, "missing")
 	require.ErrorIs(t, err, lease.ErrNotFound)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	err = nl.Stamp(ctx, coll, bson.D{{Key: "$ne", Value: 1}})
 	require.ErrorIs(t, err, lease.ErrInvalid)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	require.NoError(t, nl.Release(ctx))
 
 	_, err = m.Sweep(ctx)
 	require.ErrorIs(t, err, lease.ErrNotNamed)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 	_, err = m.Mode(cancelled)
 	require.Error(t, err)
-	requireOnePrefix(t, err)
+	errmsg.RequireOnePrefix(t, err)
 }
