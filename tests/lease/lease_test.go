@@ -153,10 +153,7 @@ func owner(r rec) string {
 func (b *bundle) fakeTime() (*slowableClock, *store.Clock) {
 	sc := &slowableClock{}
 	hello := store.HelloSampler(b.db.Client())
-	clock := store.NewClock(func(ctx context.Context) (time.Time, error) {
-		st, err := hello(ctx)
-		return st.Add(sc.skipped()), err
-	}, &store.ClockOptions{Now: sc.now})
+	clock := store.NewClock(sc.sampler(hello, nil), &store.ClockOptions{Now: sc.now})
 	return sc, clock
 }
 

@@ -34,17 +34,16 @@ func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 	sc := &slowableClock{}
 	hello := store.HelloSampler(b.db.Client())
 	var rtt0 atomic.Int64
-	sample := func(ctx context.Context) (time.Time, error) {
+	measured := func(ctx context.Context) (time.Time, error) {
 		start := time.Now()
-		if d := rtt0.Load(); d > 0 {
-			time.Sleep(time.Duration(9 * d)) // 10x the first round trip
-		}
 		st, err := hello(ctx)
 		if rtt0.Load() == 0 {
 			rtt0.Store(max(int64(time.Since(start)), int64(time.Millisecond)))
 		}
-		return st.Add(sc.skipped()), err
+		return st, err
 	}
+	// After the first reading, 10x its round trip: 9x slept plus the trip.
+	sample := sc.sampler(measured, func() time.Duration { return time.Duration(9 * rtt0.Load()) })
 	clock := store.NewClock(sample, &store.ClockOptions{Now: sc.now})
 	const ttl = time.Minute
 	a := b.manager(t, "a", ttl, &lease.Options{Clock: clock, Now: sc.now})
@@ -157,7 +156,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 		slow    []time.Duration // round trips of readings sent after the delay was armed
 	)
 	viaProxy := store.HelloSampler(f.Client)
-	clock := store.NewClock(func(ctx context.Context) (time.Time, error) {
+	clock := store.NewClock(sc.sampler(func(ctx context.Context) (time.Time, error) {
 		mu.Lock()
 		armed := delayed
 		mu.Unlock()
@@ -170,8 +169,8 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 			slow = append(slow, rtt)
 		}
 		mu.Unlock()
-		return st.Add(sc.skipped()), err
-	}, &store.ClockOptions{Now: sc.now})
+		return st, err
+	}, nil), &store.ClockOptions{Now: sc.now})
 	require.NoError(t, clock.Sync(ctx), "the first reading")
 	mu.Lock()
 	rtt0 := slices.Min(rtts)
@@ -184,10 +183,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 
 	// c's clock: hello straight to the server, on the same simulated time.
 	direct := store.HelloSampler(b.db.Client())
-	cClock := store.NewClock(func(ctx context.Context) (time.Time, error) {
-		st, err := direct(ctx)
-		return st.Add(sc.skipped()), err
-	}, &store.ClockOptions{Now: sc.now})
+	cClock := store.NewClock(sc.sampler(direct, nil), &store.ClockOptions{Now: sc.now})
 
 	const ttl = time.Minute
 	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", ttl, &lease.Options{Clock: clock, Now: sc.now})
