@@ -1,0 +1,160 @@
+package deferred
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// Job reads the job with id. It returns a *NotFoundError when there is none
+// (never enqueued, or deleted after its retention).
+func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
+	if err := checkCtx(ctx, "job"); err != nil {
+		return nil, err
+	}
+	job, err := q.readJob(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("deferred: job %s: %w", id.Hex(), err)
+	}
+	if job == nil || job.State == stateSkipped {
+		return nil, &NotFoundError{ID: id}
+	}
+	return job, nil
+}
+
+func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
+	var job Job
+	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	job.q = q
+	return &job, nil
+}
+
+// Counts returns how many jobs are in each state (every state is present,
+// zero or not): one count per state, on the state index. Completed and
+// cancelled jobs are counted until their retention ends.
+func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
+	if err := checkCtx(ctx, "counts"); err != nil {
+		return nil, err
+	}
+	out := make(map[State]int64, len(States()))
+	for _, s := range States() {
+		n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "state", Value: s}})
+		if err != nil {
+			return nil, fmt.Errorf("deferred: counts: %w", err)
+		}
+		out[s] = n
+	}
+	return out, nil
+}
+
+// Requeue puts a dead or cancelled job back in the queue, with its attempts
+// counted from zero again and its errors kept: it takes a new sequence
+// number at the tail of its key, so it runs after the jobs enqueued on the
+// key before the requeue. Any other state is a *StateError (matching
+// ErrState); an unknown id a *NotFoundError.
+func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
+	if err := checkCtx(ctx, "requeue"); err != nil {
+		return err
+	}
+	if _, err := q.EnsureIndexes(ctx); err != nil {
+		return err
+	}
+	for try := 1; ; try++ {
+		job, err := q.readJob(ctx, id)
+		switch {
+		case err != nil:
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		case job == nil || job.State == stateSkipped:
+			return &NotFoundError{ID: id}
+		case job.State != StateDead && job.State != StateCancelled:
+			return &StateError{Op: "requeue", ID: id, State: job.State}
+		}
+		seq, err := q.reserve(ctx, job.Key, inTransaction(ctx))
+		if err != nil {
+			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
+		}
+		filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: job.State}, {Key: "s", Value: job.Seq}}
+		update := bson.D{
+			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
+			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
+		}
+		res, err := q.jobs.UpdateOne(ctx, filter, update)
+		if err != nil {
+			// A lost reply: the job shows its new number if it landed.
+			if cur, rerr := q.readJob(ctx, id); rerr == nil && cur != nil && cur.Seq == seq {
+				q.notify()
+				return nil
+			}
+			q.abandon(ctx, job.Key, seq)
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		}
+		if res.MatchedCount == 1 {
+			q.notify()
+			return nil
+		}
+		// Changed meanwhile (requeued or cancelled by someone else): give
+		// the number up and look again.
+		q.abandon(ctx, job.Key, seq)
+		if try >= 3 {
+			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
+		}
+	}
+}
+
+// Cancel takes a job that is waiting (available or retryable) or dead out
+// of the queue for good: it is marked cancelled, its key moves on without
+// it, and it is deleted after the retention. A running job cannot be
+// cancelled (its handler may be writing): a *StateError, as for a finished
+// job; an unknown id is a *NotFoundError.
+func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
+	if err := checkCtx(ctx, "cancel"); err != nil {
+		return err
+	}
+	now := q.now(ctx)
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateDead}}}}}
+	update := bson.D{{Key: "$set", Value: bson.D{
+		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
+	}}}
+	res, err := q.jobs.UpdateOne(ctx, filter, update)
+	cur, rerr := q.readJob(ctx, id)
+	switch {
+	case err == nil && res.MatchedCount == 1:
+		q.notify()
+		return nil
+	case rerr != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), errors.Join(err, rerr))
+	case cur == nil || cur.State == stateSkipped:
+		return &NotFoundError{ID: id}
+	case cur.State == StateCancelled && err != nil:
+		return nil // a lost reply; it landed
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
+	}
+	return &StateError{Op: "cancel", ID: id, State: cur.State}
+}
+
+// Wait polls the job with id every interval until it is completed, dead or
+// cancelled, or ctx ends, and returns it as last read. It is for tests,
+// demos and tools; a service answers 202 and lets its client poll.
+func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
+	for {
+		job, err := q.Job(ctx, id)
+		if err != nil || finished(job.State) {
+			return job, err
+		}
+		sleep(ctx, interval)
+		if err := ctx.Err(); err != nil {
+			return job, fmt.Errorf("deferred: wait for job %s: %w", id.Hex(), err)
+		}
+	}
+}
