@@ -144,13 +144,22 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 }
 
 // Wait polls the job with id every interval until it is completed, dead or
-// cancelled, or ctx ends, and returns it as last read. It is for tests,
-// demos and tools; a service answers 202 and lets its client poll.
+// cancelled, or ctx ends, and returns it as last read. Reads that fail with
+// an error other than ErrNotFound or ErrInvalid (the server unreachable a
+// while, a connection pool cleared) are tried again at the next poll.
+// It is for tests, demos and tools; a service answers 202 and lets its
+// client poll.
 func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
+	var job *Job
 	for {
-		job, err := q.Job(ctx, id)
-		if err != nil || finished(job.State) {
+		cur, err := q.Job(ctx, id)
+		switch {
+		case err != nil && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) || ctx.Err() != nil):
 			return job, err
+		case err == nil && finished(cur.State):
+			return cur, nil
+		case err == nil:
+			job = cur
 		}
 		sleep(ctx, interval)
 		if err := ctx.Err(); err != nil {

@@ -237,7 +237,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if caps.TTLIndexes {
 		expire.SetExpireAfterSeconds(0)
 	}
-	_, err = q.jobs.Indexes().CreateMany(ctx, []mongo.IndexModel{
+	err = createIndexes(ctx, q.jobs, []mongo.IndexModel{
 		{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
 		{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
 		{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
@@ -245,14 +245,55 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.jobs.Name(), err)
 	}
-	_, err = q.keys.Indexes().CreateOne(ctx, mongo.IndexModel{
-		Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending),
+	err = createIndexes(ctx, q.keys, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)},
 	})
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.keys.Name(), err)
 	}
 	q.isReady, q.ttl = true, caps.TTLIndexes
 	return q.ttl, nil
+}
+
+// createIndexes creates those of models (each named) that coll lacks. It
+// lists the indexes first, since FerretDB v1 drops the connection when asked
+// to create an index that exists; an index another process made meanwhile
+// counts as made.
+func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.IndexModel) error {
+	var last error
+	for try := 0; try < 3; try++ {
+		names, err := coll.Indexes().ListSpecifications(ctx)
+		var se mongo.ServerError
+		if errors.As(err, &se) && se.HasErrorCode(26) { // NamespaceNotFound: no collection yet
+			names, err = nil, nil
+		}
+		if err != nil {
+			last = err
+			continue
+		}
+		have := map[string]bool{}
+		for _, n := range names {
+			have[n.Name] = true
+		}
+		last = nil
+		for _, m := range models {
+			var o options.IndexOptions
+			for _, set := range m.Options.List() {
+				_ = set(&o)
+			}
+			if o.Name != nil && have[*o.Name] {
+				continue
+			}
+			if _, err := coll.Indexes().CreateOne(ctx, m); err != nil {
+				last = err
+				break
+			}
+		}
+		if last == nil {
+			return nil
+		}
+	}
+	return last
 }
 
 // Register registers fn as the handler of the jobs named name, whose
