@@ -216,6 +216,8 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 			return nil, retry.Permanent(&fnError{errApplied})
 		case errors.Is(err, versioned.ErrGuardFailed):
 			return nil, &conflictError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), &versioned.ConflictError{Op: "modify", ID: id, Current: -1})}
+		case err != nil && retry.IsRetryable(err) && !store.IsAmbiguous(err):
+			return nil, err // not sent: send it again
 		case err != nil:
 			return nil, retry.Permanent(&fnError{err})
 		}

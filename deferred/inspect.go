@@ -40,19 +40,34 @@ func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
 }
 
 // Counts returns how many jobs are in each state (every state is present,
-// zero or not): one count per state, on the state index. Completed and
-// cancelled jobs are counted until their retention ends.
+// zero or not): one aggregation that groups the jobs by state. Completed
+// and cancelled jobs are counted until their retention ends.
 func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 	if err := checkCtx(ctx, "counts"); err != nil {
 		return nil, err
 	}
+	states := bson.A{}
 	out := make(map[State]int64, len(States()))
 	for _, s := range States() {
-		n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "state", Value: s}})
-		if err != nil {
-			return nil, fmt.Errorf("deferred: counts: %w", err)
-		}
-		out[s] = n
+		states = append(states, s)
+		out[s] = 0
+	}
+	cur, err := q.jobs.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}}}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$state"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deferred: counts: %w", err)
+	}
+	var groups []struct {
+		State State `bson:"_id"`
+		N     int64 `bson:"n"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, fmt.Errorf("deferred: counts: %w", err)
+	}
+	for _, g := range groups {
+		out[g.State] = g.N
 	}
 	return out, nil
 }

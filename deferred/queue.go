@@ -17,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -465,7 +466,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 func (q *Queue) insertJob(ctx context.Context, doc bson.D, id bson.ObjectID, inTx bool) (stored bool, err error) {
 	var first error
 	for resends := 0; ; resends++ {
-		_, err := q.jobs.InsertOne(ctx, doc)
+		err := q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
 		switch {
 		case err == nil:
 			return true, nil
@@ -531,8 +532,10 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 			{Key: "$setOnInsert", Value: bson.D{{Key: "off", Value: time.Now().UnixMicro()}, {Key: "done", Value: int64(0)}}},
 		}
 		var kd keyDoc
-		err := q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
-			options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&kd)
+		err := q.resend(ctx, func() error {
+			return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
+				options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&kd)
+		})
 		switch {
 		case err == nil:
 			return kd.Off + kd.Tail, nil
@@ -572,17 +575,19 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 // tombstone inserts the tombstone of seq on key.
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
 	now := q.now(ctx)
-	_, err := q.jobs.InsertOne(ctx, bson.D{
+	doc := bson.D{
 		{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
-	})
-	return err
+	}
+	// A tombstone is an insert with a unique (key, seq): a copy sent again
+	// after a lost reply fails on the index, which means "there".
+	return q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
 }
 
 // readKey reads a key's document.
 func (q *Queue) readKey(ctx context.Context, raw bson.RawValue) (keyDoc, bool, error) {
 	var kd keyDoc
-	err := q.keys.FindOne(ctx, store.IDFilter(raw)).Decode(&kd)
+	err := q.resend(ctx, func() error { return q.keys.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) })
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return kd, false, nil
 	}
@@ -681,6 +686,36 @@ func shorten(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// resend runs op until it succeeds or fails with an error that is not
+// retryable (retry.IsRetryable), or that is ambiguous (which its caller
+// settles by re-reading: such a write may have been applied), sleeping a
+// backoff of Options.Retry between tries, for up to ResolveTimeout: the
+// failures it waits out are those of an operation that was not sent (a
+// connection pool cleared by another operation's network error, no server
+// selectable for a moment). Inside a transaction it runs op once: the
+// transaction is the unit its owner retries.
+func (q *Queue) resend(ctx context.Context, op func() error) error {
+	if inTransaction(ctx) {
+		return op()
+	}
+	var b interface{ Next() time.Duration }
+	deadline := time.Now().Add(q.c.resolve)
+	for {
+		err := op()
+		// retry.IsRetryable, not store.IsTransient: the driver's "connection
+		// pool cleared" error, which a write fails with before it is sent
+		// when another operation's connection broke, says so only through its
+		// Retryable method.
+		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		if b == nil {
+			b = q.c.retry.NewBackoff()
+		}
+		sleep(ctx, b.Next())
+	}
 }
 
 // sleep waits d or until ctx ends.

@@ -50,7 +50,14 @@ func (q *Queue) Run(ctx context.Context) error {
 	r := &runner{q: q, busy: map[string]bool{}, skip: map[string]time.Time{}, freed: make(chan struct{}, 1)}
 	defer r.wg.Wait()
 	nextSweep := time.Now()
+	var lastLook time.Time
 	for ctx.Err() == nil {
+		// Local enqueues wake Run at once; still, look for work at most ten
+		// times per PollInterval, so that a burst of them costs few queries.
+		if gap := q.c.poll/10 - time.Since(lastLook); gap > 0 {
+			sleep(ctx, gap)
+		}
+		lastLook = time.Now()
 		if !ttl && time.Now().After(nextSweep) {
 			if _, err := q.Sweep(ctx); err != nil && ctx.Err() == nil {
 				q.c.logger.Warn("deferred: sweep", "err", err)
@@ -364,7 +371,9 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	}
 	for try := 0; ; try++ {
 		var job Job
-		err := q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&job)
+		err := q.resend(ctx, func() error {
+			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&job)
+		})
 		switch {
 		case err == nil:
 			job.q = q
@@ -377,7 +386,9 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		// Lost reply: if the claim landed, the job is running under this
 		// epoch (and the resend below matches nothing).
 		var cur Job
-		rerr := q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
+		rerr := q.resend(ctx, func() error {
+			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
+		})
 		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
 			cur.q = q
 			return &cur, nil
@@ -393,7 +404,9 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	ctx, cancel := c.book()
 	defer cancel()
 	var job Job
-	err := q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
+	err := q.resend(ctx, func() error {
+		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
+	})
 	now := q.now(ctx)
 	switch {
 	case err == nil && finished(job.State):
@@ -405,16 +418,35 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	case !errors.Is(err, mongo.ErrNoDocuments):
 		c.warn("read the head job", seq, err)
 		return kd, false
-	case kd.Hole == nil || kd.Hole.Seq != seq:
-		c.setKey(bson.D{{Key: "hole", Value: hole{Seq: seq, Since: now}}, {Key: "due", Value: now.Add(q.c.holeTimeout)}})
-		return kd, false
-	case now.Sub(kd.Hole.Since) < q.c.holeTimeout:
-		c.setKey(bson.D{{Key: "due", Value: kd.Hole.Since.Add(q.c.holeTimeout)}})
+	}
+	// No job has the number yet. Most often its enqueuer is between its two
+	// writes: look again a few times, holding the key, before giving it up.
+	since := now
+	if kd.Hole != nil && kd.Hole.Seq == seq {
+		since = kd.Hole.Since
+	} else {
+		c.setKey(bson.D{{Key: "hole", Value: hole{Seq: seq, Since: now}}})
+	}
+	if now.Sub(since) < q.c.holeTimeout {
+		for d := 5 * time.Millisecond; d <= 80*time.Millisecond; d *= 2 {
+			sleep(c.jobs, d)
+			if c.lost() || c.run.Err() != nil {
+				return kd, false
+			}
+			if n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}); err == nil && n > 0 {
+				return kd, true // it landed: step again
+			}
+		}
+		// Look again after a while that grows with the hole's age, up to
+		// when it may be skipped.
+		wait := min(max(now.Sub(since), q.c.poll/10), since.Add(q.c.holeTimeout).Sub(now))
+		c.setKey(bson.D{{Key: "due", Value: now.Add(wait)}})
 		return kd, false
 	}
-	// The number was reserved HoleTimeout ago and its job is not there:
-	// skip it. If its enqueuer is still trying, its insert now fails on the
-	// unique index and it reserves another number.
+	// The number was reserved HoleTimeout ago (as this key's workers saw
+	// it) and its job is not there: skip it. If its enqueuer is still trying,
+	// its insert now fails on the unique index and it reserves another
+	// number.
 	if err := q.tombstone(ctx, c.key, seq); err != nil && !store.IsDuplicateKey(err) {
 		c.warn("skip a hole", seq, err)
 		return kd, false
@@ -511,7 +543,8 @@ func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State
 	q := c.q
 	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
 	for try := 0; ; try++ {
-		res, err := q.jobs.UpdateOne(ctx, filter, update)
+		var res *mongo.UpdateResult
+		err := q.resend(ctx, func() (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
 		if err == nil && res.MatchedCount == 1 {
 			return true, nil
 		}
@@ -519,7 +552,7 @@ func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State
 			return false, err
 		}
 		var cur Job
-		if rerr := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: job.ID}}).Decode(&cur); rerr != nil {
+		if rerr := q.resend(ctx, func() error { return q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: job.ID}}).Decode(&cur) }); rerr != nil {
 			if err == nil {
 				return false, rerr
 			}
@@ -560,7 +593,9 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 	}
 	for try := 0; ; try++ {
 		var next keyDoc
-		err := q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
+		err := q.resend(ctx, func() error {
+			return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
+		})
 		if err == nil {
 			return next, true
 		}
@@ -586,7 +621,12 @@ func (c *claim) setKey(set bson.D) {
 	defer cancel()
 	filter := append(store.IDFilter(c.key), c.l.Fence()...)
 	set = append(set, bson.E{Key: "t", Value: c.q.now(ctx)})
-	if _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); err != nil {
+	// $set is idempotent: a copy sent again does no harm.
+	err := c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
+	if err != nil && store.IsAmbiguous(err) {
+		err = c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
+	}
+	if err != nil {
 		c.warn("update the key", 0, err)
 	}
 }

@@ -2,6 +2,8 @@ package deferred_test
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +44,10 @@ func fast(opts *deferred.Options) *deferred.Options {
 		opts = &deferred.Options{}
 	}
 	o := *opts
-	o.PollInterval = or(o.PollInterval, 20*time.Millisecond)
+	if o.Logger == nil && os.Getenv("DEFERRED_LOG") != "" {
+		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	o.PollInterval = or(o.PollInterval, 100*time.Millisecond)
 	o.HoleTimeout = or(o.HoleTimeout, 500*time.Millisecond)
 	if o.Backoff.InitialInterval == 0 && o.Backoff.MaxInterval == 0 {
 		o.Backoff = retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond}
