@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -51,14 +53,40 @@ func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func
 	if repo == nil || fn == nil {
 		return nil, invalid("register", "change", "nil repository or function", nil)
 	}
+	idType, ok := idTypeOf(reflect.TypeFor[T]())
+	if !ok {
+		return nil, invalid("register", "change", fmt.Sprintf("%v maps no field to _id", reflect.TypeFor[T]()), nil)
+	}
 	k, err := Register(q, name, func(ctx context.Context, job *Job, args A) error {
-		_, err := Modify(ctx, job, repo, job.Key, func(doc *T) error { return fn(doc, args) })
+		id := reflect.New(idType)
+		if err := job.Key.Unmarshal(id.Interface()); err != nil {
+			return retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
+		}
+		_, err := Modify(ctx, job, repo, id.Elem().Interface(), func(doc *T) error { return fn(doc, args) })
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &Change[T, A]{kind: k, repo: repo, fn: fn}, nil
+}
+
+// idTypeOf returns the type of the field of struct type t that the driver
+// maps to "_id" (its bson tag names it).
+func idTypeOf(t reflect.Type) (reflect.Type, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil, false
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if name, _, _ := strings.Cut(f.Tag.Get("bson"), ","); name == "_id" && f.IsExported() {
+			return f.Type, true
+		}
+	}
+	return nil, false
 }
 
 // Kind returns the change's Kind.

@@ -210,7 +210,7 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 		if err != nil {
 			return nil, retry.Permanent(&fnError{err})
 		}
-		out, err := repo.Guarded(ctx, rawID, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
+		out, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
 		switch {
 		case errors.Is(err, errApplied):
 			return nil, retry.Permanent(&fnError{errApplied})
