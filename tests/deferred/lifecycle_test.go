@@ -400,3 +400,37 @@ func TestEnqueueInTransaction(t *testing.T) {
 	_, err = q.Job(b.ctx, id)
 	require.NoError(t, err)
 }
+
+// TestStopPutsTheJobBack: when Run's context ends while a handler runs, the
+// handler's context ends, the job goes back to available without counting
+// the attempt, and the next Run completes it.
+func TestStopPutsTheJobBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, &deferred.Options{MaxAttempts: 1})
+	started := make(chan struct{})
+	var calls atomic.Int64
+	k, err := deferred.Register(q, "slow", func(ctx context.Context, _ *deferred.Job, _ int) error {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	id, err := k.Enqueue(b.ctx, "x", 1)
+	require.NoError(t, err)
+	stop := run(t, q)
+	<-started
+	stop()
+	job, err := q.Job(b.ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, deferred.StateAvailable, job.State)
+	require.Zero(t, job.Attempt)
+	require.Empty(t, job.Errors)
+	run(t, q)
+	job = wait(t, q, id)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Equal(t, 1, job.Attempt)
+}
