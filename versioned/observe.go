@@ -1,0 +1,130 @@
+package versioned
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// The repository's events (see Options.Observer). Every function here
+// checks for an Observer before it builds anything, so that a repository
+// without one allocates nothing more than before.
+
+// observed is one operation in progress: zero when the repository has no
+// Observer.
+type observed struct {
+	ctx      context.Context // the context Observer.Start returned
+	op       string
+	id       any
+	start    time.Time
+	attempts int // Modify's reads
+}
+
+// begin reports the start of operation op on id to the Observer, and gives
+// *ctx the context it returns.
+func (r *Repo[T]) begin(ctx *context.Context, op string, id any) observed {
+	o := r.opts.Observer
+	if o == nil {
+		return observed{}
+	}
+	*ctx = o.Start(*ctx, r.event(observe.OpStart, op, id))
+	return observed{ctx: *ctx, op: op, id: id, start: time.Now()}
+}
+
+// end reports the end of the operation begin started, with its error.
+func (r *Repo[T]) end(ob *observed, err *error) {
+	if ob.ctx == nil {
+		return
+	}
+	e := r.event(observe.OpEnd, ob.op, ob.id)
+	e.Err, e.Outcome, e.Elapsed, e.Attempt = *err, outcomeOf(*err), time.Since(ob.start), ob.attempts
+	r.opts.Observer.Observe(ob.ctx, e)
+}
+
+func (r *Repo[T]) event(k observe.Kind, op string, id any) observe.Event {
+	return observe.Event{Kind: k, Op: op, Database: r.coll.Database().Name(), Collection: r.coll.Name(), ID: id}
+}
+
+// conflicted reports err to the Observer if it is a *ConflictError, and
+// returns it.
+func (r *Repo[T]) conflicted(ctx context.Context, err error) error {
+	if r.opts.Observer == nil {
+		return err // before ce, which errors.As would move to the heap
+	}
+	var ce *ConflictError
+	if errors.As(err, &ce) {
+		e := r.event(observe.Conflict, ce.Op, ce.ID)
+		e.Expected, e.Current = ce.Expected, ce.Current
+		r.opts.Observer.Observe(ctx, e)
+	}
+	return err
+}
+
+// ambiguous reports that w failed ambiguously with err; exec settles it.
+func (r *Repo[T]) ambiguous(ctx context.Context, w *write, err error) {
+	if r.opts.Observer != nil {
+		e := r.event(observe.Ambiguous, w.op, w.id)
+		e.Err = err
+		r.opts.Observer.Observe(ctx, e)
+	}
+}
+
+// settled reports how exec settled an ambiguous write, from its results.
+func (r *Repo[T]) settled(ctx context.Context, w *write, out *outcome, err *error) {
+	if r.opts.Observer == nil {
+		return
+	}
+	e := r.event(observe.Settled, w.op, w.id)
+	switch {
+	case *err != nil:
+		e.Settlement, e.Err = observe.SettledUnknown, *err
+	case out.landed && out.resent:
+		e.Settlement = observe.SettledResent
+	case out.landed:
+		e.Settlement = observe.SettledLanded
+	default:
+		e.Settlement = observe.SettledNotLanded
+	}
+	r.opts.Observer.Observe(ctx, e)
+}
+
+// observedPolicy is p with the repository's Observer when p has none.
+func (r *Repo[T]) observedPolicy(p *retry.Policy) *retry.Policy {
+	if p.Observer != nil || r.opts.Observer == nil {
+		return p
+	}
+	c := *p
+	c.Observer = r.opts.Observer
+	return &c
+}
+
+// outcomeOf names how an operation that returned err ended.
+func outcomeOf(err error) observe.Outcome {
+	switch {
+	case err == nil:
+		return observe.OK
+	case errors.Is(err, store.ErrInvalid):
+		return observe.OutcomeInvalid
+	case errors.Is(err, store.ErrUnknownOutcome):
+		return observe.OutcomeUnknown
+	case errors.Is(err, retry.ErrBudgetExhausted):
+		return observe.OutcomeBudget
+	case errors.Is(err, ErrConflict):
+		return observe.OutcomeConflict
+	case errors.Is(err, ErrNotFound):
+		return observe.OutcomeNotFound
+	case errors.Is(err, ErrGuardFailed):
+		return observe.OutcomeGuardFailed
+	case errors.Is(err, ErrDuplicate):
+		return observe.OutcomeDuplicate
+	case errors.Is(err, retry.ErrExhausted):
+		return observe.OutcomeExhausted
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return observe.OutcomeCanceled
+	}
+	return observe.OutcomeError
+}
