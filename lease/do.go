@@ -30,10 +30,13 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	if fn == nil {
 		return fmt.Errorf("lease: Do %s: nil function: %w", idText(id), ErrInvalid)
 	}
+	ob := m.begin(&ctx, opDo, id)
+	defer m.end(&ob, &err)
 	l, err := m.acquire(ctx, id, raw, ctx)
 	if err != nil {
 		return err
 	}
+	m.acquired(ctx, opDo, l, ob.start)
 
 	kctx, stop := context.WithCancel(l.ctx)
 	stopped := make(chan struct{})
@@ -87,6 +90,7 @@ func (l *Lease) keepAlive(ctx context.Context) {
 		MaxElapsedTime:  -1,
 		Budget:          l.m.c.retry.Budget,
 		OnRetry:         l.m.c.retry.OnRetry,
+		Observer:        l.m.c.retry.Observer,
 		Clock:           l.m.c.retry.Clock,
 	}
 	t := time.NewTimer(every)
