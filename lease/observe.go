@@ -122,15 +122,15 @@ func (l *Lease) ended(err error) {
 	}
 	e := m.event(observe.LeaseReleased, opRelease, l.id)
 	e.Epoch, e.Held = l.epoch, m.c.now().Sub(l.sentAt)
-	var lost *LostError
-	switch {
-	case errors.Is(err, ErrReleased):
-	case errors.As(err, &lost):
-		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasonName(lost.Reason)
-	default:
+	if errors.Is(err, ErrReleased) {
+		m.c.observer.Observe(l.ctx, e)
 		return
 	}
-	m.c.observer.Observe(l.ctx, e)
+	var lost *LostError // here, not above: errors.As moves it to the heap
+	if errors.As(err, &lost) {
+		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasonName(lost.Reason)
+		m.c.observer.Observe(l.ctx, e)
+	}
 }
 
 // reasonName is r as observe.Event.Reason has it: one word, for metrics.
