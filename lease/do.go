@@ -30,7 +30,7 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	if fn == nil {
 		return fmt.Errorf("lease: Do %s: nil function: %w", idText(id), ErrInvalid)
 	}
-	ob := m.begin(&ctx, opDo, id)
+	ctx, ob := m.begin(ctx, opDo, id)
 	defer m.end(&ob, &err)
 	l, err := m.acquire(ctx, id, raw, ctx)
 	if err != nil {

@@ -249,7 +249,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
-	ob := l.m.begin(&ctx, opRenew, l.id)
+	ctx, ob := l.m.begin(ctx, opRenew, l.id)
 	defer l.endRenew(&ob, &err)
 	ctx = noSession(ctx)
 	l.mu.Lock()
@@ -422,7 +422,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
-	ob := l.m.begin(&ctx, opRelease, l.id)
+	ctx, ob := l.m.begin(ctx, opRelease, l.id)
 	defer l.m.end(&ob, &err)
 	ctx = noSession(ctx)
 	m := l.m

@@ -123,7 +123,7 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 	if err != nil {
 		return nil, err
 	}
-	ob := m.begin(&ctx, opTryAcquire, id)
+	ctx, ob := m.begin(ctx, opTryAcquire, id)
 	defer m.end(&ob, &err)
 	l, err = m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
 	m.acquired(ctx, opTryAcquire, l, ob.start)
@@ -147,7 +147,7 @@ func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ob := m.begin(&ctx, opAcquire, id)
+	ctx, ob := m.begin(ctx, opAcquire, id)
 	defer m.end(&ob, &err)
 	l, err = m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
 	m.acquired(ctx, opAcquire, l, ob.start)

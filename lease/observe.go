@@ -32,15 +32,15 @@ type observed struct {
 	start time.Time // Options.Now
 }
 
-// begin reports the start of operation op on id to the Observer, and gives
-// *ctx the context it returns.
-func (m *Manager) begin(ctx *context.Context, op string, id any) observed {
+// begin reports the start of operation op on id to the Observer, and
+// returns the context it gives the operation (ctx itself without one).
+func (m *Manager) begin(ctx context.Context, op string, id any) (context.Context, observed) {
 	o := m.c.observer
 	if o == nil {
-		return observed{}
+		return ctx, observed{}
 	}
-	*ctx = o.Start(*ctx, m.event(observe.OpStart, op, id))
-	return observed{ctx: *ctx, op: op, id: id, start: m.c.now()}
+	ctx = o.Start(ctx, m.event(observe.OpStart, op, id))
+	return ctx, observed{ctx: ctx, op: op, id: id, start: m.c.now()}
 }
 
 // end reports the end of the operation begin started, with its error.

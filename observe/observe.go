@@ -138,16 +138,16 @@ func (k Kind) String() string {
 type Settlement uint8
 
 const (
-	// SettledLanded: the write was applied; only its reply was lost.
+	// SettledLanded means the write was applied; only its reply was lost.
 	SettledLanded Settlement = iota + 1
-	// SettledResent: the write had not been applied, was sent again, and
+	// SettledResent means the write had not been applied, was sent again, and
 	// the copy sent again was applied (at most one copy ever applies).
 	SettledResent
-	// SettledNotLanded: the write was not applied, as far as a majority of
+	// SettledNotLanded means the write was not applied, as far as a majority of
 	// the replica set shows (an operation reports what that means for it:
 	// Modify reads and tries again, a lease claim stays pending).
 	SettledNotLanded
-	// SettledUnknown: re-reading could not tell. The operation returns an
+	// SettledUnknown means re-reading could not tell. The operation returns an
 	// error matching store.ErrUnknownOutcome, or (a lease claim) keeps the
 	// claim pending for a later read to settle.
 	SettledUnknown
@@ -321,7 +321,7 @@ type joined []Observer
 
 func (j joined) Start(ctx context.Context, e Event) context.Context {
 	for _, o := range j {
-		ctx = o.Start(ctx, e)
+		ctx = o.Start(ctx, e) //nolint:fatcontext // each Start wraps the previous one's context: the chain is the point
 	}
 	return ctx
 }

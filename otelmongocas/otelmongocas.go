@@ -156,7 +156,9 @@ func dbAttrs(e *observe.Event) attribute.Set {
 // it.
 func (o *Observer) Start(ctx context.Context, e observe.Event) context.Context {
 	set := dbAttrs(&e)
-	ctx, _ = o.tracer.Start(ctx, e.Op+" "+e.Collection,
+	// The span ends in Observe, at the operation's OpEnd, which every
+	// operation that started reports.
+	ctx, _ = o.tracer.Start(ctx, e.Op+" "+e.Collection, //nolint:spancheck // ended by end, at OpEnd
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(set.ToSlice()...))
 	return context.WithValue(ctx, scopeKey{}, &scope{attrs: set})
 }

@@ -44,10 +44,13 @@ func TestDoObserver(t *testing.T) {
 	clock := newFakeClock()
 	p := retry.Policy{
 		Jitter: retry.NoJitter, InitialInterval: time.Millisecond, MaxInterval: time.Second,
-		Budget:   retry.NewBudget(0, 2),
-		OnRetry:  func(retry.Attempt) { order = append(order, "OnRetry") },
-		Observer: observerFunc(func(ctx context.Context, e observe.Event) { order = append(order, e.Kind.String()); rec.Observe(ctx, e) }),
-		Clock:    clock,
+		Budget:  retry.NewBudget(0, 2),
+		OnRetry: func(retry.Attempt) { order = append(order, "OnRetry") },
+		Observer: observerFunc(func(ctx context.Context, e observe.Event) {
+			order = append(order, e.Kind.String())
+			rec.Observe(ctx, e)
+		}),
+		Clock: clock,
 	}
 	fn, calls := counter(errConflict)
 	ctx := context.WithValue(t.Context(), ctxKey{}, "op")

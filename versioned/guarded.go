@@ -54,7 +54,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	if err != nil {
 		return nil, err
 	}
-	ob := r.begin(&ctx, op, idv)
+	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
 	ops, err := r.checkOps(op, update)
 	if err != nil {

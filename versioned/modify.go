@@ -42,7 +42,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 	if err != nil {
 		return nil, err
 	}
-	ob := r.begin(&ctx, op, idv)
+	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
 	if fn == nil {
 		return nil, &InvalidError{Op: op, Reason: "fn is nil"}

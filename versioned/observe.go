@@ -24,15 +24,15 @@ type observed struct {
 	attempts int // Modify's reads
 }
 
-// begin reports the start of operation op on id to the Observer, and gives
-// *ctx the context it returns.
-func (r *Repo[T]) begin(ctx *context.Context, op string, id any) observed {
+// begin reports the start of operation op on id to the Observer, and
+// returns the context it gives the operation (ctx itself without one).
+func (r *Repo[T]) begin(ctx context.Context, op string, id any) (context.Context, observed) {
 	o := r.opts.Observer
 	if o == nil {
-		return observed{}
+		return ctx, observed{}
 	}
-	*ctx = o.Start(*ctx, r.event(observe.OpStart, op, id))
-	return observed{ctx: *ctx, op: op, id: id, start: time.Now()}
+	ctx = o.Start(ctx, r.event(observe.OpStart, op, id))
+	return ctx, observed{ctx: ctx, op: op, id: id, start: time.Now()}
 }
 
 // end reports the end of the operation begin started, with its error.

@@ -68,7 +68,7 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ob := r.begin(&ctx, op, idv)
+	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
 	st, err := r.find(ctx, op, idv, key, nil)
 	if err != nil {
@@ -94,7 +94,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	if err != nil {
 		return err
 	}
-	ob := r.begin(&ctx, op, id)
+	ctx, ob := r.begin(ctx, op, id)
 	defer r.end(&ob, &err)
 	raw, err := r.encode(op, doc)
 	if err != nil {
@@ -171,7 +171,7 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err != nil {
 		return err
 	}
-	ob := r.begin(&ctx, op, id)
+	ctx, ob := r.begin(ctx, op, id)
 	defer r.end(&ob, &err)
 	raw, err := r.encode(op, doc)
 	if err != nil {
@@ -292,7 +292,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err != nil {
 		return err
 	}
-	ob := r.begin(&ctx, op, id)
+	ctx, ob := r.begin(ctx, op, id)
 	defer r.end(&ob, &err)
 	ver := r.s.versionOf(v)
 	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {

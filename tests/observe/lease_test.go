@@ -314,7 +314,7 @@ func TestLeaseAcquireWaits(t *testing.T) {
 	require.Equal(t, "op.start acquire id=ObjectID(\""+id+"\")", lines[0])
 	for i := 1; i < n-2; i += 2 {
 		require.Equal(t, fmt.Sprintf("lease.held acquire holder=a epoch=%d", la.Epoch()), lines[i])
-		require.Equal(t, "retry in=acquire attempt="+fmt.Sprint((i+1)/2)+" cause=held", lines[i+1])
+		require.Equal(t, fmt.Sprintf("retry in=acquire attempt=%d cause=held", (i+1)/2), lines[i+1])
 	}
 	require.Equal(t, fmt.Sprintf("lease.acquired acquire epoch=%d owner=b", lb.Epoch()), lines[n-2])
 	require.Equal(t, "op.end acquire id=ObjectID(\""+id+"\") ok", lines[n-1])

@@ -32,17 +32,12 @@ type repoFixture struct {
 	other *versioned.Repo[account]
 }
 
-func newRepo(t *testing.T, opts *versioned.Options) *repoFixture {
+func newRepo(t *testing.T) *repoFixture {
 	t.Helper()
 	db := mongotest.New(t)
 	f := &repoFixture{db: db, rec: &recorder{}}
-	o := versioned.Options{}
-	if opts != nil {
-		o = *opts
-	}
-	o.Observer = f.rec
 	var err error
-	f.repo, err = versioned.New[account](db.Collection("accounts"), &o)
+	f.repo, err = versioned.New[account](db.Collection("accounts"), &versioned.Options{Observer: f.rec})
 	require.NoError(t, err)
 	f.other, err = versioned.New[account](db.Collection("accounts"), nil)
 	require.NoError(t, err)
@@ -59,7 +54,7 @@ func (f *repoFixture) lines(t *testing.T) []string {
 // attempt reads it), one retry caused by it in its own context, and two
 // attempts.
 func TestModifyConflict(t *testing.T) {
-	f := newRepo(t, nil)
+	f := newRepo(t)
 	ctx := t.Context()
 	a := &account{ID: "a", Balance: 10}
 	require.NoError(t, f.repo.Insert(ctx, a))
@@ -93,7 +88,7 @@ func TestModifyConflict(t *testing.T) {
 // the call ends with the conflict as its outcome (an answer, not a
 // failure).
 func TestUpdateConflict(t *testing.T) {
-	f := newRepo(t, nil)
+	f := newRepo(t)
 	ctx := t.Context()
 	a := &account{ID: "a", Balance: 10}
 	require.NoError(t, f.repo.Insert(ctx, a))
@@ -116,7 +111,7 @@ func TestUpdateConflict(t *testing.T) {
 // TestBudgetRefused: Modify meets a conflict and the retry budget (of a
 // WithRetry policy, which gets the repository's Observer) has no token.
 func TestBudgetRefused(t *testing.T) {
-	f := newRepo(t, nil)
+	f := newRepo(t)
 	ctx := t.Context()
 	a := &account{ID: "a", Balance: 10}
 	require.NoError(t, f.repo.Insert(ctx, a))
@@ -141,7 +136,7 @@ func TestBudgetRefused(t *testing.T) {
 // TestGuardAndNotFound: answers about the data end the operation with
 // their outcome and nothing between.
 func TestGuardAndNotFound(t *testing.T) {
-	f := newRepo(t, nil)
+	f := newRepo(t)
 	ctx := t.Context()
 	require.NoError(t, f.repo.Insert(ctx, &account{ID: "a", Balance: 1}))
 	f.rec.reset()
@@ -165,7 +160,7 @@ func TestGuardAndNotFound(t *testing.T) {
 // through a fault proxy, with retryable writes off.
 func faultyRepo(t *testing.T) (*repoFixture, *mongotest.Faulty) {
 	t.Helper()
-	f := newRepo(t, nil)
+	f := newRepo(t)
 	fc := f.db.Faulty(t, nil)
 	repo, err := versioned.New[account](fc.Collection("accounts"), &versioned.Options{Observer: f.rec})
 	require.NoError(t, err)

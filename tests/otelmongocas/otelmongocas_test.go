@@ -78,7 +78,7 @@ func attrsOf(kvs []attribute.KeyValue) map[string]any {
 }
 
 func eventNames(s tracetest.SpanStub) []string {
-	var names []string
+	names := make([]string, 0, len(s.Events))
 	for _, e := range s.Events {
 		names = append(names, e.Name)
 	}
