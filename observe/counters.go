@@ -60,15 +60,75 @@ func (c *Counters) Settled(s Settlement) int64 {
 // Failed returns how many operations ended with an Outcome that Failed.
 func (c *Counters) Failed() int64 { return c.failed.Load() }
 
+// Counts returns a snapshot of the counts. Each count is read on its own,
+// so a snapshot taken while operations run may be a moment apart between
+// fields.
+func (c *Counters) Counts() Counts {
+	return Counts{
+		Operations:     c.Count(OpStart),
+		Failed:         c.Failed(),
+		Conflicts:      c.Count(Conflict),
+		Retries:        c.Count(Retry),
+		BudgetRefusals: c.Count(BudgetRefused),
+		Ambiguous:      c.Count(Ambiguous),
+		Landed:         c.Settled(SettledLanded),
+		Resent:         c.Settled(SettledResent),
+		NotLanded:      c.Settled(SettledNotLanded),
+		Unknown:        c.Settled(SettledUnknown),
+		LeasesAcquired: c.Count(LeaseAcquired),
+		LeasesHeld:     c.Count(LeaseHeld),
+		LeasesRenewed:  c.Count(LeaseRenewed),
+		RenewalsFailed: c.Count(LeaseRenewFailed),
+		LeasesLost:     c.Count(LeaseLost),
+		LeasesReleased: c.Count(LeaseReleased),
+		ClockSyncs:     c.Count(ClockSync),
+	}
+}
+
+// String returns the counts on one line: c.Counts().String().
+func (c *Counters) String() string { return c.Counts().String() }
+
+// Counts is a snapshot of Counters: plain numbers, to print, add up (the
+// counts of several processes, say) or encode as JSON.
+type Counts struct {
+	// Operations is the number of operations started (OpStart), and Failed
+	// the number that ended with an Outcome that Failed.
+	Operations, Failed int64
+	// Conflicts, Retries and BudgetRefusals count those events.
+	Conflicts, Retries, BudgetRefusals int64
+	// Ambiguous counts ambiguous writes; Landed, Resent, NotLanded and
+	// Unknown how they were settled.
+	Ambiguous, Landed, Resent, NotLanded, Unknown int64
+	// The lease events: acquired, found held by another owner, renewed,
+	// renewals that failed, lost, released.
+	LeasesAcquired, LeasesHeld, LeasesRenewed, RenewalsFailed, LeasesLost, LeasesReleased int64
+	// ClockSyncs counts the syncs of server clocks.
+	ClockSyncs int64
+}
+
+// Add returns the sum of c and o, field by field.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{
+		Operations: c.Operations + o.Operations, Failed: c.Failed + o.Failed,
+		Conflicts: c.Conflicts + o.Conflicts, Retries: c.Retries + o.Retries, BudgetRefusals: c.BudgetRefusals + o.BudgetRefusals,
+		Ambiguous: c.Ambiguous + o.Ambiguous, Landed: c.Landed + o.Landed, Resent: c.Resent + o.Resent,
+		NotLanded: c.NotLanded + o.NotLanded, Unknown: c.Unknown + o.Unknown,
+		LeasesAcquired: c.LeasesAcquired + o.LeasesAcquired, LeasesHeld: c.LeasesHeld + o.LeasesHeld,
+		LeasesRenewed: c.LeasesRenewed + o.LeasesRenewed, RenewalsFailed: c.RenewalsFailed + o.RenewalsFailed,
+		LeasesLost: c.LeasesLost + o.LeasesLost, LeasesReleased: c.LeasesReleased + o.LeasesReleased,
+		ClockSyncs: c.ClockSyncs + o.ClockSyncs,
+	}
+}
+
 // String returns the counts on one line, every count named, in a fixed
 // order: operations (and how many failed), conflicts, retries, budget
 // refusals, ambiguous writes (and how each was settled), then the lease
 // events and clock syncs.
-func (c *Counters) String() string {
+func (c Counts) String() string {
 	return fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
 		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+
 		"leases acquired %d, held by another %d, renewed %d, renewals failed %d, lost %d, released %d, clock syncs %d",
-		c.Count(OpStart), c.Failed(), c.Count(Conflict), c.Count(Retry), c.Count(BudgetRefused),
-		c.Count(Ambiguous), c.Settled(SettledLanded), c.Settled(SettledResent), c.Settled(SettledNotLanded), c.Settled(SettledUnknown),
-		c.Count(LeaseAcquired), c.Count(LeaseHeld), c.Count(LeaseRenewed), c.Count(LeaseRenewFailed), c.Count(LeaseLost), c.Count(LeaseReleased), c.Count(ClockSync))
+		c.Operations, c.Failed, c.Conflicts, c.Retries, c.BudgetRefusals,
+		c.Ambiguous, c.Landed, c.Resent, c.NotLanded, c.Unknown,
+		c.LeasesAcquired, c.LeasesHeld, c.LeasesRenewed, c.RenewalsFailed, c.LeasesLost, c.LeasesReleased, c.ClockSyncs)
 }

@@ -157,6 +157,10 @@ func TestCounters(t *testing.T) {
 		"ambiguous writes 0 (landed 1, resent 0, not landed 0, unknown 1), "+
 		"leases acquired 0, held by another 0, renewed 0, renewals failed 0, lost 0, released 0, clock syncs 0", c.String())
 	require.Zero(t, testing.AllocsPerRun(100, func() { c.Observe(ctx, observe.Event{Kind: observe.Conflict}) }))
+
+	n := c.Counts()
+	require.Equal(t, observe.Counts{Operations: 1, Failed: 1, Retries: 800, Conflicts: 101, Landed: 1, Unknown: 1}, n)
+	require.Equal(t, observe.Counts{Operations: 2, Failed: 2, Retries: 1600, Conflicts: 202, Landed: 2, Unknown: 2}, n.Add(n))
 }
 
 func TestNames(t *testing.T) {
