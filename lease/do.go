@@ -69,6 +69,7 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 		}
 	}()
 	fnErr = fn(l.ctx, l)
+	ob.aborted = fnErr != nil
 	returned = true
 	return nil // replaced by the deferred function
 }

@@ -26,10 +26,11 @@ const (
 // observed is one operation in progress: zero when the Manager has no
 // Observer.
 type observed struct {
-	ctx   context.Context // the context Observer.Start returned
-	op    string
-	id    any
-	start time.Time // Options.Now
+	ctx     context.Context // the context Observer.Start returned
+	op      string
+	id      any
+	start   time.Time // Options.Now
+	aborted bool      // Do's fn returned an error
 }
 
 // begin reports the start of operation op on id to the Observer, and
@@ -50,6 +51,9 @@ func (m *Manager) end(ob *observed, err *error) {
 	}
 	e := m.event(observe.OpEnd, ob.op, ob.id)
 	e.Err, e.Outcome, e.Elapsed = *err, outcomeOf(*err), m.c.now().Sub(ob.start)
+	if ob.aborted && *err != nil && e.Outcome != observe.OutcomeLost {
+		e.Outcome = observe.OutcomeAborted
+	}
 	m.c.observer.Observe(ob.ctx, e)
 }
 

@@ -64,6 +64,7 @@ func TestSlogLevels(t *testing.T) {
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeConflict, Err: cause}, slog.LevelDebug},
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeHeld, Err: cause}, slog.LevelDebug},
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeNotFound, Err: cause}, slog.LevelDebug},
+		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeAborted, Err: cause}, slog.LevelDebug},
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeError, Err: cause}, slog.LevelInfo},
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeBudget, Err: cause}, slog.LevelInfo},
 		{observe.Event{Kind: observe.OpEnd, Outcome: observe.OutcomeUnknown, Err: cause}, slog.LevelWarn},

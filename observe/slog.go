@@ -16,8 +16,9 @@ import (
 //     the budget refused (BudgetRefused), a failed renewal that kept the
 //     lease (LeaseRenewFailed), an ambiguous write that could not be
 //     settled (Settled with SettledUnknown).
-//   - Debug: everything else: operations that start and succeed or get an
-//     answer (a conflict, a missing document, a held lease), conflicts,
+//   - Debug: everything else: operations that start, and that end well or
+//     with an answer (a conflict, a missing document, a held lease, the
+//     caller's own function's error: Outcome.Failed is false), conflicts,
 //     retries, ambiguous writes settled, leases acquired, renewed, released
 //     and held by another, clock syncs.
 //

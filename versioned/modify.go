@@ -84,6 +84,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		}
 		if err := fn(doc); err != nil {
 			fnErr = err
+			ob.aborted = true
 			return retry.Permanent(err)
 		}
 		r.s.setVersion(valueOf(doc), st.version)

@@ -21,7 +21,8 @@ type observed struct {
 	op       string
 	id       any
 	start    time.Time
-	attempts int // Modify's reads
+	attempts int  // Modify's reads
+	aborted  bool // Modify's fn returned an error
 }
 
 // begin reports the start of operation op on id to the Observer, and
@@ -42,6 +43,9 @@ func (r *Repo[T]) end(ob *observed, err *error) {
 	}
 	e := r.event(observe.OpEnd, ob.op, ob.id)
 	e.Err, e.Outcome, e.Elapsed, e.Attempt = *err, outcomeOf(*err), time.Since(ob.start), ob.attempts
+	if ob.aborted && *err != nil {
+		e.Outcome = observe.OutcomeAborted
+	}
 	r.opts.Observer.Observe(ob.ctx, e)
 }
 

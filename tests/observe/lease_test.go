@@ -2,6 +2,7 @@ package observe_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -280,6 +281,12 @@ func TestLeaseDo(t *testing.T) {
 		"op.end do id=ObjectID(\"" + id + "\") ok",
 	}, f.lines(t, rec))
 	require.Equal(t, []string{"", "do", "do", "do", "release", "do"}, rec.in, "release runs in Do's context")
+
+	rec.reset()
+	failed := errors.New("partner said no")
+	require.ErrorIs(t, a.Do(ctx, f.id, func(context.Context, *lease.Lease) error { return failed }), failed)
+	lines := f.lines(t, rec)
+	require.Equal(t, "op.end do id=ObjectID(\""+id+"\") aborted", lines[len(lines)-1], "fn's error: the caller's, not the library's")
 }
 
 // TestLeaseAcquireWaits: Acquire finds the lease held, waits (a retry per

@@ -3,6 +3,7 @@ package observe_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -133,9 +134,9 @@ func TestBudgetRefused(t *testing.T) {
 	}, f.lines(t))
 }
 
-// TestGuardAndNotFound: answers about the data end the operation with
-// their outcome and nothing between.
-func TestGuardAndNotFound(t *testing.T) {
+// TestAnswers: answers about the data, and the caller's own function's
+// error, end the operation with their outcome and nothing between.
+func TestAnswers(t *testing.T) {
 	f := newRepo(t)
 	ctx := t.Context()
 	require.NoError(t, f.repo.Insert(ctx, &account{ID: "a", Balance: 1}))
@@ -148,12 +149,18 @@ func TestGuardAndNotFound(t *testing.T) {
 	require.ErrorIs(t, err, versioned.ErrNotFound)
 	_, err = f.repo.Get(ctx, "")
 	require.ErrorIs(t, err, versioned.ErrInvalid, "refused before anything is sent: no events")
+	declined := errors.New("declined")
+	_, err = f.repo.Modify(ctx, "a", func(*account) error { return declined })
+	require.ErrorIs(t, err, declined)
 	requireLines(t, []string{
 		"op.start guarded id=a",
 		"op.end guarded id=a guard_failed",
 		"op.start get id=nobody",
 		"op.end get id=nobody not_found",
+		"op.start modify id=a",
+		"op.end modify id=a aborted attempts=1",
 	}, f.lines(t))
+	require.False(t, f.rec.all()[5].Outcome.Failed(), "the caller's answer, not the library's failure")
 }
 
 // faultyRepo is newRepo's repository on a client whose traffic passes
