@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -167,6 +169,20 @@ func TestTakeNeverOversells(t *testing.T) {
 	mug, err := items.Get(t.Context(), "mug")
 	require.NoError(t, err)
 	require.Zero(t, mug.Stock)
+}
+
+// README end
+
+// README: observability
+
+// NewWallets returns the wallets repository of a service that logs what
+// mongocas does (nothing at Info while all goes well; a lost lease or an
+// unknown outcome is a warning) and counts it for its metrics page. The
+// OpenTelemetry adapter, otelmongocas.New, joins the same way.
+func NewWallets(coll *mongo.Collection, logger *slog.Logger, counts *observe.Counters) (*versioned.Repo[Wallet], error) {
+	return versioned.New[Wallet](coll, &versioned.Options{
+		Observer: observe.Join(observe.Slog(logger), counts),
+	})
 }
 
 // README end
