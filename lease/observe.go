@@ -5,9 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/mongocas/mongocas/internal/ended"
 	"github.com/mongocas/mongocas/observe"
-	"github.com/mongocas/mongocas/retry"
-	"github.com/mongocas/mongocas/store"
 )
 
 // The Manager's events (see Options.Observer). Every function here checks
@@ -153,27 +152,14 @@ func reasonName(r Reason) string {
 	}
 }
 
-// outcomeOf names how an operation that returned err ended.
-func outcomeOf(err error) observe.Outcome {
-	switch {
-	case err == nil:
-		return observe.OK
-	case errors.Is(err, store.ErrInvalid):
-		return observe.OutcomeInvalid
-	case errors.Is(err, store.ErrUnknownOutcome):
-		return observe.OutcomeUnknown
-	case errors.Is(err, retry.ErrBudgetExhausted):
-		return observe.OutcomeBudget
-	case errors.Is(err, ErrLost), errors.Is(err, ErrReleased):
-		return observe.OutcomeLost
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return observe.OutcomeCanceled
-	case errors.Is(err, ErrHeld):
-		return observe.OutcomeHeld
-	case errors.Is(err, ErrNotFound):
-		return observe.OutcomeNotFound
-	case errors.Is(err, retry.ErrExhausted):
-		return observe.OutcomeExhausted
-	}
-	return observe.OutcomeError
+// outcomes are the Manager's own errors, in the order ended.Outcome tries
+// them: a lost lease wins over the context's end it caused in Do's fn.
+var outcomes = []ended.Rule{
+	{Err: ErrLost, Outcome: observe.OutcomeLost},
+	{Err: ErrReleased, Outcome: observe.OutcomeLost},
+	{Err: ErrHeld, Outcome: observe.OutcomeHeld},
+	{Err: ErrNotFound, Outcome: observe.OutcomeNotFound},
 }
+
+// outcomeOf names how an operation that returned err ended.
+func outcomeOf(err error) observe.Outcome { return ended.Outcome(err, outcomes...) }

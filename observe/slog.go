@@ -97,19 +97,22 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.Int("attempt", e.Attempt))
 	case Settled:
 		attrs = append(attrs, slog.String("settlement", e.Settlement.String()))
-	case LeaseAcquired:
-		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner), slog.Duration("wait", e.Wait))
-	case LeaseRenewed:
-		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner), slog.Duration("time_left", e.TimeLeft))
-	case LeaseRenewFailed:
+	case LeaseAcquired, LeaseRenewed, LeaseRenewFailed, LeaseLost, LeaseReleased:
 		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner))
-	case LeaseLost:
-		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner), slog.String("reason", e.Reason), slog.Duration("held", e.Held))
-		if e.Holder != "" {
-			attrs = append(attrs, slog.String("holder", e.Holder))
+		switch e.Kind {
+		case LeaseAcquired:
+			attrs = append(attrs, slog.Duration("wait", e.Wait))
+		case LeaseRenewed:
+			attrs = append(attrs, slog.Duration("time_left", e.TimeLeft))
+		case LeaseLost:
+			attrs = append(attrs, slog.String("reason", e.Reason), slog.Duration("held", e.Held))
+			if e.Holder != "" {
+				attrs = append(attrs, slog.String("holder", e.Holder))
+			}
+		case LeaseReleased:
+			attrs = append(attrs, slog.Duration("held", e.Held))
+		default:
 		}
-	case LeaseReleased:
-		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner), slog.Duration("held", e.Held))
 	case LeaseHeld:
 		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	case ClockSync:

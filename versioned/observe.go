@@ -5,9 +5,9 @@ import (
 	"errors"
 	"time"
 
+	"github.com/mongocas/mongocas/internal/ended"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
-	"github.com/mongocas/mongocas/store"
 )
 
 // The repository's events (see Options.Observer). Every function here
@@ -106,29 +106,14 @@ func (r *Repo[T]) observedPolicy(p *retry.Policy) *retry.Policy {
 	return &c
 }
 
-// outcomeOf names how an operation that returned err ended.
-func outcomeOf(err error) observe.Outcome {
-	switch {
-	case err == nil:
-		return observe.OK
-	case errors.Is(err, store.ErrInvalid):
-		return observe.OutcomeInvalid
-	case errors.Is(err, store.ErrUnknownOutcome):
-		return observe.OutcomeUnknown
-	case errors.Is(err, retry.ErrBudgetExhausted):
-		return observe.OutcomeBudget
-	case errors.Is(err, ErrConflict):
-		return observe.OutcomeConflict
-	case errors.Is(err, ErrNotFound):
-		return observe.OutcomeNotFound
-	case errors.Is(err, ErrGuardFailed):
-		return observe.OutcomeGuardFailed
-	case errors.Is(err, ErrDuplicate):
-		return observe.OutcomeDuplicate
-	case errors.Is(err, retry.ErrExhausted):
-		return observe.OutcomeExhausted
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return observe.OutcomeCanceled
-	}
-	return observe.OutcomeError
+// outcomes are the repository's own errors, in the order ended.Outcome tries
+// them.
+var outcomes = []ended.Rule{
+	{Err: ErrConflict, Outcome: observe.OutcomeConflict},
+	{Err: ErrNotFound, Outcome: observe.OutcomeNotFound},
+	{Err: ErrGuardFailed, Outcome: observe.OutcomeGuardFailed},
+	{Err: ErrDuplicate, Outcome: observe.OutcomeDuplicate},
 }
+
+// outcomeOf names how an operation that returned err ended.
+func outcomeOf(err error) observe.Outcome { return ended.Outcome(err, outcomes...) }

@@ -143,70 +143,57 @@ func TestLeaseTakeover(t *testing.T) {
 	require.NoError(t, lb.Release(ctx))
 }
 
-// TestLeaseLostReplyLanded: the server applies a claim and its reply is
-// lost: the claim is settled as landed by re-reading its claim id.
-func TestLeaseLostReplyLanded(t *testing.T) {
-	f := newLeases(t)
-	ctx := t.Context()
-	rec := &recorder{}
-	fc := f.db.Faulty(t, nil)
-	a := f.manager(t, fc.Collection("users"), "a", rec, nil)
-	first, err := a.TryAcquire(ctx, f.id) // the record's first claim, made outside the fault
-	require.NoError(t, err)
-	require.NoError(t, first.Release(ctx))
-	rec.reset()
+// TestLeaseAmbiguousClaim: a claim whose reply the client never gets.
+// Dropped: the server applied it, and re-reading its claim id settles it as
+// landed. Late copy: it never reached the server (the proxy keeps it); the
+// re-read shows it has not landed, so TryAcquire claims again and holds; the
+// kept copy, delivered afterwards, changes nothing.
+func TestLeaseAmbiguousClaim(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		arm     func(*mongotest.Faulty) *mongotest.Fault
+		settled string
+	}{
+		{"dropped reply", func(fc *mongotest.Faulty) *mongotest.Fault { return fc.DropNextReply(mongotest.Writes("users")) }, "landed"},
+		{"late copy", func(fc *mongotest.Faulty) *mongotest.Fault { return fc.HoldNext(mongotest.Writes("users")) }, "not_landed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newLeases(t)
+			ctx := t.Context()
+			rec := &recorder{}
+			fc := f.db.Faulty(t, nil)
+			a := f.manager(t, fc.Collection("users"), "a", rec, nil)
+			first, err := a.TryAcquire(ctx, f.id) // the record's first claim, made outside the fault
+			require.NoError(t, err)
+			require.NoError(t, first.Release(ctx))
+			rec.reset()
 
-	fault := fc.DropNextReply(mongotest.Writes("users"))
-	l, err := a.TryAcquire(ctx, f.id)
-	require.NoError(t, err)
-	require.True(t, fault.HasFired())
-	id := f.id.Hex()
-	requireLines(t, []string{
-		"op.start try_acquire id=ObjectID(\"" + id + "\")",
-		"write.ambiguous acquire cause=network",
-		"write.settled acquire landed",
-		fmt.Sprintf("lease.acquired try_acquire epoch=%d owner=a", l.Epoch()),
-		"op.end try_acquire id=ObjectID(\"" + id + "\") ok",
-	}, f.lines(t, rec))
-	require.NoError(t, l.Release(ctx))
-}
-
-// TestLeaseLateClaimNotLanded: a claim is kept at the proxy and the client
-// sees a network error. Re-reading shows it has not landed: TryAcquire
-// claims again, and holds. The kept copy, delivered afterwards, changes
-// nothing.
-func TestLeaseLateClaimNotLanded(t *testing.T) {
-	f := newLeases(t)
-	ctx := t.Context()
-	rec := &recorder{}
-	fc := f.db.Faulty(t, nil)
-	a := f.manager(t, fc.Collection("users"), "a", rec, nil)
-	first, err := a.TryAcquire(ctx, f.id)
-	require.NoError(t, err)
-	require.NoError(t, first.Release(ctx))
-	rec.reset()
-
-	fault := fc.HoldNext(mongotest.Writes("users"))
-	l, err := a.TryAcquire(ctx, f.id)
-	require.NoError(t, err)
-	id := f.id.Hex()
-	requireLines(t, []string{
-		"op.start try_acquire id=ObjectID(\"" + id + "\")",
-		"write.ambiguous acquire cause=network",
-		"write.settled acquire not_landed",
-		fmt.Sprintf("lease.acquired try_acquire epoch=%d owner=a", l.Epoch()),
-		"op.end try_acquire id=ObjectID(\"" + id + "\") ok",
-	}, f.lines(t, rec))
-	_, err = fault.Deliver(ctx)
-	require.NoError(t, err)
-	var d struct {
-		Lease struct {
-			Epoch int64 `bson:"epoch"`
-		} `bson:"_lease"`
+			fault := c.arm(fc)
+			l, err := a.TryAcquire(ctx, f.id)
+			require.NoError(t, err)
+			require.True(t, fault.HasFired())
+			id := f.id.Hex()
+			requireLines(t, []string{
+				"op.start try_acquire id=ObjectID(\"" + id + "\")",
+				"write.ambiguous acquire cause=network",
+				"write.settled acquire " + c.settled,
+				fmt.Sprintf("lease.acquired try_acquire epoch=%d owner=a", l.Epoch()),
+				"op.end try_acquire id=ObjectID(\"" + id + "\") ok",
+			}, f.lines(t, rec))
+			if c.settled == "not_landed" {
+				_, err = fault.Deliver(ctx)
+				require.NoError(t, err)
+				var d struct {
+					Lease struct {
+						Epoch int64 `bson:"epoch"`
+					} `bson:"_lease"`
+				}
+				require.NoError(t, f.coll.FindOne(ctx, bson.D{{Key: "_id", Value: f.id}}).Decode(&d))
+				require.Equal(t, l.Epoch(), d.Lease.Epoch, "the late copy claimed nothing")
+			}
+			require.NoError(t, l.Release(ctx))
+		})
 	}
-	require.NoError(t, f.coll.FindOne(ctx, bson.D{{Key: "_id", Value: f.id}}).Decode(&d))
-	require.Equal(t, l.Epoch(), d.Lease.Epoch, "the late copy claimed nothing")
-	require.NoError(t, l.Release(ctx))
 }
 
 // TestLeaseRenewFailed: the server refuses a renewal before applying it (a

@@ -175,51 +175,45 @@ func faultyRepo(t *testing.T) (*repoFixture, *mongotest.Faulty) {
 	return f, fc
 }
 
-// TestLostReplyLanded: the server applies an update and its reply is lost.
-// The repository reports the ambiguous write, settles it as landed by its
-// write id, and succeeds.
-func TestLostReplyLanded(t *testing.T) {
-	f, fc := faultyRepo(t)
-	ctx := t.Context()
-	a := &account{ID: "a", Balance: 10}
-	require.NoError(t, f.repo.Insert(ctx, a))
-	f.rec.reset()
+// TestAmbiguousUpdate: an update whose reply the client never gets.
+// Dropped: the server applied it, and the repository settles it as landed
+// by its write id. Late copy: it never reached the server (the proxy keeps
+// it); the re-read shows it has not landed and still can, so the
+// repository sends it again and that copy lands; the kept copy, delivered
+// afterwards, matches nothing.
+func TestAmbiguousUpdate(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		arm     func(*mongotest.Faulty) *mongotest.Fault
+		settled string
+	}{
+		{"dropped reply", func(fc *mongotest.Faulty) *mongotest.Fault { return fc.DropNextReply(mongotest.Writes("accounts")) }, "landed"},
+		{"late copy", func(fc *mongotest.Faulty) *mongotest.Fault { return fc.HoldNext(mongotest.Writes("accounts")) }, "resent"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f, fc := faultyRepo(t)
+			ctx := t.Context()
+			a := &account{ID: "a", Balance: 10}
+			require.NoError(t, f.repo.Insert(ctx, a))
+			f.rec.reset()
 
-	fault := fc.DropNextReply(mongotest.Writes("accounts"))
-	a.Balance = 20
-	require.NoError(t, f.repo.Update(ctx, a))
-	require.True(t, fault.HasFired())
-	requireLines(t, []string{
-		"op.start update id=a",
-		"write.ambiguous update cause=network",
-		"write.settled update landed",
-		"op.end update id=a ok",
-	}, f.lines(t))
-}
-
-// TestLateCopyResent: the update never reaches the server (the proxy keeps
-// it) and the client sees a network error. The re-read shows it has not
-// landed and still can: the repository sends it again, and that copy
-// lands. The kept copy, delivered afterwards, matches nothing.
-func TestLateCopyResent(t *testing.T) {
-	f, fc := faultyRepo(t)
-	ctx := t.Context()
-	a := &account{ID: "a", Balance: 10}
-	require.NoError(t, f.repo.Insert(ctx, a))
-	f.rec.reset()
-
-	fault := fc.HoldNext(mongotest.Writes("accounts"))
-	a.Balance = 20
-	require.NoError(t, f.repo.Update(ctx, a))
-	requireLines(t, []string{
-		"op.start update id=a",
-		"write.ambiguous update cause=network",
-		"write.settled update resent",
-		"op.end update id=a ok",
-	}, f.lines(t))
-	reply, err := fault.Deliver(ctx)
-	require.NoError(t, err)
-	require.EqualValues(t, 0, reply.Lookup("n").AsInt64(), "the late copy applies nothing")
+			fault := c.arm(fc)
+			a.Balance = 20
+			require.NoError(t, f.repo.Update(ctx, a))
+			require.True(t, fault.HasFired())
+			requireLines(t, []string{
+				"op.start update id=a",
+				"write.ambiguous update cause=network",
+				"write.settled update " + c.settled,
+				"op.end update id=a ok",
+			}, f.lines(t))
+			if c.settled == "resent" {
+				reply, err := fault.Deliver(ctx)
+				require.NoError(t, err)
+				require.EqualValues(t, 0, reply.Lookup("n").AsInt64(), "the late copy applies nothing")
+			}
+		})
+	}
 }
 
 // TestUnknownOutcome: an insert is kept at the proxy (the client sees a
