@@ -42,8 +42,10 @@
 // retry.Do and store.Clock, which do not know which operation they run in
 // and leave Op, Database, Collection and ID empty: an Observer that needs
 // them there keeps them in the context its Start returns (the OpenTelemetry
-// adapter does). A lease ends on its own when its local deadline passes:
-// that LeaseLost comes from a timer's goroutine, with the lease's context.
+// adapter does). A lease's end, LeaseReleased or LeaseLost, comes with the
+// lease's own context (the one of the call that acquired it, Do's for Do),
+// whichever call or timer ended it: a lease that ends on its own, when its
+// local deadline passes, reports it from a timer's goroutine.
 //
 // # Guarantees
 //

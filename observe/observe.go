@@ -44,9 +44,8 @@ const (
 	OpStart Kind = iota + 1
 
 	// OpEnd: the operation ends. Outcome, Err (nil on success), Elapsed;
-	// Attempt is the number of attempts of an operation that loops
-	// (versioned Modify: the reads of the document; lease Acquire and Do:
-	// the claims), 0 for the others.
+	// Attempt is the number of attempts of versioned Modify (its reads of
+	// the document), 0 for the other operations.
 	OpEnd
 
 	// Conflict: a write expected a version and found another. Expected and
@@ -240,8 +239,10 @@ type Event struct {
 
 	// Op names the operation: "insert", "get", "update", "delete",
 	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease). Empty on the events of retry.Do and
-	// store.Clock.
+	// "renew", "release" (lease). The events of a lease's claim (LeaseHeld,
+	// and Ambiguous and Settled of a claim) say "acquire" whichever call
+	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
+	// of retry.Do and store.Clock, have none.
 	Op string
 	// Database and Collection are the names of the operation's database and
 	// collection (a lease Manager's: the leased documents', or the lock
