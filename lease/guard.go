@@ -38,7 +38,7 @@ func (l *Lease) Guard() versioned.WriteOption {
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.fenceField + "." + fenceKey(l.raw)
+	return l.m.c.fenceField + "." + fenceKey(l.raw.id)
 }
 
 func fenceKey(raw bson.RawValue) string {
@@ -76,7 +76,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	if coll == nil {
 		return fmt.Errorf("lease: stamp %s: nil collection: %w", idText(id), ErrInvalid)
 	}
-	raw, err := store.CheckID(id)
+	id, raw, err := key(l.m.c.shard, id)
 	if err != nil {
 		return fmt.Errorf("lease: stamp: %w", err)
 	}
@@ -87,7 +87,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 		return l.finish(l.lost(Expired, record{}))
 	}
 	path := l.fencePath()
-	filter := append(store.IDFilter(raw), bson.E{Key: "$or", Value: bson.A{
+	filter := append(raw.filter(), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: path, Value: bson.D{{Key: "$exists", Value: false}}}},
 		bson.D{{Key: path, Value: bson.D{{Key: "$lte", Value: l.epoch}}}},
 	}})
@@ -103,7 +103,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	// ambiguous stamp that shows our epoch was applied.
 	rctx, cancel := l.m.detached(ctx)
 	defer cancel()
-	doc, rerr := coll.FindOne(rctx, store.IDFilter(raw)).Raw()
+	doc, rerr := coll.FindOne(rctx, raw.filter()).Raw()
 	switch {
 	case errors.Is(rerr, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), ErrNotFound)
