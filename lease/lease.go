@@ -21,7 +21,7 @@ type Lease struct {
 	m      *Manager
 	id     any
 	raw    docKey // id's encoding, checked by store.CheckID, and shard-key values
-	server bool          // claimed in ModeServer
+	server bool   // claimed in ModeServer
 	epoch  int64
 	// claim is the id of the claim that made this Lease, kept in the record
 	// until it is released or claimed again: unique to this Lease, it is in

@@ -48,10 +48,10 @@ type sent struct {
 // ambiguous failure, resolves by re-reading.
 type write struct {
 	op   string
-	id   any           // the caller's id, for errors
-	key  docKey        // the encoded id, and the shard-key values
-	wid  string        // the write id it stamps ("" for a delete)
-	base int64         // the version it records with its write id
+	id   any    // the caller's id, for errors
+	key  docKey // the encoded id, and the shard-key values
+	wid  string // the write id it stamps ("" for a delete)
+	base int64  // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
