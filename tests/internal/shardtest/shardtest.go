@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -143,32 +144,46 @@ func (k Key) Shard(t testing.TB, coll *mongo.Collection) {
 	require.NoError(t, errors.Join(errs...), "moveChunk")
 }
 
-// Command is one command captured on the collection.
+// ShardByID shards coll on hashed _id when k.Sharded: the shard key
+// recommended for a named lease's lock collection, every filter on which is
+// by _id.
+func (k Key) ShardByID(t testing.TB, coll *mongo.Collection) {
+	t.Helper()
+	if !k.Sharded {
+		return
+	}
+	ns := coll.Database().Name() + "." + coll.Name()
+	require.NoError(t, coll.Database().Client().Database("admin").RunCommand(context.Background(),
+		bson.D{{Key: "shardCollection", Value: ns}, {Key: "key", Value: bson.D{{Key: "_id", Value: "hashed"}}}}).Err())
+}
+
+// Command is one command captured on a collection.
 type Command struct {
+	Coll string
 	Name string
 	Body bson.Raw
 }
 
-// Capture records the commands a client sends to one collection.
+// Capture records the commands a client sends to some collections.
 type Capture struct {
-	coll string
-	mu   sync.Mutex
-	cmds []Command
+	colls []string
+	mu    sync.Mutex
+	cmds  []Command
 }
 
-// NewCapture returns a Capture of the commands sent to the collection
-// named coll, and the ClientOptions that feed it (a command monitor).
-func NewCapture(coll string) (*Capture, *options.ClientOptions) {
-	c := &Capture{coll: coll}
+// NewCapture returns a Capture of the commands sent to the collections
+// named colls, and the ClientOptions that feed it (a command monitor).
+func NewCapture(colls ...string) (*Capture, *options.ClientOptions) {
+	c := &Capture{colls: colls}
 	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
 		target, ok := e.Command.Lookup(e.CommandName).StringValueOK()
-		if !ok || target != c.coll {
+		if !ok || !slices.Contains(c.colls, target) {
 			return
 		}
 		body := make(bson.Raw, len(e.Command))
 		copy(body, e.Command)
 		c.mu.Lock()
-		c.cmds = append(c.cmds, Command{Name: e.CommandName, Body: body})
+		c.cmds = append(c.cmds, Command{Coll: target, Name: e.CommandName, Body: body})
 		c.mu.Unlock()
 	}}
 	return c, options.Client().SetMonitor(mon)
@@ -183,6 +198,17 @@ func (c *Capture) Take() []Command {
 	return cmds
 }
 
+// On returns the commands of cmds sent to the collection coll.
+func On(cmds []Command, coll string) []Command {
+	var out []Command
+	for _, c := range cmds {
+		if c.Coll == coll {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Names lists the names of cmds, in order.
 func Names(cmds []Command) []string {
 	names := make([]string, len(cmds))
@@ -193,9 +219,8 @@ func Names(cmds []Command) []string {
 }
 
 // Routes says, for an _id, which shard-key values its document has: the
-// equalities every filter on it must carry. A nil map entry (or a nil
-// Routes) means the document is found by its _id alone (a named lease's
-// lock document).
+// equalities every filter on it must carry. A nil Routes means any _id,
+// found by its _id alone (a named lease's lock document).
 type Routes map[string]bson.D
 
 // Filters returns every filter in cmds: find's filter, each update and
