@@ -113,11 +113,14 @@ func (k Key) Shard(t testing.TB, coll *mongo.Collection) {
 	require.NoError(t, run(bson.D{{Key: "enableSharding", Value: coll.Database().Name()}}), "%s is set: the server must be a mongos", EnvShardKey)
 	require.NoError(t, run(bson.D{{Key: "shardCollection", Value: ns}, {Key: "key", Value: k.Spec}}))
 	if k.Fields[0] != Region || k.Spec[0].Value != 1 {
-		return // a key without a ranged region prefix: its chunks are as the cluster made them
+		return // no ranged region prefix: the chunks are as the cluster made them
 	}
-	middle := bson.D{{Key: Region, Value: "m"}}
+	// Split at region "m"; the upper chunk's bounds name it for moveChunk
+	// ("bounds" rather than "find", which a hashed field does not take).
+	middle, top := bson.D{{Key: Region, Value: "m"}}, bson.D{{Key: Region, Value: bson.MaxKey{}}}
 	for _, e := range k.Spec[1:] {
 		middle = append(middle, bson.E{Key: e.Key, Value: bson.MinKey{}})
+		top = append(top, bson.E{Key: e.Key, Value: bson.MaxKey{}})
 	}
 	require.NoError(t, run(bson.D{{Key: "split", Value: ns}, {Key: "middle", Value: middle}}))
 	var shards struct {
@@ -129,13 +132,9 @@ func (k Key) Shard(t testing.TB, coll *mongo.Collection) {
 	require.GreaterOrEqual(t, len(shards.Shards), 2, "the cluster needs two shards")
 	// Both chunks start on the database's primary shard: move the upper
 	// one to whichever shard it is not on.
-	find := bson.D{{Key: Region, Value: Regions[1]}}
-	for _, e := range k.Spec[1:] {
-		find = append(find, bson.E{Key: e.Key, Value: int64(0)})
-	}
 	var errs []error
 	for _, s := range shards.Shards[:2] {
-		err := run(bson.D{{Key: "moveChunk", Value: ns}, {Key: "find", Value: find}, {Key: "to", Value: s.ID}})
+		err := run(bson.D{{Key: "moveChunk", Value: ns}, {Key: "bounds", Value: bson.A{middle, top}}, {Key: "to", Value: s.ID}})
 		if err == nil {
 			return
 		}
