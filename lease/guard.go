@@ -64,7 +64,9 @@ func fenceKey(raw bson.RawValue) string {
 // when a later holder stamped the document first, or when the lease is no
 // longer held; an error matching ErrNotFound when no document has that _id;
 // ErrInvalid on a document lease, whose document carries its record itself;
-// ErrInvalidID for an invalid id (nothing sent). A session in ctx is used
+// ErrInvalidID for an invalid id (nothing sent). With Options.ShardKey (the
+// shard key of coll), id must be a [Key] and both the stamp and its re-read
+// are sent to the one shard that owns the document. A session in ctx is used
 // (the stamp may belong in the caller's transaction).
 func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error {
 	if err := store.CheckContext(ctx); err != nil {

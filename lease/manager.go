@@ -57,8 +57,10 @@ func New(coll *mongo.Collection, opts *Options) (*Manager, error) {
 // name is the _id of a lock document in coll, created by the first claim.
 // The lease protects other documents through [Lease.Stamp] and
 // [Lease.Fence]. See [Manager.EnsureIndexes] for the clean-up of stale lock
-// documents. NewNamed does no I/O; it fails only for a nil coll or invalid
-// opts.
+// documents. Every command on a lock document filters on its _id alone: on
+// a sharded cluster, shard coll on hashed _id (or leave it unsharded) and
+// each is sent to one shard. NewNamed does no I/O; it fails only for a nil
+// coll or invalid opts.
 func NewNamed(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, true)
 }

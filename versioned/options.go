@@ -93,9 +93,11 @@ type Options struct {
 	// Fields under _id are left out (the _id's equality covers them), so
 	// {"_id"} is the same as nil. A field must be under a top-level field T
 	// maps and not the version field, MetaField or a reserved field; no
-	// segment may be empty or start with '$'. New does not read the shard
-	// key from the cluster's metadata: name it here. nil: the collection
-	// is not sharded, or is sharded on _id.
+	// segment may be empty or start with '$'. Each _id must be unique
+	// across the collection, as MongoDB requires of applications whose
+	// shard key is not _id. New does not read the shard key from the
+	// cluster's metadata: name it here. nil: the collection is not
+	// sharded, or is sharded on _id.
 	ShardKey []string
 }
 

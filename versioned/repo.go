@@ -165,6 +165,10 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // that is negative, or the largest one (math.MaxInt64-1, after which the
 // version would overflow), is an *InvalidError.
 //
+// With Options.ShardKey, Update never writes a top-level shard-key field,
+// and a doc whose shard-key values differ from those the repository last
+// read for its id is an *InvalidError (a shard key cannot be changed here).
+//
 // When nothing matched, one re-read tells why: a *GuardError if a Where
 // filter fails (whatever the version), else a *ConflictError (with the
 // current version) if the version moved, a *NotFoundError if the document is
