@@ -158,7 +158,7 @@ func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.D
 // it matches a record with no owner, or an expired one, and sets the owner,
 // the expiry, the claim id, and the next epoch.
 func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
-	filter = raw.filter()
+	filter = raw.Filter()
 	if a.server {
 		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
 			// A pipeline's $set would replace a lease field that is not a
@@ -236,7 +236,7 @@ func (m *Manager) estimatedClaim(a attempt) bson.D {
 // the caller judges it.
 func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
 	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
-	filter := append(raw.filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
+	filter := append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
 	var update any
 	if a.server {
 		update = m.serverClaim(a, m.nextEpoch())

@@ -38,7 +38,7 @@ func (l *Lease) Guard() versioned.WriteOption {
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.fenceField + "." + fenceKey(l.raw.id)
+	return l.m.c.fenceField + "." + fenceKey(l.raw.ID)
 }
 
 func fenceKey(raw bson.RawValue) string {
@@ -89,7 +89,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 		return l.finish(l.lost(Expired, record{}))
 	}
 	path := l.fencePath()
-	filter := append(raw.filter(), bson.E{Key: "$or", Value: bson.A{
+	filter := append(raw.Filter(), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: path, Value: bson.D{{Key: "$exists", Value: false}}}},
 		bson.D{{Key: path, Value: bson.D{{Key: "$lte", Value: l.epoch}}}},
 	}})
@@ -105,7 +105,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	// ambiguous stamp that shows our epoch was applied.
 	rctx, cancel := l.m.detached(ctx)
 	defer cancel()
-	doc, rerr := coll.FindOne(rctx, raw.filter()).Raw()
+	doc, rerr := coll.FindOne(rctx, raw.Filter()).Raw()
 	switch {
 	case errors.Is(rerr, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), ErrNotFound)

@@ -223,7 +223,7 @@ func (l *Lease) ours(r record, found bool) bool {
 // filter matches the record while it is this lease's: _id, owner, epoch and
 // claim id.
 func (l *Lease) filter() bson.D {
-	return append(l.raw.filter(),
+	return append(l.raw.Filter(),
 		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
 		bson.E{Key: l.m.pClaim, Value: l.claim},

@@ -396,7 +396,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
-			{{Key: "$match", Value: raw.filter()}},
+			{{Key: "$match", Value: raw.Filter()}},
 			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
@@ -416,7 +416,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 		}
 	} else {
 		var err error
-		doc, err = coll.FindOne(ctx, raw.filter(), m.readOpts).Raw()
+		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			return s, nil
 		}

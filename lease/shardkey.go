@@ -3,8 +3,6 @@ package lease
 import (
 	"fmt"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
-
 	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/store"
 )
@@ -19,20 +17,11 @@ import (
 // It is [store.Key]; see there for what is checked.
 type Key = store.Key
 
-// docKey is what every filter on a leased (or stamped) document starts
-// with: the encoded _id and the document's shard-key values (none without a
-// shard key, and for a named lease's lock document, found by its name).
-type docKey struct {
-	id    bson.RawValue
-	shard shard.Values
-}
-
-// filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field, so that mongos routes the command to the one shard that owns the
-// document. It is a fresh slice the caller may append to.
-func (k docKey) filter() bson.D {
-	return append(store.IDFilter(k.id), k.shard.Clauses()...)
-}
+// docKey names a leased (or stamped) document in every filter on it (its
+// Filter method builds them all): the encoded _id and the document's
+// shard-key values (none without a shard key, and for a named lease's lock
+// document, found by its name).
+type docKey = shard.Doc
 
 // parseShardKey checks Options.ShardKey: no field may be under the lease
 // record or the fence stamps, which every claim or Stamp changes.
@@ -63,7 +52,7 @@ func key(spec shard.Spec, id any) (any, docKey, error) {
 	if err != nil {
 		return nil, docKey{}, err
 	}
-	return bare, docKey{id: raw, shard: vals}, nil
+	return bare, docKey{ID: raw, Shard: vals}, nil
 }
 
 // leaseKey is key for the id of a lease: a document of the Manager's

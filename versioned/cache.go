@@ -45,7 +45,7 @@ type cacheID struct{ id, shard string }
 
 // cacheKey identifies the document key names.
 func cacheKey(key docKey) cacheID {
-	return cacheID{id: string(rune(key.id.Type)) + string(key.id.Value), shard: key.shard.Ident()}
+	return cacheID{id: string(rune(key.ID.Type)) + string(key.ID.Value), shard: key.Shard.Ident()}
 }
 
 // observe records a stored document as read. An observation of the same

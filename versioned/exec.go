@@ -160,7 +160,7 @@ func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guard
 
 // findIn is find through coll (the repository's collection, or settle).
 func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
-	filter := withGuards(key.filter(), guards)
+	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, &NotFoundError{Op: op, ID: id}

@@ -78,7 +78,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
-		filter := key.filter()
+		filter := key.Filter()
 		if s.last != "" {
 			// The version must be below the last one, so that $inc cannot
 			// wrap it (a stored version written by another program).

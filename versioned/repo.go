@@ -214,7 +214,7 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 // guards; see exec.
 func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
-	filter := append(key.filter(), r.versionIs(base))
+	filter := append(key.Filter(), r.versionIs(base))
 	if read != nil {
 		filter = append(filter, r.incIs(read.inc))
 	}
@@ -312,7 +312,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 	ck := cacheKey(key)
 	s, known := r.cache.lookup(ck)
 	known = known && s.version == ver
-	filter := append(key.filter(), r.versionIs(ver))
+	filter := append(key.Filter(), r.versionIs(ver))
 	if known {
 		filter = append(filter, r.incIs(s.inc))
 	}
@@ -369,7 +369,7 @@ func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, docKey, er
 	if err != nil {
 		return nil, docKey{}, err
 	}
-	return idv.Interface(), docKey{id: key, shard: vals}, nil
+	return idv.Interface(), docKey{ID: key, Shard: vals}, nil
 }
 
 // docID checks ctx and doc, and returns doc as a settable value, with its
@@ -394,7 +394,7 @@ func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, 
 	if err != nil {
 		return reflect.Value{}, nil, docKey{}, err
 	}
-	return v, idv.Interface(), docKey{id: key, shard: vals}, nil
+	return v, idv.Interface(), docKey{ID: key, Shard: vals}, nil
 }
 
 // valueOf returns the struct doc points to.

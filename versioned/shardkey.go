@@ -22,21 +22,10 @@ import (
 // It is [store.Key]; see there for what is checked.
 type Key = store.Key
 
-// docKey is what every filter of the repository starts with: the encoded
-// id and the document's shard-key values (none when the repository has no
-// shard key).
-type docKey struct {
-	id    bson.RawValue
-	shard shard.Values
-}
-
-// filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field: every command of the repository filters on it, so that a mongos
-// routes it to the one shard that owns the document. It is a fresh slice
-// the caller may append to.
-func (k docKey) filter() bson.D {
-	return append(store.IDFilter(k.id), k.shard.Clauses()...)
-}
+// docKey names a document in every filter of the repository (its Filter
+// method builds them all): the encoded id and the document's shard-key
+// values (none when the repository has no shard key).
+type docKey = shard.Doc
 
 // parseShardKey checks Options.ShardKey against the fields the repository
 // writes on every write (which a shard key must not include).
@@ -110,12 +99,12 @@ func (r *Repo[T]) keepsShard(op string, id any, key docKey, set, unset bson.D) e
 	}
 	for _, e := range set {
 		v, _ := e.Value.(bson.RawValue) // changes sets raw values
-		if f, ok := key.shard.Differs(e.Key, v, true); ok {
+		if f, ok := key.Shard.Differs(e.Key, v, true); ok {
 			return shardChange(op, id, f, "fn changed it")
 		}
 	}
 	for _, e := range unset {
-		if f, ok := key.shard.Differs(e.Key, bson.RawValue{}, false); ok {
+		if f, ok := key.Shard.Differs(e.Key, bson.RawValue{}, false); ok {
 			return shardChange(op, id, f, "fn removed it")
 		}
 	}
@@ -129,8 +118,8 @@ func (r *Repo[T]) shardMoved(op string, id any, key docKey) error {
 	if !r.shard.Enabled() {
 		return nil
 	}
-	if seen, ok := r.cache.shardOf(cacheKey(key)); ok && seen != key.shard.Ident() {
-		return shardChange(op, id, r.shard.String(), fmt.Sprintf("the document's values are %s, not those the repository last read for its id", key.shard))
+	if seen, ok := r.cache.shardOf(cacheKey(key)); ok && seen != key.Shard.Ident() {
+		return shardChange(op, id, r.shard.String(), fmt.Sprintf("the document's values are %s, not those the repository last read for its id", key.Shard))
 	}
 	return nil
 }

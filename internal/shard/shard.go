@@ -88,6 +88,21 @@ type Values struct {
 	vals  []bson.RawValue
 }
 
+// Doc names one document in a filter: its encoded _id (checked by
+// store.CheckID) and its shard-key values (none without a shard key).
+type Doc struct {
+	ID    bson.RawValue
+	Shard Values
+}
+
+// Filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
+// field: what every filter on the document starts with, so that mongos
+// sends the command to the one shard that owns it. It is a fresh slice the
+// caller may append to.
+func (d Doc) Filter() bson.D {
+	return append(store.IDFilter(d.ID), d.Shard.Clauses()...)
+}
+
 // Split takes what a caller passed as an id: a store.Key, or a bare id. It
 // returns the bare id and the shard-key values, checked. A bare id is
 // refused when the Spec has fields; a Key must name each field once and no
