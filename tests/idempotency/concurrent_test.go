@@ -50,6 +50,7 @@ func TestFiftyRequestsOneKey(t *testing.T) {
 	answers := make([]answer, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
+	var once sync.Once
 	for i := range n {
 		k := procs[i%processes]
 		wg.Go(func() {
@@ -57,7 +58,7 @@ func TestFiftyRequestsOneKey(t *testing.T) {
 			a := &answers[i]
 			a.first, a.firstErr = k.Do(ctx, "one-key", []byte("body"), fn)
 			if a.firstErr == nil {
-				close(done)
+				once.Do(func() { close(done) })
 				return
 			}
 			if inProgress.Add(1) == n-1 {
