@@ -335,3 +335,52 @@ func TestHTTPRetryAfter(t *testing.T) {
 	require.Equal(t, "true", r.header.Get(idempotency.HeaderReplayed))
 	require.Equal(t, "done", r.body)
 }
+
+// TestHTTPRecorder: what the middleware records is what the handler sent:
+// nothing written is 200 with no body; a body without a Content-Type gets
+// the sniffed one; the header as it was at WriteHeader (later changes are
+// not sent, as net/http does); Date is not stored but sent afresh.
+func TestHTTPRecorder(t *testing.T) {
+	b := setup(t)
+	k := b.keys(t, nil, "a", nil)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/empty":
+		case "/sniff":
+			_, _ = w.Write([]byte("<html><body>hi</body></html>"))
+		case "/late":
+			w.Header().Set("X-Before", "1")
+			w.WriteHeader(http.StatusAccepted)
+			w.Header().Set("X-After", "1")
+			_, _ = w.Write([]byte("accepted"))
+		}
+	})
+	srv := serve(t, k, h, nil)
+	c := srv.Client()
+	for _, path := range []string{"/empty", "/sniff", "/late"} {
+		first := send(t, c, http.MethodPost, srv.URL+path, "k"+path, "")
+		again := send(t, c, http.MethodPost, srv.URL+path, "k"+path, "")
+		require.Equal(t, "true", again.header.Get(idempotency.HeaderReplayed), path)
+		require.Equal(t, first.status, again.status, path)
+		require.Equal(t, first.body, again.body, path)
+		require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"), path)
+		require.NotEmpty(t, again.header.Get("Date"), path)
+		switch path {
+		case "/empty":
+			require.Equal(t, http.StatusOK, first.status)
+			require.Empty(t, first.body)
+		case "/sniff":
+			require.Equal(t, "text/html; charset=utf-8", first.header.Get("Content-Type"))
+		case "/late":
+			require.Equal(t, http.StatusAccepted, first.status)
+			require.Equal(t, "1", again.header.Get("X-Before"))
+			require.Empty(t, first.header.Get("X-After"))
+			require.Empty(t, again.header.Get("X-After"))
+		}
+	}
+	rec := load(t, b.coll, "k/late")
+	require.NotNil(t, rec.Result)
+	raw, err := b.coll.FindOne(context.Background(), map[string]string{"_id": "k/late"}).Raw()
+	require.NoError(t, err)
+	require.NotContains(t, raw.String(), `"Date"`, "Date is not stored")
+}
