@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"unicode/utf8"
@@ -56,9 +57,9 @@ func (c *Call) Attempt() int { return c.attempt }
 func (c *Call) Last() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := len(c.points) - 1; i >= 0; i-- {
-		if c.points[i].K[0] == 'c' {
-			return c.points[i].Name
+	for _, p := range slices.Backward(c.points) {
+		if p.K[0] == 'c' {
+			return p.Name
 		}
 	}
 	return ""

@@ -111,7 +111,9 @@ func (e *KeyError) Error() string {
 }
 
 // Is reports whether target is ErrInvalidKey or ErrInvalid.
-func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey || target == store.ErrInvalid }
+func (e *KeyError) Is(target error) bool {
+	return target == ErrInvalidKey || target == store.ErrInvalid
+}
 
 // OptionsError reports an Options or HTTPOptions field out of range. It
 // matches ErrInvalid.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -219,7 +220,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	res, _, err := h.k.do(r.Context(), keyRef{id: id, key: key, scope: scope}, digest(fp),
+	res, err := h.k.do(r.Context(), keyRef{id: id, key: key, scope: scope}, digest(fp),
 		func(ctx context.Context, c *Call) (Result, bool, error) {
 			rec := &recorder{w: w, header: make(http.Header)}
 			req := r.WithContext(context.WithValue(ctx, callKey{}, c))
@@ -270,12 +271,15 @@ func (h *handler) onError(r *http.Request, err error) {
 // problem answers with problem details (RFC 9457) and, when retryAfter is
 // not zero, a Retry-After in seconds.
 func (h *handler) problem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
-	body, _ := json.Marshal(struct {
+	body, err := json.Marshal(struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail,omitempty"`
 	}{h.o.ProblemType, title, status, detail})
+	if err != nil { // strings and an int: cannot happen
+		body = []byte(`{"title":"error"}`)
+	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
@@ -287,9 +291,7 @@ func (h *handler) problem(w http.ResponseWriter, status int, title, detail strin
 // writeResult sends a result: its header fields, Idempotent-Replayed if it
 // is a replay, its status and body.
 func writeResult(w http.ResponseWriter, res Result, replayed bool) {
-	for name, values := range res.Header {
-		w.Header()[name] = values
-	}
+	maps.Copy(w.Header(), res.Header)
 	if replayed {
 		w.Header().Set(HeaderReplayed, "true")
 	}
@@ -324,9 +326,7 @@ func (r *recorder) WriteHeader(status int) {
 		return
 	}
 	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
-		for name, values := range r.header {
-			r.w.Header()[name] = values
-		}
+		maps.Copy(r.w.Header(), r.header)
 		r.w.WriteHeader(status)
 		return
 	}

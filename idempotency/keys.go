@@ -145,12 +145,11 @@ func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, 
 	if err != nil {
 		return Result{}, err
 	}
-	res, _, err := k.do(ctx, keyRef{id: id, key: key, scope: co.scope}, digest(fingerprint),
+	return k.do(ctx, keyRef{id: id, key: key, scope: co.scope}, digest(fingerprint),
 		func(ctx context.Context, c *Call) (Result, bool, error) {
 			r, err := fn(ctx, c)
 			return r, err == nil, err
 		})
-	return res, err
 }
 
 // innerFunc is Func with its verdict on the result: final results are
@@ -162,32 +161,31 @@ type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err e
 var errGone = errors.New("record gone")
 
 // do opens the key's record, answers from it when it can (replay,
-// mismatch), and runs fn under a claim otherwise. stored reports whether
-// the returned Result is stored (a replay, or a final result recorded).
-func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (res Result, stored bool, err error) {
+// mismatch), and runs fn under a claim otherwise.
+func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for reopen := 0; ; reopen++ {
 		rec, err := k.open(ctx, ref, fp)
 		if err != nil {
-			return Result{}, false, err
+			return Result{}, err
 		}
 		if !bytes.Equal(rec.FP, fp) {
-			return Result{}, false, &MismatchError{Key: ref.key}
+			return Result{}, &MismatchError{Key: ref.key}
 		}
 		if rec.Result != nil {
-			return rec.Result.replay(), true, nil
+			return rec.Result.replay(), nil
 		}
-		res, stored, err := k.run(ctx, ref, fp, fn)
+		res, err := k.run(ctx, ref, fp, fn)
 		if errors.Is(err, errGone) && reopen < 2 {
 			continue
 		}
-		return res, stored, err
+		return res, err
 	}
 }
 
 // run claims the record and runs fn under the claim (lease.Manager.Do: it
 // renews the claim while fn runs, ends fn's context if the claim is lost,
 // and releases it afterwards).
-func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, bool, error) {
+func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	var (
 		entered, ran, stored bool
 		res                  Result
@@ -232,21 +230,21 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 	case stored:
 		// The result is recorded; a failed release only keeps the claim
 		// until it expires, and replays do not look at claims.
-		return res, true, nil
+		return res, nil
 	case ran && fnErr == nil && err == nil:
-		return res, false, nil // not final: returned, not stored
+		return res, nil // not final: returned, not stored
 	case ran && fnErr != nil:
-		return Result{}, false, err // fn's error (wrapped by lease if the claim was lost)
+		return Result{}, err // fn's error (wrapped by lease if the claim was lost)
 	case ran:
-		return res, false, err // a final result that could not be stored
+		return res, err // a final result that could not be stored
 	case !entered && errors.As(err, &held):
-		return Result{}, false, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
+		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
 	case !entered && errors.Is(err, lease.ErrNotFound):
-		return Result{}, false, errGone
+		return Result{}, errGone
 	case err != nil && !entered:
-		return Result{}, false, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
+		return Result{}, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
 	}
-	return Result{}, false, err // begin's error, already prefixed
+	return Result{}, err // begin's error, already prefixed
 }
 
 // estimate returns the server's time as the Clock estimates it, for the

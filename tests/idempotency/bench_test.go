@@ -57,7 +57,7 @@ func BenchmarkHandler(b *testing.B) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		_, _ = fmt.Fprintf(w, `{"order":%q}`, res.InsertedID.(bson.ObjectID).Hex())
+		_, _ = fmt.Fprintf(w, `{"order":%q}`, res.InsertedID)
 	})
 	clock := store.NewClock(store.HelloSampler(client), nil)
 	if _, err := clock.Now(context.Background()); err != nil { // first sync outside the timing
@@ -73,7 +73,7 @@ func BenchmarkHandler(b *testing.B) {
 	}
 	serve := func(b *testing.B, h http.Handler, key string) {
 		b.Helper()
-		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"mug"}`))
+		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/orders", strings.NewReader(`{"item":"mug"}`))
 		if key != "" {
 			req.Header.Set(idempotency.HeaderKey, key)
 		}

@@ -126,7 +126,7 @@ func testCrashResumes(t *testing.T, mode lease.Mode) {
 
 	rec := load(t, b.coll, "switch-42")
 	require.Equal(t, 2, rec.Attempts)
-	var ks []string
+	ks := make([]string, 0, len(rec.Points))
 	for _, pt := range rec.Points {
 		ks = append(ks, pt.K)
 	}

@@ -88,7 +88,7 @@ func ExampleKeys_Handler() {
 	defer srv.Close()
 
 	post := func(key string) {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"mug"}`))
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"mug"}`))
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
 		}
