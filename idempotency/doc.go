@@ -30,7 +30,9 @@
 // last checkpoint it recorded ([Call.Checkpoint], [Call.Step]: Stripe's
 // atomic phases and recovery points). The record, and the checkpoints, are
 // kept for Options.Retention (24 h) after the request last ran
-// ([Keys.EnsureIndexes], [Keys.Sweep]).
+// ([Keys.EnsureIndexes], [Keys.Sweep]). A first request costs five round
+// trips around the function (seven where the server lacks $expr), a replay
+// one.
 //
 // Leases and idempotency keys do not replace each other: a lease stops two
 // different requests from interleaving on one resource; a key makes a retry
@@ -56,9 +58,9 @@
 // lease package's assumptions (clock drift below lease.Options.DriftRate,
 // timers late by less than the safety margin):
 //
-//   - The Func runs at most once per claim of a key, and a claim is taken
-//     only while no other claim holds the key and no result is stored: of
-//     any number of concurrent requests with one key, exactly one runs; the
+//   - The Func runs at most once per claim of a key, one claim holds a key
+//     at a time, and the Func never runs once a result is stored: of any
+//     number of concurrent requests with one key, exactly one runs; the
 //     others get *InProgressError until it ends, then its stored result.
 //   - A stored result is never replaced, and every later call with the key
 //     and its fingerprint gets it (Replayed), until the record is deleted

@@ -128,6 +128,9 @@ func (k *Keys) Retention() time.Duration { return k.c.retention }
 // and body; see [DefaultFingerprint]); the record keeps its SHA-256. An empty
 // fingerprint is a valid one. fn's error is returned as it is (wrapped in a
 // *lease.LostError, matching ErrLost, if the claim was lost while fn ran).
+// When fn returned a Result that could not be stored (the claim was lost
+// meanwhile: ErrLost; the write could not be settled: ErrUnknownOutcome),
+// Do returns that Result with the error.
 func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, opts ...CallOption) (Result, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Result{}, fmt.Errorf("idempotency: key %s: %w", quoteKey(key), err)
