@@ -32,7 +32,7 @@ var (
 	// ErrInvalidKey is matched by the *KeyError that refuses a key: empty,
 	// longer than [MaxKeyLen] bytes, not printable ASCII, or holding a "$"
 	// (shaped like a query operator). It matches ErrInvalid too.
-	ErrInvalidKey error = &sentinel{msg: "invalid idempotency key", parent: store.ErrInvalid}
+	ErrInvalidKey = fmt.Errorf("invalid idempotency key: %w", store.ErrInvalid)
 
 	// ErrLost is [lease.ErrLost]: the claim on the key ended (its TTL ran
 	// out without a renewal, or a later claim took it over) before the
@@ -46,15 +46,6 @@ var (
 	// Options.ResolveTimeout) could not tell whether it was applied.
 	ErrUnknownOutcome = store.ErrUnknownOutcome
 )
-
-// sentinel is a sentinel error that also matches a more general one.
-type sentinel struct {
-	msg    string
-	parent error
-}
-
-func (s *sentinel) Error() string        { return s.msg }
-func (s *sentinel) Is(target error) bool { return target == s.parent }
 
 // InProgressError reports that another request with the same key holds the
 // key's claim: it is running, or it died and its claim has not expired yet.

@@ -322,6 +322,9 @@ type recorder struct {
 func (r *recorder) Header() http.Header { return r.header }
 
 func (r *recorder) WriteHeader(status int) {
+	if status < 100 || status > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", status)) // as net/http's own ResponseWriter does
+	}
 	if r.written {
 		return
 	}

@@ -114,11 +114,11 @@ func TestHTTP(t *testing.T) {
 	b := setup(t)
 	k := b.keys(t, nil, "a", nil)
 	h := &orders{t: t}
-	var errs []error
+	var reported atomic.Int32
 	srv := serve(t, k, h, &idempotency.HTTPOptions{
 		ProblemType: "https://example.com/docs/idempotency",
 		Scope:       func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil },
-		OnError:     func(_ *http.Request, err error) { errs = append(errs, err) },
+		OnError:     func(*http.Request, error) { reported.Add(1) },
 	})
 	c := srv.Client()
 	url := srv.URL + "/orders"
@@ -167,7 +167,7 @@ func TestHTTP(t *testing.T) {
 	require.Equal(t, http.StatusCreated, other.status, "bob's key is not alice's")
 	require.Empty(t, other.header.Get(idempotency.HeaderReplayed))
 	require.Equal(t, int32(3), h.runs.Load())
-	require.Empty(t, errs)
+	require.Zero(t, reported.Load())
 }
 
 // TestHTTPTransient: a 5xx response is sent but not stored, so the retry
@@ -189,11 +189,18 @@ func TestHTTPTransient(t *testing.T) {
 			http.Error(w, "card declined", http.StatusPaymentRequired)
 		}
 	})
-	var reported []error
+	var (
+		mu       sync.Mutex
+		reported []error
+	)
 	srv := serve(t, k, h, &idempotency.HTTPOptions{
 		MaxRequestBody:  10,
 		MaxResponseBody: 50,
-		OnError:         func(_ *http.Request, err error) { reported = append(reported, err) },
+		OnError: func(_ *http.Request, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reported = append(reported, err)
+		},
 	})
 	c := srv.Client()
 
@@ -220,6 +227,8 @@ func TestHTTPTransient(t *testing.T) {
 		require.Empty(t, r.header.Get(idempotency.HeaderReplayed))
 	}
 	require.Equal(t, int32(4), runs.Load(), "too large to store: each retry runs")
+	mu.Lock()
+	defer mu.Unlock()
 	require.Len(t, reported, 2)
 	require.Contains(t, reported[0].Error(), "larger than MaxResponseBody")
 }
