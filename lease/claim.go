@@ -42,7 +42,7 @@ func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
 // claim is TryAcquire without the argument checks. parent is the parent of
 // the lease's context. pending, when not nil, holds the claims of earlier
 // attempts whose outcome was unknown: a record showing one of them is ours.
-func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent context.Context, pending *[]attempt) (*Lease, error) {
+func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.Context, pending *[]attempt) (*Lease, error) {
 	ctx = noSession(ctx)
 	server, err := m.serverMode(ctx)
 	if err != nil {
@@ -129,7 +129,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 
 // settle reports whether the record s shows one of the pending claims (whose
 // outcome was unknown) applied: the lease is then ours, from that claim.
-func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw bson.RawValue, s snapshot, pending *[]attempt) (*Lease, bool, error) {
+func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, pending *[]attempt) (*Lease, bool, error) {
 	if pending == nil || !s.found || s.rec.Owner != m.c.owner {
 		return nil, false, nil
 	}
@@ -162,8 +162,8 @@ func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.D
 // claimOp returns the filter and update of a claim of an existing document:
 // it matches a record with no owner, or an expired one, and sets the owner,
 // the expiry, the claim id, and the next epoch.
-func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update any) {
-	filter = store.IDFilter(raw)
+func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
+	filter = raw.Filter()
 	if a.server {
 		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
 			// A pipeline's $set would replace a lease field that is not a
@@ -239,9 +239,9 @@ func (m *Manager) estimatedClaim(a attempt) bson.D {
 // clean-up deleted an earlier lock document of the same name). It reports
 // exists when the record has an epoch after all (another owner's claim):
 // the caller judges it.
-func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
+func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
 	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
-	filter := append(store.IDFilter(raw), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
+	filter := append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
 	var update any
 	if a.server {
 		update = m.serverClaim(a, m.nextEpoch())
@@ -293,7 +293,7 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 }
 
 // claimed makes the Lease from the document a claim returned.
-func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw bson.RawValue, doc bson.Raw, a attempt) (*Lease, error) {
+func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw docKey, doc bson.Raw, a attempt) (*Lease, error) {
 	rec, err := m.decode(doc)
 	if err != nil {
 		return nil, err
@@ -326,7 +326,7 @@ func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any) 
 // newLease makes the Lease for a claim of rec made by attempt a. If the
 // claim's reply came too late for any of the lease to be usable, or ctx
 // ended meanwhile, it releases the claim and fails.
-func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw bson.RawValue, rec record, a attempt) (*Lease, error) {
+func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw docKey, rec record, a attempt) (*Lease, error) {
 	recv := m.c.now()
 	deadline := m.deadline(a, rec.ExpiresAt)
 	l := &Lease{

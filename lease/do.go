@@ -23,7 +23,7 @@ import (
 // while fn ran; otherwise, if releasing failed, the release error (joined with
 // fn's error, if any). No goroutine of Do outlives it.
 func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l *Lease) error) (err error) {
-	raw, err := m.check(ctx, "acquire", id)
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,8 @@ import (
 type Lease struct {
 	m      *Manager
 	id     any
-	raw    bson.RawValue // id's encoding, checked by store.CheckID
-	server bool          // claimed in ModeServer
+	raw    docKey // id's encoding, checked by store.CheckID, and shard-key values
+	server bool   // claimed in ModeServer
 	epoch  int64
 	// claim is the id of the claim that made this Lease, kept in the record
 	// until it is released or claimed again: unique to this Lease, it is in
@@ -226,7 +226,7 @@ func (l *Lease) ours(r record, found bool) bool {
 // filter matches the record while it is this lease's: _id, owner, epoch and
 // claim id.
 func (l *Lease) filter() bson.D {
-	return append(store.IDFilter(l.raw),
+	return append(l.raw.Filter(),
 		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
 		bson.E{Key: l.m.pClaim, Value: l.claim},

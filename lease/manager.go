@@ -57,8 +57,10 @@ func New(coll *mongo.Collection, opts *Options) (*Manager, error) {
 // name is the _id of a lock document in coll, created by the first claim.
 // The lease protects other documents through [Lease.Stamp] and
 // [Lease.Fence]. See [Manager.EnsureIndexes] for the clean-up of stale lock
-// documents. NewNamed does no I/O; it fails only for a nil coll or invalid
-// opts.
+// documents. Every command on a lock document filters on its _id alone: on
+// a sharded cluster, shard coll on hashed _id (or leave it unsharded) and
+// each is sent to one shard. NewNamed does no I/O; it fails only for a nil
+// coll or invalid opts.
 func NewNamed(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, true)
 }
@@ -119,7 +121,7 @@ func (m *Manager) Collection() *mongo.Collection { return m.coll }
 // lost. A session or transaction in ctx is not used: the lease's own
 // commands never run inside the caller's transaction.
 func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) {
-	raw, err := m.check(ctx, "acquire", id)
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +145,7 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
-	raw, err := m.check(ctx, "acquire", id)
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +190,7 @@ type realTimer struct{ t *time.Timer }
 func (t realTimer) C() <-chan time.Time { return t.t.C }
 func (t realTimer) Stop() bool          { return t.t.Stop() }
 
-func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent context.Context) (*Lease, error) {
+func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
 	p := m.c.retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
@@ -274,16 +276,17 @@ func firstLine(err error) string {
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id. It returns the id's encoding for the filters.
-func (m *Manager) check(ctx context.Context, op string, id any) (bson.RawValue, error) {
+// id (a Key, or a bare id). It returns the bare id, and its encoding and
+// shard-key values for the filters.
+func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
+		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
 	}
-	raw, err := store.CheckID(id)
+	bare, raw, err := m.leaseKey(id)
 	if err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s: %w", op, err)
+		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, err)
 	}
-	return raw, nil
+	return bare, raw, nil
 }
 
 // idText formats an id for a message, cut short: ids come from requests.
@@ -354,7 +357,7 @@ type snapshot struct {
 // server that refuses read concern majority (refusesMajority) the Manager
 // reads with the collection's own read concern from then on: such a server
 // has no replica set to roll back.
-func (m *Manager) read(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	ctx = noSession(ctx)
 	var s snapshot
 	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
@@ -396,12 +399,12 @@ func refusesMajority(err error) bool {
 }
 
 // readOnce is one read of read, on coll.
-func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (snapshot, error) {
 	var s snapshot
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
-			{{Key: "$match", Value: store.IDFilter(raw)}},
+			{{Key: "$match", Value: raw.Filter()}},
 			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
@@ -421,7 +424,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 		}
 	} else {
 		var err error
-		doc, err = coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
+		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			return s, nil
 		}
@@ -437,7 +440,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 
 // reread is read after an ambiguous write, on a context that lives on for
 // ResolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
-func (m *Manager) reread(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	rctx, cancel := m.detached(ctx)
 	defer cancel()
 	return m.read(rctx, raw, server)

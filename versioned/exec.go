@@ -48,10 +48,10 @@ type sent struct {
 // ambiguous failure, resolves by re-reading.
 type write struct {
 	op   string
-	id   any           // the caller's id, for errors
-	key  bson.RawValue // the encoded id
-	wid  string        // the write id it stamps ("" for a delete)
-	base int64         // the version it records with its write id
+	id   any    // the caller's id, for errors
+	key  docKey // the encoded id, and the shard-key values
+	wid  string // the write id it stamps ("" for a delete)
+	base int64  // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
@@ -156,13 +156,13 @@ func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docSt
 }
 
 // find reads the document with id key that also matches the guards.
-func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
+func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guards []guard) (*docState, error) {
 	return r.findIn(ctx, r.coll, op, id, key, guards)
 }
 
 // findIn is find through coll (the repository's collection, or settle).
-func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
-	filter := withGuards(store.IDFilter(key), guards)
+func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
+	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, &NotFoundError{Op: op, ID: id}
@@ -229,7 +229,7 @@ func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, str
 // document). A failed Where filter wins over a moved version: the caller's
 // fence (a lease, say) is what stopped the write, and retrying will not
 // help.
-func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawValue, expected int64, st *docState, guards []guard) error {
+func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, expected int64, st *docState, guards []guard) error {
 	if st == nil {
 		r.cache.forget(cacheKey(key))
 		return &NotFoundError{Op: op, ID: id}
@@ -248,7 +248,7 @@ func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawV
 
 // guardsFail reports whether the document fails one of the guards (or is
 // gone).
-func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (bool, error) {
+func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key docKey, guards []guard) (bool, error) {
 	_, err := r.find(ctx, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) {
 		return true, nil
@@ -258,7 +258,7 @@ func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key bson.Ra
 
 // guardError builds the *GuardError of a write whose conditions failed,
 // checking each WhereErr filter to learn which failed.
-func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.RawValue, ver int64, guards []guard) error {
+func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey, ver int64, guards []guard) error {
 	ge := &GuardError{Op: op, ID: id, Version: ver}
 	for _, g := range guards {
 		if g.failErr == nil {
@@ -274,7 +274,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.Ra
 
 // rereadNow reads the document to classify a failed write; a missing
 // document is nil.
-func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key bson.RawValue) (*docState, error) {
+func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key docKey) (*docState, error) {
 	st, err := r.find(ctx, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge

@@ -10,8 +10,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
-	"github.com/mongocas/mongocas/store"
 )
 
 // Guarded applies the caller's update operators to the document with the
@@ -82,7 +80,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
-		filter := store.IDFilter(key)
+		filter := key.Filter()
 		if s.last != "" {
 			// The version must be below the last one, so that $inc cannot
 			// wrap it (a stored version written by another program).
@@ -276,7 +274,7 @@ func (r *Repo[T]) checkPath(op, path string) error {
 	if r.reserved(segs[0]) {
 		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
 	}
-	return nil
+	return r.checkShardPath(op, path)
 }
 
 // checkOperand checks the value an operator gives a path.

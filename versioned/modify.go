@@ -92,6 +92,9 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		if err != nil {
 			return err
 		}
+		if err := r.keepsShard(op, idv, key, set, unset); err != nil {
+			return err
+		}
 		if len(set) == 0 && len(unset) == 0 {
 			result = doc
 			return nil

@@ -6,6 +6,8 @@
 // epoch is the partner's fencing token and idempotency key) and, where the
 // server has transactions, with a transaction held across the HTTP calls
 // (the anti-pattern: it serializes, at the cost of locks held and waits).
+// Over HTTP, the switch takes an Idempotency-Key: a client that timed out
+// and retries gets the first answer, and never switches twice.
 //
 //	go run ./examples/identity -users 20 -switches 4 -failure-rate 0.2
 //
@@ -16,9 +18,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -26,6 +33,7 @@ import (
 
 	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
@@ -50,10 +58,12 @@ type partner interface {
 }
 
 // identities is the service. Run one per process: leases keep switches
-// for one user apart across all of them.
+// for one user apart across all of them, and idempotency keys make a
+// client's retry of one switch safe.
 type identities struct {
 	users   *versioned.Repo[User]
 	leases  *lease.Manager
+	keys    *idempotency.Keys
 	partner partner
 }
 
@@ -79,7 +89,14 @@ func newIdentities(users *mongo.Collection, p partner, owner string, ttl time.Du
 	if err != nil {
 		return nil, err // a *lease.OptionsError, matching ErrInvalid
 	}
-	return &identities{users: repo, leases: leases, partner: p}, nil
+	// The switch requests' idempotency keys, in a collection of their own,
+	// kept a day (call keys.EnsureIndexes once at start-up for their
+	// clean-up).
+	keys, err := idempotency.New(users.Database().Collection(users.Name()+"_switch_requests"), &idempotency.Options{TTL: ttl, Owner: owner})
+	if err != nil {
+		return nil, err
+	}
+	return &identities{users: repo, leases: leases, keys: keys, partner: p}, nil
 }
 
 // AddUser stores a user whose first identity is primary.
@@ -145,6 +162,71 @@ func (s *identities) switchHeld(ctx context.Context, l *lease.Lease, userID, ide
 	// otherwise it fails with an error matching lease.ErrLost.
 	_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, l.Guard())
 	return err
+}
+
+// errUnknownIdentity is the answer to a switch to an identity the user has
+// not linked.
+var errUnknownIdentity = errors.New("no such identity")
+
+// Handler is the service's HTTP API: POST /users/{user}/primary with the
+// identity as the body and an Idempotency-Key header (a UUID, say) that the
+// client keeps when it retries. The first request with a key switches; a
+// retry gets its answer back (Idempotent-Replayed: true) without switching
+// again, even when another switch for the user has run since; a retry
+// while the first still runs gets 409 with Retry-After. A real service
+// also scopes the keys by the authenticated caller (HTTPOptions.Scope).
+func (s *identities) Handler() (http.Handler, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /users/{user}/primary", func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		user, identity := r.PathValue("user"), strings.TrimSpace(string(body))
+		err = s.switchOnce(r.Context(), idempotency.CallFrom(r.Context()), user, identity)
+		switch {
+		case err == nil: // final: stored, replayed
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]string{"user": user, "primary": identity})
+		case errors.Is(err, lease.ErrNotFound), errors.Is(err, errUnknownIdentity):
+			http.Error(w, err.Error(), http.StatusNotFound) // final too
+		default:
+			// Transient (the partner, the database, a lost lease): not
+			// stored, so the client's retry runs the switch again, from
+			// its last checkpoint.
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		}
+	})
+	return s.keys.Handler(mux, nil)
+}
+
+// switchOnce is Switch for one request with an idempotency key, c. The
+// lease keeps other switches of the user out; c makes a rerun of this one
+// (after a timeout or a crash) resume instead of switching again: the
+// partner's two calls are one step, whose partner key is the same in every
+// run that resumes it, so the partner replays what it already applied.
+func (s *identities) switchOnce(ctx context.Context, c *idempotency.Call, userID, identity string) error {
+	return s.leases.Do(ctx, userID, func(ctx context.Context, l *lease.Lease) error {
+		u, err := s.users.Get(ctx, userID)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(u.Identities, identity) {
+			return fmt.Errorf("%s of %s: %w", identity, userID, errUnknownIdentity)
+		}
+		if u.Primary == identity {
+			return nil
+		}
+		_, err = c.Step(ctx, "partner-switch", func(ctx context.Context, partnerKey string) ([]byte, error) {
+			return nil, s.partner.SwitchPrimary(ctx, userID, u.Primary, identity, partnerKey, l.Epoch())
+		})
+		if err != nil {
+			return err
+		}
+		_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, l.Guard())
+		return err
+	})
 }
 
 // events counts what the service's repository and lease manager report; the

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
@@ -71,7 +72,7 @@ func readmeBlocks(t *testing.T) []string {
 func TestREADMEMatches(t *testing.T) {
 	t.Parallel()
 	want := sections(t)
-	require.Len(t, want, 6, "snippets_test.go must mark six README sections")
+	require.Len(t, want, 7, "snippets_test.go must mark seven README sections")
 	got := readmeBlocks(t)
 	require.Len(t, got, len(want), "README.md must have one ```go block per section of snippets_test.go")
 	for i := range want {
@@ -264,4 +265,49 @@ func TestTransfer(t *testing.T) {
 	}
 	require.Equal(t, int64(40), balance("a"))
 	require.Equal(t, int64(60), balance("b"))
+}
+
+// countingPSP is a PSP that charges once per idempotency key and declines
+// amounts over 1000.
+type countingPSP struct {
+	mu      sync.Mutex
+	charges map[string]string
+}
+
+func (p *countingPSP) Charge(_ context.Context, key, order string, amount int64) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if amount > 1000 {
+		return "", ErrDeclined
+	}
+	if id, ok := p.charges[key]; ok {
+		return id, nil
+	}
+	id := fmt.Sprintf("ch_%d_%s", len(p.charges)+1, order)
+	p.charges[key] = id
+	return id, nil
+}
+
+func ExampleChargeOnce() {
+	db, drop := newDB("charge")
+	defer drop()
+	ctx := context.Background()
+	keys, err := idempotency.New(db.Collection("idempotency_keys"), nil)
+	if err != nil {
+		panic(err)
+	}
+	psp := &countingPSP{charges: map[string]string{}}
+	for range 2 {
+		res, err := ChargeOnce(ctx, keys, psp, "3f9a", "order-1", 250)
+		fmt.Println(res.Status, string(res.Body), res.Replayed, err)
+	}
+	_, err = ChargeOnce(ctx, keys, psp, "3f9a", "order-1", 999)
+	fmt.Println(errors.Is(err, idempotency.ErrMismatch))
+	res, err := ChargeOnce(ctx, keys, psp, "77c2", "order-2", 5000)
+	fmt.Println(res.Status, err, len(psp.charges))
+	// Output:
+	// 201 ch_1_order-1 false <nil>
+	// 201 ch_1_order-1 true <nil>
+	// true
+	// 402 <nil> 1
 }

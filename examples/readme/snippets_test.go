@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
@@ -169,6 +171,37 @@ func TestTakeNeverOversells(t *testing.T) {
 	mug, err := items.Get(t.Context(), "mug")
 	require.NoError(t, err)
 	require.Zero(t, mug.Stock)
+}
+
+// README end
+
+// README: idempotency keys
+// PSP is a payment provider that dedupes charges on an idempotency key.
+type PSP interface {
+	Charge(ctx context.Context, idempotencyKey, order string, amount int64) (chargeID string, err error)
+}
+
+// ChargeOnce charges an order once, however often the client retries with
+// the same key: the first call runs, a retry gets its result back
+// (Replayed), a retry while it runs gets an *idempotency.InProgressError
+// (HTTP 409), and the key with another order or amount ErrMismatch (422).
+func ChargeOnce(ctx context.Context, keys *idempotency.Keys, psp PSP, key, order string, amount int64) (idempotency.Result, error) {
+	fingerprint := fmt.Appendf(nil, "%s %d", order, amount)
+	return keys.Do(ctx, key, fingerprint, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+		// A step runs once across the retries of the request; partnerKey is
+		// the same in each retry that resumes it, so the PSP dedupes too.
+		charge, err := c.Step(ctx, "charge", func(ctx context.Context, partnerKey string) ([]byte, error) {
+			id, err := psp.Charge(ctx, partnerKey, order, amount)
+			return []byte(id), err
+		})
+		if errors.Is(err, ErrDeclined) {
+			return idempotency.Result{Status: http.StatusPaymentRequired}, nil // final: stored, replayed
+		}
+		if err != nil {
+			return idempotency.Result{}, err // transient: not stored, a retry runs again
+		}
+		return idempotency.Result{Status: http.StatusCreated, Body: charge}, nil
+	})
 }
 
 // README end

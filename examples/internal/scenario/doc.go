@@ -24,7 +24,9 @@
 //     them, answers a double click with ErrHeld and the time left, and sends
 //     its epoch to the partner as fencing token and idempotency key. Where
 //     the server has transactions, the anti-pattern of a transaction held
-//     across the HTTP calls runs too.
+//     across the HTTP calls runs too. Clients of examples/identity's HTTP
+//     API that time out and retry with their Idempotency-Key get the first
+//     answer back, and never switch twice (RetryResult).
 //
 // Each run returns a result that embeds a Row (requests, anomalies,
 // unexpected errors, latency percentiles, detail lines); a Scenario adds its

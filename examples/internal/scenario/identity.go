@@ -35,7 +35,10 @@ import (
 //     lease's epoch goes to the partner as the fencing token and in the
 //     idempotency key, and the final write is fenced with Lease.Guard. A
 //     double click that arrives while a switch runs gets ErrHeld at once,
-//     with the time left on the lease (a 409 with Retry-After).
+//     with the time left on the lease (a 409 with Retry-After). After the
+//     run, if the service serves the switch over HTTP with idempotency keys
+//     (HTTPIdentities), one client per user times out and retries: see
+//     RetryResult.
 //   - transaction held across the HTTP calls (the anti-pattern of seed 002):
 //     the first write of a transaction takes the user's document, and the
 //     transaction stays open through the partner calls. It does stop the
@@ -226,6 +229,10 @@ type IdentityResult struct {
 	// each held it.
 	TxMaxOpen  int64
 	TxLockHeld Latency
+	// Retry is what the timed-out clients saw, for a service that serves
+	// the switch over HTTP with idempotency keys (HTTPIdentities); nil
+	// otherwise.
+	Retry *RetryResult
 }
 
 // RunIdentity runs one identity strategy against a fresh fake partner and a
@@ -272,12 +279,14 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 	}
 
 	ids := make([]string, cfg.Users)
+	identsOf := make(map[string][]string, cfg.Users)
 	for u := range ids {
 		ids[u] = fmt.Sprintf("user-%02d", u+1)
 		idents := make([]string, cfg.Switches+1)
 		for k := range idents {
 			idents[k] = fmt.Sprintf("%s-id%d", ids[u], k)
 		}
+		identsOf[ids[u]] = idents
 		partner.AddUser(ids[u], idents)
 		if err := insts[0].AddUser(ctx, ids[u], idents); err != nil {
 			return nil, fmt.Errorf("identity: add user: %w", err)
@@ -333,6 +342,18 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 		}
 	}
 	res.Anomalies = res.Partner.Interleaved + res.Corrupted + (res.DoubleClicks - res.DoubleClickHeld)
+	if svc, ok := insts[0].(HTTPIdentities); ok && cfg.Switches >= 2 {
+		// After the run: clients that time out and retry, over HTTP with
+		// idempotency keys. The first attempt's timeout is below one
+		// partner call's latency, and a switch makes two.
+		retried, err := runTimedOutClients(ctx, svc, coll, partner, identsOf, max(cfg.LatencyMin, time.Millisecond))
+		if err != nil {
+			return nil, fmt.Errorf("identity: timed-out clients: %w", err)
+		}
+		res.Retry = retried
+		res.Anomalies += res.Retry.SwitchedTwice
+		res.Errors += len(res.Retry.Failures)
+	}
 
 	res.Details = append(res.Details,
 		fmt.Sprintf("%d users × %d concurrent switches: %d done, %d failed", cfg.Users, cfg.Switches, res.Done, res.Failed),
@@ -347,6 +368,9 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 		}
 		res.Details = append(res.Details, line, "each switch sent its lease epoch to the partner as fencing token and idempotency key")
 		res.Details = append(res.Details, clicks.notes...)
+	}
+	if res.Retry != nil {
+		res.Details = append(res.Details, res.Retry.details()...)
 	}
 	if s.Transactions {
 		res.Details = append(res.Details, fmt.Sprintf("up to %d transactions at once held a user's document locked across the partner calls, each for p50 %v, max %v; %d of %d transaction attempts were aborted by write conflicts and retried (the other switches waited)",
