@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -67,6 +68,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 		case ambiguous(err):
 			var rerr error
 			if s, rerr = m.reread(ctx, raw, server); rerr != nil {
+				m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
 				if pending != nil {
 					*pending = append(*pending, a)
 				}
@@ -74,11 +76,13 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			}
 			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
 				// The claim was applied; only its reply was lost.
+				m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
 				return m.newLease(ctx, parent, id, raw, s.rec, a)
 			}
 			// Not applied as far as a majority knows; it may still be (a
 			// write the server has not run yet): a later read that shows it
 			// settles it.
+			m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
@@ -116,6 +120,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
 		}
 		if held || try >= maxClaimAttempts {
+			m.heldBy(ctx, id, s.rec, left)
 			return nil, &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
 		}
 		// Released or expired since the claim was judged: claim again.
@@ -260,15 +265,18 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 	case ambiguous(err):
 		s, rerr := m.reread(ctx, raw, a.server)
 		if rerr != nil {
+			m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
 			return nil, false, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
 		}
 		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+			m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
 			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
 			return l, false, err
 		}
+		m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
 		if pending != nil {
 			*pending = append(*pending, a) // as in claim
 		}
@@ -329,6 +337,7 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 		epoch:      rec.Epoch,
 		claim:      rec.Claim,
 		acquiredAt: rec.AcquiredAt,
+		sentAt:     a.t0,
 		expiresAt:  rec.ExpiresAt,
 		lastSent:   rec.ExpiresAt,
 		deadline:   deadline,

@@ -30,10 +30,13 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	if fn == nil {
 		return fmt.Errorf("lease: Do %s: nil function: %w", idText(id), ErrInvalid)
 	}
+	ctx, ob := m.begin(ctx, opDo, id)
+	defer m.end(&ob, &err)
 	l, err := m.acquire(ctx, id, raw, ctx)
 	if err != nil {
 		return err
 	}
+	m.acquired(ctx, opDo, l, ob.start)
 
 	kctx, stop := context.WithCancel(l.ctx)
 	stopped := make(chan struct{})
@@ -66,6 +69,7 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 		}
 	}()
 	fnErr = fn(l.ctx, l)
+	ob.aborted = fnErr != nil
 	returned = true
 	return nil // replaced by the deferred function
 }
@@ -87,6 +91,7 @@ func (l *Lease) keepAlive(ctx context.Context) {
 		MaxElapsedTime:  -1,
 		Budget:          l.m.c.retry.Budget,
 		OnRetry:         l.m.c.retry.OnRetry,
+		Observer:        l.m.c.retry.Observer,
 		Clock:           l.m.c.retry.Clock,
 	}
 	t := time.NewTimer(every)

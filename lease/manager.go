@@ -120,12 +120,16 @@ func (m *Manager) Collection() *mongo.Collection { return m.coll }
 // values but not its cancellation: it ends when the lease is released or
 // lost. A session or transaction in ctx is not used: the lease's own
 // commands never run inside the caller's transaction.
-func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
+func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) {
 	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	ctx, ob := m.begin(ctx, opTryAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	m.acquired(ctx, opTryAcquire, l, ob.start)
+	return l, err
 }
 
 // Acquire claims the lease on id, waiting while another owner holds it: after
@@ -140,12 +144,16 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
 // again. When
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
-func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
+func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
 	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	ctx, ob := m.begin(ctx, opAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	m.acquired(ctx, opAcquire, l, ob.start)
+	return l, err
 }
 
 // again marks an error Acquire retries whatever the store classifiers say
@@ -352,7 +360,7 @@ type snapshot struct {
 func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	ctx = noSession(ctx)
 	var s snapshot
-	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Clock: m.c.retry.Clock}
+	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
 		if m.noMajority.Load() {
 			var err error

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/internal/shard"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -167,6 +168,19 @@ type Options struct {
 	// and no segment may be empty or start with '$'. nil: not sharded, or
 	// sharded on _id.
 	ShardKey []string
+
+	// Observer, if not nil, receives the Manager's events (see the observe
+	// package): the start and end of each TryAcquire, Acquire, Do, Renew
+	// and Release (a call refused before anything is sent has none); a
+	// lease acquired (with the time waited and the epoch), renewed, not
+	// renewed, lost (with the reason), released, or found held by another
+	// owner (with its time left); each ambiguous write and how it was
+	// settled; the retries of Retry, and of Do's renewals and the re-reads,
+	// unless Retry has an Observer of its own; and the syncs of the Clock
+	// the Manager makes when Options.Clock is nil. Events of a lease that
+	// ends on its own (its deadline passes) come from a timer's goroutine.
+	// Nil means none, at no cost: no event is built.
+	Observer observe.Observer
 }
 
 // config is Options with every default resolved.
@@ -185,6 +199,7 @@ type config struct {
 	now            func() time.Time
 	cleanupAfter   time.Duration
 	shard          shard.Spec // ShardKey, checked
+	observer       observe.Observer
 }
 
 func resolve(client *mongo.Client, o *Options) (config, error) {
@@ -266,6 +281,10 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		return c, &OptionsError{Field: "Retry", Reason: err.Error()}
 	}
 	c.retry = o.Retry
+	c.observer = o.Observer
+	if c.retry.Observer == nil {
+		c.retry.Observer = o.Observer
+	}
 
 	c.resolveTimeout = o.ResolveTimeout
 	switch {
@@ -291,7 +310,7 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	if c.clock == nil {
 		// Lazy: NewClock does no I/O, and a Manager in ModeServer never
 		// asks it for the time.
-		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now})
+		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now, Observer: o.Observer})
 	}
 	return c, nil
 }

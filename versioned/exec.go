@@ -78,7 +78,7 @@ type outcome struct {
 // When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
 // never returns an ambiguous error as it is, except inside a transaction,
 // where the transaction, not the write, is the unit to retry.
-func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
+func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (out outcome, err error) {
 	s, err := w.send(ctx)
 	if err == nil {
 		return outcome{landed: s.matched, after: s.after}, nil
@@ -86,6 +86,8 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	if !store.IsAmbiguous(err) || inTransaction(ctx) {
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
+	r.ambiguous(ctx, w, err)
+	defer r.settled(ctx, w, &out, &err)
 	first, noMatch := err, false
 	for resends := 0; ; {
 		st, rerr := r.reread(ctx, p, w)

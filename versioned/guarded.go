@@ -46,12 +46,14 @@ import (
 // have landed since, the anchor is gone: Guarded reads once and sends
 // again. If the reply is lost and the write turns out to have landed, the
 // document returned is the one re-read, which may include later writes.
-func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (*T, error) {
+func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
 	ops, err := r.checkOps(op, update)
 	if err != nil {
 		return nil, err
@@ -155,7 +157,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		}
-		return nil, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version}
+		return nil, r.conflicted(ctx, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version})
 	}
 }
 

@@ -36,12 +36,14 @@ import (
 // Inside a transaction (ctx carries a session with a transaction in
 // progress) Modify makes one attempt and returns a *ConflictError as it is,
 // for the transaction's own retry loop to handle.
-func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (*T, error) {
+func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (_ *T, err error) {
 	const op = "modify"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
 	if fn == nil {
 		return nil, &InvalidError{Op: op, Reason: "fn is nil"}
 	}
@@ -52,6 +54,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		fnErr  error
 	)
 	attempt := func(ctx context.Context) error {
+		ob.attempts++
 		st, err := r.find(ctx, op, idv, key, cfg.guards)
 		if errors.Is(err, ErrNotFound) && len(cfg.guards) > 0 {
 			// The guarded read missed: tell a failed guard from a missing
@@ -81,6 +84,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		}
 		if err := fn(doc); err != nil {
 			fnErr = err
+			ob.aborted = true
 			return retry.Permanent(err)
 		}
 		r.s.setVersion(valueOf(doc), st.version)
@@ -112,7 +116,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 			// The next attempt's read, after the backoff, tells whether the
 			// document moved, went away or fails the filters: no re-read
 			// now, which saves a round trip per conflict.
-			return &ConflictError{Op: op, ID: idv, Expected: base, Current: -1}
+			return r.conflicted(ctx, &ConflictError{Op: op, ID: idv, Expected: base, Current: -1})
 		}
 		return r.notApplied(ctx, op, idv, key, base, out, cfg.guards)
 	}

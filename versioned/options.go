@@ -6,6 +6,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -99,6 +100,15 @@ type Options struct {
 	// cluster's metadata: name it here. nil: the collection is not
 	// sharded, or is sharded on _id.
 	ShardKey []string
+
+	// Observer, if not nil, receives the repository's events: the start and
+	// end of each call (Get, Insert, Update, Delete, Modify, Guarded; a call
+	// refused before anything is sent has none), its version conflicts, its
+	// retries, and each ambiguous write and how it was settled (see the
+	// observe package). It also gets the retry events of Retry, and of a
+	// WithRetry policy, that has no Observer of its own. Nil means none, at
+	// no cost: no event is built.
+	Observer observe.Observer
 }
 
 func (o *Options) resolve() (Options, error) {
@@ -145,6 +155,9 @@ func (o *Options) resolve() (Options, error) {
 	}
 	if err := r.Retry.Validate(); err != nil {
 		return bad("Retry", "invalid policy", err)
+	}
+	if r.Retry.Observer == nil {
+		r.Retry.Observer = r.Observer
 	}
 	return r, nil
 }

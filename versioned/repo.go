@@ -71,12 +71,14 @@ func (r *Repo[T]) Collection() *mongo.Collection { return r.coll }
 // adopted). It fails with a *NotFoundError if there is none, and a
 // *VersionTypeError if its stored version is not an integer from 0 to
 // math.MaxInt64-1.
-func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
+func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 	const op = "get"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
 	st, err := r.find(ctx, op, idv, key, nil)
 	if err != nil {
 		return nil, err
@@ -95,12 +97,14 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 // it never sends the insert again (a second copy could bring back a
 // document deleted meanwhile), so when the document is not there it
 // returns an *UnknownOutcomeError.
-func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
+func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	const op = "insert"
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
 	raw, err := r.encode(op, doc)
 	if err != nil {
 		return err
@@ -173,13 +177,15 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // filter fails (whatever the version), else a *ConflictError (with the
 // current version) if the version moved, a *NotFoundError if the document is
 // gone. doc is then left unchanged.
-func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error {
+func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "update"
 	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
 	raw, err := r.encode(op, doc)
 	if err != nil {
 		return err
@@ -282,7 +288,7 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey,
 			return err
 		}
 	}
-	return r.classify(ctx, op, id, key, expected, st, guards)
+	return r.conflicted(ctx, r.classify(ctx, op, id, key, expected, st, guards))
 }
 
 // Delete removes the stored document, provided its version is still doc's
@@ -295,13 +301,15 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey,
 // have removed it. If it is at another version that the re-read cannot
 // relate to doc's (far ahead, or another incarnation), the outcome is an
 // *UnknownOutcomeError.
-func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
+func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "delete"
 	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
 	ver := r.s.versionOf(v)
 	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {
 		return err
@@ -403,7 +411,7 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
 	if cfg != nil && cfg.policy != nil {
-		return cfg.policy
+		return r.observedPolicy(cfg.policy)
 	}
 	return &r.opts.Retry
 }

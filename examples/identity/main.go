@@ -35,6 +35,7 @@ import (
 	"github.com/mongocas/mongocas/examples/internal/scenario"
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -73,15 +74,18 @@ type identities struct {
 //
 //	st, err := store.Connect(ctx, os.Getenv("MONGODB_URI"), nil)
 //	...
-//	s, err := newIdentities(st.Database("accounts").Collection("users"), idp, hostname, 5*time.Second)
-func newIdentities(users *mongo.Collection, p partner, owner string, ttl time.Duration) (*identities, error) {
-	repo, err := versioned.New[User](users, nil)
+//	s, err := newIdentities(st.Database("accounts").Collection("users"), idp, hostname, 5*time.Second, observe.Slog(logger))
+//
+// obs sees each call, conflict, retry and lost reply, and each lease
+// acquired, held by another, renewed, lost or released (nil: none).
+func newIdentities(users *mongo.Collection, p partner, owner string, ttl time.Duration, obs observe.Observer) (*identities, error) {
+	repo, err := versioned.New[User](users, &versioned.Options{Observer: obs})
 	if err != nil {
 		return nil, err
 	}
 	// A lease on each user's own document: no lock collection, and the
 	// user's writes can be fenced on it.
-	leases, err := lease.New(users, &lease.Options{TTL: ttl, Owner: owner})
+	leases, err := lease.New(users, &lease.Options{TTL: ttl, Owner: owner, Observer: obs})
 	if err != nil {
 		return nil, err // a *lease.OptionsError, matching ErrInvalid
 	}
@@ -225,6 +229,10 @@ func (s *identities) switchOnce(ctx context.Context, c *idempotency.Call, userID
 	})
 }
 
+// events counts what the service's repository and lease manager report; the
+// program prints the counts under its table.
+var events observe.Counters
+
 // service is this file's service as the scenario runs it, beside the no-lock
 // and transaction strategies. The table names it after the call Switch
 // makes.
@@ -232,11 +240,11 @@ var service = scenario.IdentityStrategy{
 	Name: "lease.Manager.Do",
 	Kind: scenario.KindMongocas,
 	Open: func(users *mongo.Collection, p scenario.PartnerAPI, owner string, ttl time.Duration) (scenario.Identities, error) {
-		return newIdentities(users, p, owner, ttl)
+		return newIdentities(users, p, owner, ttl, &events)
 	},
 }
 
 func main() {
 	os.Exit(cli.Main("identity", "Primary identity switch at a partner API: no lock vs lease (vs a transaction held across HTTP).", os.Args[1:], os.Stdout, os.Stderr,
-		&scenario.Identity{Mongocas: service}))
+		&scenario.Identity{Mongocas: service}, &events))
 }

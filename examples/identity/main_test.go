@@ -61,7 +61,7 @@ func TestRetryAfterTimeoutNeverSwitchesTwice(t *testing.T) {
 	defer p.Close()
 	c := p.Client(retry.Policy{MaxAttempts: 1})
 	defer c.Close()
-	s, err := newIdentities(db.Collection("users"), c, "instance-a", 5*time.Second)
+	s, err := newIdentities(db.Collection("users"), c, "instance-a", 5*time.Second, nil)
 	require.NoError(t, err)
 	ids := []string{"u-id0", "u-id1", "u-id2"}
 	p.AddUser("u", ids)
@@ -131,9 +131,9 @@ func TestSwitchNowAnswersAtOnce(t *testing.T) {
 	c := p.Client(retry.Policy{MaxAttempts: 1})
 	defer c.Close()
 	users := db.Collection("users")
-	a, err := newIdentities(users, c, "instance-a", 5*time.Second)
+	a, err := newIdentities(users, c, "instance-a", 5*time.Second, nil)
 	require.NoError(t, err)
-	b, err := newIdentities(users, c, "instance-b", 5*time.Second)
+	b, err := newIdentities(users, c, "instance-b", 5*time.Second, nil)
 	require.NoError(t, err)
 	ids := []string{"u-id0", "u-id1", "u-id2"}
 	p.AddUser("u", ids)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -47,9 +48,11 @@ type shop struct {
 //	st, err := store.Connect(ctx, os.Getenv("MONGODB_URI"), nil)
 //	...
 //	defer st.Close(ctx)
-//	s, err := newShop(st.Database("shop").Collection("products"))
-func newShop(products *mongo.Collection) (*shop, error) {
-	repo, err := versioned.New[Product](products, nil) // nil: the default options
+//	s, err := newShop(st.Database("shop").Collection("products"), observe.Slog(logger))
+//
+// obs sees each call, version conflict, retry and lost reply (nil: none).
+func newShop(products *mongo.Collection, obs observe.Observer) (*shop, error) {
+	repo, err := versioned.New[Product](products, &versioned.Options{Observer: obs}) // the other options: their defaults
 	if err != nil {
 		return nil, err // a Product that versioned cannot use: no _id, no int64 version
 	}
@@ -92,16 +95,20 @@ func (s *shop) Buy(ctx context.Context, sku string) error {
 	}
 }
 
+// events counts what the checkout's repository reports; the program prints
+// the counts under its table.
+var events observe.Counters
+
 // checkout is this file's checkout as the scenario runs it, beside the
 // naive one. The table names it after the call Buy makes.
 var checkout = scenario.InventoryStrategy{
 	Name:    "versioned.Guarded",
 	Kind:    scenario.KindMongocas,
-	Open:    func(coll *mongo.Collection) (scenario.Shop, error) { return newShop(coll) },
+	Open:    func(coll *mongo.Collection) (scenario.Shop, error) { return newShop(coll, &events) },
 	SoldOut: errSoldOut,
 }
 
 func main() {
 	os.Exit(cli.Main("inventory", "The last items and many buyers: naive read-check-write vs versioned.Guarded.", os.Args[1:], os.Stdout, os.Stderr,
-		&scenario.Inventory{Mongocas: checkout}))
+		&scenario.Inventory{Mongocas: checkout}, &events))
 }

@@ -32,7 +32,7 @@ func TestShopAnswers(t *testing.T) {
 	t.Parallel()
 	db := mongotest.New(t)
 	ctx := t.Context()
-	s, err := newShop(db.Collection("products"))
+	s, err := newShop(db.Collection("products"), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.AddProduct(ctx, "mug", "a mug", 1))
 	require.ErrorIs(t, s.AddProduct(ctx, "mug", "a mug", 1), versioned.ErrDuplicate)

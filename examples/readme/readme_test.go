@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -70,7 +72,7 @@ func readmeBlocks(t *testing.T) []string {
 func TestREADMEMatches(t *testing.T) {
 	t.Parallel()
 	want := sections(t)
-	require.Len(t, want, 6, "snippets_test.go must mark six README sections")
+	require.Len(t, want, 7, "snippets_test.go must mark seven README sections")
 	got := readmeBlocks(t)
 	require.Len(t, got, len(want), "README.md must have one ```go block per section of snippets_test.go")
 	for i := range want {
@@ -126,6 +128,32 @@ func ExampleSpend() {
 	// 70 30 <nil>
 	// true
 	// 40 30 <nil>
+}
+
+// ExampleNewWallets: at Info the logger prints nothing while all goes well
+// (a declined payment is an answer, not a failure); the counters count.
+func ExampleNewWallets() {
+	db, drop := newDB("observed")
+	defer drop()
+	ctx := context.Background()
+	var counts observe.Counters
+	logger := slog.New(slog.NewTextHandler(os.Stdout, nil)) // Info; a line here would fail the example
+	wallets, err := NewWallets(db.Collection("wallets"), logger, &counts)
+	if err != nil {
+		panic(err)
+	}
+	if err := wallets.Insert(ctx, &Wallet{ID: "ana", Balance: 100}); err != nil {
+		panic(err)
+	}
+	_, err = Spend(ctx, wallets, "ana", "2025-01-02", 30, 50)
+	fmt.Println(err)
+	_, err = Spend(ctx, wallets, "ana", "2025-01-02", 30, 50)
+	fmt.Println(errors.Is(err, ErrDeclined))
+	fmt.Println(counts.Count(observe.OpEnd), counts.Failed())
+	// Output:
+	// <nil>
+	// true
+	// 3 0
 }
 
 // recordingPartner is a Partner that remembers the calls it had.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -199,6 +201,20 @@ func ChargeOnce(ctx context.Context, keys *idempotency.Keys, psp PSP, key, order
 			return idempotency.Result{}, err // transient: not stored, a retry runs again
 		}
 		return idempotency.Result{Status: http.StatusCreated, Body: charge}, nil
+	})
+}
+
+// README end
+
+// README: observability
+
+// NewWallets returns the wallets repository of a service that logs what
+// mongocas does (nothing at Info while all goes well; a lost lease or an
+// unknown outcome is a warning) and counts it for its metrics page. The
+// OpenTelemetry adapter, otelmongocas.New, joins the same way.
+func NewWallets(coll *mongo.Collection, logger *slog.Logger, counts *observe.Counters) (*versioned.Repo[Wallet], error) {
+	return versioned.New[Wallet](coll, &versioned.Options{
+		Observer: observe.Join(observe.Slog(logger), counts),
 	})
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -55,10 +56,13 @@ type wallets struct {
 //
 //	st, err := store.Connect(ctx, os.Getenv("MONGODB_URI"), nil)
 //	...
-//	w, err := newWallets(st.Database("bank").Collection("wallets"))
-func newWallets(coll *mongo.Collection) (*wallets, error) {
+//	w, err := newWallets(st.Database("bank").Collection("wallets"), observe.Slog(logger))
+//
+// obs sees each call, version conflict, retry and lost reply (nil: none).
+func newWallets(coll *mongo.Collection, obs observe.Observer) (*wallets, error) {
 	w := &wallets{client: coll.Database().Client()}
 	repo, err := versioned.New[Wallet](coll, &versioned.Options{
+		Observer: obs,
 		Retry: retry.Policy{
 			// Many writers share few wallets: allow more attempts than the
 			// default (10 within 2s) before giving up with ErrConflict,
@@ -154,17 +158,21 @@ func (w *wallets) Transfer(ctx context.Context, from, to string, amount int64) e
 // a transfer start again.
 func (w *wallets) ConflictsRetried() int64 { return w.conflicts.Load() }
 
+// events counts what the service's repository reports; the program prints
+// the counts under its table.
+var events observe.Counters
+
 // service is this file's service as the scenario runs it, beside the naive
 // one: debits and credits, then the same with transfers where the server
 // has transactions. The table names it after the call Change makes.
 var service = scenario.WalletStrategy{
 	Name:         "versioned.Modify",
 	Kind:         scenario.KindMongocas,
-	Open:         func(coll *mongo.Collection) (scenario.Wallets, error) { return newWallets(coll) },
+	Open:         func(coll *mongo.Collection) (scenario.Wallets, error) { return newWallets(coll, &events) },
 	Insufficient: errInsufficientFunds,
 }
 
 func main() {
 	os.Exit(cli.Main("wallet", "Concurrent debits and credits: naive $set of the computed balance vs versioned.Modify.", os.Args[1:], os.Stdout, os.Stderr,
-		&scenario.Wallet{Mongocas: service}))
+		&scenario.Wallet{Mongocas: service}, &events))
 }

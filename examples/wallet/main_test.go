@@ -56,7 +56,7 @@ func TestWalletAnswers(t *testing.T) {
 	t.Parallel()
 	db := mongotest.New(t)
 	ctx := t.Context()
-	w, err := newWallets(db.Collection("wallets"))
+	w, err := newWallets(db.Collection("wallets"), nil)
 	require.NoError(t, err)
 	require.NoError(t, w.Create(ctx, "ana", "Ana", 100))
 	require.ErrorIs(t, w.Create(ctx, "ana", "Ana", 100), versioned.ErrDuplicate)

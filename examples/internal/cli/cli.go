@@ -16,6 +16,7 @@ import (
 
 	"github.com/mongocas/mongocas/examples/internal/exampledb"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
+	"github.com/mongocas/mongocas/observe"
 )
 
 // options are the flags every program has besides its scenario's.
@@ -87,8 +88,10 @@ func begin(name string, fs *flag.FlagSet, opt options, args []string, stderr io.
 // Main runs sc as the program called name with the command line args, and
 // returns the exit status: 0 when every mongocas strategy showed no anomaly
 // and no error, 1 otherwise, 2 for a bad command line. With -json it prints
-// the report as JSON instead of the table, for Demo.
-func Main(name, about string, args []string, stdout, stderr io.Writer, sc scenario.Scenario) int {
+// the report as JSON instead of the table, for Demo. events, if not nil, is
+// the Observer of the program's mongocas strategy: its counts go under the
+// table.
+func Main(name, about string, args []string, stdout, stderr io.Writer, sc scenario.Scenario, events *observe.Counters) int {
 	fs, opt := newFlagSet(name, about, stderr, sc)
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of the table (the demo reads it)")
 	r, code, ok := begin(name, fs, opt, args, stderr)
@@ -103,6 +106,9 @@ func Main(name, about string, args []string, stdout, stderr io.Writer, sc scenar
 	if err := sc.Run(r.ctx, scenario.Env{DB: r.db.Database, Caps: r.db.Caps, Seed: *opt.seed, Progress: stderr}, rep); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
+	}
+	if events != nil {
+		rep.AddEvents(events.Counts())
 	}
 	if *asJSON {
 		if err := writeJSON(stdout, rep); err != nil {

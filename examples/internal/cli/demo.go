@@ -70,6 +70,9 @@ func Demo(about string, args []string, stdout, stderr io.Writer, scenarios ...sc
 		}
 		rep.Rows = append(rep.Rows, part.Rows...)
 		rep.Skipped = append(rep.Skipped, part.Skipped...)
+		if part.Events != nil {
+			rep.AddEvents(*part.Events)
+		}
 	}
 	rep.Print(stdout)
 	fmt.Fprintf(stdout, "(%.1fs)\n", time.Since(r.start).Seconds())

@@ -13,6 +13,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -49,6 +50,18 @@ type Report struct {
 	Rows []Row `json:"rows"`
 	// Skipped holds one line per strategy the server could not run.
 	Skipped []string `json:"skipped"`
+	// Events counts what the mongocas strategies' repositories and lease
+	// managers reported to their observe.Counters during the run, nil if
+	// none.
+	Events *observe.Counts `json:"events,omitempty"`
+}
+
+// AddEvents adds the counts of c to the report's Events.
+func (r *Report) AddEvents(c observe.Counts) {
+	if r.Events != nil {
+		c = r.Events.Add(c)
+	}
+	r.Events = &c
 }
 
 // OK reports whether every mongocas strategy ran without anomaly or
@@ -107,6 +120,9 @@ func (r *Report) Print(out io.Writer) {
 		for _, s := range r.Skipped {
 			fmt.Fprintln(out, s)
 		}
+	}
+	if r.Events != nil {
+		fmt.Fprintf(out, "\nwhat mongocas reported (observe.Counters):\n  %s\n", r.Events)
 	}
 	fmt.Fprintln(out)
 	var naiveBad, naive int
