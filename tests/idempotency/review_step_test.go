@@ -100,3 +100,44 @@ func TestReviewStepPartnerKeyStableAcrossRuns(t *testing.T) {
 	require.Equal(t, first["y"], second["y"], "step y resumed with the partner key it began with")
 	require.Equal(t, map[string]int{"x": 1, "y": 1}, p.effects, "each partner effect once")
 }
+
+// TestReviewStepConcurrentSameNameRunsOnce: "Step runs fn once for the step
+// name across every run of the key", and Call is safe for concurrent use.
+// Two goroutines of one run calling Step with one name: the second's write
+// of the step's start matches nothing (the first's is there), its re-read
+// finds the point with its own epoch and takes it for its own write, so
+// both calls run fn: the partner is called twice by one run.
+func TestReviewStepConcurrentSameNameRunsOnce(t *testing.T) {
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	k := b.keys(t, f.Collection(b.coll.Name()), "one", nil)
+	var (
+		mu    sync.Mutex
+		calls int
+	)
+	charge := func(context.Context, string) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		return []byte("ch_1"), nil
+	}
+	_, err := k.Do(ctx, "pay-8", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+		// A short delay (see TestReviewStepPartnerKeyStableAcrossRuns): if the
+		// second Step were slower than it, the test would pass, never fail
+		// falsely.
+		stop := f.DelayReplies(5*time.Second, stepBegin(b.coll.Name(), "charge"))
+		defer stop()
+		var wg sync.WaitGroup
+		var aErr error
+		wg.Go(func() { _, aErr = c.Step(ctx, "charge", charge) })
+		require.Eventually(t, func() bool { return hasPoint(t, b, "pay-8", "b:charge") }, time.Minute, 5*time.Millisecond)
+		_, bErr := c.Step(ctx, "charge", charge)
+		wg.Wait()
+		t.Logf("first Step: %v; second Step: %v", aErr, bErr)
+		return idempotency.Result{Status: 200}, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, calls, "the step's fn ran once")
+}
