@@ -63,10 +63,8 @@ func TestReviewStepPartnerKeyStableAcrossRuns(t *testing.T) {
 		}
 	}
 	_, err := k.Do(ctx, "pay-7", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
-		// (stop does not cut short a reply already being delayed, so the
-		// delay is short: if y's step ever took longer, the replies would
-		// come back in order and the test would pass, never fail falsely.)
-		stop := f.DelayReplies(5*time.Second, stepBegin(b.coll.Name(), "x"))
+		// b:x's reply is held until stop (which releases a reply being held).
+		stop := f.DelayReplies(time.Hour, stepBegin(b.coll.Name(), "x"))
 		var wg sync.WaitGroup
 		var xErr error
 		wg.Go(func() { _, xErr = c.Step(ctx, "x", stepFn("x", first)) })
@@ -124,9 +122,9 @@ func TestReviewStepConcurrentSameNameRunsOnce(t *testing.T) {
 		return []byte("ch_1"), nil
 	}
 	_, err := k.Do(ctx, "pay-8", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
-		// A short delay (see TestReviewStepPartnerKeyStableAcrossRuns): if the
-		// second Step were slower than it, the test would pass, never fail
-		// falsely.
+		// The second Step waits for the first, whose reply is held for the
+		// delay (stop runs after both), so the delay is short: if the second
+		// Step were slower than it, the test would pass, never fail falsely.
 		stop := f.DelayReplies(5*time.Second, stepBegin(b.coll.Name(), "charge"))
 		defer stop()
 		var wg sync.WaitGroup
@@ -140,4 +138,48 @@ func TestReviewStepConcurrentSameNameRunsOnce(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, 1, calls, "the step's fn ran once")
+}
+
+// checkpointWrite matches the update that records checkpoint name.
+func checkpointWrite(coll, name string) mongotest.Match {
+	return func(c *mongotest.Command) bool {
+		return c.Collection == coll && c.Name == "update" && strings.Contains(commandText(c), `"c:`+name+`"`)
+	}
+}
+
+// TestReviewCheckpointConcurrentSameNameOnce: two goroutines of one run
+// record one checkpoint name at once, the first's reply held while the
+// second records: exactly one records it, the other gets ErrInvalid (the
+// name is recorded), and the record holds the point once.
+func TestReviewCheckpointConcurrentSameNameOnce(t *testing.T) {
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	k := b.keys(t, f.Collection(b.coll.Name()), "one", nil)
+	_, err := k.Do(ctx, "pay-9", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+		// Short, as in TestReviewStepConcurrentSameNameRunsOnce.
+		stop := f.DelayReplies(5*time.Second, checkpointWrite(b.coll.Name(), "reserved"))
+		defer stop()
+		var wg sync.WaitGroup
+		var aErr error
+		wg.Go(func() { aErr = c.Checkpoint(ctx, "reserved", []byte("a")) })
+		require.Eventually(t, func() bool { return hasPoint(t, b, "pay-9", "c:reserved") }, time.Minute, 5*time.Millisecond)
+		bErr := c.Checkpoint(ctx, "reserved", []byte("b"))
+		wg.Wait()
+		require.NoError(t, aErr, "the first recorded it")
+		require.ErrorIs(t, bErr, idempotency.ErrInvalid, "the second found it recorded")
+		data, ok := c.Reached("reserved")
+		require.True(t, ok)
+		require.Equal(t, []byte("a"), data)
+		return idempotency.Result{Status: 200}, nil
+	})
+	require.NoError(t, err)
+	n := 0
+	for _, p := range load(t, b.coll, "pay-9").Points {
+		if p.K == "c:reserved" {
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "the checkpoint is on the record once")
 }
