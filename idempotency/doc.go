@@ -77,7 +77,13 @@
 //   - A write whose reply was lost (store.IsAmbiguous) is settled by
 //     re-reading the record at read concern majority, never guessed: each
 //     write is made so that a second copy changes nothing, so it is sent
-//     again only when the re-read shows it missing.
+//     again only when the re-read shows it missing. A checkpoint or step
+//     start counts as this write's only if it carries this write's id.
+//   - A step's function runs once per step name across the key's runs, also
+//     when goroutines of one run call Step with that name at once (they run
+//     one at a time; the later ones get the recorded data), and its partner
+//     key is the same in every run that resumes it, whatever the order in
+//     which concurrent steps began.
 //   - A key is compared by $eq only; keys CheckKey refuses, bad options, a
 //     nil context or function are reported before anything is sent.
 //

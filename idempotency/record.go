@@ -23,12 +23,15 @@ type record struct {
 }
 
 // point is a checkpoint ("c:" + name) or the start of a step ("b:" +
-// name), as recorded by the claim of epoch E.
+// name), as recorded by the claim of epoch E with the write id W: made
+// afresh for each write, it tells a re-read that settles the write whether
+// the point is this write's, and a step's W is its partner key.
 type point struct {
-	K     string `bson:"k"`
-	Name  string `bson:"n"`
-	Data  []byte `bson:"d,omitempty"`
-	Epoch int64  `bson:"e"`
+	K     string        `bson:"k"`
+	Name  string        `bson:"n"`
+	Data  []byte        `bson:"d,omitempty"`
+	Epoch int64         `bson:"e"`
+	W     bson.ObjectID `bson:"w"`
 }
 
 // storedResult is a final result as recorded.

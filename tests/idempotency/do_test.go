@@ -209,5 +209,10 @@ func TestCheckpointsAndSteps(t *testing.T) {
 		require.Equal(t, rec.Epoch, p.E, "recorded under the claim that ran")
 	}
 	require.Len(t, keys, 1)
-	require.True(t, strings.HasSuffix(keys[0], "-1-"+itoa(rec.Epoch)), keys[0])
+	require.Equal(t, rec.RID.Hex()+"-"+rec.Points[1].W.Hex(), keys[0], "the record's id and the step start's write id")
+	seen := map[bson.ObjectID]bool{}
+	for _, p := range rec.Points {
+		require.False(t, p.W.IsZero() || seen[p.W], "every point has a write id of its own")
+		seen[p.W] = true
+	}
 }

@@ -3,7 +3,6 @@ package idempotency_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -64,14 +63,16 @@ func counting(runs *atomic.Int32, res idempotency.Result) idempotency.Func {
 
 // stored is the key record as the tests look at it.
 type stored struct {
-	ID       string `bson:"_id"`
-	Epoch    int64  `bson:"epoch"`
-	Attempts int    `bson:"attempts"`
+	ID       string        `bson:"_id"`
+	RID      bson.ObjectID `bson:"rid"`
+	Epoch    int64         `bson:"epoch"`
+	Attempts int           `bson:"attempts"`
 	Points   []struct {
-		K string `bson:"k"`
-		N string `bson:"n"`
-		D []byte `bson:"d"`
-		E int64  `bson:"e"`
+		K string        `bson:"k"`
+		N string        `bson:"n"`
+		D []byte        `bson:"d"`
+		E int64         `bson:"e"`
+		W bson.ObjectID `bson:"w"`
 	} `bson:"points"`
 	Result *struct {
 		Status int    `bson:"status"`
@@ -170,7 +171,5 @@ func doUntilDone(ctx context.Context, t testing.TB, k *idempotency.Keys, key str
 		}
 	}
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 func retryWithNegativeInterval() retry.Policy { return retry.Policy{InitialInterval: -1} }
