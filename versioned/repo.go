@@ -28,6 +28,7 @@ type Repo[T any] struct {
 	s      *schema
 	opts   Options
 	cache  *docCache
+	lines  *collLines // where Modify calls on one document wait in line
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -51,7 +52,8 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 		return nil, err
 	}
 	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache()}, nil
+	o.Retry = withDefaults(o.Retry, newBudget())
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), lines: linesOf(coll)}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -378,7 +380,8 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
 	if cfg != nil && cfg.policy != nil {
-		return cfg.policy
+		p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
+		return &p
 	}
 	return &r.opts.Retry
 }
