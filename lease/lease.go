@@ -183,6 +183,7 @@ func (l *Lease) finish(err error) error {
 	}
 	l.mu.Unlock()
 	l.cancel(err)
+	l.m.lineEnded(l)
 	return err
 }
 
