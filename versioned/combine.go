@@ -3,6 +3,7 @@ package versioned
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"weak"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -43,7 +44,17 @@ var lines struct {
 type collLines struct {
 	mu   sync.Mutex
 	docs map[string]*line
+	// pipes says whether Modify's writes may use an update pipeline:
+	// pipesUnknown until the first write asks the server (see usePipelines).
+	pipes atomic.Int32
 }
+
+// What collLines.pipes knows.
+const (
+	pipesUnknown int32 = iota
+	pipesYes
+	pipesNo
+)
 
 // line is the calls on one document: those waiting (the head is the next
 // leader once promoted) and whether a leader is at work.

@@ -19,7 +19,12 @@ import (
 // was read: one find and one updateOne filtered on the id and the version
 // read, that $sets the changed mapped fields, $unsets the removed ones and
 // raises the version. It returns the document as stored. If fn changes
-// nothing, nothing is written and the document as read is returned.
+// nothing, nothing is written and the document as read is returned. Where
+// the server runs update pipelines (MongoDB, DocumentDB) the write is a
+// findOneAndUpdate filtered on the id whose pipeline applies the same change
+// only if the version is still the one read, and which returns the current
+// document when it is not: a conflict then costs one round trip, since the
+// retry starts from that document instead of reading again.
 //
 // Calls on one document in one process wait in line instead of racing each
 // other through the server (every Repo on the same collection of the same

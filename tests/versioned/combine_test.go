@@ -3,6 +3,7 @@ package versioned_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,29 @@ func (c *commandCounter) monitor() *event.CommandMonitor {
 		c.n[e.CommandName]++
 		c.mu.Unlock()
 	}}
+}
+
+// snapshot returns the counts so far.
+func (c *commandCounter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.n)
+}
+
+// since returns the commands sent since the snapshot base, heartbeats and
+// handshakes left out.
+func (c *commandCounter) since(base map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range c.snapshot() {
+		switch k {
+		case "hello", "isMaster", "ping", "endSessions":
+			continue
+		}
+		if d := v - base[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 func (c *commandCounter) get(name string) int {
