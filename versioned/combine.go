@@ -86,11 +86,8 @@ type waiter struct {
 	withdrawn bool
 }
 
-func newWaiter(class, self any) *waiter {
-	return &waiter{class: class, self: self, wake: make(chan struct{}, 1)}
-}
-
-// signal wakes the waiter's goroutine to look at its state.
+// signal wakes the waiter's goroutine to look at its state. A waiter that
+// led at once has no wake channel: its own goroutine runs the batch.
 func (w *waiter) signal() {
 	select {
 	case w.wake <- struct{}{}:
@@ -138,6 +135,9 @@ func (c *collLines) enqueue(dk string, w *waiter) bool {
 		return true
 	}
 	w.state = wQueued
+	if w.wake == nil {
+		w.wake = make(chan struct{}, 1)
+	}
 	return false
 }
 
@@ -150,8 +150,8 @@ func (c *collLines) state(w *waiter) wstate {
 
 // take removes the batch lead forms from the head of dk's line: lead, which
 // is at the head, and the waiters right behind it of its class, at most max
-// in all. They are then taken.
-func (c *collLines) take(dk string, lead *waiter, limit int) []*waiter {
+// in all. They are then taken. It appends them to batch.
+func (c *collLines) take(dk string, lead *waiter, limit int, batch []*waiter) []*waiter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.docs[dk]
@@ -161,8 +161,8 @@ func (c *collLines) take(dk string, lead *waiter, limit int) []*waiter {
 			n++
 		}
 	}
-	batch := make([]*waiter, n)
-	copy(batch, l.waiting[:n])
+	batch = append(batch, l.waiting[:n]...)
+	clear(l.waiting[:n])
 	l.waiting = l.waiting[n:]
 	for _, w := range batch {
 		w.state = wTaken
@@ -197,37 +197,6 @@ func (c *collLines) withdraw(dk string, w *waiter) bool {
 	return true
 }
 
-// busy marks the waiters of a batch as in an attempt, when they cannot
-// leave (fn may be running on the leader's goroutine, or their change be in
-// flight), except those that left since the last attempt; it returns the
-// others, in order.
-func (c *collLines) busy(batch []*waiter) []*waiter {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	keep := batch[:0:0]
-	for _, w := range batch {
-		if w.withdrawn || w.state == wDone {
-			continue
-		}
-		w.state = wBusy
-		keep = append(keep, w)
-	}
-	return keep
-}
-
-// idle marks the waiters of a batch as between attempts, and wakes them so
-// that one whose context ended meanwhile can leave.
-func (c *collLines) idle(batch []*waiter) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, w := range batch {
-		if w.state == wBusy {
-			w.state = wTaken
-			w.signal()
-		}
-	}
-}
-
 // settle marks w settled (its result is set) and wakes its goroutine. It
 // reports false, settling nothing, if w withdrew first.
 func (c *collLines) settle(w *waiter) bool {
@@ -254,6 +223,9 @@ func (c *collLines) release(dk string, rest []*waiter) {
 		for _, w := range rest {
 			if !w.withdrawn && w.state != wDone {
 				w.state = wQueued
+				if w.wake == nil {
+					w.wake = make(chan struct{}, 1)
+				}
 				back = append(back, w)
 			}
 		}

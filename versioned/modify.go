@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -86,13 +87,15 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 	if len(cfg.guards) > 0 || cfg.policy != nil || mongo.SessionFromContext(ctx) != nil {
 		class = nil // alone: its own filters, policy or session
 	}
-	m.w = newWaiter(class, m)
+	m.wt = waiter{class: class, self: m}
+	m.w = &m.wt
 	return r.inLine(ctx, op, idv, key, &cfg, m)
 }
 
 // member is one Modify call in a batch.
 type member[T any] struct {
 	w   *waiter // nil outside a line
+	wt  waiter  // what w points to
 	ctx context.Context
 	fn  func(doc *T) error
 
@@ -105,6 +108,9 @@ type member[T any] struct {
 	err      error    // why its change cannot be written (*InvalidError)
 	real     bool     // fn saw the state as read, not one another fn left
 	deferred bool     // left for the next batch
+	// set and unset are its change as a write against the state read (when
+	// real).
+	set, unset bson.D
 
 	// The outcome, once settled.
 	done bool
@@ -146,12 +152,12 @@ func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key bson.RawVal
 
 // lead forms the batch m leads, runs it, and hands the line on.
 func (r *Repo[T]) lead(op string, id any, key bson.RawValue, cfg *writeConfig, dk string, m *member[T]) {
-	ws := r.lines.take(dk, m.w, maxBatch)
-	ms := make([]*member[T], len(ws))
-	for i, w := range ws {
-		ms[i] = w.self.(*member[T]) //nolint:forcetypeassert // a class is one Repo[T]; m itself otherwise
+	b := &batch[T]{r: r, op: op, id: id, key: key, cfg: cfg, lead: m, lines: r.lines}
+	ws := r.lines.take(dk, m.w, maxBatch, b.wbuf[:0])
+	b.ms = b.mbuf[:0]
+	for _, w := range ws {
+		b.ms = append(b.ms, w.self.(*member[T])) //nolint:forcetypeassert // a class is one Repo[T]; m itself otherwise
 	}
-	b := batch[T]{r: r, op: op, id: id, key: key, cfg: cfg, lead: m, ms: ms, lines: r.lines}
 	ended := false
 	defer func() {
 		if ended {
@@ -201,6 +207,9 @@ type batch[T any] struct {
 	lines *collLines   // nil outside a line (in a transaction)
 	io    context.Context
 	pre   *docState // the current document, as a failed CAS write returned it
+
+	mbuf [maxBatch]*member[T] // what ms starts in
+	wbuf [maxBatch]*waiter
 }
 
 // errBatchEmpty ends a batch whose calls have all been settled or left.
@@ -223,7 +232,7 @@ func (b *batch[T]) run(once bool) []*waiter {
 		err = b.attempt()
 	} else {
 		p := *r.policy(b.cfg)
-		if b.lines != nil {
+		if !b.alone() {
 			user := p.OnRetry
 			p.OnRetry = func(a retry.Attempt) {
 				b.idle()
@@ -286,37 +295,47 @@ func (b *batch[T]) sharedContext() (context.Context, context.CancelFunc) {
 	}
 }
 
+// alone reports whether the batch is its leader alone, which cannot leave
+// it: then nothing need be marked.
+func (b *batch[T]) alone() bool {
+	return b.lines == nil || (len(b.ms) == 1 && b.ms[0] == b.lead)
+}
+
 // busy marks the batch's calls in progress (they cannot leave) and drops
 // those that left since the last attempt.
 func (b *batch[T]) busy() {
-	if b.lines == nil {
+	if b.alone() {
 		return
 	}
-	keep := b.lines.busy(waitersOf(b.ms))
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	ms := b.ms[:0]
 	for _, m := range b.ms {
-		if len(keep) > 0 && keep[0] == m.w {
-			ms = append(ms, m)
-			keep = keep[1:]
+		if m.w.withdrawn || m.w.state == wDone {
+			continue
 		}
+		m.w.state = wBusy
+		ms = append(ms, m)
 	}
 	b.ms = ms
 }
 
-// idle marks the batch's calls as between attempts: a call whose context
-// ends may leave.
+// idle marks the batch's calls as between attempts, and wakes them, so
+// that one whose context ended meanwhile can leave.
 func (b *batch[T]) idle() {
-	if b.lines != nil {
-		b.lines.idle(waitersOf(b.ms))
+	if b.alone() {
+		return
 	}
-}
-
-func waitersOf[T any](ms []*member[T]) []*waiter {
-	ws := make([]*waiter, 0, len(ms))
-	for _, m := range ms {
-		ws = append(ws, m.w)
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range b.ms {
+		if m.w.state == wBusy {
+			m.w.state = wTaken
+			m.w.signal()
+		}
 	}
-	return ws
 }
 
 // settle gives m its outcome and takes it out of the batch.
@@ -368,22 +387,25 @@ func (b *batch[T]) attempt() error {
 	if err := checkBase(op, r.opts.VersionField, st.version, true); err != nil {
 		return err
 	}
-	before, err := r.decode(op, id, st)
-	if err != nil {
-		return err
-	}
-	k, last, raw := b.apply(st, before)
+	k, last, raw := b.apply(st)
 	// A call whose fn saw the state as read and wrote nothing is settled:
 	// its outcome does not depend on the write.
-	for _, m := range append([]*member[T](nil), b.ms...) {
-		if m.real && m.changedNothing() && !m.deferred {
-			b.settleOwn(m)
+	for i := 0; i < len(b.ms); {
+		if m := b.ms[i]; m.real && m.changedNothing() && !m.deferred {
+			b.settleOwn(m) // removes it from b.ms
+			continue
 		}
+		i++
 	}
 	if k == 0 {
 		return nil
 	}
-	set, unset := r.diff(valueOf(before), valueOf(last.res), raw)
+	set, unset := last.set, last.unset
+	if !last.real {
+		// Several changes: write what differs between the state read and
+		// the last one.
+		set, unset, _, _ = r.compare(op, id, st.raw, reflect.Value{}, valueOf(last.res), raw, true)
+	}
 	if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
 		// Write ids of the protocol before this one: nobody reads them.
 		unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
@@ -400,10 +422,12 @@ func (b *batch[T]) attempt() error {
 	case err != nil:
 		return err
 	case out.landed:
-		for _, m := range append([]*member[T](nil), b.ms...) {
-			if !m.deferred {
-				b.settleOwn(m)
+		for i := 0; i < len(b.ms); {
+			if m := b.ms[i]; !m.deferred {
+				b.settleOwn(m) // removes it from b.ms
+				continue
 			}
+			i++
 		}
 		return nil
 	case out.current != nil:
@@ -446,11 +470,13 @@ func (b *batch[T]) read() (*docState, error) {
 // apply calls each member's fn in turn, each on a fresh copy of the state
 // the one before left, and returns how many changed the document, the last
 // that did, and its encoding.
-func (b *batch[T]) apply(st *docState, before *T) (k int, last *member[T], raw bson.Raw) {
+func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	r, op, id := b.r, b.op, b.id
-	cur, ver := valueOf(before), st.version
+	var cur reflect.Value // the state the last change left; invalid: the state read
+	raw, ver := st.raw, st.version
 	for _, m := range b.ms {
 		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, "", 0, nil, nil, nil, false
+		m.set, m.unset = nil, nil
 		m.real = k == 0
 		if ver == lastVersion {
 			m.deferred = true // the next batch reads the document and refuses it
@@ -477,18 +503,23 @@ func (b *batch[T]) apply(st *docState, before *T) (k int, last *member[T], raw b
 			continue
 		}
 		r.s.setVersion(valueOf(doc), ver)
-		changed, err := r.changed(op, id, cur, valueOf(doc))
+		enc, encErr := r.encode(op, doc)
+		var changed bool
+		if encErr != nil {
+			// Not writable as it is; fine if fn changed nothing.
+			changed, err = r.changedFrom(op, id, raw, cur, valueOf(doc))
+			if err == nil && changed {
+				err = encErr
+			}
+		} else {
+			m.set, m.unset, changed, err = r.compare(op, id, raw, cur, valueOf(doc), enc, m.real)
+		}
 		if err != nil {
 			m.err = err
 			continue
 		}
 		m.res = doc
 		if !changed {
-			continue
-		}
-		enc, err := r.encode(op, doc)
-		if err != nil {
-			m.res, m.err = nil, err
 			continue
 		}
 		m.wid, m.base = newWriteID(), ver
@@ -538,15 +569,61 @@ func (b *batch[T]) errFor(err error, m *member[T]) error {
 	return err
 }
 
-// changed reports whether fn changed doc from prev, the state it was given
-// (compared as Go values, field by field, so a map's key order and a stored
-// int32 read into an int64 field do not count as changes). fn may not
-// change the id or a reserved field.
-func (r *Repo[T]) changed(op string, id any, prev, doc reflect.Value) (bool, error) {
+// compare compares doc, as fn left it, with prev, the state fn was given:
+// prevRaw is its encoding, and prevVal its value (invalid when prev is the
+// state read, which is not decoded twice). A field whose encodings are
+// equal is unchanged; one whose encodings differ is compared as Go values
+// (the stored one decoded on demand), so a map's key order and a stored
+// int32 read into an int64 field do not count as changes. It reports
+// whether fn changed a field, refusing a change of the id or of a reserved
+// field, and, if want, returns the $set of each changed field as enc
+// (doc's encoding) has it and the $unset of each changed field enc omits.
+func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value, enc bson.Raw, want bool) (set, unset bson.D, changed bool, err error) {
+	for _, name := range r.s.names {
+		if name == r.opts.VersionField {
+			continue
+		}
+		a, aerr := prevRaw.LookupErr(name)
+		e, eerr := enc.LookupErr(name)
+		switch {
+		case aerr != nil && eerr != nil:
+			continue // absent from both
+		case aerr == nil && eerr == nil && a.Type == e.Type && bytes.Equal(a.Value, e.Value):
+			continue
+		}
+		index := r.s.mapped[name]
+		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
+			continue
+		}
+		switch {
+		case name == "_id":
+			return nil, nil, false, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
+		case r.reserved(name):
+			return nil, nil, false, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
+		}
+		changed = true
+		switch {
+		case !want:
+		case eerr == nil:
+			set = append(set, bson.E{Key: name, Value: e})
+		default:
+			unset = append(unset, bson.E{Key: name, Value: ""})
+		}
+	}
+	return set, unset, changed, nil
+}
+
+// changedFrom is compare for a doc that cannot be encoded: it compares Go
+// values only.
+func (r *Repo[T]) changedFrom(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value) (bool, error) {
 	changed := false
 	for _, name := range r.s.names {
+		if name == r.opts.VersionField {
+			continue
+		}
+		a, aerr := prevRaw.LookupErr(name)
 		index := r.s.mapped[name]
-		if name == r.opts.VersionField || equal(prev.FieldByIndex(index), doc.FieldByIndex(index)) {
+		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
 			continue
 		}
 		switch {
@@ -560,23 +637,21 @@ func (r *Repo[T]) changed(op string, id any, prev, doc reflect.Value) (bool, err
 	return changed, nil
 }
 
-// diff returns the $set of each mapped field that differs between before
-// (the document as read) and after (as the last fn left it), as raw (after's
-// encoding) has it, and the $unset of each such field raw omits. Fields no
-// fn changed are not written.
-func (r *Repo[T]) diff(before, after reflect.Value, raw bson.Raw) (set, unset bson.D) {
-	for _, name := range r.s.names {
-		index := r.s.mapped[name]
-		if name == r.opts.VersionField || equal(before.FieldByIndex(index), after.FieldByIndex(index)) {
-			continue
-		}
-		if v, err := raw.LookupErr(name); err == nil {
-			set = append(set, bson.E{Key: name, Value: v})
-		} else {
-			unset = append(unset, bson.E{Key: name, Value: ""})
+// same reports whether the field at index of doc, f, equals as a Go value
+// the previous state's: prevVal's field when prevVal is valid, else the
+// stored value a (absent when !present: the zero value) decoded into f's
+// type. A stored value that does not decode counts as different.
+func same(prevVal reflect.Value, a bson.RawValue, present bool, f reflect.Value, index []int) bool {
+	if prevVal.IsValid() {
+		return equal(prevVal.FieldByIndex(index), f)
+	}
+	old := reflect.New(f.Type())
+	if present {
+		if err := a.Unmarshal(old.Interface()); err != nil {
+			return false
 		}
 	}
-	return set, unset
+	return equal(old.Elem(), f)
 }
 
 // decodeRaw decodes an encoded T into a new T at version ver.

@@ -170,6 +170,9 @@ func asInt(v bson.RawValue) (int64, bool) {
 // checkKeys walks an encoded document and reports the first field name
 // MongoDB would misread ('$' prefix or '.'), with its path.
 func checkKeys(op string, doc bson.Raw, path string) error {
+	if keysOK(doc) {
+		return nil
+	}
 	elems, err := doc.Elements()
 	if err != nil {
 		return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
@@ -188,6 +191,30 @@ func checkKeys(op string, doc bson.Raw, path string) error {
 		}
 	}
 	return nil
+}
+
+// keysOK walks an encoded document without allocating and reports whether
+// it is well formed and every field name, at any depth, is one MongoDB reads
+// as written. checkKeys says why not.
+func keysOK(doc []byte) bool {
+	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) {
+		return false
+	}
+	for rest := doc[4 : len(doc)-1]; len(rest) > 0; {
+		el, r, ok := bsoncore.ReadElement(rest)
+		if !ok {
+			return false
+		}
+		k := el.KeyBytes()
+		if (len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0 {
+			return false
+		}
+		if v := el.Value(); (v.Type == bsoncore.TypeEmbeddedDocument || v.Type == bsoncore.TypeArray) && !keysOK(v.Data) {
+			return false
+		}
+		rest = r
+	}
+	return true
 }
 
 func checkValueKeys(op string, v bson.RawValue, path string) error {
