@@ -1,9 +1,13 @@
 package versioned
 
 import (
+	"bytes"
+	"reflect"
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // stateWith returns a document at version ver carrying the given write ids.
@@ -97,6 +101,29 @@ func TestJudgeSpan(t *testing.T) {
 	} {
 		if got, _ := judge(tc.st); got != tc.want {
 			t.Errorf("%s: got verdict %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestEncodePlainIDMatchesCheckID: the fast encoding of string and ObjectID
+// ids is the driver's.
+func TestEncodePlainIDMatchesCheckID(t *testing.T) {
+	for _, id := range []any{"a", "héllo wörld", "$gt", "with\x00nul", bson.NewObjectID()} {
+		got, ok := encodePlainID(reflect.ValueOf(id))
+		if !ok {
+			t.Fatalf("%v: no fast encoding", id)
+		}
+		want, err := store.CheckID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Type != want.Type || !bytes.Equal(got.Value, want.Value) {
+			t.Fatalf("%q: got %v %x, want %v %x", id, got.Type, got.Value, want.Type, want.Value)
+		}
+	}
+	for _, id := range []any{"", bson.ObjectID{}, int64(3), struct{ A int }{1}} {
+		if _, ok := encodePlainID(reflect.ValueOf(id)); ok {
+			t.Fatalf("%v: encoded fast", id)
 		}
 	}
 }

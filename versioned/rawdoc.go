@@ -197,7 +197,18 @@ func checkKeys(op string, doc bson.Raw, path string) error {
 // it is well formed and every field name, at any depth, is one MongoDB reads
 // as written. checkKeys says why not.
 func keysOK(doc []byte) bool {
-	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) {
+	return walkOK(doc, true)
+}
+
+// wellFormed reports whether doc is a well-formed encoded document at every
+// depth.
+func wellFormed(doc []byte) bool { return walkOK(doc, false) }
+
+// walkOK walks an encoded document, at every depth, without allocating:
+// false if it is malformed, or (if keys) has a field name MongoDB would not
+// read as written.
+func walkOK(doc []byte, keys bool) bool {
+	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) || doc[len(doc)-1] != 0 {
 		return false
 	}
 	for rest := doc[4 : len(doc)-1]; len(rest) > 0; {
@@ -205,11 +216,31 @@ func keysOK(doc []byte) bool {
 		if !ok {
 			return false
 		}
-		k := el.KeyBytes()
-		if (len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0 {
+		if k := el.KeyBytes(); keys && ((len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0) {
 			return false
 		}
-		if v := el.Value(); (v.Type == bsoncore.TypeEmbeddedDocument || v.Type == bsoncore.TypeArray) && !keysOK(v.Data) {
+		if v := el.Value(); (v.Type == bsoncore.TypeEmbeddedDocument || v.Type == bsoncore.TypeArray) && !walkOK(v.Data, keys) {
+			return false
+		}
+		rest = r
+	}
+	return true
+}
+
+// elements calls fn with the key and value of each element of the encoded
+// document doc, in order, without allocating, until fn returns false. It
+// reports false if fn did, or if doc is malformed.
+func elements(doc []byte, fn func(key []byte, v bson.RawValue) bool) bool {
+	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) || doc[len(doc)-1] != 0 {
+		return false
+	}
+	for rest := doc[4 : len(doc)-1]; len(rest) > 0; {
+		el, r, ok := bsoncore.ReadElement(rest)
+		if !ok {
+			return false
+		}
+		v := el.Value()
+		if !fn(el.KeyBytes(), bson.RawValue{Type: bson.Type(v.Type), Value: v.Data}) {
 			return false
 		}
 		rest = r
@@ -255,20 +286,16 @@ func (r *Repo[T]) encode(op string, doc *T) (bson.Raw, error) {
 // the mapped fields next omits, for Update. The id, the version, reserved
 // fields and fields T does not map are never touched.
 func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
-	elems, err := next.Elements()
-	if err != nil {
+	if err := next.Validate(); err != nil {
 		return nil, nil, err
-	}
-	for _, e := range elems {
-		if k := e.Key(); r.own(k) {
-			set = append(set, bson.E{Key: k, Value: e.Value()})
-		}
 	}
 	for _, k := range r.s.names {
 		if !r.own(k) {
 			continue
 		}
-		if _, err := next.LookupErr(k); err != nil {
+		if v, err := next.LookupErr(k); err == nil {
+			set = append(set, bson.E{Key: k, Value: v})
+		} else {
 			unset = append(unset, bson.E{Key: k, Value: ""})
 		}
 	}
@@ -301,6 +328,9 @@ func (r *Repo[T]) versionIs(v int64) bson.E {
 // versionBelowLast is the filter clause "the version is below lastVersion"
 // (or absent): a write that raises the version by one cannot overflow.
 func (r *Repo[T]) versionBelowLast() bson.E {
+	if r.opts.VersionField == DefaultVersionField {
+		return bson.E{Key: DefaultVersionField, Value: belowLastDefault}
+	}
 	return bson.E{Key: r.opts.VersionField, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: int64(lastVersion)}}}}}
 }
 
@@ -323,9 +353,9 @@ func checkBase(op, field string, base int64, next bool) error {
 // not inserted by a repository, which has none).
 func (r *Repo[T]) incIs(inc string) bson.E {
 	if inc == "" {
-		return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: bson.D{{Key: "$exists", Value: false}}}
+		return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: bson.D{{Key: "$exists", Value: false}}}
 	}
-	return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: inc}
+	return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: inc}
 }
 
 // withGuards ANDs the guards' filters (the Where filters, and cond for
@@ -343,19 +373,59 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 }
 
 // idsPath is the path of the list of write ids.
-func (r *Repo[T]) idsPath() string { return r.opts.MetaField + "." + metaIDs }
+func (r *Repo[T]) idsPath() string { return metaPath(r.opts.MetaField, metaIDs) }
+
+// metaPath is the path of name in the metadata subdocument meta, with no
+// allocation for the default one.
+func metaPath(meta, name string) string {
+	if meta == DefaultMetaField {
+		switch name {
+		case metaIDs:
+			return DefaultMetaField + "." + metaIDs
+		case metaH:
+			return DefaultMetaField + "." + metaH
+		case metaInc:
+			return DefaultMetaField + "." + metaInc
+		}
+	}
+	return meta + "." + name
+}
 
 // protocol adds to an update the write-id protocol's part of a write with
 // id wid: $push of wid onto the list of write ids, cut to its last WriteIDs
 // entries, and WriteIDs recorded in the document. set is the update's $set
 // (extended in place by the caller's slice).
 func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
-	set = append(set, bson.E{Key: r.opts.MetaField + "." + metaH, Value: int32(WriteIDs)})
-	push := bson.E{Key: "$push", Value: bson.D{{Key: r.idsPath(), Value: bson.D{
-		{Key: "$each", Value: bson.A{wid}},
-		{Key: "$slice", Value: -WriteIDs},
-	}}}}
-	return set, push
+	set = append(set, bson.E{Key: metaPath(r.opts.MetaField, metaH), Value: int32(WriteIDs)})
+	return set, bson.E{Key: "$push", Value: pushID(r.idsPath(), wid)}
+}
+
+// pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
+// encoded directly.
+func pushID(path, wid string) bson.Raw {
+	each := 1 + len("$each") + 1 + 4 + 1 + 2 + 4 + len(wid) + 1 + 1
+	sliceLen := 1 + len("$slice") + 1 + 4
+	inner := 4 + each + sliceLen + 1
+	n := 4 + 1 + len(path) + 1 + inner + 1
+	b := make([]byte, 0, n)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n)) //nolint:gosec // a short path and id
+	b = append(b, byte(bson.TypeEmbeddedDocument))
+	b = append(b, path...)
+	b = append(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(inner)) //nolint:gosec // as above
+	b = append(b, byte(bson.TypeArray))
+	b = append(b, "$each"...)
+	b = append(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(4+1+2+4+len(wid)+1+1)) //nolint:gosec // as above
+	b = appendIDElement(b, 0, []byte(wid))
+	b = append(b, 0)
+	b = append(b, byte(bson.TypeInt32))
+	b = append(b, "$slice"...)
+	b = append(b, 0)
+	slice := int32(-WriteIDs)
+	b = binary.LittleEndian.AppendUint32(b, uint32(slice)) //nolint:gosec // two's complement, as BSON stores an int32
+	b = append(b, 0, 0)
+	return b
 }
 
 // exactIDs is the list of write ids after a write with id wid to the

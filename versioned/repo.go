@@ -94,25 +94,17 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 	if err != nil {
 		return err
 	}
+	wid, start := newWriteID(), startVersion()
+	// Encoded at the start version, with the write ids appended: the
+	// caller's doc gets its version only once the insert landed.
+	was := r.s.versionOf(v)
+	r.s.setVersion(v, start)
 	raw, err := r.encode(op, doc)
+	r.s.setVersion(v, was)
 	if err != nil {
 		return err
 	}
-	elems, _ := raw.Elements()
-	wid, start := newWriteID(), startVersion()
-	ins := make(bson.D, 0, len(elems)+2)
-	for _, e := range elems {
-		if e.Key() != r.opts.VersionField {
-			ins = append(ins, bson.E{Key: e.Key(), Value: e.Value()})
-		}
-	}
-	ins = append(ins,
-		bson.E{Key: r.opts.VersionField, Value: start},
-		bson.E{Key: r.opts.MetaField, Value: bson.D{
-			{Key: metaInc, Value: wid},
-			{Key: metaH, Value: int32(WriteIDs)},
-			{Key: metaIDs, Value: bson.A{wid}},
-		}})
+	ins := withMeta(raw, r.opts.MetaField, wid)
 	var dupErr error
 	w := &write{op: op, id: id, key: key, wid: wid, base: 0}
 	w.send = func(ctx context.Context) (sent, error) {
