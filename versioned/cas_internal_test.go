@@ -2,12 +2,9 @@ package versioned
 
 import (
 	"bytes"
-	"reflect"
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-
-	"github.com/mongocas/mongocas/store"
 )
 
 // stateWith returns a document at version ver carrying the given write ids.
@@ -105,25 +102,47 @@ func TestJudgeSpan(t *testing.T) {
 	}
 }
 
-// TestEncodePlainIDMatchesCheckID: the fast encoding of string and ObjectID
-// ids is the driver's.
-func TestEncodePlainIDMatchesCheckID(t *testing.T) {
-	for _, id := range []any{"a", "héllo wörld", "$gt", "with\x00nul", bson.NewObjectID()} {
-		got, ok := encodePlainID(reflect.ValueOf(id))
-		if !ok {
-			t.Fatalf("%v: no fast encoding", id)
-		}
-		want, err := store.CheckID(id)
+// TestPushIDEncoding: the $push document built by hand is the one the
+// driver marshals.
+func TestPushIDEncoding(t *testing.T) {
+	for _, path := range []string{"_mc.ids", "meta.ids"} {
+		want, err := bson.Marshal(bson.D{{Key: path, Value: bson.D{
+			{Key: "$each", Value: bson.A{"WID"}},
+			{Key: "$slice", Value: int32(-WriteIDs)},
+		}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Type != want.Type || !bytes.Equal(got.Value, want.Value) {
-			t.Fatalf("%q: got %v %x, want %v %x", id, got.Type, got.Value, want.Type, want.Value)
+		if got := pushID(path, "WID"); !bytes.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, bson.Raw(want))
 		}
 	}
-	for _, id := range []any{"", bson.ObjectID{}, int64(3), struct{ A int }{1}} {
-		if _, ok := encodePlainID(reflect.ValueOf(id)); ok {
-			t.Fatalf("%v: encoded fast", id)
-		}
+	if metaPath("meta", metaIDs) != "meta.ids" || metaPath(DefaultMetaField, metaH) != "_mc.h" {
+		t.Fatal("metaPath")
+	}
+}
+
+// TestAnchorAndWithMetaEncoding: the filter clause and the inserted
+// metadata built by hand are the ones the driver marshals.
+func TestAnchorAndWithMetaEncoding(t *testing.T) {
+	want, err := bson.Marshal(bson.D{{Key: "$eq", Value: "A"}, {Key: "$ne", Value: "W"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := anchorClause("A", "W"); !bytes.Equal(got, want) {
+		t.Fatalf("anchor: got %v, want %v", got, bson.Raw(want))
+	}
+	doc, err := bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err = bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}, {Key: "_mc", Value: bson.D{
+		{Key: metaInc, Value: "W"}, {Key: metaH, Value: int32(WriteIDs)}, {Key: metaIDs, Value: bson.A{"W"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := withMeta(doc, "_mc", "W"); !bytes.Equal(got, want) {
+		t.Fatalf("withMeta: got %v, want %v", got, bson.Raw(want))
 	}
 }

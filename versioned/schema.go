@@ -1,7 +1,6 @@
 package versioned
 
 import (
-	"encoding/binary"
 	"fmt"
 	"reflect"
 	"strings"
@@ -196,42 +195,9 @@ func isSigned(k reflect.Kind) bool { return k >= reflect.Int && k <= reflect.Int
 // query operator or pattern ($-keys at any depth, regular expressions,
 // code, arrays, null).
 func encodeID(op string, v reflect.Value) (bson.RawValue, error) {
-	if raw, ok := encodePlainID(v); ok {
-		return raw, nil
-	}
 	raw, err := store.CheckID(v.Interface())
 	if err != nil {
 		return bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Err: err}
 	}
 	return raw, nil
 }
-
-// encodePlainID encodes the common id types, a string and an ObjectID, as
-// the driver does, with one allocation and no reflection; ok is false for
-// any other type (and for the zero value, which checkID refused already).
-// Neither can act as an operator.
-func encodePlainID(v reflect.Value) (bson.RawValue, bool) {
-	switch v.Type() {
-	case stringType:
-		s := v.String()
-		if s == "" {
-			return bson.RawValue{}, false
-		}
-		b := make([]byte, 4, 4+len(s)+1)
-		binary.LittleEndian.PutUint32(b, uint32(len(s)+1)) //nolint:gosec // a string in memory
-		b = append(append(b, s...), 0)
-		return bson.RawValue{Type: bson.TypeString, Value: b}, true
-	case objectIDType:
-		oid := v.Interface().(bson.ObjectID) //nolint:forcetypeassert // the type was just checked
-		if oid.IsZero() {
-			return bson.RawValue{}, false
-		}
-		return bson.RawValue{Type: bson.TypeObjectID, Value: oid[:]}, true
-	}
-	return bson.RawValue{}, false
-}
-
-var (
-	stringType   = reflect.TypeFor[string]()
-	objectIDType = reflect.TypeFor[bson.ObjectID]()
-)
