@@ -2,15 +2,16 @@
 # MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
 # test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
 #
-# The repository is four modules tied by go.work: the library (root),
-# mongotest, tests (the server-backed tests) and examples. `./...` stops at
-# module boundaries; the module path pattern covers them all.
+# The repository is five modules tied by go.work: the library (root),
+# mongotest, tests (the server-backed tests), examples and otelmongocas (the
+# OpenTelemetry adapter). `./...` stops at module boundaries; the module path
+# pattern covers them all.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= github.com/mongocas/mongocas/...
 # golangci-lint takes directories, one pattern per module.
-LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/... ./internal/bench/...
+LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
 
 .PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
 

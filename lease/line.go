@@ -8,7 +8,6 @@ import (
 	"time"
 	"weak"
 
-	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/retry"
@@ -87,8 +86,11 @@ func linesOf(coll *mongo.Collection, field string) *lines {
 	return ls
 }
 
-// lineID is the key of a lease's line: its id's encoding.
-func lineID(raw bson.RawValue) string { return string(rune(raw.Type)) + string(raw.Value) }
+// lineID is the key of a lease's line: its id's encoding and its shard-key
+// values (none without a shard key).
+func lineID(raw docKey) string {
+	return string(rune(raw.ID.Type)) + string(raw.ID.Value) + "\x00" + raw.Shard.Ident()
+}
 
 // join puts w in the line of k and reports whether its turn has come.
 func (ls *lines) join(k string, w *lineWaiter) bool {
@@ -182,7 +184,7 @@ func (m *Manager) lineEnded(l *Lease) {
 // acquire claims the lease on id for Acquire and Do: it waits for its turn
 // in the line of id, then claims, waiting while another process holds the
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.
-func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent context.Context) (*Lease, error) {
+func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
 	k := lineID(raw)
 	w := &lineWaiter{wake: make(chan struct{}, 1)}
 	if !m.lines.join(k, w) {

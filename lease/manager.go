@@ -59,8 +59,10 @@ func New(coll *mongo.Collection, opts *Options) (*Manager, error) {
 // name is the _id of a lock document in coll, created by the first claim.
 // The lease protects other documents through [Lease.Stamp] and
 // [Lease.Fence]. See [Manager.EnsureIndexes] for the clean-up of stale lock
-// documents. NewNamed does no I/O; it fails only for a nil coll or invalid
-// opts.
+// documents. Every command on a lock document filters on its _id alone: on
+// a sharded cluster, shard coll on hashed _id (or leave it unsharded) and
+// each is sent to one shard. NewNamed does no I/O; it fails only for a nil
+// coll or invalid opts.
 func NewNamed(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, true)
 }
@@ -121,12 +123,16 @@ func (m *Manager) Collection() *mongo.Collection { return m.coll }
 // values but not its cancellation: it ends when the lease is released or
 // lost. A session or transaction in ctx is not used: the lease's own
 // commands never run inside the caller's transaction.
-func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
-	raw, err := m.check(ctx, "acquire", id)
+func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) {
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	ctx, ob := m.begin(ctx, opTryAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	m.acquired(ctx, opTryAcquire, l, ob.start)
+	return l, err
 }
 
 // Acquire claims the lease on id, waiting while another owner holds it.
@@ -148,12 +154,16 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
 // again. When
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
-func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
-	raw, err := m.check(ctx, "acquire", id)
+func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	ctx, ob := m.begin(ctx, opAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	m.acquired(ctx, opAcquire, l, ob.start)
+	return l, err
 }
 
 // again marks an error Acquire retries whatever the store classifiers say
@@ -177,7 +187,7 @@ func (t realTimer) Stop() bool          { return t.t.Stop() }
 // claimWaiting claims the lease on id, waiting while another owner holds it
 // (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
 // ended in this process.
-func (m *Manager) claimWaiting(ctx context.Context, id any, raw bson.RawValue, parent context.Context, wake <-chan struct{}) (*Lease, error) {
+func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent context.Context, wake <-chan struct{}) (*Lease, error) {
 	p := m.c.retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
@@ -263,16 +273,17 @@ func firstLine(err error) string {
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id. It returns the id's encoding for the filters.
-func (m *Manager) check(ctx context.Context, op string, id any) (bson.RawValue, error) {
+// id (a Key, or a bare id). It returns the bare id, and its encoding and
+// shard-key values for the filters.
+func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
+		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
 	}
-	raw, err := store.CheckID(id)
+	bare, raw, err := m.leaseKey(id)
 	if err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s: %w", op, err)
+		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, err)
 	}
-	return raw, nil
+	return bare, raw, nil
 }
 
 // idText formats an id for a message, cut short: ids come from requests.
@@ -343,10 +354,10 @@ type snapshot struct {
 // server that refuses read concern majority (refusesMajority) the Manager
 // reads with the collection's own read concern from then on: such a server
 // has no replica set to roll back.
-func (m *Manager) read(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	ctx = noSession(ctx)
 	var s snapshot
-	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Clock: m.c.retry.Clock}
+	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
 		if m.noMajority.Load() {
 			var err error
@@ -385,12 +396,12 @@ func refusesMajority(err error) bool {
 }
 
 // readOnce is one read of read, on coll.
-func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (snapshot, error) {
 	var s snapshot
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
-			{{Key: "$match", Value: store.IDFilter(raw)}},
+			{{Key: "$match", Value: raw.Filter()}},
 			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
@@ -410,7 +421,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 		}
 	} else {
 		var err error
-		doc, err = coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
+		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			return s, nil
 		}
@@ -426,7 +437,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 
 // reread is read after an ambiguous write, on a context that lives on for
 // ResolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
-func (m *Manager) reread(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	rctx, cancel := m.detached(ctx)
 	defer cancel()
 	return m.read(rctx, raw, server)

@@ -23,13 +23,14 @@ type casOut struct {
 // casBatch sends the write of a batch made against read, the document as
 // read: the field changes, the version raised by k = len(wids) (one per
 // combined change), and the list of write ids $set to its last WriteIDs-k
-// entries and wids, filtered on the id, the version and incarnation read,
-// and the guards. See exec for what happens when it fails ambiguously.
-func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key bson.RawValue, read *docState, set, unset bson.D, wids []string, cfg *writeConfig) (casOut, error) {
+// entries and wids, filtered on the id (and shard key), the version and
+// incarnation read, and the guards. See exec for what happens when it fails
+// ambiguously (to are the contexts its events go to: see write.to).
+func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []string, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
-	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base}
-	filter := append(store.IDFilter(key), r.versionIs(base), r.incIs(read.inc))
+	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
+	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
 	filter = withGuards(filter, cfg.guards)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
@@ -39,10 +40,11 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key bson.RawV
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
 	// Where the server runs update pipelines, the same write as one
-	// findOneAndUpdate filtered on the id alone, whose pipeline applies the
-	// change only if the version and incarnation are the ones read, and
-	// which returns the document either way: a conflict then costs one round
-	// trip, since the next attempt starts from the document it returned.
+	// findOneAndUpdate filtered on the id (and shard key) alone, whose
+	// pipeline applies the change only if the version and incarnation are
+	// the ones read, and which returns the document either way: a conflict
+	// then costs one round trip, since the next attempt starts from the
+	// document it returned.
 	var pipe mongo.Pipeline
 	usePipe := len(cfg.guards) == 0 && r.usePipelines(ctx)
 	if usePipe {
@@ -93,8 +95,8 @@ var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 // run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
 // without applying a change whose condition held. The repository then sends
 // the updateOne form from now on.
-func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key bson.RawValue, read *docState, pipe mongo.Pipeline, wid string) (s sent, ok bool, err error) {
-	raw, err := r.coll.FindOneAndUpdate(ctx, store.IDFilter(key), pipe, afterOpts).Raw()
+func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid string) (s sent, ok bool, err error) {
+	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return sent{}, true, nil // gone: the next read says so

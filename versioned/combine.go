@@ -10,8 +10,9 @@ import (
 )
 
 // Combining. Modify calls on one document in one process wait in line, per
-// document, instead of racing each other through the server: the call at
-// the head of the line leads a batch (itself and the calls behind it of
+// document (its id, and its shard-key values: the key every filter of the
+// batch carries), instead of racing each other through the server: the call
+// at the head of the line leads a batch (itself and the calls behind it of
 // the same repository, up to maxBatch), reads once, applies each call's fn
 // in turn and writes once. The line is shared by every Repo on the same
 // collection of the same client (one client stands for one process: a
@@ -43,7 +44,7 @@ var lines struct {
 // calls waiting or in progress.
 type collLines struct {
 	mu   sync.Mutex
-	docs map[string]*line
+	docs map[cacheID]*line
 	// pipes says whether Modify's writes may use an update pipeline:
 	// pipesUnknown until the first write asks the server (see usePipelines).
 	pipes atomic.Int32
@@ -108,7 +109,7 @@ func linesOf(coll *mongo.Collection) *collLines {
 	if lines.m == nil {
 		lines.m = map[collKey]*collLines{}
 	}
-	l := &collLines{docs: map[string]*line{}}
+	l := &collLines{docs: map[cacheID]*line{}}
 	lines.m[k] = l
 	runtime.AddCleanup(client, func(k collKey) {
 		lines.mu.Lock()
@@ -120,7 +121,7 @@ func linesOf(coll *mongo.Collection) *collLines {
 
 // enqueue puts w at the end of document dk's line and reports whether it
 // leads at once (nobody else is at work on the document).
-func (c *collLines) enqueue(dk string, w *waiter) bool {
+func (c *collLines) enqueue(dk cacheID, w *waiter) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.docs[dk]
@@ -151,7 +152,7 @@ func (c *collLines) state(w *waiter) wstate {
 // take removes the batch lead forms from the head of dk's line: lead, which
 // is at the head, and the waiters right behind it of its class, at most max
 // in all. They are then taken. It appends them to batch.
-func (c *collLines) take(dk string, lead *waiter, limit int, batch []*waiter) []*waiter {
+func (c *collLines) take(dk cacheID, lead *waiter, limit int, batch []*waiter) []*waiter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.docs[dk]
@@ -173,7 +174,7 @@ func (c *collLines) take(dk string, lead *waiter, limit int, batch []*waiter) []
 // withdraw takes w out of its line or batch because its context ended, if
 // nothing of it is in flight, and reports whether it did. A call that
 // withdrew returns its context's error: nothing of it was written.
-func (c *collLines) withdraw(dk string, w *waiter) bool {
+func (c *collLines) withdraw(dk cacheID, w *waiter) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch w.state {
@@ -214,7 +215,7 @@ func (c *collLines) settle(w *waiter) bool {
 // go back to the head of the line, in their order, and the head of the line
 // is promoted to lead the next batch; with nobody waiting, the line is
 // removed.
-func (c *collLines) release(dk string, rest []*waiter) {
+func (c *collLines) release(dk cacheID, rest []*waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.docs[dk]
@@ -236,7 +237,7 @@ func (c *collLines) release(dk string, rest []*waiter) {
 
 // promote hands the line of dk to its head, or removes the line when nobody
 // waits. c.mu must be held.
-func (c *collLines) promote(dk string, l *line) {
+func (c *collLines) promote(dk cacheID, l *line) {
 	if len(l.waiting) == 0 {
 		l.busy = false
 		delete(c.docs, dk)

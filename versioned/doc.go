@@ -53,6 +53,31 @@
 // default policy retries conflicts for up to [DefaultRetryTime] within a
 // budget per Repo ([DefaultRetryBudget]), with no bound on attempts.
 //
+// # Sharded collections
+//
+// On a collection sharded on a key other than _id, name the shard key's
+// fields in [Options].ShardKey. Every command the repository sends (reads,
+// writes, and the re-reads that judge a conflict or settle a lost reply)
+// then filters on the _id and on {field: {$eq: value}} for each of them, so
+// that mongos sends it to the one shard that owns the document. Insert,
+// Update and Delete take the values from the document; Get, Modify and
+// Guarded from a [Key] passed as the id, and refuse a bare id:
+//
+//	repo, err := versioned.New[Account](coll, &versioned.Options{ShardKey: []string{"region", "accountId"}})
+//	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
+//		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},
+//	}})
+//
+// A repository never changes a stored document's shard key: Update does not
+// write a top-level shard-key field and refuses a copy whose values differ
+// from those it last read for the id, Modify refuses an fn that changes
+// one, Guarded an update path that touches one (each an [*InvalidError],
+// nothing sent). Changing a shard key moves the document to another shard,
+// which MongoDB allows only in a transaction or as a retryable write
+// through mongos: do that outside the repository. The guarantees below hold
+// on a sharded cluster as on a replica set, with write concern majority and
+// primary reads (store.Connect's defaults).
+//
 // # Guarantees
 //
 //   - No lost update: Update, Delete and Modify apply only if the stored
@@ -119,7 +144,9 @@
 //   - [ErrDuplicate], [*DuplicateError]: Insert of an existing id, or a
 //     unique index violation.
 //   - [ErrInvalid], [*InvalidError], [*VersionTypeError]: bad input, nothing
-//     sent; [ErrInvalidID] too for a bad id. A stored version that is not an
+//     sent; [ErrInvalidID] too for a bad id (or [Key]: a missing or
+//     operator-shaped shard-key value, a bare id where Options.ShardKey is
+//     set). A write that would change a shard key is ErrInvalid. A stored version that is not an
 //     integer from 0 to math.MaxInt64-1 is a *VersionTypeError; a write that
 //     would raise the version past math.MaxInt64-1 is an *InvalidError. The
 //     same values as the store package's, in every mongocas package.

@@ -9,8 +9,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
-	"github.com/mongocas/mongocas/store"
 )
 
 // Guarded applies the caller's update operators to the document with the
@@ -47,12 +45,14 @@ import (
 // have landed since, the anchor is gone: Guarded reads once and sends
 // again. If the reply is lost and the write turns out to have landed, the
 // document returned is the one re-read, which may include later writes.
-func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (*T, error) {
+func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
 	ops, err := r.updateOps(op, update)
 	if err != nil {
 		return nil, err
@@ -79,7 +79,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
-		filter := store.IDFilter(key)
+		filter := key.Filter()
 		if s.last != "" {
 			// The version must be below the last one, so that $inc cannot
 			// wrap it (a stored version written by another program).
@@ -156,7 +156,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		}
-		return nil, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version}
+		return nil, r.conflicted(ctx, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version})
 	}
 }
 
@@ -248,7 +248,7 @@ func (r *Repo[T]) checkPath(op, path string) error {
 	if r.reserved(segs[0]) {
 		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
 	}
-	return nil
+	return r.checkShardPath(op, path)
 }
 
 // checkOperand checks the value an operator gives a path.

@@ -84,6 +84,11 @@ func (r *Repo[T]) opsOK(raw bson.Raw) bool {
 // pathOK reports whether an update path is well formed and outside what the
 // repository owns (checkPath says why not).
 func (r *Repo[T]) pathOK(path []byte) bool {
+	if r.shard.Enabled() {
+		// A path may touch a shard-key field: checkPath (checkShardPath)
+		// tells, at the cost of the slow check's allocations.
+		return false
+	}
 	first := true
 	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
 		if len(seg) == 0 || seg[0] == '$' {

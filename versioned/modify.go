@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -43,7 +44,14 @@ import (
 // filter or WithRetry, or whose ctx carries a session, take their turn in
 // line alone. fn may run on the goroutine of another call in the line; if it
 // panics, the panic is raised again on its own call's goroutine, and nothing
-// of it is written.
+// of it is written. The line is per document: with Options.ShardKey, per id
+// and shard-key values, and an fn that changes a shard-key value is refused
+// (*InvalidError) whatever its place in the line, the others' changes
+// written. With an Observer, each call reports its own start and end, its
+// own attempts and outcome (aborted when its fn's error ends it), and gets,
+// in its own context, a Conflict and a Retry event for each of its attempts
+// that a conflict failed, whoever shared the write (see the observe
+// package).
 //
 // On a conflict (another process wrote the document in between) Modify
 // reads again and calls fn again on the new state, with jittered backoff,
@@ -64,17 +72,20 @@ import (
 // Inside a transaction (ctx carries a session with a transaction in
 // progress) Modify makes one attempt, outside the line, and returns a
 // *ConflictError as it is, for the transaction's own retry loop to handle.
-func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (*T, error) {
+func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (_ *T, err error) {
 	const op = "modify"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	m := &member[T]{fn: fn}
+	ctx, m.ob = r.begin(ctx, op, idv)
+	m.ctx = ctx
+	defer r.end(&m.ob, &err)
 	if fn == nil {
 		return nil, &InvalidError{Op: op, Reason: "fn is nil"}
 	}
 	cfg := newWriteConfig(opts)
-	m := &member[T]{ctx: ctx, fn: fn}
 	if inTransaction(ctx) {
 		b := batch[T]{r: r, op: op, id: idv, key: key, cfg: &cfg, lead: m, ms: []*member[T]{m}}
 		b.run(true)
@@ -94,10 +105,14 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 
 // member is one Modify call in a batch.
 type member[T any] struct {
-	w   *waiter // nil outside a line
-	wt  waiter  // what w points to
-	ctx context.Context
+	w   *waiter         // nil outside a line
+	wt  waiter          // what w points to
+	ctx context.Context // the call's, as its Observer's Start returned it
 	fn  func(doc *T) error
+	// ob is the call's operation for the Observer (its attempts, whether
+	// fn aborted it); the batch's goroutine updates it while the call is in
+	// the batch, the call reports it when it returns.
+	ob observed
 
 	// The current attempt.
 	res      *T       // the document as fn left it (or as fn saw it, if unchanged)
@@ -123,7 +138,7 @@ func (m *member[T]) changedNothing() bool { return m.wid == "" }
 
 // inLine waits for m's turn on the document, leads a batch when promoted,
 // and returns m's outcome.
-func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key bson.RawValue, cfg *writeConfig, m *member[T]) (*T, error) {
+func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key docKey, cfg *writeConfig, m *member[T]) (*T, error) {
 	dk := cacheKey(key)
 	q := r.lines
 	q.enqueue(dk, m.w)
@@ -151,7 +166,7 @@ func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key bson.RawVal
 }
 
 // lead forms the batch m leads, runs it, and hands the line on.
-func (r *Repo[T]) lead(op string, id any, key bson.RawValue, cfg *writeConfig, dk string, m *member[T]) {
+func (r *Repo[T]) lead(op string, id any, key docKey, cfg *writeConfig, dk cacheID, m *member[T]) {
 	b := &batch[T]{r: r, op: op, id: id, key: key, cfg: cfg, lead: m, lines: r.lines}
 	ws := r.lines.take(dk, m.w, maxBatch, b.wbuf[:0])
 	b.ms = b.mbuf[:0]
@@ -200,7 +215,7 @@ type batch[T any] struct {
 	r     *Repo[T]
 	op    string
 	id    any
-	key   bson.RawValue
+	key   docKey // the id and shard-key values every filter carries
 	cfg   *writeConfig
 	lead  *member[T]   // the call whose goroutine runs the batch
 	ms    []*member[T] // the calls not settled yet, in line order
@@ -232,7 +247,12 @@ func (b *batch[T]) run(once bool) []*waiter {
 		err = b.attempt()
 	} else {
 		p := *r.policy(b.cfg)
-		if !b.alone() {
+		if p.Observer != nil {
+			// Each call gets the retry events of the attempts it took part
+			// in, in its own context; the fan-out marks the calls idle
+			// after the Retry event (see batchObserver).
+			p.Observer = &batchObserver[T]{b: b, to: p.Observer}
+		} else if !b.alone() {
 			user := p.OnRetry
 			p.OnRetry = func(a retry.Attempt) {
 				b.idle()
@@ -359,6 +379,7 @@ func (b *batch[T]) settleOwn(m *member[T]) {
 	case m.panicked != nil:
 		b.settle(m, nil, nil)
 	case m.fnErr != nil:
+		m.ob.aborted = true
 		b.settle(m, nil, fmt.Errorf("versioned: %s %v: fn: %w", b.op, b.id, m.fnErr))
 	case m.err != nil:
 		b.settle(m, nil, m.err)
@@ -375,6 +396,9 @@ func (b *batch[T]) attempt() error {
 	b.busy()
 	if len(b.ms) == 0 {
 		return retry.Permanent(errBatchEmpty)
+	}
+	for _, m := range b.ms {
+		m.ob.attempts++
 	}
 	st := b.pre
 	b.pre = nil
@@ -411,13 +435,17 @@ func (b *batch[T]) attempt() error {
 		unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
 	}
 	wids := make([]string, 0, k)
+	var to []context.Context // nil: the write's events go to b.io, the leader's alone
 	for _, m := range b.ms {
 		if m.wid != "" {
 			wids = append(wids, m.wid)
+			if r.opts.Observer != nil && !b.alone() {
+				to = append(to, m.ctx)
+			}
 		}
 	}
 	base := st.version
-	out, err := r.casBatch(b.io, op, id, b.key, st, set, unset, wids, b.cfg)
+	out, err := r.casBatch(b.io, op, id, b.key, st, set, unset, wids, to, b.cfg)
 	switch {
 	case err != nil:
 		return err
@@ -435,16 +463,61 @@ func (b *batch[T]) attempt() error {
 		// starts from it, with no read.
 		b.pre = out.current
 		if !inTransaction(b.io) {
-			return &ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version}
+			return b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version})
 		}
-		return r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards)
+		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))
 	case !out.read && !inTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read
 		// now, which saves a round trip per conflict.
-		return &ConflictError{Op: op, ID: id, Expected: base, Current: -1}
+		return b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: -1})
 	}
-	return r.notApplied(b.io, op, id, b.key, base, out.outcome, b.cfg.guards)
+	return b.conflicted(r.whyNotApplied(b.io, op, id, b.key, base, out.outcome, b.cfg.guards))
+}
+
+// conflicted reports err, if it is a *ConflictError (the batch's write did
+// not apply because the version moved), to the Observer once for each call
+// whose fn ran in the attempt, in the call's own context, and returns it.
+// Each of them runs its fn again on the next attempt, so a call sees one
+// Conflict event per attempt of its that failed on a conflict, whoever
+// else shared the write. Calls left for the next batch (deferred) took no
+// part in the write and get none.
+func (b *batch[T]) conflicted(err error) error {
+	if b.r.opts.Observer == nil {
+		return err
+	}
+	for _, m := range b.ms {
+		if !m.deferred {
+			_ = b.r.conflicted(m.ctx, err)
+		}
+	}
+	return err
+}
+
+// batchObserver is the Observer of a batch's retry loop: it passes each
+// retry.Do event (Retry, BudgetRefused) to the Observer once for each call
+// still in the batch, in the call's context, with Attempt the number of
+// attempts that call took part in (a call that joined in a later batch counts its
+// own). After a Retry event it marks the calls idle, as OnRetry does
+// without an Observer: only then may a call whose context ended leave, so
+// that no event of the batch reaches a call after its end.
+type batchObserver[T any] struct {
+	b  *batch[T]
+	to observe.Observer
+}
+
+func (o *batchObserver[T]) Start(ctx context.Context, e observe.Event) context.Context {
+	return o.to.Start(ctx, e)
+}
+
+func (o *batchObserver[T]) Observe(_ context.Context, e observe.Event) {
+	for _, m := range o.b.ms {
+		e.Attempt = m.ob.attempts
+		o.to.Observe(m.ctx, e)
+	}
+	if e.Kind == observe.Retry {
+		o.b.idle()
+	}
 }
 
 // read reads the document for an attempt; with Where filters, it tells a
@@ -512,7 +585,15 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 				err = encErr
 			}
 		} else {
-			m.set, m.unset, changed, err = r.compare(op, id, raw, cur, valueOf(doc), enc, m.real)
+			// The change as a write: needed for the write when the state
+			// fn saw is the state read, and to check the shard key.
+			want := m.real || r.shard.Enabled()
+			m.set, m.unset, changed, err = r.compare(op, id, raw, cur, valueOf(doc), enc, want)
+			if err == nil && changed {
+				// fn may not change a shard-key value (each state of the
+				// batch has the values of b.key, which the read matched).
+				err = r.keepsShard(op, id, b.key, m.set, m.unset)
+			}
 		}
 		if err != nil {
 			m.err = err

@@ -6,6 +6,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -86,6 +87,34 @@ type Options struct {
 	// ended (for example when the write itself timed out on that context's
 	// deadline). Default 5s. Negative is invalid.
 	ResolveTimeout time.Duration
+
+	// ShardKey names the fields of the collection's shard key, as dotted
+	// paths in T's documents ("region", "owner.accountId"), when the
+	// collection is sharded on a key other than _id. Every command the
+	// repository sends then filters on an equality with each of them, so
+	// that mongos routes it to the one shard that owns the document (see
+	// the package documentation, "Sharded collections"); the values come
+	// from the document (Insert, Update, Delete) or from the [Key] passed
+	// as the id (Get, Modify, Guarded, which refuse a bare id). Hashed or
+	// ranged makes no difference; list every field of a compound key.
+	// Fields under _id are left out (the _id's equality covers them), so
+	// {"_id"} is the same as nil. A field must be under a top-level field T
+	// maps and not the version field, MetaField or a reserved field; no
+	// segment may be empty or start with '$'. Each _id must be unique
+	// across the collection, as MongoDB requires of applications whose
+	// shard key is not _id. New does not read the shard key from the
+	// cluster's metadata: name it here. nil: the collection is not
+	// sharded, or is sharded on _id.
+	ShardKey []string
+
+	// Observer, if not nil, receives the repository's events: the start and
+	// end of each call (Get, Insert, Update, Delete, Modify, Guarded; a call
+	// refused before anything is sent has none), its version conflicts, its
+	// retries, and each ambiguous write and how it was settled (see the
+	// observe package). It also gets the retry events of Retry, and of a
+	// WithRetry policy, that has no Observer of its own. Nil means none, at
+	// no cost: no event is built.
+	Observer observe.Observer
 }
 
 func (o *Options) resolve() (Options, error) {
@@ -132,6 +161,9 @@ func (o *Options) resolve() (Options, error) {
 	}
 	if err := r.Retry.Validate(); err != nil {
 		return bad("Retry", "invalid policy", err)
+	}
+	if r.Retry.Observer == nil {
+		r.Retry.Observer = r.Observer
 	}
 	return r, nil
 }

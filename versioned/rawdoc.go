@@ -303,9 +303,10 @@ func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
 }
 
 // own reports whether the top-level field k is one that Update and Modify
-// write: mapped by T, and neither the id, the version nor reserved.
+// write: mapped by T, and neither the id, the version, reserved nor a
+// shard-key field.
 func (r *Repo[T]) own(k string) bool {
-	return k != "_id" && k != r.opts.VersionField && !r.reserved(k)
+	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shardTop(k)
 }
 
 // reserved reports whether k is one of Options.Reserved.
