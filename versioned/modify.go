@@ -269,7 +269,7 @@ func (b *batch[T]) run(once bool) []*waiter {
 		// Settled in the attempt; what is left was deferred.
 	case b.lines != nil && b.lead.ctx.Err() != nil && stopped(err):
 		// The leader's context ended: it returns, the others go back in line.
-		b.settle(b.lead, nil, wrapErr(b.op, b.id, err))
+		b.settle(b.lead, nil, b.leaderStopped(err))
 	default:
 		err = b.final(err)
 		for _, m := range b.ms {
@@ -283,6 +283,21 @@ func (b *batch[T]) run(once bool) []*waiter {
 		}
 	}
 	return rest
+}
+
+// leaderStopped is the error of a leader whose context ended, given the
+// error err its batch stopped on: err itself, when it carries the leader's
+// context's error (retry.Do's, or the driver's on the leader's context);
+// otherwise the leader's context's error alone. The batch's I/O runs on a
+// context shared by its calls, ended when every call's context has ended:
+// the last attempt then failed on that (context.Canceled), which says
+// nothing the leader's own context does not (context.DeadlineExceeded, say).
+func (b *batch[T]) leaderStopped(err error) error {
+	cerr := store.ContextError(b.lead.ctx)
+	if errors.Is(err, b.lead.ctx.Err()) {
+		cerr = err
+	}
+	return wrapErr(b.op, b.id, cerr)
 }
 
 // stopped reports whether a retry loop ended by its context.
