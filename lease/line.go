@@ -185,6 +185,12 @@ func (m *Manager) lineEnded(l *Lease) {
 // in the line of id, then claims, waiting while another process holds the
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.
 func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
+	if m.c.retry.MaxAttempts == 1 {
+		// One attempt, no wait (Options.Retry): waiting in line is a wait.
+		// The one claim finds a lease held in this process as one held
+		// elsewhere (the idempotency package answers ErrInProgress so).
+		return m.claimWaiting(ctx, id, raw, parent, nil)
+	}
 	k := lineID(raw)
 	w := &lineWaiter{wake: make(chan struct{}, 1)}
 	if !m.lines.join(k, w) {

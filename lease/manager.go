@@ -140,7 +140,9 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 // collection and lease field of the same *mongo.Client) wait in line, first
 // come, first served: one claims at a time, and when the lease it got ends
 // (released, lost or expired) the next claims at once; a call whose context
-// ends while it waits in line leaves it, having sent nothing. The call whose
+// ends while it waits in line leaves it, having sent nothing (with
+// Options.Retry.MaxAttempts 1, which allows no wait, there is no line: one
+// claim, as TryAcquire makes). The call whose
 // turn it is claims; while another process holds the lease, after
 // each failed attempt it sleeps the next delay of Options.Retry or the time
 // left on the holder's lease, whichever is shorter (or until a lease of the

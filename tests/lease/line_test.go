@@ -15,6 +15,7 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/retry"
 )
 
 // Contenders for one lease in one process wait in line and get it in turn
@@ -133,5 +134,45 @@ func testLineWaiterLeaves(t *testing.T, mode lease.Mode) {
 	l := <-next
 	require.NotNil(t, l)
 	require.Greater(t, l.Epoch(), held.Epoch())
+	require.NoError(t, l.Release(ctx))
+}
+
+func TestLineNotForOneAttempt(t *testing.T) { eachMode(t, testLineNotForOneAttempt) }
+
+// testLineNotForOneAttempt: a Manager whose policy makes one attempt
+// (Retry.MaxAttempts 1, as the idempotency package configures) does not
+// wait in line: inside Do, an Acquire and a Do of the same lease through
+// the same Manager, and through another Manager on the same collection of
+// the same client, answer a *HeldError naming the holder at once. (Waiting
+// in line, they would wait for the Do they run inside: the test would hang.)
+// Once the lease is released, an Acquire gets it with its one claim.
+func testLineNotForOneAttempt(t *testing.T, mode lease.Mode) {
+	t.Helper()
+	b := setup(t, mode)
+	id := b.insert(t)
+	once := &lease.Options{Retry: retry.Policy{MaxAttempts: 1}}
+	m := b.manager(t, "alpha", time.Minute, once)
+	other := b.manager(t, "beta", time.Minute, once)
+	ctx := context.Background()
+	var epoch int64
+	require.NoError(t, m.Do(ctx, id, func(ctx context.Context, l *lease.Lease) error {
+		epoch = l.Epoch()
+		for _, c := range []*lease.Manager{m, other} {
+			_, err := c.Acquire(ctx, id)
+			var held *lease.HeldError
+			require.ErrorAs(t, err, &held, "%s's Acquire", c.Owner())
+			require.Equal(t, "alpha", held.Owner)
+			require.Equal(t, epoch, held.Epoch)
+			err = c.Do(ctx, id, func(context.Context, *lease.Lease) error {
+				t.Error("ran under a lease it could not hold")
+				return nil
+			})
+			require.ErrorIs(t, err, lease.ErrHeld, "%s's Do", c.Owner())
+		}
+		return nil
+	}))
+	l, err := other.Acquire(ctx, id)
+	require.NoError(t, err, "released: one claim gets it")
+	require.Greater(t, l.Epoch(), epoch)
 	require.NoError(t, l.Release(ctx))
 }
