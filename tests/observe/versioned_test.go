@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -95,6 +96,117 @@ func TestModifyConflict(t *testing.T) {
 	end := f.rec.all()[3]
 	require.Positive(t, end.Elapsed)
 	require.NoError(t, end.Err)
+}
+
+// TestCombinedModifyEvents: Modify calls on one document wait in line
+// behind a call whose fn blocks, and are combined into fewer writes; each
+// call still reports its own start and its own end, in its own context,
+// with its own outcome and attempts: one call's fn returns an error
+// (aborted), one changes nothing, the others increment. No other process
+// writes, so no call meets a conflict, whichever calls share a write.
+func TestCombinedModifyEvents(t *testing.T) {
+	f := newRepo(t)
+	ctx := t.Context()
+	require.NoError(t, f.repo.Insert(ctx, &account{ID: "a", Balance: 10}))
+	const calls = 6
+	gate := make(chan struct{})
+	byCall := &callRecorder{rec: f.rec, onStart: func(n int) {
+		if n == calls {
+			close(gate)
+		}
+	}}
+	repo, err := versioned.New[account](f.db.Collection("accounts"), &versioned.Options{Observer: byCall})
+	require.NoError(t, err)
+	f.rec.reset()
+
+	declined := errors.New("declined")
+	errs := make([]error, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() {
+			_, errs[i] = repo.Modify(context.WithValue(ctx, callKey{}, i), "a", func(x *account) error {
+				switch i {
+				case 0:
+					<-gate // every call has started: the others wait in line
+				case 1:
+					return declined
+				case 2:
+					return nil // no change
+				}
+				x.Balance++
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i := range calls {
+		want := []string{"op.start modify id=a", "op.end modify id=a ok attempts=1"}
+		switch i {
+		case 1:
+			require.ErrorIs(t, errs[i], declined)
+			want[1] = "op.end modify id=a aborted attempts=1"
+		default:
+			require.NoError(t, errs[i], "call %d", i)
+		}
+		requireLines(t, want, byCall.lines(t, i, f.db.Name(), "accounts"))
+	}
+	got, err := repo.Get(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, int64(10+calls-2), got.Balance)
+}
+
+// callKey marks the context of a test's call with its number.
+type callKey struct{}
+
+// callRecorder records in rec, and keeps apart the lines of each call (by
+// the callKey of the context the event came with).
+type callRecorder struct {
+	rec     *recorder
+	onStart func(starts int)
+
+	mu     sync.Mutex
+	starts int
+	by     map[int][]string
+}
+
+func (c *callRecorder) Start(ctx context.Context, e observe.Event) context.Context {
+	ctx = c.rec.Start(ctx, e)
+	c.keep(ctx, e)
+	c.mu.Lock()
+	c.starts++
+	n := c.starts
+	c.mu.Unlock()
+	c.onStart(n)
+	return ctx
+}
+
+func (c *callRecorder) Observe(ctx context.Context, e observe.Event) {
+	c.rec.Observe(ctx, e)
+	c.keep(ctx, e)
+}
+
+func (c *callRecorder) keep(ctx context.Context, e observe.Event) {
+	i, ok := ctx.Value(callKey{}).(int)
+	if !ok {
+		i = -1
+	}
+	in, _ := ctx.Value(opKey{}).(string)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[int][]string{}
+	}
+	c.by[i] = append(c.by[i], line(e, in))
+}
+
+// lines returns call i's lines, after checking every event as
+// recorder.lines does.
+func (c *callRecorder) lines(t *testing.T, i int, db, coll string) []string {
+	t.Helper()
+	c.rec.lines(t, db, coll)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.by[i]...)
 }
 
 // TestUpdateConflict: a stale copy. The conflict carries both versions, and
