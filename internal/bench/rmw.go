@@ -72,14 +72,8 @@ var modifyPolicy = retry.Policy{MaxAttempts: -1, MaxElapsedTime: versioned.Defau
 
 var allStrategies = []strategy{
 	{"Modify", func(ctx context.Context, colls []*mongo.Collection, id string) (inc, error) {
-		repos := make([]*versioned.Repo[counter], len(colls))
-		for i, c := range colls {
-			var err error
-			if repos[i], err = versioned.New[counter](c, nil); err != nil {
-				return nil, err
-			}
-		}
-		if err := repos[0].Insert(ctx, &counter{ID: id}); err != nil {
+		repos, err := reposOf(ctx, colls, id)
+		if err != nil {
 			return nil, err
 		}
 		return func(ctx context.Context, p int) error {
@@ -88,14 +82,8 @@ var allStrategies = []strategy{
 		}, nil
 	}},
 	{"Guarded", func(ctx context.Context, colls []*mongo.Collection, id string) (inc, error) {
-		repos := make([]*versioned.Repo[counter], len(colls))
-		for i, c := range colls {
-			var err error
-			if repos[i], err = versioned.New[counter](c, nil); err != nil {
-				return nil, err
-			}
-		}
-		if err := repos[0].Insert(ctx, &counter{ID: id}); err != nil {
+		repos, err := reposOf(ctx, colls, id)
+		if err != nil {
 			return nil, err
 		}
 		upd := bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: int64(1)}}}}
@@ -163,6 +151,18 @@ var allStrategies = []strategy{
 			})
 		}, nil
 	}},
+}
+
+// reposOf returns a Repo per process and inserts the counter id.
+func reposOf(ctx context.Context, colls []*mongo.Collection, id string) ([]*versioned.Repo[counter], error) {
+	repos := make([]*versioned.Repo[counter], len(colls))
+	for i, c := range colls {
+		var err error
+		if repos[i], err = versioned.New[counter](c, nil); err != nil {
+			return nil, err
+		}
+	}
+	return repos, repos[0].Insert(ctx, &counter{ID: id})
 }
 
 // errPrecondition is docstore's FailedPrecondition: the revision moved.
