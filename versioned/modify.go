@@ -249,11 +249,13 @@ func (b *batch[T]) run(once bool) []*waiter {
 		// Settled in the attempt; what is left was deferred.
 	case b.lines != nil && b.lead.ctx.Err() != nil && stopped(err):
 		// The leader's context ended: it returns, the others go back in line.
-		b.settle(b.lead, nil, wrapErr(b.op, b.id, err))
+		if !b.lead.done {
+			b.settle(b.lead, nil, wrapErr(b.op, b.id, err))
+		}
 	default:
 		err = b.final(err)
-		for _, m := range b.ms {
-			b.settle(m, nil, b.errFor(err, m))
+		for len(b.ms) > 0 {
+			b.settle(b.ms[0], nil, b.errFor(err, b.ms[0])) // takes it out of b.ms
 		}
 	}
 	var rest []*waiter
