@@ -43,7 +43,9 @@ import (
 // filter or WithRetry, or whose ctx carries a session, take their turn in
 // line alone. fn may run on the goroutine of another call in the line; if it
 // panics, the panic is raised again on its own call's goroutine, and nothing
-// of it is written.
+// of it is written. fn must not call Modify for the same document through a
+// Repo on the same collection and client: that call would wait in line
+// behind the one running fn, until its ctx ends.
 //
 // On a conflict (another process wrote the document in between) Modify
 // reads again and calls fn again on the new state, with jittered backoff,
