@@ -118,7 +118,8 @@ var allStrategies = []strategy{
 	}},
 	{"docstore-style", func(ctx context.Context, colls []*mongo.Collection, id string) (inc, error) {
 		// gocloud.dev/docstore/mongodocstore is built on mongo-driver v1
-		// (no version of it uses v2), so its strategy is written here with
+		// (v0.46.0 and its main branch in August 2026 require v1.17.9; no
+		// version uses v2), so its strategy is written here with
 		// the raw v2 driver: a revision field holding a fresh unique string
 		// per write, read-modify-write, an update filtered on the id and
 		// the revision read, and on a failed precondition (matched 0) a
