@@ -206,6 +206,15 @@ func runRMW(ctx context.Context, srv *server, strategies []strategy, counts []in
 		clients[i] = c
 	}
 	defer func() { _ = clients[0].coll.Database().Drop(context.Background()) }()
+	// Warm up the server, the clients and the connections first: the first
+	// cells of a run would otherwise be the slowest.
+	for _, s := range strategies {
+		for _, cs := range [][]*client{clients[:1], clients[1:]} {
+			if _, err := runCell(ctx, s, cs, len(cs), cell/2); err != nil {
+				return nil, fmt.Errorf("warm-up, %s: %w", s.name, err)
+			}
+		}
+	}
 	res := rmwResults{}
 	for _, topo := range []string{oneProc, fourProcs} {
 		res[topo] = map[string]map[int]cellResult{}
