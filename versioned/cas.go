@@ -63,7 +63,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		}
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
-	w.judge = judgeSpan(w, read.inc, k)
+	w.judge = judgeSpan(w, read.inc, true, k)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return casOut{outcome: out}, r.dupOr(op, id, err)
@@ -198,20 +198,20 @@ func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline 
 	return mongo.Pipeline{{{Key: "$set", Value: fields}}}
 }
 
-// judgeSpan judges a write filtered on version == w.base and incarnation
-// inc that makes k versions at once (a combined write) and appends k write
-// ids, the last of them w.wid. It is judgeCAS for k writes landing in one
-// statement: had it landed, it made versions base+1 .. base+k, so its last
-// id stays listed while the document is less than n versions (its number
-// of ids) past base+k-1. See DESIGN.md, "Combining".
-func judgeSpan(w *write, inc string, k int64) func(*docState) (verdict, string) {
+// judgeSpan judges a write filtered on version == w.base (and, if
+// incKnown, incarnation inc) that makes k versions at once (a combined
+// write: k = 1 for any other) and appends k write ids, the last of them
+// w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
+// stays listed while the document is less than n versions (its number of
+// ids) past base+k-1. See judgeCAS, and DESIGN.md, "Combining".
+func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (verdict, string) {
 	return func(st *docState) (verdict, string) {
 		switch {
 		case st == nil:
 			return unknown, whyGone
 		case st.has(w.wid):
 			return landed, ""
-		case st.inc != inc:
+		case incKnown && st.inc != inc:
 			return unknown, whyOther
 		case st.version == w.base:
 			return live, ""

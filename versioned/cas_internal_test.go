@@ -70,7 +70,7 @@ func TestExactIDsN(t *testing.T) {
 func TestJudgeSpan(t *testing.T) {
 	const b, k = 100, 3
 	w := &write{wid: "w3", base: b}
-	judge := judgeSpan(w, "i", k)
+	judge := judgeSpan(w, "i", true, k)
 	full := func(ver int64, last ...string) *docState {
 		ids := make([]string, 0, 8)
 		for i := range 8 - len(last) {

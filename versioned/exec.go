@@ -207,25 +207,7 @@ const (
 // document at base, or a little past it, is the incarnation the write
 // targeted. See DESIGN.md.
 func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
-	return func(st *docState) (verdict, string) {
-		switch {
-		case st == nil:
-			return unknown, whyGone
-		case st.has(w.wid):
-			return landed, ""
-		case incKnown && st.inc != inc:
-			return unknown, whyOther
-		case st.version == w.base:
-			return live, ""
-		case st.version > w.base && st.version-w.base <= st.nids():
-			// Had it landed, it made version base+1, whose id the list
-			// still covers.
-			return dead, ""
-		case st.version > w.base:
-			return unknown, whyFar
-		}
-		return unknown, whyUnrelated
-	}
+	return judgeSpan(w, inc, incKnown, 1)
 }
 
 // classify tells why a write filtered on id, version == expected (and an

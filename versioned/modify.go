@@ -44,14 +44,16 @@ import (
 // filter or WithRetry, or whose ctx carries a session, take their turn in
 // line alone. fn may run on the goroutine of another call in the line; if it
 // panics, the panic is raised again on its own call's goroutine, and nothing
-// of it is written. The line is per document: with Options.ShardKey, per id
-// and shard-key values, and an fn that changes a shard-key value is refused
-// (*InvalidError) whatever its place in the line, the others' changes
-// written. With an Observer, each call reports its own start and end, its
-// own attempts and outcome (aborted when its fn's error ends it), and gets,
-// in its own context, a Conflict and a Retry event for each of its attempts
-// that a conflict failed, whoever shared the write (see the observe
-// package).
+// of it is written. fn must not call Modify for the same document through a
+// Repo on the same collection and client: that call would wait in line
+// behind the one running fn, until its ctx ends. The line is per document:
+// with Options.ShardKey, per id and shard-key values, and an fn that changes
+// a shard-key value is refused (*InvalidError) whatever its place in the
+// line, the others' changes written. With an Observer, each call reports its
+// own start and end, its own attempts and outcome (aborted when its fn's
+// error ends it), and gets, in its own context, a Conflict and a Retry event
+// for each of its attempts that a conflict failed, whoever shared the write
+// (see the observe package).
 //
 // On a conflict (another process wrote the document in between) Modify
 // reads again and calls fn again on the new state, with jittered backoff,
@@ -269,11 +271,13 @@ func (b *batch[T]) run(once bool) []*waiter {
 		// Settled in the attempt; what is left was deferred.
 	case b.lines != nil && b.lead.ctx.Err() != nil && stopped(err):
 		// The leader's context ended: it returns, the others go back in line.
-		b.settle(b.lead, nil, b.leaderStopped(err))
+		if !b.lead.done {
+			b.settle(b.lead, nil, b.leaderStopped(err))
+		}
 	default:
 		err = b.final(err)
-		for _, m := range b.ms {
-			b.settle(m, nil, b.errFor(err, m))
+		for len(b.ms) > 0 {
+			b.settle(b.ms[0], nil, b.errFor(err, b.ms[0])) // takes it out of b.ms
 		}
 	}
 	var rest []*waiter

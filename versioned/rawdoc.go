@@ -208,23 +208,12 @@ func wellFormed(doc []byte) bool { return walkOK(doc, false) }
 // false if it is malformed, or (if keys) has a field name MongoDB would not
 // read as written.
 func walkOK(doc []byte, keys bool) bool {
-	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) || doc[len(doc)-1] != 0 {
-		return false
-	}
-	for rest := doc[4 : len(doc)-1]; len(rest) > 0; {
-		el, r, ok := bsoncore.ReadElement(rest)
-		if !ok {
+	return elements(doc, func(k []byte, v bson.RawValue) bool {
+		if keys && ((len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0) {
 			return false
 		}
-		if k := el.KeyBytes(); keys && ((len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0) {
-			return false
-		}
-		if v := el.Value(); (v.Type == bsoncore.TypeEmbeddedDocument || v.Type == bsoncore.TypeArray) && !walkOK(v.Data, keys) {
-			return false
-		}
-		rest = r
-	}
-	return true
+		return (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || walkOK(v.Value, keys)
+	})
 }
 
 // elements calls fn with the key and value of each element of the encoded
@@ -434,28 +423,7 @@ func pushID(path, wid string) bson.Raw {
 // A write whose filter pins the version and the incarnation it read $sets it
 // instead of pushing: the list cannot have changed since the read, and this
 // keeps the bound on servers that ignore $slice (FerretDB v1).
-func exactIDs(st *docState, wid string) bson.RawValue {
-	skip := max(st.nids()-(WriteIDs-1), 0)
-	buf := make([]byte, 4, 5+WriteIDs*(len(wid)+9))
-	i := 0
-	for it := st.iter(); ; {
-		id, ok := it.next()
-		if !ok {
-			break
-		}
-		if skip > 0 {
-			skip--
-			continue
-		}
-		buf = appendIDElement(buf, i, id)
-		i++
-	}
-	buf = appendIDElement(buf, i, []byte(wid))
-	buf = append(buf, 0)
-	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
-
-	return bson.RawValue{Type: bson.TypeArray, Value: buf}
-}
+func exactIDs(st *docState, wid string) bson.RawValue { return exactIDsN(st, []string{wid}) }
 
 // decode decodes a stored document into a new T, with its version.
 func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {

@@ -36,23 +36,24 @@ import (
 func main() {
 	var (
 		uri      = flag.String("uri", "", "server to measure (default $MONGODB_URI; when both are empty, embedded FerretDB in a child process)")
-		cell     = flag.Duration("cell", 1500*time.Millisecond, "how long each strategy runs at each N")
+		cell     = flag.Duration("cell", time.Second, "how long each strategy runs at each N, per run")
 		ns       = flag.String("n", "1,2,4,8,16,32", "writer counts")
 		leaseCS  = flag.Duration("lease-cs", 3*time.Millisecond, "critical section of the lease contention run")
 		png      = flag.String("png", "bench.png", "where to write the plot (empty: none)")
 		limit    = flag.Duration("timeout", 15*time.Minute, "bound on the whole run")
 		only     = flag.String("only", "", "comma-separated strategies to run (default all)")
+		runs     = flag.Int("runs", 3, "runs of each cell; the tables show the median by goodput")
 		skipRMW  = flag.Bool("no-rmw", false, "skip the read-modify-write tables")
 		skipLeas = flag.Bool("no-lease", false, "skip the lease contention table")
 	)
 	flag.Parse()
-	if err := run(*uri, *cell, *ns, *leaseCS, *png, *limit, *only, *skipRMW, *skipLeas); err != nil {
+	if err := run(*uri, *cell, *ns, *leaseCS, *png, *limit, *only, max(*runs, 1), *skipRMW, *skipLeas); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(uri string, cell time.Duration, nsFlag string, leaseCS time.Duration, png string, limit time.Duration, only string, skipRMW, skipLease bool) error {
+func run(uri string, cell time.Duration, nsFlag string, leaseCS time.Duration, png string, limit time.Duration, only string, runs int, skipRMW, skipLease bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var counts []int
@@ -81,7 +82,7 @@ func run(uri string, cell time.Duration, nsFlag string, leaseCS time.Duration, p
 				}
 			}
 		}
-		res, err := runRMW(ctx, srv, strategies, counts, cell)
+		res, err := runRMW(ctx, srv, strategies, counts, cell, runs)
 		if err != nil {
 			return err
 		}
@@ -94,7 +95,7 @@ func run(uri string, cell time.Duration, nsFlag string, leaseCS time.Duration, p
 		}
 	}
 	if !skipLease {
-		lr, err := runLease(ctx, srv, leaseCS, cell*2)
+		lr, err := runLease(ctx, srv, leaseCS, 3*cell)
 		if err != nil {
 			return err
 		}

@@ -396,3 +396,27 @@ func TestCombinedModifyPanickingFn(t *testing.T) {
 	require.Equal(t, int64(workers*each/7), panics.Load())
 	require.Equal(t, int64(workers*each-workers*each/7), ty.acked)
 }
+
+// TestCombinedModifyMissingDocument: calls combined on a document that does
+// not exist each get ErrNotFound, and no fn runs.
+func TestCombinedModifyMissingDocument(t *testing.T) {
+	t.Parallel()
+	const workers = 16
+	repo, b := setup[account](t, nil)
+	var calls, notFound atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range 5 {
+				_, err := repo.Modify(b.ctx, "absent", func(a *account) error { calls.Add(1); a.Balance++; return nil })
+				if errors.Is(err, versioned.ErrNotFound) {
+					notFound.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(workers*5), notFound.Load())
+	require.Zero(t, calls.Load())
+	require.Zero(t, b.count(t))
+}
