@@ -182,16 +182,9 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	// $inc would start a record without an epoch at 1: such a record gets
 	// its first epoch from create instead.
 	filter = append(filter,
-		bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: true}}},
-		bson.E{Key: "$or", Value: bson.A{
-			bson.D{{Key: m.pOwner, Value: nil}},
-			bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
-		}})
-	set := m.estimatedClaim(a)
-	return filter, bson.D{
-		{Key: "$set", Value: set},
-		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
-	}
+		bson.E{Key: m.pEpoch, Value: existsTrue},
+		bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: m.freeOrExpired(cutoff(a.est))}})
+	return filter, m.estimatedUpdate(a)
 }
 
 // nextEpoch is the expression of a claim's epoch in ModeServer: the

@@ -10,7 +10,8 @@ import (
 )
 
 // Do runs fn under the lease on id. It acquires the lease as Acquire does
-// (waiting while another owner holds it), renews it in the background every
+// (waiting in line behind other calls of this process, and while another
+// owner holds it), renews it in the background every
 // Options.RenewEvery, and releases it when fn returns, also when fn panics
 // (the panic then continues). fn's context is the lease's context, derived
 // from ctx: it ends when ctx ends, when a renewal finds the lease taken over,

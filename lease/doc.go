@@ -98,8 +98,19 @@
 //     held (on a server that refuses majority reads, with the collection's
 //     read concern). Acquire holds the lease when a re-read shows its own
 //     earlier claim, and claims again if that claim's deadline has passed.
+//   - Acquire and Do calls for one lease in one process are served first
+//     come, first served: they wait in line (one line per document or name,
+//     shared by every Manager on the same collection and lease field of the
+//     same *mongo.Client), one claims at a time, and when the lease it got
+//     ends (released, lost or expired) the next claims at once, with no
+//     poll of a lease held in this process. Across processes claims race as
+//     before; a call waiting for another process's holder wakes when that
+//     holder's time is up, or when a lease of the id ends in this process.
+//     TryAcquire does not wait in line.
 //   - Do starts one goroutine, which ends before Do returns; a Lease's
-//     deadline timer is stopped when the lease ends.
+//     deadline timer is stopped when the lease ends. While Acquire or Do
+//     sleeps waiting for another process's holder, one short-lived
+//     goroutine per sleep watches for a lease of the id ending.
 //
 // A lease gives efficiency, not correctness, on its own: a holder paused past
 // its deadline can still act. Correctness needs the fencing token on every

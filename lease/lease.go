@@ -186,6 +186,7 @@ func (l *Lease) finish(err error) error {
 	l.mu.Unlock()
 	l.ended(err)
 	l.cancel(err)
+	l.m.lineEnded(l)
 	return err
 }
 

@@ -42,6 +42,8 @@ type Manager struct {
 	createOpts  *options.FindOneAndUpdateOptionsBuilder // upsert, for a named lease's first claim
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
+
+	lines *lines // where Acquire and Do wait for their turn
 }
 
 // New returns a Manager for leases on the documents of coll. The lease record
@@ -93,6 +95,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
 	m.createOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
+	m.lines = linesOf(coll, f)
 	return m, nil
 }
 
@@ -132,9 +135,18 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 	return l, err
 }
 
-// Acquire claims the lease on id, waiting while another owner holds it: after
+// Acquire claims the lease on id, waiting while another owner holds it.
+// Calls for one lease in one process (through any Manager on the same
+// collection and lease field of the same *mongo.Client) wait in line, first
+// come, first served: one claims at a time, and when the lease it got ends
+// (released, lost or expired) the next claims at once; a call whose context
+// ends while it waits in line leaves it, having sent nothing (with
+// Options.Retry.MaxAttempts 1, which allows no wait, there is no line: one
+// claim, as TryAcquire makes). The call whose
+// turn it is claims; while another process holds the lease, after
 // each failed attempt it sleeps the next delay of Options.Retry or the time
-// left on the holder's lease, whichever is shorter, and tries again, until it
+// left on the holder's lease, whichever is shorter (or until a lease of the
+// id ends in this process), and tries again, until it
 // holds the lease, ctx ends, or the Policy's MaxAttempts, MaxElapsedTime or
 // Budget stop it. Transient errors (network, timeouts) are retried the same
 // way; other errors, such as ErrNotFound, end it at once. An attempt whose
@@ -163,22 +175,6 @@ type again struct{ error }
 func (e again) Unwrap() error   { return e.error }
 func (e again) Retryable() bool { return true }
 
-// clipClock is a retry.Clock whose timers last at most *clip (when set):
-// Acquire's sleep is the smaller of the backoff delay and the time left on
-// the holder's lease.
-type clipClock struct {
-	base retry.Clock
-	clip *time.Duration
-}
-
-func (c clipClock) Now() time.Time { return c.base.Now() }
-func (c clipClock) NewTimer(d time.Duration) retry.Timer {
-	if *c.clip > 0 {
-		d = min(d, *c.clip)
-	}
-	return c.base.NewTimer(d)
-}
-
 // realClock is the retry.Clock of time.Now and time.NewTimer.
 type realClock struct{}
 
@@ -190,7 +186,10 @@ type realTimer struct{ t *time.Timer }
 func (t realTimer) C() <-chan time.Time { return t.t.C }
 func (t realTimer) Stop() bool          { return t.t.Stop() }
 
-func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
+// claimWaiting claims the lease on id, waiting while another owner holds it
+// (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
+// ended in this process.
+func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent context.Context, wake <-chan struct{}) (*Lease, error) {
 	p := m.c.retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
@@ -203,7 +202,7 @@ func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent contex
 	if base == nil {
 		base = realClock{}
 	}
-	p.Clock = clipClock{base: base, clip: &clip}
+	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
 	var (
 		l       *Lease
 		pending []attempt // claims whose outcome is unknown, to settle

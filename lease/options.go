@@ -125,7 +125,10 @@ type Options struct {
 	// holder's lease, whichever is shorter. Acquire stops after MaxAttempts
 	// attempts or MaxElapsedTime if they are set; zero means no limit here
 	// (unlike retry.Do), so by default Acquire waits until its context ends.
-	// An invalid Policy is an error.
+	// With MaxAttempts 1, Acquire and Do make one claim and do not wait in
+	// line behind the calls of this process either: a lease held here is
+	// then a *HeldError, as one held elsewhere. An invalid Policy is an
+	// error.
 	Retry retry.Policy
 
 	// ResolveTimeout bounds the work done to settle an ambiguous write (the

@@ -47,6 +47,18 @@
 // whichever call or timer ended it: a lease that ends on its own, when its
 // local deadline passes, reports it from a timer's goroutine.
 //
+// Modify calls on one document in one process are combined (see the
+// versioned package): the call at the head of the line reads once, runs
+// each queued call's fn and writes once for all of them. Each call still
+// reports its own OpStart and OpEnd, on its own goroutine, with its own
+// Outcome, Err and Attempt (the attempts it took part in). What happens in
+// between is reported, in each call's own context, from the goroutine of
+// the call leading the write: a Conflict, then a Retry (or BudgetRefused),
+// for each attempt of the call that failed on a conflict, whichever other
+// calls shared the write (Expected is the version the shared write was made
+// against); and Ambiguous and Settled for a shared write whose reply was
+// lost, to each call whose change it carried.
+//
 // # Guarantees
 //
 //   - No Observer, no cost: every place that reports an event checks for a

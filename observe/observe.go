@@ -44,13 +44,16 @@ const (
 	OpStart Kind = iota + 1
 
 	// OpEnd: the operation ends. Outcome, Err (nil on success), Elapsed;
-	// Attempt is the number of attempts of versioned Modify (its reads of
-	// the document), 0 for the other operations.
+	// Attempt is the number of attempts of versioned Modify (each calls
+	// its fn once, on the document read, or on the one a write that met a
+	// conflict returned), 0 for the other operations.
 	OpEnd
 
 	// Conflict: a write expected a version and found another. Expected and
 	// Current are the versions; Current is -1 when the repository did not
-	// read it (Modify reads it on its next attempt instead).
+	// read it (Modify reads it on its next attempt instead; where the server
+	// runs update pipelines, Modify's write returns it, and Current is
+	// set).
 	Conflict
 
 	// Retry: an attempt failed with a retryable error and another one

@@ -42,6 +42,17 @@
 // repository re-reads and looks for it. How and why this is safe is in
 // DESIGN.md, beside this file.
 //
+// Modify calls on one document in one process do not race each other
+// through the server: they wait in line (one line per document, shared by
+// every Repo on the same collection of the same *mongo.Client), and the
+// call at the head of the line combines itself and the calls behind it
+// from the same Repo, up to 16, into one read and one write: it calls each
+// fn in turn, each on the state the one before left, and the write gives
+// each call a version and a write id of its own. Across processes (other
+// clients) the version check arbitrates, as for any write. Modify's
+// default policy retries conflicts for up to [DefaultRetryTime] within a
+// budget per Repo ([DefaultRetryBudget]), with no bound on attempts.
+//
 // # Sharded collections
 //
 // On a collection sharded on a key other than _id, name the shard key's
@@ -70,8 +81,11 @@
 // # Guarantees
 //
 //   - No lost update: Update, Delete and Modify apply only if the stored
-//     version is the one they expect; every write, Guarded included, raises
-//     the version by exactly one in the same atomic statement as its change.
+//     version is the one they expect; every change raises the version by
+//     exactly one in the same atomic statement as the change: a write,
+//     Guarded included, by one, and a write combining k Modify calls'
+//     changes by k, each call getting the version one above the state its
+//     fn saw.
 //   - At most once: a write whose outcome was ambiguous (network error,
 //     timeout, write-concern error, RetryableWriteError label) is applied at
 //     most once. The call reports success only if it was applied, and
@@ -91,7 +105,13 @@
 //     copy of it can match a re-inserted one at the same version, as with
 //     any version counter.
 //   - Modify's fn sees the state it replaces, and writes only the fields it
-//     changed (compared as Go values). fn may run several times.
+//     changed (compared as Go values). fn may run several times. In a
+//     combined write each fn sees the state the fn before it left (the
+//     state read, for the first), and each call returns the document as its
+//     own fn left it; a call reports success only if the write holding its
+//     change landed. An error from one fn, or a change that cannot be
+//     written, affects only its own call: nothing of it is written, and the
+//     next fn sees the state before it.
 //   - Guarded's condition and change are one atomic statement.
 //   - Bad input is refused before anything is sent: ids are compared with
 //     $eq and an id that could act as an operator is refused; field names

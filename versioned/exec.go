@@ -56,6 +56,10 @@ type write struct {
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
 	judge func(st *docState) (verdict, string)
+	// to, if not nil, are the contexts of the calls whose changes the write
+	// carries (a combined Modify write): its Ambiguous and Settled events
+	// go to each of them instead of the context exec runs in.
+	to []context.Context
 }
 
 // outcome is the result of exec.
@@ -203,25 +207,7 @@ const (
 // document at base, or a little past it, is the incarnation the write
 // targeted. See DESIGN.md.
 func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
-	return func(st *docState) (verdict, string) {
-		switch {
-		case st == nil:
-			return unknown, whyGone
-		case st.has(w.wid):
-			return landed, ""
-		case incKnown && st.inc != inc:
-			return unknown, whyOther
-		case st.version == w.base:
-			return live, ""
-		case st.version > w.base && st.version-w.base <= st.nids():
-			// Had it landed, it made version base+1, whose id the list
-			// still covers.
-			return dead, ""
-		case st.version > w.base:
-			return unknown, whyFar
-		}
-		return unknown, whyUnrelated
-	}
+	return judgeSpan(w, inc, incKnown, 1)
 }
 
 // classify tells why a write filtered on id, version == expected (and an

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -54,7 +53,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	}
 	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
-	ops, err := r.checkOps(op, update)
+	ops, err := r.updateOps(op, update)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +86,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			filter = append(filter, r.versionBelowLast())
 			// The anchor: present while the write's own id, pushed after
 			// it, cannot have been cut from the list.
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$eq", Value: s.last}, {Key: "$ne", Value: w.wid}}})
+			filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (verdict, string) {
 				switch {
 				case st == nil:
@@ -110,7 +109,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			w.judge = judgeCAS(w, s.inc, true)
 		}
 		filter = withGuards(filter, guards)
-		upd := r.guardedUpdate(ops, w.wid)
+		upd := r.guardedWrite(ops, w.wid)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -159,31 +158,6 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 		return nil, r.conflicted(ctx, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version})
 	}
-}
-
-// guardedUpdate merges the caller's operators with the version bump and the
-// write-id protocol.
-func (r *Repo[T]) guardedUpdate(ops bson.D, wid string) bson.D {
-	set, push := r.protocol(nil, wid)
-	add := map[string]bson.D{
-		"$inc": {{Key: r.opts.VersionField, Value: int64(1)}},
-		"$set": set,
-	}
-	out := make(bson.D, 0, len(ops)+3)
-	for _, o := range ops {
-		fields, _ := o.Value.(bson.D) // checkOps made every operator a bson.D
-		if extra, ok := add[o.Key]; ok {
-			fields = append(slices.Clip(fields), extra...)
-			delete(add, o.Key)
-		}
-		out = append(out, bson.E{Key: o.Key, Value: fields})
-	}
-	for _, k := range []string{"$inc", "$set"} {
-		if extra, ok := add[k]; ok {
-			out = append(out, bson.E{Key: k, Value: extra})
-		}
-	}
-	return append(out, push)
 }
 
 // checkOps validates the caller's update of Guarded and returns it as a

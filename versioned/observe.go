@@ -73,7 +73,19 @@ func (r *Repo[T]) ambiguous(ctx context.Context, w *write, err error) {
 	if r.opts.Observer != nil {
 		e := r.event(observe.Ambiguous, w.op, w.id)
 		e.Err = err
+		r.report(ctx, w, e)
+	}
+}
+
+// report sends e, an event of write w, to the Observer: in ctx, or in the
+// context of each call whose change w carries.
+func (r *Repo[T]) report(ctx context.Context, w *write, e observe.Event) {
+	if w.to == nil {
 		r.opts.Observer.Observe(ctx, e)
+		return
+	}
+	for _, c := range w.to {
+		r.opts.Observer.Observe(c, e)
 	}
 }
 
@@ -93,7 +105,7 @@ func (r *Repo[T]) settled(ctx context.Context, w *write, out *outcome, err *erro
 	default:
 		e.Settlement = observe.SettledNotLanded
 	}
-	r.opts.Observer.Observe(ctx, e)
+	r.report(ctx, w, e)
 }
 
 // observedPolicy is p with the repository's Observer when p has none.

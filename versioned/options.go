@@ -34,7 +34,8 @@ const (
 // of its last WriteIDs writes, and no more. Each write appends its id and
 // cuts the list to its last WriteIDs entries in the same statement, on the
 // server, so the bound holds whoever writes. A repository can settle a write
-// whose reply was lost as long as fewer than WriteIDs writes landed after it.
+// whose reply was lost as long as fewer than WriteIDs write ids (one per
+// change: a write combining k Modify calls appends k) landed after it.
 // The value is recorded in each document it writes (the "h" field of
 // Options.MetaField). See DESIGN.md.
 const WriteIDs = 32
@@ -71,9 +72,14 @@ type Options struct {
 	Reserved []string
 
 	// Retry is the policy for Modify's conflict retries and for re-reads
-	// after an ambiguous write. The zero Policy means the retry package's
-	// defaults (full jitter from 5ms to 200ms, 10 attempts, 2s). Put a
-	// retry.Budget in it to cap retries across the process.
+	// after an ambiguous write. Its zero fields take the retry package's
+	// defaults (full jitter from 5ms to 200ms), except three: MaxAttempts
+	// 0 means no bound on attempts, MaxElapsedTime 0 means
+	// [DefaultRetryTime] (10s), and a nil Budget means a budget the Repo
+	// makes for itself ([DefaultRetryBudget] retries a second). The time
+	// and the budget, not an attempt count, protect the server from a
+	// storm of conflicts. Set MaxAttempts for a bound on attempts; share
+	// one retry.Budget between Repos to cap retries across the process.
 	Retry retry.Policy
 
 	// ResolveTimeout bounds how long the repository keeps re-reading to
@@ -219,7 +225,9 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one
 // call: Modify's conflict retries, and the re-reads after an ambiguous write
-// of any call.
+// of any call. Its zero fields take the defaults Options.Retry's do (a nil
+// Budget is the repository's budget). A Modify call with WithRetry is not
+// combined with others (see [Repo.Modify]).
 func WithRetry(p retry.Policy) WriteOption {
 	return func(c *writeConfig) { c.policy = &p }
 }

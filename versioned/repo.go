@@ -30,6 +30,7 @@ type Repo[T any] struct {
 	opts   Options
 	cache  *docCache
 	shard  shard.Spec // Options.ShardKey, checked
+	lines  *collLines // where Modify calls on one document wait in line
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -60,7 +61,8 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 		return nil, err
 	}
 	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec}, nil
+	o.Retry = withDefaults(o.Retry, newBudget())
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll)}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -105,25 +107,17 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	}
 	ctx, ob := r.begin(ctx, op, id)
 	defer r.end(&ob, &err)
+	wid, start := newWriteID(), startVersion()
+	// Encoded at the start version, with the write ids appended: the
+	// caller's doc gets its version only once the insert landed.
+	was := r.s.versionOf(v)
+	r.s.setVersion(v, start)
 	raw, err := r.encode(op, doc)
+	r.s.setVersion(v, was)
 	if err != nil {
 		return err
 	}
-	elems, _ := raw.Elements()
-	wid, start := newWriteID(), startVersion()
-	ins := make(bson.D, 0, len(elems)+2)
-	for _, e := range elems {
-		if e.Key() != r.opts.VersionField {
-			ins = append(ins, bson.E{Key: e.Key(), Value: e.Value()})
-		}
-	}
-	ins = append(ins,
-		bson.E{Key: r.opts.VersionField, Value: start},
-		bson.E{Key: r.opts.MetaField, Value: bson.D{
-			{Key: metaInc, Value: wid},
-			{Key: metaH, Value: int32(WriteIDs)},
-			{Key: metaIDs, Value: bson.A{wid}},
-		}})
+	ins := withMeta(raw, r.opts.MetaField, wid)
 	var dupErr error
 	w := &write{op: op, id: id, key: key, wid: wid, base: 0}
 	w.send = func(ctx context.Context) (sent, error) {
@@ -279,8 +273,15 @@ func (r *Repo[T]) sawWrite(ck cacheID, base int64, read *docState, out outcome, 
 }
 
 // notApplied tells why a write made against version expected did not
-// apply, re-reading the document unless exec already did.
+// apply, re-reading the document unless exec already did, and reports a
+// conflict to the Observer.
 func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
+	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, expected, out, guards))
+}
+
+// whyNotApplied is notApplied without the report (a combined Modify write
+// reports its conflict to each of its calls).
+func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
 	st := out.reread
 	if !out.read {
 		var err error
@@ -288,7 +289,7 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey,
 			return err
 		}
 	}
-	return r.conflicted(ctx, r.classify(ctx, op, id, key, expected, st, guards))
+	return r.classify(ctx, op, id, key, expected, st, guards)
 }
 
 // Delete removes the stored document, provided its version is still doc's
@@ -411,7 +412,8 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
 	if cfg != nil && cfg.policy != nil {
-		return r.observedPolicy(cfg.policy)
+		p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
+		return r.observedPolicy(&p)
 	}
 	return &r.opts.Retry
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,10 +51,22 @@ func (f *repoFixture) lines(t *testing.T) []string {
 	return f.rec.lines(t, f.db.Name(), "accounts")
 }
 
+// current is the Current of the Conflict event of a Modify whose write
+// found the document at version moved: where the server runs update
+// pipelines, the write is a findOneAndUpdate that returns the current
+// document, so the version is known; elsewhere it is not read (the next
+// attempt reads it): -1.
+func (f *repoFixture) current(moved int64) int64 {
+	if f.db.Server.Caps.UpdatePipelines {
+		return moved
+	}
+	return -1
+}
+
 // TestModifyConflict: a write lands between Modify's read and its write.
-// Modify reports the conflict (the current version is not read: the next
-// attempt reads it), one retry caused by it in its own context, and two
-// attempts.
+// Modify reports the conflict (with the current version where its write
+// returned it, see current), one retry caused by it in its own context, and
+// two attempts.
 func TestModifyConflict(t *testing.T) {
 	f := newRepo(t)
 	ctx := t.Context()
@@ -76,13 +89,124 @@ func TestModifyConflict(t *testing.T) {
 	require.Equal(t, int64(22), got.Balance)
 	requireLines(t, []string{
 		"op.start modify id=a",
-		fmt.Sprintf("conflict modify expected=%d current=-1", v),
+		fmt.Sprintf("conflict modify expected=%d current=%d", v, f.current(v+1)),
 		"retry in=modify attempt=1 cause=conflict",
 		"op.end modify id=a ok attempts=2",
 	}, f.lines(t))
 	end := f.rec.all()[3]
 	require.Positive(t, end.Elapsed)
 	require.NoError(t, end.Err)
+}
+
+// TestCombinedModifyEvents: Modify calls on one document wait in line
+// behind a call whose fn blocks, and are combined into fewer writes; each
+// call still reports its own start and its own end, in its own context,
+// with its own outcome and attempts: one call's fn returns an error
+// (aborted), one changes nothing, the others increment. No other process
+// writes, so no call meets a conflict, whichever calls share a write.
+func TestCombinedModifyEvents(t *testing.T) {
+	f := newRepo(t)
+	ctx := t.Context()
+	require.NoError(t, f.repo.Insert(ctx, &account{ID: "a", Balance: 10}))
+	const calls = 6
+	gate := make(chan struct{})
+	byCall := &callRecorder{rec: f.rec, onStart: func(n int) {
+		if n == calls {
+			close(gate)
+		}
+	}}
+	repo, err := versioned.New[account](f.db.Collection("accounts"), &versioned.Options{Observer: byCall})
+	require.NoError(t, err)
+	f.rec.reset()
+
+	declined := errors.New("declined")
+	errs := make([]error, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() {
+			_, errs[i] = repo.Modify(context.WithValue(ctx, callKey{}, i), "a", func(x *account) error {
+				switch i {
+				case 0:
+					<-gate // every call has started: the others wait in line
+				case 1:
+					return declined
+				case 2:
+					return nil // no change
+				}
+				x.Balance++
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i := range calls {
+		want := []string{"op.start modify id=a", "op.end modify id=a ok attempts=1"}
+		switch i {
+		case 1:
+			require.ErrorIs(t, errs[i], declined)
+			want[1] = "op.end modify id=a aborted attempts=1"
+		default:
+			require.NoError(t, errs[i], "call %d", i)
+		}
+		requireLines(t, want, byCall.lines(t, i, f.db.Name(), "accounts"))
+	}
+	got, err := repo.Get(ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, int64(10+calls-2), got.Balance)
+}
+
+// callKey marks the context of a test's call with its number.
+type callKey struct{}
+
+// callRecorder records in rec, and keeps apart the lines of each call (by
+// the callKey of the context the event came with).
+type callRecorder struct {
+	rec     *recorder
+	onStart func(starts int)
+
+	mu     sync.Mutex
+	starts int
+	by     map[int][]string
+}
+
+func (c *callRecorder) Start(ctx context.Context, e observe.Event) context.Context {
+	ctx = c.rec.Start(ctx, e)
+	c.keep(ctx, e)
+	c.mu.Lock()
+	c.starts++
+	n := c.starts
+	c.mu.Unlock()
+	c.onStart(n)
+	return ctx
+}
+
+func (c *callRecorder) Observe(ctx context.Context, e observe.Event) {
+	c.rec.Observe(ctx, e)
+	c.keep(ctx, e)
+}
+
+func (c *callRecorder) keep(ctx context.Context, e observe.Event) {
+	i, ok := ctx.Value(callKey{}).(int)
+	if !ok {
+		i = -1
+	}
+	in, _ := ctx.Value(opKey{}).(string)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[int][]string{}
+	}
+	c.by[i] = append(c.by[i], line(e, in))
+}
+
+// lines returns call i's lines, after checking every event as
+// recorder.lines does.
+func (c *callRecorder) lines(t *testing.T, i int, db, coll string) []string {
+	t.Helper()
+	c.rec.lines(t, db, coll)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.by[i]...)
 }
 
 // TestUpdateConflict: a stale copy. The conflict carries both versions, and
@@ -128,7 +252,7 @@ func TestBudgetRefused(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrBudgetExhausted)
 	requireLines(t, []string{
 		"op.start modify id=a",
-		fmt.Sprintf("conflict modify expected=%d current=-1", a.Version),
+		fmt.Sprintf("conflict modify expected=%d current=%d", a.Version, f.current(a.Version+1)),
 		"retry.budget_refused in=modify attempt=1 cause=conflict",
 		"op.end modify id=a budget_exhausted attempts=1",
 	}, f.lines(t))
