@@ -2,17 +2,18 @@
 # MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
 # test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
 #
-# The repository is four modules tied by go.work: the library (root),
-# mongotest, tests (the server-backed tests) and examples. `./...` stops at
-# module boundaries; the module path pattern covers them all.
+# The repository is five modules tied by go.work: the library (root),
+# mongotest, tests (the server-backed tests), examples and otelmongocas (the
+# OpenTelemetry adapter). `./...` stops at module boundaries; the module path
+# pattern covers them all.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= github.com/mongocas/mongocas/...
 # golangci-lint takes directories, one pattern per module.
-LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/...
+LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
 
-.PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench fuzz ci
+.PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
 
 all: vet test
 
@@ -54,6 +55,15 @@ deps-check: ## what a user's module gets: no test-only modules, a small go.sum
 
 bench: ## each operation beside the raw driver doing the same work
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=200x ./tests/versioned ./tests/lease ./retry
+
+# One bounded run (-timeout, default 15m) of internal/bench: read-modify-write
+# of one document at N = 1..32 writers in one process and in 4, with Modify,
+# Guarded, a raw-driver CAS loop and docstore's strategy, and lease contention;
+# prints the tables and writes bench.png. The server runs in another process
+# (embedded FerretDB as a child process, or MONGODB_URI).
+BENCH_FLAGS ?=
+bench-contention: ## contention tables and plot (go run ./internal/bench)
+	$(GO) run ./internal/bench $(BENCH_FLAGS)
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzJitterBounds -fuzztime=20s ./retry

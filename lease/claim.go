@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -41,7 +42,7 @@ func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
 // claim is TryAcquire without the argument checks. parent is the parent of
 // the lease's context. pending, when not nil, holds the claims of earlier
 // attempts whose outcome was unknown: a record showing one of them is ours.
-func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent context.Context, pending *[]attempt) (*Lease, error) {
+func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.Context, pending *[]attempt) (*Lease, error) {
 	ctx = noSession(ctx)
 	server, err := m.serverMode(ctx)
 	if err != nil {
@@ -67,6 +68,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 		case ambiguous(err):
 			var rerr error
 			if s, rerr = m.reread(ctx, raw, server); rerr != nil {
+				m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
 				if pending != nil {
 					*pending = append(*pending, a)
 				}
@@ -74,11 +76,13 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 			}
 			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
 				// The claim was applied; only its reply was lost.
+				m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
 				return m.newLease(ctx, parent, id, raw, s.rec, a)
 			}
 			// Not applied as far as a majority knows; it may still be (a
 			// write the server has not run yet): a later read that shows it
 			// settles it.
+			m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
@@ -116,6 +120,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
 		}
 		if held || try >= maxClaimAttempts {
+			m.heldBy(ctx, id, s.rec, left)
 			return nil, &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
 		}
 		// Released or expired since the claim was judged: claim again.
@@ -124,7 +129,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw bson.RawValue, parent c
 
 // settle reports whether the record s shows one of the pending claims (whose
 // outcome was unknown) applied: the lease is then ours, from that claim.
-func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw bson.RawValue, s snapshot, pending *[]attempt) (*Lease, bool, error) {
+func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, pending *[]attempt) (*Lease, bool, error) {
 	if pending == nil || !s.found || s.rec.Owner != m.c.owner {
 		return nil, false, nil
 	}
@@ -157,8 +162,8 @@ func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.D
 // claimOp returns the filter and update of a claim of an existing document:
 // it matches a record with no owner, or an expired one, and sets the owner,
 // the expiry, the claim id, and the next epoch.
-func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update any) {
-	filter = store.IDFilter(raw)
+func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
+	filter = raw.Filter()
 	if a.server {
 		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
 			// A pipeline's $set would replace a lease field that is not a
@@ -177,16 +182,9 @@ func (m *Manager) claimOp(raw bson.RawValue, a attempt) (filter bson.D, update a
 	// $inc would start a record without an epoch at 1: such a record gets
 	// its first epoch from create instead.
 	filter = append(filter,
-		bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: true}}},
-		bson.E{Key: "$or", Value: bson.A{
-			bson.D{{Key: m.pOwner, Value: nil}},
-			bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
-		}})
-	set := m.estimatedClaim(a)
-	return filter, bson.D{
-		{Key: "$set", Value: set},
-		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
-	}
+		bson.E{Key: m.pEpoch, Value: existsTrue},
+		bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: m.freeOrExpired(cutoff(a.est))}})
+	return filter, m.estimatedUpdate(a)
 }
 
 // nextEpoch is the expression of a claim's epoch in ModeServer: the
@@ -234,9 +232,9 @@ func (m *Manager) estimatedClaim(a attempt) bson.D {
 // clean-up deleted an earlier lock document of the same name). It reports
 // exists when the record has an epoch after all (another owner's claim):
 // the caller judges it.
-func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw bson.RawValue, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
+func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
 	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
-	filter := append(store.IDFilter(raw), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
+	filter := append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
 	var update any
 	if a.server {
 		update = m.serverClaim(a, m.nextEpoch())
@@ -260,15 +258,18 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 	case ambiguous(err):
 		s, rerr := m.reread(ctx, raw, a.server)
 		if rerr != nil {
+			m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
 			return nil, false, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
 		}
 		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+			m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
 			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
 			return l, false, err
 		}
+		m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
 		if pending != nil {
 			*pending = append(*pending, a) // as in claim
 		}
@@ -285,7 +286,7 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 }
 
 // claimed makes the Lease from the document a claim returned.
-func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw bson.RawValue, doc bson.Raw, a attempt) (*Lease, error) {
+func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw docKey, doc bson.Raw, a attempt) (*Lease, error) {
 	rec, err := m.decode(doc)
 	if err != nil {
 		return nil, err
@@ -318,7 +319,7 @@ func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any) 
 // newLease makes the Lease for a claim of rec made by attempt a. If the
 // claim's reply came too late for any of the lease to be usable, or ctx
 // ended meanwhile, it releases the claim and fails.
-func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw bson.RawValue, rec record, a attempt) (*Lease, error) {
+func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw docKey, rec record, a attempt) (*Lease, error) {
 	recv := m.c.now()
 	deadline := m.deadline(a, rec.ExpiresAt)
 	l := &Lease{
@@ -329,6 +330,7 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 		epoch:      rec.Epoch,
 		claim:      rec.Claim,
 		acquiredAt: rec.AcquiredAt,
+		sentAt:     a.t0,
 		expiresAt:  rec.ExpiresAt,
 		lastSent:   rec.ExpiresAt,
 		deadline:   deadline,

@@ -10,7 +10,8 @@ import (
 )
 
 // Do runs fn under the lease on id. It acquires the lease as Acquire does
-// (waiting while another owner holds it), renews it in the background every
+// (waiting in line behind other calls of this process, and while another
+// owner holds it), renews it in the background every
 // Options.RenewEvery, and releases it when fn returns, also when fn panics
 // (the panic then continues). fn's context is the lease's context, derived
 // from ctx: it ends when ctx ends, when a renewal finds the lease taken over,
@@ -23,17 +24,20 @@ import (
 // while fn ran; otherwise, if releasing failed, the release error (joined with
 // fn's error, if any). No goroutine of Do outlives it.
 func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l *Lease) error) (err error) {
-	raw, err := m.check(ctx, "acquire", id)
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return err
 	}
 	if fn == nil {
 		return fmt.Errorf("lease: Do %s: nil function: %w", idText(id), ErrInvalid)
 	}
+	ctx, ob := m.begin(ctx, opDo, id)
+	defer m.end(&ob, &err)
 	l, err := m.acquire(ctx, id, raw, ctx)
 	if err != nil {
 		return err
 	}
+	m.acquired(ctx, opDo, l, ob.start)
 
 	kctx, stop := context.WithCancel(l.ctx)
 	stopped := make(chan struct{})
@@ -66,6 +70,7 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 		}
 	}()
 	fnErr = fn(l.ctx, l)
+	ob.aborted = fnErr != nil
 	returned = true
 	return nil // replaced by the deferred function
 }
@@ -87,6 +92,7 @@ func (l *Lease) keepAlive(ctx context.Context) {
 		MaxElapsedTime:  -1,
 		Budget:          l.m.c.retry.Budget,
 		OnRetry:         l.m.c.retry.OnRetry,
+		Observer:        l.m.c.retry.Observer,
 		Clock:           l.m.c.retry.Clock,
 	}
 	t := time.NewTimer(every)

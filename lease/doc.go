@@ -35,6 +35,21 @@
 // derivations of the holder's deadline in both modes, the epochs, and what
 // fencing can and cannot promise are in DESIGN.md beside this file.
 //
+// # Sharded collections
+//
+// On a collection sharded on a key other than _id, name the shard key's
+// fields in [Options].ShardKey and pass a [Key] (the _id and each
+// shard-key value) to TryAcquire, Acquire and Do: every claim, read,
+// renewal, release and settling re-read then filters on the _id and on
+// {field: {$eq: value}} for each field, so that mongos sends it to the one
+// shard that owns the document (MongoDB 6.0 refuses a findAndModify without
+// the full shard key; 7.0 and later broadcast it in two phases). A named
+// lease's lock documents are found by their name: shard the lock collection
+// on hashed _id (or leave it unsharded), and give Options.ShardKey the
+// shard key of the collection [Lease.Stamp] writes to, which then takes a
+// Key. The guarantees below need write concern majority and primary reads
+// on a sharded cluster as on a replica set.
+//
 // # Guarantees
 //
 // Given a server that applies single-document writes atomically, write
@@ -83,8 +98,19 @@
 //     held (on a server that refuses majority reads, with the collection's
 //     read concern). Acquire holds the lease when a re-read shows its own
 //     earlier claim, and claims again if that claim's deadline has passed.
+//   - Acquire and Do calls for one lease in one process are served first
+//     come, first served: they wait in line (one line per document or name,
+//     shared by every Manager on the same collection and lease field of the
+//     same *mongo.Client), one claims at a time, and when the lease it got
+//     ends (released, lost or expired) the next claims at once, with no
+//     poll of a lease held in this process. Across processes claims race as
+//     before; a call waiting for another process's holder wakes when that
+//     holder's time is up, or when a lease of the id ends in this process.
+//     TryAcquire does not wait in line.
 //   - Do starts one goroutine, which ends before Do returns; a Lease's
-//     deadline timer is stopped when the lease ends.
+//     deadline timer is stopped when the lease ends. While Acquire or Do
+//     sleeps waiting for another process's holder, one short-lived
+//     goroutine per sleep watches for a lease of the id ending.
 //
 // A lease gives efficiency, not correctness, on its own: a holder paused past
 // its deadline can still act. Correctness needs the fencing token on every
@@ -96,7 +122,9 @@
 // errors.As reach the driver's errors and the store classifiers still work.
 //
 //   - [ErrInvalid] ([*OptionsError], a nil context or function) and
-//     [ErrInvalidID] (an id store.CheckID refuses): nothing was sent.
+//     [ErrInvalidID] (an id store.CheckID refuses, a [Key] without every
+//     shard-key value or with one store.CheckValue refuses, a bare id where
+//     Options.ShardKey is set): nothing was sent.
 //   - An error wrapping context.Canceled or context.DeadlineExceeded: the
 //     context had ended.
 //   - [ErrNotFound]: a document lease (or Stamp) on an _id no document has.

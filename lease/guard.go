@@ -38,7 +38,7 @@ func (l *Lease) Guard() versioned.WriteOption {
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.fenceField + "." + fenceKey(l.raw)
+	return l.m.c.fenceField + "." + fenceKey(l.raw.ID)
 }
 
 func fenceKey(raw bson.RawValue) string {
@@ -64,7 +64,9 @@ func fenceKey(raw bson.RawValue) string {
 // when a later holder stamped the document first, or when the lease is no
 // longer held; an error matching ErrNotFound when no document has that _id;
 // ErrInvalid on a document lease, whose document carries its record itself;
-// ErrInvalidID for an invalid id (nothing sent). A session in ctx is used
+// ErrInvalidID for an invalid id (nothing sent). With Options.ShardKey (the
+// shard key of coll), id must be a [Key] and both the stamp and its re-read
+// are sent to the one shard that owns the document. A session in ctx is used
 // (the stamp may belong in the caller's transaction).
 func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error {
 	if err := store.CheckContext(ctx); err != nil {
@@ -76,7 +78,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	if coll == nil {
 		return fmt.Errorf("lease: stamp %s: nil collection: %w", idText(id), ErrInvalid)
 	}
-	raw, err := store.CheckID(id)
+	id, raw, err := key(l.m.c.shard, id)
 	if err != nil {
 		return fmt.Errorf("lease: stamp: %w", err)
 	}
@@ -87,7 +89,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 		return l.finish(l.lost(Expired, record{}))
 	}
 	path := l.fencePath()
-	filter := append(store.IDFilter(raw), bson.E{Key: "$or", Value: bson.A{
+	filter := append(raw.Filter(), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: path, Value: bson.D{{Key: "$exists", Value: false}}}},
 		bson.D{{Key: path, Value: bson.D{{Key: "$lte", Value: l.epoch}}}},
 	}})
@@ -103,7 +105,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	// ambiguous stamp that shows our epoch was applied.
 	rctx, cancel := l.m.detached(ctx)
 	defer cancel()
-	doc, rerr := coll.FindOne(rctx, store.IDFilter(raw)).Raw()
+	doc, rerr := coll.FindOne(rctx, raw.Filter()).Raw()
 	switch {
 	case errors.Is(rerr, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), ErrNotFound)

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -20,8 +21,8 @@ import (
 type Lease struct {
 	m      *Manager
 	id     any
-	raw    bson.RawValue // id's encoding, checked by store.CheckID
-	server bool          // claimed in ModeServer
+	raw    docKey // id's encoding, checked by store.CheckID, and shard-key values
+	server bool   // claimed in ModeServer
 	epoch  int64
 	// claim is the id of the claim that made this Lease, kept in the record
 	// until it is released or claimed again: unique to this Lease, it is in
@@ -29,6 +30,7 @@ type Lease struct {
 	// Leases never share a fence even with one owner and one epoch.
 	claim      bson.ObjectID
 	acquiredAt time.Time
+	sentAt     time.Time // local time (Options.Now) the claim was sent, for observers
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -182,7 +184,9 @@ func (l *Lease) finish(err error) error {
 		l.timer.Stop()
 	}
 	l.mu.Unlock()
+	l.ended(err)
 	l.cancel(err)
+	l.m.lineEnded(l)
 	return err
 }
 
@@ -223,7 +227,7 @@ func (l *Lease) ours(r record, found bool) bool {
 // filter matches the record while it is this lease's: _id, owner, epoch and
 // claim id.
 func (l *Lease) filter() bson.D {
-	return append(store.IDFilter(l.raw),
+	return append(l.raw.Filter(),
 		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
 		bson.E{Key: l.m.pClaim, Value: l.claim},
@@ -242,10 +246,12 @@ func (l *Lease) filter() bson.D {
 // sets expiresAt to the larger of itself and $$NOW + TTL; in ModeEstimated
 // to the estimate + TTL, filtered on an earlier expiry. Either way a delayed
 // renewal never moves the expiry back.
-func (l *Lease) Renew(ctx context.Context) error {
+func (l *Lease) Renew(ctx context.Context) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
+	ctx, ob := l.m.begin(ctx, opRenew, l.id)
+	defer l.endRenew(&ob, &err)
 	ctx = noSession(ctx)
 	l.mu.Lock()
 	if err := l.err; err != nil {
@@ -294,15 +300,19 @@ func (l *Lease) renewServer(ctx context.Context) error {
 		s, rerr := m.reread(ctx, l.raw, true)
 		switch {
 		case rerr != nil:
+			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
 			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
 		case !l.ours(s.rec, s.found):
+			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return l.finish(l.lostFrom(s.rec, s.found))
 		case s.rec.Renewal == a.claim:
+			m.settled(ctx, opRenew, l.id, err, observe.SettledLanded, nil)
 			l.extend(s.rec, m.deadline(a, s.rec.ExpiresAt))
 			return nil
 		default:
 			// Not applied: the deadline stays where it was, which is safe
 			// whether or not the renewal lands later.
+			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
 		}
 	default:
@@ -350,13 +360,17 @@ func (l *Lease) renewEstimated(ctx context.Context) error {
 		s, rerr := m.reread(ctx, l.raw, false)
 		switch {
 		case rerr != nil:
+			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
 			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
 		case !l.ours(s.rec, s.found):
+			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return l.finish(l.lostFrom(s.rec, s.found))
 		case s.rec.ExpiresAt.Equal(expires):
+			m.settled(ctx, opRenew, l.id, err, observe.SettledLanded, nil)
 			l.extend(record{ExpiresAt: expires}, deadline)
 			return nil
 		default:
+			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
 		}
 	default:
@@ -405,10 +419,12 @@ const maxReleaseAttempts = 3
 // Release re-reads the record and sends the update again if it was not
 // applied. A named lease's lock document keeps an expiry set to the server's
 // time of release, for the clean-up. A session in ctx is not used.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
+	ctx, ob := l.m.begin(ctx, opRelease, l.id)
+	defer l.m.end(&ob, &err)
 	ctx = noSession(ctx)
 	m := l.m
 	l.mu.Lock()
@@ -484,21 +500,26 @@ func (l *Lease) Release(ctx context.Context) error {
 		r, found := s.rec, s.found
 		switch {
 		case rerr != nil:
+			m.settled(ctx, opRelease, l.id, err, observe.SettledUnknown, rerr)
 			return &UnknownOutcomeError{Op: "release", ID: l.id, Err: err, ReadErr: rerr}
 		case l.ours(r, found):
 			// Not applied: send it again.
+			m.settled(ctx, opRelease, l.id, err, observe.SettledNotLanded, nil)
 			if attempt >= maxReleaseAttempts || ctx.Err() != nil {
 				return fmt.Errorf("lease: release %s: not applied: %w", idText(l.id), err)
 			}
 			continue
 		case found && r.Owner == "" && r.Epoch == l.epoch:
 			// Applied: the record is cleared and nobody claimed it since.
+			m.settled(ctx, opRelease, l.id, err, observe.SettledLanded, nil)
 			return released()
 		case found && r.Epoch > l.epoch && sent.Before(expiredAt):
 			// Claimed by another owner since. Before our deadline only our
 			// release could have freed it, so it was applied.
+			m.settled(ctx, opRelease, l.id, err, observe.SettledLanded, nil)
 			return released()
 		default:
+			m.settled(ctx, opRelease, l.id, err, observe.SettledNotLanded, nil)
 			lost := l.lostFrom(r, found)
 			_ = l.finish(lost)
 			return lost

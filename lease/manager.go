@@ -42,6 +42,8 @@ type Manager struct {
 	createOpts  *options.FindOneAndUpdateOptionsBuilder // upsert, for a named lease's first claim
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
+
+	lines *lines // where Acquire and Do wait for their turn
 }
 
 // New returns a Manager for leases on the documents of coll. The lease record
@@ -57,8 +59,10 @@ func New(coll *mongo.Collection, opts *Options) (*Manager, error) {
 // name is the _id of a lock document in coll, created by the first claim.
 // The lease protects other documents through [Lease.Stamp] and
 // [Lease.Fence]. See [Manager.EnsureIndexes] for the clean-up of stale lock
-// documents. NewNamed does no I/O; it fails only for a nil coll or invalid
-// opts.
+// documents. Every command on a lock document filters on its _id alone: on
+// a sharded cluster, shard coll on hashed _id (or leave it unsharded) and
+// each is sent to one shard. NewNamed does no I/O; it fails only for a nil
+// coll or invalid opts.
 func NewNamed(coll *mongo.Collection, opts *Options) (*Manager, error) {
 	return newManager(coll, opts, true)
 }
@@ -91,6 +95,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
 	m.createOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
+	m.lines = linesOf(coll, f)
 	return m, nil
 }
 
@@ -118,17 +123,30 @@ func (m *Manager) Collection() *mongo.Collection { return m.coll }
 // values but not its cancellation: it ends when the lease is released or
 // lost. A session or transaction in ctx is not used: the lease's own
 // commands never run inside the caller's transaction.
-func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
-	raw, err := m.check(ctx, "acquire", id)
+func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) {
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	ctx, ob := m.begin(ctx, opTryAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.claim(ctx, id, raw, context.WithoutCancel(ctx), nil)
+	m.acquired(ctx, opTryAcquire, l, ob.start)
+	return l, err
 }
 
-// Acquire claims the lease on id, waiting while another owner holds it: after
+// Acquire claims the lease on id, waiting while another owner holds it.
+// Calls for one lease in one process (through any Manager on the same
+// collection and lease field of the same *mongo.Client) wait in line, first
+// come, first served: one claims at a time, and when the lease it got ends
+// (released, lost or expired) the next claims at once; a call whose context
+// ends while it waits in line leaves it, having sent nothing (with
+// Options.Retry.MaxAttempts 1, which allows no wait, there is no line: one
+// claim, as TryAcquire makes). The call whose
+// turn it is claims; while another process holds the lease, after
 // each failed attempt it sleeps the next delay of Options.Retry or the time
-// left on the holder's lease, whichever is shorter, and tries again, until it
+// left on the holder's lease, whichever is shorter (or until a lease of the
+// id ends in this process), and tries again, until it
 // holds the lease, ctx ends, or the Policy's MaxAttempts, MaxElapsedTime or
 // Budget stop it. Transient errors (network, timeouts) are retried the same
 // way; other errors, such as ErrNotFound, end it at once. An attempt whose
@@ -138,12 +156,16 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (*Lease, error) {
 // again. When
 // ctx ends the error wraps both ctx's error and the last attempt's error.
 // The returned lease's context is as for TryAcquire.
-func (m *Manager) Acquire(ctx context.Context, id any) (*Lease, error) {
-	raw, err := m.check(ctx, "acquire", id)
+func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
+	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return nil, err
 	}
-	return m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	ctx, ob := m.begin(ctx, opAcquire, id)
+	defer m.end(&ob, &err)
+	l, err = m.acquire(ctx, id, raw, context.WithoutCancel(ctx))
+	m.acquired(ctx, opAcquire, l, ob.start)
+	return l, err
 }
 
 // again marks an error Acquire retries whatever the store classifiers say
@@ -152,22 +174,6 @@ type again struct{ error }
 
 func (e again) Unwrap() error   { return e.error }
 func (e again) Retryable() bool { return true }
-
-// clipClock is a retry.Clock whose timers last at most *clip (when set):
-// Acquire's sleep is the smaller of the backoff delay and the time left on
-// the holder's lease.
-type clipClock struct {
-	base retry.Clock
-	clip *time.Duration
-}
-
-func (c clipClock) Now() time.Time { return c.base.Now() }
-func (c clipClock) NewTimer(d time.Duration) retry.Timer {
-	if *c.clip > 0 {
-		d = min(d, *c.clip)
-	}
-	return c.base.NewTimer(d)
-}
 
 // realClock is the retry.Clock of time.Now and time.NewTimer.
 type realClock struct{}
@@ -180,7 +186,10 @@ type realTimer struct{ t *time.Timer }
 func (t realTimer) C() <-chan time.Time { return t.t.C }
 func (t realTimer) Stop() bool          { return t.t.Stop() }
 
-func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent context.Context) (*Lease, error) {
+// claimWaiting claims the lease on id, waiting while another owner holds it
+// (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
+// ended in this process.
+func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent context.Context, wake <-chan struct{}) (*Lease, error) {
 	p := m.c.retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
@@ -193,7 +202,7 @@ func (m *Manager) acquire(ctx context.Context, id any, raw bson.RawValue, parent
 	if base == nil {
 		base = realClock{}
 	}
-	p.Clock = clipClock{base: base, clip: &clip}
+	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
 	var (
 		l       *Lease
 		pending []attempt // claims whose outcome is unknown, to settle
@@ -266,16 +275,17 @@ func firstLine(err error) string {
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id. It returns the id's encoding for the filters.
-func (m *Manager) check(ctx context.Context, op string, id any) (bson.RawValue, error) {
+// id (a Key, or a bare id). It returns the bare id, and its encoding and
+// shard-key values for the filters.
+func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
+		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
 	}
-	raw, err := store.CheckID(id)
+	bare, raw, err := m.leaseKey(id)
 	if err != nil {
-		return bson.RawValue{}, fmt.Errorf("lease: %s: %w", op, err)
+		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, err)
 	}
-	return raw, nil
+	return bare, raw, nil
 }
 
 // idText formats an id for a message, cut short: ids come from requests.
@@ -346,10 +356,10 @@ type snapshot struct {
 // server that refuses read concern majority (refusesMajority) the Manager
 // reads with the collection's own read concern from then on: such a server
 // has no replica set to roll back.
-func (m *Manager) read(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	ctx = noSession(ctx)
 	var s snapshot
-	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Clock: m.c.retry.Clock}
+	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
 		if m.noMajority.Load() {
 			var err error
@@ -388,12 +398,12 @@ func refusesMajority(err error) bool {
 }
 
 // readOnce is one read of read, on coll.
-func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (snapshot, error) {
 	var s snapshot
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
-			{{Key: "$match", Value: store.IDFilter(raw)}},
+			{{Key: "$match", Value: raw.Filter()}},
 			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
@@ -413,7 +423,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 		}
 	} else {
 		var err error
-		doc, err = coll.FindOne(ctx, store.IDFilter(raw), m.readOpts).Raw()
+		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
 		if errors.Is(err, mongo.ErrNoDocuments) {
 			return s, nil
 		}
@@ -429,7 +439,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw bson
 
 // reread is read after an ambiguous write, on a context that lives on for
 // ResolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
-func (m *Manager) reread(ctx context.Context, raw bson.RawValue, server bool) (snapshot, error) {
+func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	rctx, cancel := m.detached(ctx)
 	defer cancel()
 	return m.read(rctx, raw, server)

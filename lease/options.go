@@ -11,6 +11,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/internal/shard"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -123,7 +125,10 @@ type Options struct {
 	// holder's lease, whichever is shorter. Acquire stops after MaxAttempts
 	// attempts or MaxElapsedTime if they are set; zero means no limit here
 	// (unlike retry.Do), so by default Acquire waits until its context ends.
-	// An invalid Policy is an error.
+	// With MaxAttempts 1, Acquire and Do make one claim and do not wait in
+	// line behind the calls of this process either: a lease held here is
+	// then a *HeldError, as one held elsewhere. An invalid Policy is an
+	// error.
 	Retry retry.Policy
 
 	// ResolveTimeout bounds the work done to settle an ambiguous write (the
@@ -151,6 +156,34 @@ type Options struct {
 	// document this long after its lease expired or was released. Default
 	// 24h. Negative is an error.
 	CleanupAfter time.Duration
+
+	// ShardKey names the fields of the shard key, as dotted paths, of the
+	// collection whose documents the Manager's leases protect, when it is
+	// sharded on a key other than _id: for a Manager made by New, the
+	// leased collection; for one made by NewNamed, the collection Stamp
+	// writes to (the lock collection itself is found by name: shard it on
+	// hashed _id). Every command on such a document then filters on an
+	// equality with each field, so that mongos routes it to the one shard
+	// that owns the document, and the id passed to TryAcquire, Acquire and
+	// Do (New) or Stamp (NewNamed) must be a [Key] carrying their values;
+	// a bare id is refused. Fields under _id are left out (the _id's
+	// equality covers them). A field may not be under Field or FenceField,
+	// and no segment may be empty or start with '$'. nil: not sharded, or
+	// sharded on _id.
+	ShardKey []string
+
+	// Observer, if not nil, receives the Manager's events (see the observe
+	// package): the start and end of each TryAcquire, Acquire, Do, Renew
+	// and Release (a call refused before anything is sent has none); a
+	// lease acquired (with the time waited and the epoch), renewed, not
+	// renewed, lost (with the reason), released, or found held by another
+	// owner (with its time left); each ambiguous write and how it was
+	// settled; the retries of Retry, and of Do's renewals and the re-reads,
+	// unless Retry has an Observer of its own; and the syncs of the Clock
+	// the Manager makes when Options.Clock is nil. Events of a lease that
+	// ends on its own (its deadline passes) come from a timer's goroutine.
+	// Nil means none, at no cost: no event is built.
+	Observer observe.Observer
 }
 
 // config is Options with every default resolved.
@@ -168,6 +201,8 @@ type config struct {
 	clock          *store.Clock
 	now            func() time.Time
 	cleanupAfter   time.Duration
+	shard          shard.Spec // ShardKey, checked
+	observer       observe.Observer
 }
 
 func resolve(client *mongo.Client, o *Options) (config, error) {
@@ -203,6 +238,10 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	}
 	if c.fenceField == c.field {
 		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.fenceField)}
+	}
+	var err error
+	if c.shard, err = parseShardKey(o.ShardKey, &c); err != nil {
+		return c, err
 	}
 
 	switch o.Mode {
@@ -245,6 +284,10 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		return c, &OptionsError{Field: "Retry", Reason: err.Error()}
 	}
 	c.retry = o.Retry
+	c.observer = o.Observer
+	if c.retry.Observer == nil {
+		c.retry.Observer = o.Observer
+	}
 
 	c.resolveTimeout = o.ResolveTimeout
 	switch {
@@ -270,7 +313,7 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	if c.clock == nil {
 		// Lazy: NewClock does no I/O, and a Manager in ModeServer never
 		// asks it for the time.
-		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now})
+		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now, Observer: o.Observer})
 	}
 	return c, nil
 }

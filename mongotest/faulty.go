@@ -180,7 +180,8 @@ func (f *Faulty) DropReplies(n int, match Match) *Fault {
 }
 
 // DelayReplies holds every reply to a matching request for d, until stop is
-// called (cleanup calls it too).
+// called (Close and cleanup call it too). Stop also ends at once the delay
+// of every reply being held: it goes on to the client.
 func (f *Faulty) DelayReplies(d time.Duration, match Match) (stop func()) {
 	return f.proxy.DelayReplies(d, match)
 }

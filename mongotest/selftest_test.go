@@ -224,6 +224,56 @@ func TestFaultDelayReplies(t *testing.T) {
 	require.Greater(t, f.Requests(), before, "the find passed through this client's proxy")
 }
 
+// TestFaultDelayRepliesStopReleasesHeld: stop and Close end the delay of a
+// reply already being held, not only of later ones. The delay is an hour and
+// the find's context a minute: the find succeeds only if stop released its
+// reply.
+func TestFaultDelayRepliesStopReleasesHeld(t *testing.T) {
+	db := mongotest.New(t)
+	f := db.Faulty(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	coll := f.Collection("d")
+	_, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(t, err)
+
+	// held is closed when the proxy matches the find's reply against the
+	// rule: it is then being held.
+	find := func() (held chan struct{}, match mongotest.Match) {
+		held = make(chan struct{})
+		var once sync.Once
+		return held, func(c *mongotest.Command) bool {
+			if c.Name != "find" {
+				return false
+			}
+			once.Do(func() { close(held) })
+			return true
+		}
+	}
+	held, match := find()
+	stop := f.DelayReplies(time.Hour, match)
+	errc := make(chan error, 1)
+	go func() { errc <- coll.FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Err() }()
+	<-held
+	stop()
+	require.NoError(t, <-errc, "stop released the held reply before the find's context ended")
+
+	// Close releases a held reply too (the client then sees its connection
+	// closed), and does not wait for the delay to end.
+	held, match = find()
+	f.DelayReplies(time.Hour, match)
+	go func() { errc <- coll.FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Err() }()
+	<-held
+	closed := make(chan struct{})
+	go func() { f.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("Close waited for the held reply's delay")
+	}
+	require.Error(t, <-errc, "the client's connection was closed")
+}
+
 func TestFaultPause(t *testing.T) {
 	db := mongotest.New(t)
 	f := db.Faulty(t, nil)

@@ -18,7 +18,8 @@
 //
 // The zero Policy means the defaults: full-jitter exponential backoff whose
 // cap starts at 5ms and doubles up to 200ms, at most 10 attempts and at most
-// 2s in all. A retry [Budget], a hook for logs and metrics (OnRetry), and, for
+// 2s in all. A retry [Budget], hooks for logs and metrics (OnRetry, and an
+// [observe.Observer] that gets a Retry or BudgetRefused event), and, for
 // tests, a [Clock] and a random source are set on the [Policy]. [DoValue] is [Do] for
 // functions that return a value; [Policy.NewBackoff] gives the bare delay
 // sequence to loops that Do does not fit.
@@ -56,8 +57,9 @@
 //   - Each retry, never a first attempt, takes exactly one token from the
 //     Policy's Budget, and no retry happens without one, however many
 //     goroutines share the Budget.
-//   - OnRetry is called once before each sleep, on the goroutine of Do, in
-//     order.
+//   - OnRetry, then the Observer's Retry event, come once before each sleep,
+//     on the goroutine of Do, in order; a refusal by the Budget is one
+//     BudgetRefused event. With no Observer, no event is built.
 //   - A call whose first attempt succeeds makes no allocation and no sleep.
 //   - Do starts no goroutine: when it returns, nothing of it runs on.
 //   - With a fake Clock and a fixed Rand, the delays, and so Do's behaviour,

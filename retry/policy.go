@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/mongocas/mongocas/observe"
 )
 
 // Default values of the Policy fields. A zero field of a Policy takes the
@@ -84,6 +86,14 @@ type Policy struct {
 	// that called Do and must not block for long. Nil means none.
 	OnRetry func(Attempt)
 
+	// Observer, if not nil, receives an observe.Retry event before each
+	// sleep (after OnRetry) and an observe.BudgetRefused event when the
+	// Budget refuses a retry, with Do's context. Do sends no other event:
+	// the operation that calls it reports its own start and end. The
+	// versioned and lease packages fill it with their Options.Observer when
+	// it is nil. Nil means none, at no cost.
+	Observer observe.Observer
+
 	// Clock supplies the current time and the timers Do sleeps on. Tests
 	// inject a fake one so that they never sleep. Nil means the real clock
 	// (time.Now and time.NewTimer).
@@ -137,8 +147,8 @@ func (j Jitter) String() string {
 
 // Default returns the default Policy with every numeric field filled in:
 // InitialInterval 5ms, MaxInterval 200ms, Multiplier 2, FullJitter,
-// MaxAttempts 10, MaxElapsedTime 2s. Budget, OnRetry, Clock and Rand stay nil,
-// which means no budget, no hook, the real clock and math/rand/v2.
+// MaxAttempts 10, MaxElapsedTime 2s. Budget, OnRetry, Observer, Clock and Rand
+// stay nil, which means no budget, no hooks, the real clock and math/rand/v2.
 // Do(ctx, Default(), fn) behaves exactly like Do(ctx, Policy{}, fn).
 func Default() Policy {
 	return Policy{
@@ -185,6 +195,7 @@ type settings struct {
 	maxElapsed   time.Duration // <= 0: unlimited
 	budget       *Budget
 	onRetry      func(Attempt)
+	observer     observe.Observer
 	clock        Clock
 	rand         func() float64
 }
@@ -199,6 +210,7 @@ func (p Policy) resolve() settings {
 		jitter:     p.Jitter,
 		budget:     p.Budget,
 		onRetry:    p.OnRetry,
+		observer:   p.Observer,
 		clock:      p.Clock,
 		rand:       p.Rand,
 	}

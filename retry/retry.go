@@ -3,6 +3,8 @@ package retry
 import (
 	"context"
 	"time"
+
+	"github.com/mongocas/mongocas/observe"
 )
 
 // Attempt describes a failed attempt that Do is about to retry. Do passes it
@@ -139,11 +141,13 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}
 		if s.budget != nil && !s.budget.take(s.clock) {
+			s.observe(ctx, observe.BudgetRefused, attempt, 0, err)
 			return &BudgetExhaustedError{Attempts: attempt, Last: err}
 		}
 		if s.onRetry != nil {
 			s.onRetry(Attempt{Number: attempt, Err: err, Delay: delay, Elapsed: elapsed})
 		}
+		s.observe(ctx, observe.Retry, attempt, delay, err)
 		if !sleep(ctx, s.clock, delay) {
 			return newStoppedError(ctx, attempt, err)
 		}
@@ -163,4 +167,12 @@ func sleep(ctx context.Context, clock Clock, d time.Duration) bool {
 		}
 	}
 	return ctx.Err() == nil
+}
+
+// observe sends an event of kind k about the failed attempt to the Policy's
+// Observer, if it has one.
+func (s *settings) observe(ctx context.Context, k observe.Kind, attempt int, delay time.Duration, err error) {
+	if s.observer != nil {
+		s.observer.Observe(ctx, observe.Event{Kind: k, Attempt: attempt, Delay: delay, Err: err})
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+
+	"github.com/mongocas/mongocas/observe"
 )
 
 // ErrNoServerTime is matched by every error a Clock returns when it has no
@@ -74,6 +76,11 @@ type ClockOptions struct {
 	// gets the same estimate. Default time.Now (whose differences use the
 	// monotonic clock). Tests inject a fake here.
 	Now func() time.Time
+	// Observer, if not nil, receives an observe.ClockSync event after each
+	// sync that took a reading, with the bound and round trip of the reading
+	// kept. A lease.Manager gives the Clock it makes its own Observer. Nil
+	// means none.
+	Observer observe.Observer
 }
 
 func (o *ClockOptions) withDefaults() ClockOptions {
@@ -184,13 +191,25 @@ func (c *Clock) Sync(ctx context.Context) error {
 		}
 		if err != nil {
 			if i > 0 {
-				return nil // the readings taken are kept
+				break // the readings taken are kept
 			}
 			return noServerTime(ctx, err)
 		}
 		c.offer(reading{sent: sent, recv: recv, server: st})
 	}
+	c.synced(ctx)
 	return nil
+}
+
+// synced tells the Observer, if any, about the reading a sync kept.
+func (c *Clock) synced(ctx context.Context) {
+	if c.opts.Observer == nil {
+		return
+	}
+	c.mu.Lock()
+	e := c.estimate(c.best, c.opts.Now())
+	c.mu.Unlock()
+	c.opts.Observer.Observe(ctx, observe.Event{Kind: observe.ClockSync, Bound: e.Bound, RTT: e.RTT})
 }
 
 // noServerTime wraps err so that it matches ErrNoServerTime, and the context's

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"reflect"
@@ -92,6 +93,20 @@ func shortValue(v any) string {
 // never interpreted; refusing them as well means a hostile id is reported to
 // its caller instead of matching nothing silently.
 func CheckID(id any) (bson.RawValue, error) {
+	// The common id types, encoded as the driver does, without reflection:
+	// neither can act as an operator.
+	switch v := id.(type) {
+	case string:
+		if v != "" {
+			b := make([]byte, 4, 4+len(v)+1)
+			binary.LittleEndian.PutUint32(b, uint32(len(v)+1)) //nolint:gosec // a string in memory
+			return bson.RawValue{Type: bson.TypeString, Value: append(append(b, v...), 0)}, nil
+		}
+	case bson.ObjectID:
+		if !v.IsZero() {
+			return bson.RawValue{Type: bson.TypeObjectID, Value: v[:]}, nil
+		}
+	}
 	if id == nil {
 		return bson.RawValue{}, &IDError{ID: id, Reason: "id is nil"}
 	}

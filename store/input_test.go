@@ -65,6 +65,8 @@ func TestCheckIDAcceptsPlainValues(t *testing.T) {
 	for name, id := range map[string]any{
 		"string":             "alice",
 		"string with $":      "$ne",
+		"string with NUL":    "a\x00b",
+		"unicode string":     "héllo",
 		"int":                42,
 		"negative int64":     int64(-7),
 		"ObjectID":           bson.NewObjectID(),
@@ -78,6 +80,12 @@ func TestCheckIDAcceptsPlainValues(t *testing.T) {
 			require.NotZero(t, raw.Type)
 			f := store.IDFilter(raw)
 			require.Equal(t, "_id", f[0].Key)
+			// Encoded as the driver encodes it (strings and ObjectIDs take
+			// a path of their own).
+			typ, data, err := bson.MarshalValue(id)
+			require.NoError(t, err)
+			require.Equal(t, typ, raw.Type)
+			require.Equal(t, data, raw.Value)
 		})
 	}
 }

@@ -6,8 +6,13 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/mongocas/mongocas v0.0.0-00010101000000-000000000000
 	github.com/mongocas/mongocas/mongotest v0.0.0-00010101000000-000000000000
+	github.com/mongocas/mongocas/otelmongocas v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	go.mongodb.org/mongo-driver/v2 v2.10.0
+	go.opentelemetry.io/otel v1.44.0
+	go.opentelemetry.io/otel/sdk v1.44.0
+	go.opentelemetry.io/otel/sdk/metric v1.44.0
+	go.opentelemetry.io/otel/trace v1.44.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -86,12 +91,9 @@ require (
 	go.mongodb.org/mongo-driver v1.17.3 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
-	go.opentelemetry.io/otel v1.44.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.36.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.36.0 // indirect
 	go.opentelemetry.io/otel/metric v1.44.0 // indirect
-	go.opentelemetry.io/otel/sdk v1.44.0 // indirect
-	go.opentelemetry.io/otel/trace v1.44.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.6.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
@@ -118,4 +120,5 @@ require (
 replace (
 	github.com/mongocas/mongocas v0.0.0-00010101000000-000000000000 => ../
 	github.com/mongocas/mongocas/mongotest v0.0.0-00010101000000-000000000000 => ../mongotest
+	github.com/mongocas/mongocas/otelmongocas v0.0.0-00010101000000-000000000000 => ../otelmongocas
 )

@@ -2,8 +2,6 @@ package versioned
 
 import (
 	"sync"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // maxCached bounds the documents a repository remembers.
@@ -23,33 +21,46 @@ type seen struct {
 	last    string // the id of the last write seen in the document ("" for none)
 }
 
-// docCache remembers, per document id, the last observation. It is safe
-// for concurrent use and forgets an arbitrary document when full.
+// docCache remembers, per document id, the last observation, and the
+// shard-key values of the document it was made on (an _id must be unique
+// across a sharded collection: MongoDB leaves that to the application when
+// the shard key is not _id). It is safe for concurrent use and forgets an
+// arbitrary document when full.
 type docCache struct {
 	mu   sync.Mutex
-	docs map[string]seen
+	docs map[string]cached
 }
 
-func newDocCache() *docCache { return &docCache{docs: map[string]seen{}} }
+// cached is one entry: what was seen, and on which shard-key values.
+type cached struct {
+	shard string
+	seen
+}
 
-// cacheKey identifies a document by the BSON encoding of its id.
-func cacheKey(id bson.RawValue) string {
-	return string(rune(id.Type)) + string(id.Value)
+func newDocCache() *docCache { return &docCache{docs: map[string]cached{}} }
+
+// cacheID identifies a document: the BSON encoding of its id, and its
+// shard-key values (shard.Values.Ident; "" without a shard key).
+type cacheID struct{ id, shard string }
+
+// cacheKey identifies the document key names.
+func cacheKey(key docKey) cacheID {
+	return cacheID{id: string(rune(key.ID.Type)) + string(key.ID.Value), shard: key.Shard.Ident()}
 }
 
 // observe records a stored document as read. An observation of the same
 // incarnation at an older version than the one held is ignored.
-func (c *docCache) observe(key string, st *docState) {
+func (c *docCache) observe(key cacheID, st *docState) {
 	c.put(key, seen{version: st.version, inc: st.inc, last: st.last()})
 }
 
 // put records s unless it is older than what is held of the same
 // incarnation.
-func (c *docCache) put(key string, s seen) {
+func (c *docCache) put(key cacheID, s seen) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old, ok := c.docs[key]
-	if ok && old.inc == s.inc && old.version > s.version {
+	old, ok := c.docs[key.id]
+	if ok && old.shard == key.shard && old.inc == s.inc && old.version > s.version {
 		return
 	}
 	if !ok && len(c.docs) >= maxCached {
@@ -58,20 +69,34 @@ func (c *docCache) put(key string, s seen) {
 			break
 		}
 	}
-	c.docs[key] = s
+	c.docs[key.id] = cached{shard: key.shard, seen: s}
 }
 
 // lookup returns what was last seen of the document, if anything.
-func (c *docCache) lookup(key string) (seen, bool) {
+func (c *docCache) lookup(key cacheID) (seen, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.docs[key]
-	return s, ok
+	e, ok := c.docs[key.id]
+	if !ok || e.shard != key.shard {
+		return seen{}, false
+	}
+	return e.seen, true
 }
 
 // forget drops what is known of a document (it was deleted, or not found).
-func (c *docCache) forget(key string) {
+func (c *docCache) forget(key cacheID) {
 	c.mu.Lock()
-	delete(c.docs, key)
+	if e, ok := c.docs[key.id]; ok && e.shard == key.shard {
+		delete(c.docs, key.id)
+	}
 	c.mu.Unlock()
+}
+
+// shardOf returns the shard-key values (their Ident) of the document with
+// key's id as last seen, if it was.
+func (c *docCache) shardOf(key cacheID) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.docs[key.id]
+	return e.shard, ok
 }

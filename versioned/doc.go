@@ -42,11 +42,50 @@
 // repository re-reads and looks for it. How and why this is safe is in
 // DESIGN.md, beside this file.
 //
+// Modify calls on one document in one process do not race each other
+// through the server: they wait in line (one line per document, shared by
+// every Repo on the same collection of the same *mongo.Client), and the
+// call at the head of the line combines itself and the calls behind it
+// from the same Repo, up to 16, into one read and one write: it calls each
+// fn in turn, each on the state the one before left, and the write gives
+// each call a version and a write id of its own. Across processes (other
+// clients) the version check arbitrates, as for any write. Modify's
+// default policy retries conflicts for up to [DefaultRetryTime] within a
+// budget per Repo ([DefaultRetryBudget]), with no bound on attempts.
+//
+// # Sharded collections
+//
+// On a collection sharded on a key other than _id, name the shard key's
+// fields in [Options].ShardKey. Every command the repository sends (reads,
+// writes, and the re-reads that judge a conflict or settle a lost reply)
+// then filters on the _id and on {field: {$eq: value}} for each of them, so
+// that mongos sends it to the one shard that owns the document. Insert,
+// Update and Delete take the values from the document; Get, Modify and
+// Guarded from a [Key] passed as the id, and refuse a bare id:
+//
+//	repo, err := versioned.New[Account](coll, &versioned.Options{ShardKey: []string{"region", "accountId"}})
+//	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
+//		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},
+//	}})
+//
+// A repository never changes a stored document's shard key: Update does not
+// write a top-level shard-key field and refuses a copy whose values differ
+// from those it last read for the id, Modify refuses an fn that changes
+// one, Guarded an update path that touches one (each an [*InvalidError],
+// nothing sent). Changing a shard key moves the document to another shard,
+// which MongoDB allows only in a transaction or as a retryable write
+// through mongos: do that outside the repository. The guarantees below hold
+// on a sharded cluster as on a replica set, with write concern majority and
+// primary reads (store.Connect's defaults).
+//
 // # Guarantees
 //
 //   - No lost update: Update, Delete and Modify apply only if the stored
-//     version is the one they expect; every write, Guarded included, raises
-//     the version by exactly one in the same atomic statement as its change.
+//     version is the one they expect; every change raises the version by
+//     exactly one in the same atomic statement as the change: a write,
+//     Guarded included, by one, and a write combining k Modify calls'
+//     changes by k, each call getting the version one above the state its
+//     fn saw.
 //   - At most once: a write whose outcome was ambiguous (network error,
 //     timeout, write-concern error, RetryableWriteError label) is applied at
 //     most once. The call reports success only if it was applied, and
@@ -66,7 +105,13 @@
 //     copy of it can match a re-inserted one at the same version, as with
 //     any version counter.
 //   - Modify's fn sees the state it replaces, and writes only the fields it
-//     changed (compared as Go values). fn may run several times.
+//     changed (compared as Go values). fn may run several times. In a
+//     combined write each fn sees the state the fn before it left (the
+//     state read, for the first), and each call returns the document as its
+//     own fn left it; a call reports success only if the write holding its
+//     change landed. An error from one fn, or a change that cannot be
+//     written, affects only its own call: nothing of it is written, and the
+//     next fn sees the state before it.
 //   - Guarded's condition and change are one atomic statement.
 //   - Bad input is refused before anything is sent: ids are compared with
 //     $eq and an id that could act as an operator is refused; field names
@@ -99,7 +144,9 @@
 //   - [ErrDuplicate], [*DuplicateError]: Insert of an existing id, or a
 //     unique index violation.
 //   - [ErrInvalid], [*InvalidError], [*VersionTypeError]: bad input, nothing
-//     sent; [ErrInvalidID] too for a bad id. A stored version that is not an
+//     sent; [ErrInvalidID] too for a bad id (or [Key]: a missing or
+//     operator-shaped shard-key value, a bare id where Options.ShardKey is
+//     set). A write that would change a shard key is ErrInvalid. A stored version that is not an
 //     integer from 0 to math.MaxInt64-1 is a *VersionTypeError; a write that
 //     would raise the version past math.MaxInt64-1 is an *InvalidError. The
 //     same values as the store package's, in every mongocas package.

@@ -48,14 +48,18 @@ type sent struct {
 // ambiguous failure, resolves by re-reading.
 type write struct {
 	op   string
-	id   any           // the caller's id, for errors
-	key  bson.RawValue // the encoded id
-	wid  string        // the write id it stamps ("" for a delete)
-	base int64         // the version it records with its write id
+	id   any    // the caller's id, for errors
+	key  docKey // the encoded id, and the shard-key values
+	wid  string // the write id it stamps ("" for a delete)
+	base int64  // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
 	judge func(st *docState) (verdict, string)
+	// to, if not nil, are the contexts of the calls whose changes the write
+	// carries (a combined Modify write): its Ambiguous and Settled events
+	// go to each of them instead of the context exec runs in.
+	to []context.Context
 }
 
 // outcome is the result of exec.
@@ -78,7 +82,7 @@ type outcome struct {
 // When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
 // never returns an ambiguous error as it is, except inside a transaction,
 // where the transaction, not the write, is the unit to retry.
-func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
+func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (out outcome, err error) {
 	s, err := w.send(ctx)
 	if err == nil {
 		return outcome{landed: s.matched, after: s.after}, nil
@@ -86,6 +90,8 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	if !store.IsAmbiguous(err) || inTransaction(ctx) {
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
+	r.ambiguous(ctx, w, err)
+	defer r.settled(ctx, w, &out, &err)
 	first, noMatch := err, false
 	for resends := 0; ; {
 		st, rerr := r.reread(ctx, p, w)
@@ -154,13 +160,13 @@ func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docSt
 }
 
 // find reads the document with id key that also matches the guards.
-func (r *Repo[T]) find(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
+func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guards []guard) (*docState, error) {
 	return r.findIn(ctx, r.coll, op, id, key, guards)
 }
 
 // findIn is find through coll (the repository's collection, or settle).
-func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key bson.RawValue, guards []guard) (*docState, error) {
-	filter := withGuards(store.IDFilter(key), guards)
+func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
+	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, &NotFoundError{Op: op, ID: id}
@@ -201,25 +207,7 @@ const (
 // document at base, or a little past it, is the incarnation the write
 // targeted. See DESIGN.md.
 func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
-	return func(st *docState) (verdict, string) {
-		switch {
-		case st == nil:
-			return unknown, whyGone
-		case st.has(w.wid):
-			return landed, ""
-		case incKnown && st.inc != inc:
-			return unknown, whyOther
-		case st.version == w.base:
-			return live, ""
-		case st.version > w.base && st.version-w.base <= st.nids():
-			// Had it landed, it made version base+1, whose id the list
-			// still covers.
-			return dead, ""
-		case st.version > w.base:
-			return unknown, whyFar
-		}
-		return unknown, whyUnrelated
-	}
+	return judgeSpan(w, inc, incKnown, 1)
 }
 
 // classify tells why a write filtered on id, version == expected (and an
@@ -227,7 +215,7 @@ func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, str
 // document). A failed Where filter wins over a moved version: the caller's
 // fence (a lease, say) is what stopped the write, and retrying will not
 // help.
-func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawValue, expected int64, st *docState, guards []guard) error {
+func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, expected int64, st *docState, guards []guard) error {
 	if st == nil {
 		r.cache.forget(cacheKey(key))
 		return &NotFoundError{Op: op, ID: id}
@@ -246,7 +234,7 @@ func (r *Repo[T]) classify(ctx context.Context, op string, id any, key bson.RawV
 
 // guardsFail reports whether the document fails one of the guards (or is
 // gone).
-func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key bson.RawValue, guards []guard) (bool, error) {
+func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key docKey, guards []guard) (bool, error) {
 	_, err := r.find(ctx, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) {
 		return true, nil
@@ -256,7 +244,7 @@ func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key bson.Ra
 
 // guardError builds the *GuardError of a write whose conditions failed,
 // checking each WhereErr filter to learn which failed.
-func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.RawValue, ver int64, guards []guard) error {
+func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey, ver int64, guards []guard) error {
 	ge := &GuardError{Op: op, ID: id, Version: ver}
 	for _, g := range guards {
 		if g.failErr == nil {
@@ -272,7 +260,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key bson.Ra
 
 // rereadNow reads the document to classify a failed write; a missing
 // document is nil.
-func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key bson.RawValue) (*docState, error) {
+func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key docKey) (*docState, error) {
 	st, err := r.find(ctx, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge

@@ -58,9 +58,24 @@ func FuzzCheckOps(f *testing.F) {
 		if bson.Raw(data).Validate() != nil {
 			return
 		}
+		fast := r.opsOK(bson.Raw(data))
 		ops, err := r.checkOps("guarded", bson.Raw(data))
 		if err != nil {
+			if fast {
+				t.Fatalf("the fast check accepted an update checkOps refuses: %v", err)
+			}
 			return
+		}
+		upd, err := r.updateOps("guarded", bson.Raw(data))
+		if err != nil {
+			if wellFormed(data) {
+				t.Fatalf("updateOps refused a well-formed update checkOps accepts: %v", err)
+			}
+			return // malformed deeper than checkOps looks
+		}
+		var given map[string]bson.Raw
+		if err := bson.Unmarshal(upd, &given); err != nil {
+			t.Fatalf("checked update does not decode: %v", err)
 		}
 		for _, o := range ops {
 			switch o.Key {
@@ -81,8 +96,33 @@ func FuzzCheckOps(f *testing.F) {
 				}
 			}
 		}
-		if _, err := bson.Marshal(r.guardedUpdate(ops, "WID")); err != nil {
-			t.Fatalf("merged update does not encode: %v", err)
+		merged := r.guardedWrite(upd, "WID")
+		if err := merged.Validate(); err != nil {
+			t.Fatalf("merged update is not valid BSON: %v", err)
+		}
+		var m map[string]bson.Raw
+		if err := bson.Unmarshal(merged, &m); err != nil {
+			t.Fatalf("merged update does not decode: %v", err)
+		}
+		if len(m) != len(given)+1+boolInt(given["$inc"] == nil)+boolInt(given["$set"] == nil) {
+			t.Fatalf("merged update has operators %v from %v", m, given)
+		}
+		if v, ok := m["$inc"].Lookup("version").Int64OK(); !ok || v != 1 {
+			t.Fatalf("merged update does not raise the version: %v", merged)
+		}
+		if v, ok := m["$set"].Lookup("_mc.h").Int32OK(); !ok || v != WriteIDs {
+			t.Fatalf("merged update does not record WriteIDs: %v", merged)
+		}
+		if w := m["$push"].Lookup("_mc.ids", "$each", "0").StringValue(); w != "WID" {
+			t.Fatalf("merged update does not push the write id: %v", merged)
+		}
+		for name, fields := range given {
+			elems, _ := fields.Elements()
+			for _, fe := range elems {
+				if _, err := m[name].LookupErr(fe.Key()); err != nil {
+					t.Fatalf("merged update lost %s %s: %v", name, fe.Key(), merged)
+				}
+			}
 		}
 	})
 }
@@ -120,4 +160,11 @@ func FuzzCheckKeys(f *testing.F) {
 		}
 		walk(bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: data})
 	})
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-
-	"github.com/mongocas/mongocas/store"
 )
 
 // Guarded applies the caller's update operators to the document with the
@@ -48,13 +45,15 @@ import (
 // have landed since, the anchor is gone: Guarded reads once and sends
 // again. If the reply is lost and the write turns out to have landed, the
 // document returned is the one re-read, which may include later writes.
-func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (*T, error) {
+func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
-	ops, err := r.checkOps(op, update)
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
+	ops, err := r.updateOps(op, update)
 	if err != nil {
 		return nil, err
 	}
@@ -80,14 +79,14 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			s = seen{version: st.version, inc: st.inc, last: st.last()}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
-		filter := store.IDFilter(key)
+		filter := key.Filter()
 		if s.last != "" {
 			// The version must be below the last one, so that $inc cannot
 			// wrap it (a stored version written by another program).
 			filter = append(filter, r.versionBelowLast())
 			// The anchor: present while the write's own id, pushed after
 			// it, cannot have been cut from the list.
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$eq", Value: s.last}, {Key: "$ne", Value: w.wid}}})
+			filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (verdict, string) {
 				switch {
 				case st == nil:
@@ -110,7 +109,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			w.judge = judgeCAS(w, s.inc, true)
 		}
 		filter = withGuards(filter, guards)
-		upd := r.guardedUpdate(ops, w.wid)
+		upd := r.guardedWrite(ops, w.wid)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -157,33 +156,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		}
-		return nil, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version}
+		return nil, r.conflicted(ctx, &ConflictError{Op: op, ID: idv, Expected: s.version, Current: st.version})
 	}
-}
-
-// guardedUpdate merges the caller's operators with the version bump and the
-// write-id protocol.
-func (r *Repo[T]) guardedUpdate(ops bson.D, wid string) bson.D {
-	set, push := r.protocol(nil, wid)
-	add := map[string]bson.D{
-		"$inc": {{Key: r.opts.VersionField, Value: int64(1)}},
-		"$set": set,
-	}
-	out := make(bson.D, 0, len(ops)+3)
-	for _, o := range ops {
-		fields, _ := o.Value.(bson.D) // checkOps made every operator a bson.D
-		if extra, ok := add[o.Key]; ok {
-			fields = append(slices.Clip(fields), extra...)
-			delete(add, o.Key)
-		}
-		out = append(out, bson.E{Key: o.Key, Value: fields})
-	}
-	for _, k := range []string{"$inc", "$set"} {
-		if extra, ok := add[k]; ok {
-			out = append(out, bson.E{Key: k, Value: extra})
-		}
-	}
-	return append(out, push)
 }
 
 // checkOps validates the caller's update of Guarded and returns it as a
@@ -274,7 +248,7 @@ func (r *Repo[T]) checkPath(op, path string) error {
 	if r.reserved(segs[0]) {
 		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
 	}
-	return nil
+	return r.checkShardPath(op, path)
 }
 
 // checkOperand checks the value an operator gives a path.

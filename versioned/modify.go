@@ -1,14 +1,19 @@
 package versioned
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
 )
 
 // Modify reads the document with the given id, calls fn on a fresh copy of
@@ -16,15 +21,48 @@ import (
 // was read: one find and one updateOne filtered on the id and the version
 // read, that $sets the changed mapped fields, $unsets the removed ones and
 // raises the version. It returns the document as stored. If fn changes
-// nothing, nothing is written and the document as read is returned.
+// nothing, nothing is written and the document as read is returned. Where
+// the server runs update pipelines (MongoDB, DocumentDB) the write is a
+// findOneAndUpdate filtered on the id whose pipeline applies the same change
+// only if the version is still the one read, and which returns the current
+// document when it is not: a conflict then costs one round trip, since the
+// retry starts from that document instead of reading again.
 //
-// On a conflict (someone wrote the document in between) Modify reads again
-// and calls fn again on the new state, with jittered backoff, under the
-// repository's retry policy (Options.Retry, or WithRetry for this call). So
-// fn may run several times, each time on a freshly read copy; it must not
-// have side effects that cannot be repeated. When the retries run out the
-// error matches ErrConflict and retry.ErrExhausted (or
-// retry.ErrBudgetExhausted).
+// Calls on one document in one process wait in line instead of racing each
+// other through the server (every Repo on the same collection of the same
+// *mongo.Client shares the line). The call at the head of the line reads
+// once for itself and the calls behind it from the same Repo (up to 16),
+// calls each fn in turn, each on a fresh copy of the state the fn before it
+// left (fn's changes, or the state as read), and writes all their changes in
+// one updateOne. Each call gets a version of its own, one above the state
+// its fn saw (a combined write of k changes raises the version by k), its
+// own write id, and the document as its fn left it. An fn that returns an
+// error, or changes nothing, adds nothing to the write; the next fn sees the
+// state it was given. A call whose fn saw a state another fn of the write
+// left succeeds, or fails with fn's error, only if that write lands:
+// otherwise its fn runs again on the state read next. Calls with a Where
+// filter or WithRetry, or whose ctx carries a session, take their turn in
+// line alone. fn may run on the goroutine of another call in the line; if it
+// panics, the panic is raised again on its own call's goroutine, and nothing
+// of it is written. fn must not call Modify for the same document through a
+// Repo on the same collection and client: that call would wait in line
+// behind the one running fn, until its ctx ends. The line is per document:
+// with Options.ShardKey, per id and shard-key values, and an fn that changes
+// a shard-key value is refused (*InvalidError) whatever its place in the
+// line, the others' changes written. With an Observer, each call reports its
+// own start and end, its own attempts and outcome (aborted when its fn's
+// error ends it), and gets, in its own context, a Conflict and a Retry event
+// for each of its attempts that a conflict failed, whoever shared the write
+// (see the observe package).
+//
+// On a conflict (another process wrote the document in between) Modify
+// reads again and calls fn again on the new state, with jittered backoff,
+// under the repository's retry policy (Options.Retry, or WithRetry for this
+// call): by default it keeps retrying for up to 10 seconds, within the
+// repository's retry budget. So fn may run several times, each time on a
+// freshly read copy; it must not have side effects that cannot be repeated.
+// When the retries run out the error matches ErrConflict and
+// retry.ErrExhausted (or retry.ErrBudgetExhausted).
 //
 // An error from fn aborts Modify without a write; Modify returns it wrapped,
 // so errors.Is and errors.As reach it. fn must not change the id
@@ -34,149 +72,691 @@ import (
 // is not called and Modify returns a *GuardError) and when written.
 //
 // Inside a transaction (ctx carries a session with a transaction in
-// progress) Modify makes one attempt and returns a *ConflictError as it is,
-// for the transaction's own retry loop to handle.
-func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (*T, error) {
+// progress) Modify makes one attempt, outside the line, and returns a
+// *ConflictError as it is, for the transaction's own retry loop to handle.
+func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (_ *T, err error) {
 	const op = "modify"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	m := &member[T]{fn: fn}
+	ctx, m.ob = r.begin(ctx, op, idv)
+	m.ctx = ctx
+	defer r.end(&m.ob, &err)
 	if fn == nil {
 		return nil, &InvalidError{Op: op, Reason: "fn is nil"}
 	}
 	cfg := newWriteConfig(opts)
-	policy := r.policy(&cfg)
-	var (
-		result *T
-		fnErr  error
-	)
-	attempt := func(ctx context.Context) error {
-		st, err := r.find(ctx, op, idv, key, cfg.guards)
-		if errors.Is(err, ErrNotFound) && len(cfg.guards) > 0 {
-			// The guarded read missed: tell a failed guard from a missing
-			// document. A failed re-read says neither.
-			st, err := r.rereadNow(ctx, op, idv, key)
-			if err != nil {
-				return err
-			}
-			if st != nil {
-				return r.guardError(ctx, op, idv, key, st.version, cfg.guards)
-			}
-			return r.classify(ctx, op, idv, key, 0, nil, nil)
-		}
-		if err != nil {
-			return err
-		}
-		if err := checkBase(op, r.opts.VersionField, st.version, true); err != nil {
-			return err
-		}
-		before, err := r.decode(op, idv, st)
-		if err != nil {
-			return err
-		}
-		doc, err := r.decode(op, idv, st)
-		if err != nil {
-			return err
-		}
-		if err := fn(doc); err != nil {
-			fnErr = err
-			return retry.Permanent(err)
-		}
-		r.s.setVersion(valueOf(doc), st.version)
-		set, unset, err := r.changes(op, idv, valueOf(before), doc)
-		if err != nil {
-			return err
-		}
-		if len(set) == 0 && len(unset) == 0 {
-			result = doc
-			return nil
-		}
-		if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
-			// Write ids of the protocol before this one: nobody reads them.
-			unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
-		}
-		base := st.version
-		out, err := r.updateCAS(ctx, op, idv, key, base, st, set, unset, &cfg)
-		switch {
-		case err != nil:
-			return err
-		case out.landed:
-			r.s.setVersion(valueOf(doc), base+1)
-			result = doc
-			return nil
-		case !out.read && !inTransaction(ctx):
-			// The next attempt's read, after the backoff, tells whether the
-			// document moved, went away or fails the filters: no re-read
-			// now, which saves a round trip per conflict.
-			return &ConflictError{Op: op, ID: idv, Expected: base, Current: -1}
-		}
-		return r.notApplied(ctx, op, idv, key, base, out, cfg.guards)
-	}
 	if inTransaction(ctx) {
-		err = attempt(ctx)
-	} else {
-		err = retry.Do(ctx, *policy, attempt)
-	}
-	var ce *ConflictError
-	if errors.As(err, &ce) && ce.Current < 0 && ctx.Err() == nil {
-		// The retries ran out on a conflict not yet re-read: read once to
-		// report the current version, or why the write did not match.
-		st, rerr := r.rereadNow(ctx, op, idv, key)
-		if rerr == nil {
-			cerr := r.classify(ctx, op, idv, key, ce.Expected, st, cfg.guards)
-			var c *ConflictError
-			if errors.As(cerr, &c) {
-				ce.Current = c.Current
-			} else {
-				return nil, cerr
-			}
+		b := batch[T]{r: r, op: op, id: idv, key: key, cfg: &cfg, lead: m, ms: []*member[T]{m}}
+		b.run(true)
+		if m.panicked != nil {
+			panic(m.panicked.value)
 		}
+		return m.out, m.err2
 	}
-	switch {
-	case err == nil:
-		return result, nil
-	case fnErr != nil: // fn's error ends the loop at once
-		return nil, fmt.Errorf("versioned: %s %v: fn: %w", op, idv, fnErr)
-	case errors.Is(err, retry.ErrExhausted), errors.Is(err, retry.ErrBudgetExhausted),
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return nil, wrapErr(op, idv, err)
+	var class any = r
+	if len(cfg.guards) > 0 || cfg.policy != nil || mongo.SessionFromContext(ctx) != nil {
+		class = nil // alone: its own filters, policy or session
 	}
-	return nil, err
+	m.wt = waiter{class: class, self: m}
+	m.w = &m.wt
+	return r.inLine(ctx, op, idv, key, &cfg, m)
 }
 
-// changes compares fn's copy doc with before, an untouched copy of the same
-// read, field by field (Go values, so a map's key order and a stored
-// int32 read into an int64 field do not count as changes), and returns the
-// $set of each changed field, as doc encodes it, and the $unset of each
-// changed field doc's encoding omits. Fields fn did not change are not
-// written. fn may not change the id or a reserved field.
-func (r *Repo[T]) changes(op string, id any, before reflect.Value, doc *T) (set, unset bson.D, err error) {
-	after := valueOf(doc)
-	var raw bson.Raw
+// member is one Modify call in a batch.
+type member[T any] struct {
+	w   *waiter         // nil outside a line
+	wt  waiter          // what w points to
+	ctx context.Context // the call's, as its Observer's Start returned it
+	fn  func(doc *T) error
+	// ob is the call's operation for the Observer (its attempts, whether
+	// fn aborted it); the batch's goroutine updates it while the call is in
+	// the batch, the call reports it when it returns.
+	ob observed
+
+	// The current attempt.
+	res      *T       // the document as fn left it (or as fn saw it, if unchanged)
+	wid      string   // the write id of its change ("" for none)
+	base     int64    // the version its change was made against
+	fnErr    error    // fn's error
+	panicked *fnPanic // fn panicked
+	err      error    // why its change cannot be written (*InvalidError)
+	real     bool     // fn saw the state as read, not one another fn left
+	deferred bool     // left for the next batch
+	// set and unset are its change as a write against the state read (when
+	// real).
+	set, unset bson.D
+
+	// The outcome, once settled.
+	done bool
+	out  *T
+	err2 error
+}
+
+// changedNothing reports whether the member's fn left nothing to write.
+func (m *member[T]) changedNothing() bool { return m.wid == "" }
+
+// inLine waits for m's turn on the document, leads a batch when promoted,
+// and returns m's outcome.
+func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key docKey, cfg *writeConfig, m *member[T]) (*T, error) {
+	dk := cacheKey(key)
+	q := r.lines
+	q.enqueue(dk, m.w)
+	for {
+		switch q.state(m.w) {
+		case wDone:
+			if m.panicked != nil {
+				panic(m.panicked.value) // fn's panic, on its caller's goroutine
+			}
+			return m.out, m.err2
+		case wLeading:
+			r.lead(op, id, key, cfg, dk, m)
+			continue
+		default:
+		}
+		select {
+		case <-m.w.wake:
+		case <-ctx.Done():
+			if q.withdraw(dk, m.w) {
+				return nil, wrapErr(op, id, store.ContextError(ctx))
+			}
+			<-m.w.wake // its change is in flight, or it was settled: wait for that
+		}
+	}
+}
+
+// lead forms the batch m leads, runs it, and hands the line on.
+func (r *Repo[T]) lead(op string, id any, key docKey, cfg *writeConfig, dk cacheID, m *member[T]) {
+	b := &batch[T]{r: r, op: op, id: id, key: key, cfg: cfg, lead: m, lines: r.lines}
+	ws := r.lines.take(dk, m.w, maxBatch, b.wbuf[:0])
+	b.ms = b.mbuf[:0]
+	for _, w := range ws {
+		b.ms = append(b.ms, w.self.(*member[T])) //nolint:forcetypeassert // a class is one Repo[T]; m itself otherwise
+	}
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		// The leader's goroutine is unwinding (a panic outside fn, or
+		// runtime.Goexit in fn): settle the others and hand the line on.
+		for _, x := range append([]*member[T](nil), b.ms...) {
+			if x != m {
+				b.settle(x, nil, wrapErr(op, id, errLeaderGone))
+			}
+		}
+		r.lines.release(dk, nil)
+	}()
+	rest := b.run(false)
+	ended = true
+	r.lines.release(dk, rest)
+}
+
+// errLeaderGone is the error of calls whose batch ended because the
+// goroutine running it stopped (runtime.Goexit in an fn, or a panic).
+var errLeaderGone = errors.New("the call leading the combined write stopped")
+
+// fnPanic holds the value an fn panicked with, to panic again on its
+// caller's goroutine.
+type fnPanic struct{ value any }
+
+// call calls fn on doc, catching a panic.
+func call[T any](fn func(*T) error, doc *T) (p *fnPanic, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p = &fnPanic{value: v}
+		}
+	}()
+	return nil, fn(doc)
+}
+
+// batch is the Modify calls one write combines.
+type batch[T any] struct {
+	r     *Repo[T]
+	op    string
+	id    any
+	key   docKey // the id and shard-key values every filter carries
+	cfg   *writeConfig
+	lead  *member[T]   // the call whose goroutine runs the batch
+	ms    []*member[T] // the calls not settled yet, in line order
+	lines *collLines   // nil outside a line (in a transaction)
+	io    context.Context
+	pre   *docState // the current document, as a failed CAS write returned it
+
+	mbuf [maxBatch]*member[T] // what ms starts in
+	wbuf [maxBatch]*waiter
+}
+
+// errBatchEmpty ends a batch whose calls have all been settled or left.
+var errBatchEmpty = errors.New("versioned: batch empty")
+
+// run runs the batch under the policy (one attempt if once) and settles its
+// calls. It returns the waiters of the calls it did not settle, for the
+// line: calls left for a later batch, or, when the leader's context ended,
+// the other calls.
+func (b *batch[T]) run(once bool) []*waiter {
+	r := b.r
+	b.io = b.lead.ctx
+	if len(b.ms) > 1 {
+		var cancel context.CancelFunc
+		b.io, cancel = b.sharedContext()
+		defer cancel()
+	}
+	var err error
+	if once {
+		err = b.attempt()
+	} else {
+		p := *r.policy(b.cfg)
+		if p.Observer != nil {
+			// Each call gets the retry events of the attempts it took part
+			// in, in its own context; the fan-out marks the calls idle
+			// after the Retry event (see batchObserver).
+			p.Observer = &batchObserver[T]{b: b, to: p.Observer}
+		} else if !b.alone() {
+			user := p.OnRetry
+			p.OnRetry = func(a retry.Attempt) {
+				b.idle()
+				if user != nil {
+					user(a)
+				}
+			}
+		}
+		err = retry.Do(b.lead.ctx, p, func(context.Context) error { return b.attempt() })
+	}
+	b.idle()
+	switch {
+	case err == nil, errors.Is(err, errBatchEmpty):
+		// Settled in the attempt; what is left was deferred.
+	case b.lines != nil && b.lead.ctx.Err() != nil && stopped(err):
+		// The leader's context ended: it returns, the others go back in line.
+		if !b.lead.done {
+			b.settle(b.lead, nil, b.leaderStopped(err))
+		}
+	default:
+		err = b.final(err)
+		for len(b.ms) > 0 {
+			b.settle(b.ms[0], nil, b.errFor(err, b.ms[0])) // takes it out of b.ms
+		}
+	}
+	var rest []*waiter
+	for _, m := range b.ms {
+		if m.w != nil && !m.done {
+			rest = append(rest, m.w)
+		}
+	}
+	return rest
+}
+
+// leaderStopped is the error of a leader whose context ended, given the
+// error err its batch stopped on: err itself, when it carries the leader's
+// context's error (retry.Do's, or the driver's on the leader's context);
+// otherwise the leader's context's error alone. The batch's I/O runs on a
+// context shared by its calls, ended when every call's context has ended:
+// the last attempt then failed on that (context.Canceled), which says
+// nothing the leader's own context does not (context.DeadlineExceeded, say).
+func (b *batch[T]) leaderStopped(err error) error {
+	cerr := store.ContextError(b.lead.ctx)
+	if errors.Is(err, b.lead.ctx.Err()) {
+		cerr = err
+	}
+	return wrapErr(b.op, b.id, cerr)
+}
+
+// stopped reports whether a retry loop ended by its context.
+func stopped(err error) bool {
+	return !errors.Is(err, ErrUnknownOutcome) &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// sharedContext returns the context of a batch's reads and writes: the
+// leader's values, ended when every call's context has ended. A caller
+// whose context ends leaves the batch between attempts; the write is not
+// cut short for the others.
+func (b *batch[T]) sharedContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(b.lead.ctx))
+	live := atomic.Int64{}
+	live.Store(int64(len(b.ms)))
+	stops := make([]func() bool, len(b.ms))
+	for i, m := range b.ms {
+		stops[i] = context.AfterFunc(m.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// alone reports whether the batch is its leader alone, which cannot leave
+// it: then nothing need be marked.
+func (b *batch[T]) alone() bool {
+	return b.lines == nil || (len(b.ms) == 1 && b.ms[0] == b.lead)
+}
+
+// busy marks the batch's calls in progress (they cannot leave) and drops
+// those that left since the last attempt.
+func (b *batch[T]) busy() {
+	if b.alone() {
+		return
+	}
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := b.ms[:0]
+	for _, m := range b.ms {
+		if m.w.withdrawn || m.w.state == wDone {
+			continue
+		}
+		m.w.state = wBusy
+		ms = append(ms, m)
+	}
+	b.ms = ms
+}
+
+// idle marks the batch's calls as between attempts, and wakes them, so
+// that one whose context ended meanwhile can leave.
+func (b *batch[T]) idle() {
+	if b.alone() {
+		return
+	}
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range b.ms {
+		if m.w.state == wBusy {
+			m.w.state = wTaken
+			m.w.signal()
+		}
+	}
+}
+
+// settle gives m its outcome and takes it out of the batch.
+func (b *batch[T]) settle(m *member[T], out *T, err error) {
+	m.out, m.err2, m.done = out, err, true
+	if m.w != nil {
+		b.lines.settle(m.w)
+	}
+	for i, x := range b.ms {
+		if x == m {
+			b.ms = append(b.ms[:i], b.ms[i+1:]...)
+			break
+		}
+	}
+}
+
+// settleOwn settles m with its own result: the document its fn left, fn's
+// error, or why its change could not be written.
+func (b *batch[T]) settleOwn(m *member[T]) {
+	switch {
+	case m.panicked != nil:
+		b.settle(m, nil, nil)
+	case m.fnErr != nil:
+		m.ob.aborted = true
+		b.settle(m, nil, fmt.Errorf("versioned: %s %v: fn: %w", b.op, b.id, m.fnErr))
+	case m.err != nil:
+		b.settle(m, nil, m.err)
+	default:
+		b.settle(m, m.res, nil)
+	}
+}
+
+// attempt is one read, the calls' fns, and one write. It returns nil when
+// the batch is settled, and otherwise the error of the attempt, which is
+// every unsettled call's unless the retry loop tries again.
+func (b *batch[T]) attempt() error {
+	r, op, id := b.r, b.op, b.id
+	b.busy()
+	if len(b.ms) == 0 {
+		return retry.Permanent(errBatchEmpty)
+	}
+	for _, m := range b.ms {
+		m.ob.attempts++
+	}
+	st := b.pre
+	b.pre = nil
+	if st == nil {
+		var err error
+		if st, err = b.read(); err != nil {
+			return err
+		}
+	}
+	if err := checkBase(op, r.opts.VersionField, st.version, true); err != nil {
+		return err
+	}
+	k, last, raw := b.apply(st)
+	// A call whose fn saw the state as read and wrote nothing is settled:
+	// its outcome does not depend on the write.
+	for i := 0; i < len(b.ms); {
+		if m := b.ms[i]; m.real && m.changedNothing() && !m.deferred {
+			b.settleOwn(m) // removes it from b.ms
+			continue
+		}
+		i++
+	}
+	if k == 0 {
+		return nil
+	}
+	set, unset := last.set, last.unset
+	if !last.real {
+		// Several changes: write what differs between the state read and
+		// the last one.
+		set, unset, _, _ = r.compare(op, id, st.raw, reflect.Value{}, valueOf(last.res), raw, true)
+	}
+	if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
+		// Write ids of the protocol before this one: nobody reads them.
+		unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
+	}
+	wids := make([]string, 0, k)
+	var to []context.Context // nil: the write's events go to b.io, the leader's alone
+	for _, m := range b.ms {
+		if m.wid != "" {
+			wids = append(wids, m.wid)
+			if r.opts.Observer != nil && !b.alone() {
+				to = append(to, m.ctx)
+			}
+		}
+	}
+	base := st.version
+	out, err := r.casBatch(b.io, op, id, b.key, st, set, unset, wids, to, b.cfg)
+	switch {
+	case err != nil:
+		return err
+	case out.landed:
+		for i := 0; i < len(b.ms); {
+			if m := b.ms[i]; !m.deferred {
+				b.settleOwn(m) // removes it from b.ms
+				continue
+			}
+			i++
+		}
+		return nil
+	case out.current != nil:
+		// The write returned the document it found: the next attempt
+		// starts from it, with no read.
+		b.pre = out.current
+		if !inTransaction(b.io) {
+			return b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version})
+		}
+		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))
+	case !out.read && !inTransaction(b.io):
+		// The next attempt's read, after the backoff, tells whether the
+		// document moved, went away or fails the filters: no re-read
+		// now, which saves a round trip per conflict.
+		return b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: -1})
+	}
+	return b.conflicted(r.whyNotApplied(b.io, op, id, b.key, base, out.outcome, b.cfg.guards))
+}
+
+// conflicted reports err, if it is a *ConflictError (the batch's write did
+// not apply because the version moved), to the Observer once for each call
+// whose fn ran in the attempt, in the call's own context, and returns it.
+// Each of them runs its fn again on the next attempt, so a call sees one
+// Conflict event per attempt of its that failed on a conflict, whoever
+// else shared the write. Calls left for the next batch (deferred) took no
+// part in the write and get none.
+func (b *batch[T]) conflicted(err error) error {
+	if b.r.opts.Observer == nil {
+		return err
+	}
+	for _, m := range b.ms {
+		if !m.deferred {
+			_ = b.r.conflicted(m.ctx, err)
+		}
+	}
+	return err
+}
+
+// batchObserver is the Observer of a batch's retry loop: it passes each
+// retry.Do event (Retry, BudgetRefused) to the Observer once for each call
+// still in the batch, in the call's context, with Attempt the number of
+// attempts that call took part in (a call that joined in a later batch counts its
+// own). After a Retry event it marks the calls idle, as OnRetry does
+// without an Observer: only then may a call whose context ended leave, so
+// that no event of the batch reaches a call after its end.
+type batchObserver[T any] struct {
+	b  *batch[T]
+	to observe.Observer
+}
+
+func (o *batchObserver[T]) Start(ctx context.Context, e observe.Event) context.Context {
+	return o.to.Start(ctx, e)
+}
+
+func (o *batchObserver[T]) Observe(_ context.Context, e observe.Event) {
+	for _, m := range o.b.ms {
+		e.Attempt = m.ob.attempts
+		o.to.Observe(m.ctx, e)
+	}
+	if e.Kind == observe.Retry {
+		o.b.idle()
+	}
+}
+
+// read reads the document for an attempt; with Where filters, it tells a
+// failed filter from a missing document.
+func (b *batch[T]) read() (*docState, error) {
+	r, op, id, key, guards := b.r, b.op, b.id, b.key, b.cfg.guards
+	st, err := r.find(b.io, op, id, key, guards)
+	if errors.Is(err, ErrNotFound) && len(guards) > 0 {
+		// The guarded read missed: tell a failed guard from a missing
+		// document. A failed re-read says neither.
+		st, err := r.rereadNow(b.io, op, id, key)
+		if err != nil {
+			return nil, err
+		}
+		if st != nil {
+			return nil, r.guardError(b.io, op, id, key, st.version, guards)
+		}
+		return nil, r.classify(b.io, op, id, key, 0, nil, nil)
+	}
+	return st, err
+}
+
+// apply calls each member's fn in turn, each on a fresh copy of the state
+// the one before left, and returns how many changed the document, the last
+// that did, and its encoding.
+func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
+	r, op, id := b.r, b.op, b.id
+	var cur reflect.Value // the state the last change left; invalid: the state read
+	raw, ver := st.raw, st.version
+	for _, m := range b.ms {
+		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, "", 0, nil, nil, nil, false
+		m.set, m.unset = nil, nil
+		m.real = k == 0
+		if ver == lastVersion {
+			m.deferred = true // the next batch reads the document and refuses it
+			continue
+		}
+		var doc *T
+		var err error
+		if k == 0 {
+			doc, err = r.decode(op, id, st)
+		} else {
+			doc, err = r.decodeRaw(op, id, raw, ver)
+		}
+		if err != nil {
+			m.err = err
+			continue
+		}
+		p, err := call(m.fn, doc)
+		if p != nil {
+			m.panicked = p
+			continue
+		}
+		if err != nil {
+			m.fnErr = err
+			continue
+		}
+		r.s.setVersion(valueOf(doc), ver)
+		enc, encErr := r.encode(op, doc)
+		var changed bool
+		if encErr != nil {
+			// Not writable as it is; fine if fn changed nothing.
+			changed, err = r.changedFrom(op, id, raw, cur, valueOf(doc))
+			if err == nil && changed {
+				err = encErr
+			}
+		} else {
+			// The change as a write: needed for the write when the state
+			// fn saw is the state read, and to check the shard key.
+			want := m.real || r.shard.Enabled()
+			m.set, m.unset, changed, err = r.compare(op, id, raw, cur, valueOf(doc), enc, want)
+			if err == nil && changed {
+				// fn may not change a shard-key value (each state of the
+				// batch has the values of b.key, which the read matched).
+				err = r.keepsShard(op, id, b.key, m.set, m.unset)
+			}
+		}
+		if err != nil {
+			m.err = err
+			continue
+		}
+		m.res = doc
+		if !changed {
+			continue
+		}
+		m.wid, m.base = newWriteID(), ver
+		ver++
+		r.s.setVersion(valueOf(doc), ver)
+		cur, raw, last = valueOf(doc), enc, m
+		k++
+	}
+	return k, last, raw
+}
+
+// final completes the error that ends a batch: a conflict not yet re-read
+// is re-read once, to report the current version, or why the write did not
+// match; a stop by the policy or the context is wrapped.
+func (b *batch[T]) final(err error) error {
+	r, op, id := b.r, b.op, b.id
+	var ce *ConflictError
+	if errors.As(err, &ce) && ce.Current < 0 && b.lead.ctx.Err() == nil {
+		st, rerr := r.rereadNow(b.lead.ctx, op, id, b.key)
+		if rerr == nil {
+			cerr := r.classify(b.lead.ctx, op, id, b.key, ce.Expected, st, b.cfg.guards)
+			var c *ConflictError
+			if !errors.As(cerr, &c) {
+				return cerr
+			}
+			ce.Current = c.Current
+		}
+	}
+	if errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, ErrUnknownOutcome) {
+			return wrapErr(op, id, err)
+		}
+	}
+	return err
+}
+
+// errFor is the batch's final error as member m sees it: an unknown outcome
+// names m's own write id and base version.
+func (b *batch[T]) errFor(err error, m *member[T]) error {
+	var ue *UnknownOutcomeError
+	if m.wid != "" && errors.As(err, &ue) && ue.WriteID != m.wid {
+		c := *ue
+		c.WriteID, c.Base = m.wid, m.base
+		return &c
+	}
+	return err
+}
+
+// compare compares doc, as fn left it, with prev, the state fn was given:
+// prevRaw is its encoding, and prevVal its value (invalid when prev is the
+// state read, which is not decoded twice). A field whose encodings are
+// equal is unchanged; one whose encodings differ is compared as Go values
+// (the stored one decoded on demand), so a map's key order and a stored
+// int32 read into an int64 field do not count as changes. It reports
+// whether fn changed a field, refusing a change of the id or of a reserved
+// field, and, if want, returns the $set of each changed field as enc
+// (doc's encoding) has it and the $unset of each changed field enc omits.
+func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value, enc bson.Raw, want bool) (set, unset bson.D, changed bool, err error) {
 	for _, name := range r.s.names {
+		if name == r.opts.VersionField {
+			continue
+		}
+		a, aerr := prevRaw.LookupErr(name)
+		e, eerr := enc.LookupErr(name)
+		switch {
+		case aerr != nil && eerr != nil:
+			continue // absent from both
+		case aerr == nil && eerr == nil && a.Type == e.Type && bytes.Equal(a.Value, e.Value):
+			continue
+		}
 		index := r.s.mapped[name]
-		if name == r.opts.VersionField || equal(before.FieldByIndex(index), after.FieldByIndex(index)) {
+		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
 			continue
 		}
 		switch {
 		case name == "_id":
-			return nil, nil, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
+			return nil, nil, false, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
 		case r.reserved(name):
-			return nil, nil, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
+			return nil, nil, false, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
 		}
-		if raw == nil {
-			if raw, err = r.encode(op, doc); err != nil {
-				return nil, nil, err
-			}
-		}
-		if v, err := raw.LookupErr(name); err == nil {
-			set = append(set, bson.E{Key: name, Value: v})
-		} else {
+		changed = true
+		switch {
+		case !want:
+		case eerr == nil:
+			set = append(set, bson.E{Key: name, Value: e})
+		default:
 			unset = append(unset, bson.E{Key: name, Value: ""})
 		}
 	}
-	return set, unset, nil
+	return set, unset, changed, nil
+}
+
+// changedFrom is compare for a doc that cannot be encoded: it compares Go
+// values only.
+func (r *Repo[T]) changedFrom(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value) (bool, error) {
+	changed := false
+	for _, name := range r.s.names {
+		if name == r.opts.VersionField {
+			continue
+		}
+		a, aerr := prevRaw.LookupErr(name)
+		index := r.s.mapped[name]
+		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
+			continue
+		}
+		switch {
+		case name == "_id":
+			return false, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
+		case r.reserved(name):
+			return false, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
+		}
+		changed = true
+	}
+	return changed, nil
+}
+
+// same reports whether the field at index of doc, f, equals as a Go value
+// the previous state's: prevVal's field when prevVal is valid, else the
+// stored value a (absent when !present: the zero value) decoded into f's
+// type. A stored value that does not decode counts as different.
+func same(prevVal reflect.Value, a bson.RawValue, present bool, f reflect.Value, index []int) bool {
+	if prevVal.IsValid() {
+		return equal(prevVal.FieldByIndex(index), f)
+	}
+	old := reflect.New(f.Type())
+	if present {
+		if err := a.Unmarshal(old.Interface()); err != nil {
+			return false
+		}
+	}
+	return equal(old.Elem(), f)
+}
+
+// decodeRaw decodes an encoded T into a new T at version ver.
+func (r *Repo[T]) decodeRaw(op string, id any, raw bson.Raw, ver int64) (*T, error) {
+	return r.decode(op, id, &docState{raw: raw, version: ver})
 }
 
 // equal reports whether two values of one field type are deeply equal,

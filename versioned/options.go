@@ -6,6 +6,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -33,7 +34,8 @@ const (
 // of its last WriteIDs writes, and no more. Each write appends its id and
 // cuts the list to its last WriteIDs entries in the same statement, on the
 // server, so the bound holds whoever writes. A repository can settle a write
-// whose reply was lost as long as fewer than WriteIDs writes landed after it.
+// whose reply was lost as long as fewer than WriteIDs write ids (one per
+// change: a write combining k Modify calls appends k) landed after it.
 // The value is recorded in each document it writes (the "h" field of
 // Options.MetaField). See DESIGN.md.
 const WriteIDs = 32
@@ -70,9 +72,14 @@ type Options struct {
 	Reserved []string
 
 	// Retry is the policy for Modify's conflict retries and for re-reads
-	// after an ambiguous write. The zero Policy means the retry package's
-	// defaults (full jitter from 5ms to 200ms, 10 attempts, 2s). Put a
-	// retry.Budget in it to cap retries across the process.
+	// after an ambiguous write. Its zero fields take the retry package's
+	// defaults (full jitter from 5ms to 200ms), except three: MaxAttempts
+	// 0 means no bound on attempts, MaxElapsedTime 0 means
+	// [DefaultRetryTime] (10s), and a nil Budget means a budget the Repo
+	// makes for itself ([DefaultRetryBudget] retries a second). The time
+	// and the budget, not an attempt count, protect the server from a
+	// storm of conflicts. Set MaxAttempts for a bound on attempts; share
+	// one retry.Budget between Repos to cap retries across the process.
 	Retry retry.Policy
 
 	// ResolveTimeout bounds how long the repository keeps re-reading to
@@ -80,6 +87,34 @@ type Options struct {
 	// ended (for example when the write itself timed out on that context's
 	// deadline). Default 5s. Negative is invalid.
 	ResolveTimeout time.Duration
+
+	// ShardKey names the fields of the collection's shard key, as dotted
+	// paths in T's documents ("region", "owner.accountId"), when the
+	// collection is sharded on a key other than _id. Every command the
+	// repository sends then filters on an equality with each of them, so
+	// that mongos routes it to the one shard that owns the document (see
+	// the package documentation, "Sharded collections"); the values come
+	// from the document (Insert, Update, Delete) or from the [Key] passed
+	// as the id (Get, Modify, Guarded, which refuse a bare id). Hashed or
+	// ranged makes no difference; list every field of a compound key.
+	// Fields under _id are left out (the _id's equality covers them), so
+	// {"_id"} is the same as nil. A field must be under a top-level field T
+	// maps and not the version field, MetaField or a reserved field; no
+	// segment may be empty or start with '$'. Each _id must be unique
+	// across the collection, as MongoDB requires of applications whose
+	// shard key is not _id. New does not read the shard key from the
+	// cluster's metadata: name it here. nil: the collection is not
+	// sharded, or is sharded on _id.
+	ShardKey []string
+
+	// Observer, if not nil, receives the repository's events: the start and
+	// end of each call (Get, Insert, Update, Delete, Modify, Guarded; a call
+	// refused before anything is sent has none), its version conflicts, its
+	// retries, and each ambiguous write and how it was settled (see the
+	// observe package). It also gets the retry events of Retry, and of a
+	// WithRetry policy, that has no Observer of its own. Nil means none, at
+	// no cost: no event is built.
+	Observer observe.Observer
 }
 
 func (o *Options) resolve() (Options, error) {
@@ -126,6 +161,9 @@ func (o *Options) resolve() (Options, error) {
 	}
 	if err := r.Retry.Validate(); err != nil {
 		return bad("Retry", "invalid policy", err)
+	}
+	if r.Retry.Observer == nil {
+		r.Retry.Observer = r.Observer
 	}
 	return r, nil
 }
@@ -187,7 +225,9 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one
 // call: Modify's conflict retries, and the re-reads after an ambiguous write
-// of any call.
+// of any call. Its zero fields take the defaults Options.Retry's do (a nil
+// Budget is the repository's budget). A Modify call with WithRetry is not
+// combined with others (see [Repo.Modify]).
 func WithRetry(p retry.Policy) WriteOption {
 	return func(c *writeConfig) { c.policy = &p }
 }

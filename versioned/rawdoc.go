@@ -170,6 +170,9 @@ func asInt(v bson.RawValue) (int64, bool) {
 // checkKeys walks an encoded document and reports the first field name
 // MongoDB would misread ('$' prefix or '.'), with its path.
 func checkKeys(op string, doc bson.Raw, path string) error {
+	if keysOK(doc) {
+		return nil
+	}
 	elems, err := doc.Elements()
 	if err != nil {
 		return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
@@ -188,6 +191,50 @@ func checkKeys(op string, doc bson.Raw, path string) error {
 		}
 	}
 	return nil
+}
+
+// keysOK walks an encoded document without allocating and reports whether
+// it is well formed and every field name, at any depth, is one MongoDB reads
+// as written. checkKeys says why not.
+func keysOK(doc []byte) bool {
+	return walkOK(doc, true)
+}
+
+// wellFormed reports whether doc is a well-formed encoded document at every
+// depth.
+func wellFormed(doc []byte) bool { return walkOK(doc, false) }
+
+// walkOK walks an encoded document, at every depth, without allocating:
+// false if it is malformed, or (if keys) has a field name MongoDB would not
+// read as written.
+func walkOK(doc []byte, keys bool) bool {
+	return elements(doc, func(k []byte, v bson.RawValue) bool {
+		if keys && ((len(k) > 0 && k[0] == '$') || bytes.IndexByte(k, '.') >= 0) {
+			return false
+		}
+		return (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || walkOK(v.Value, keys)
+	})
+}
+
+// elements calls fn with the key and value of each element of the encoded
+// document doc, in order, without allocating, until fn returns false. It
+// reports false if fn did, or if doc is malformed.
+func elements(doc []byte, fn func(key []byte, v bson.RawValue) bool) bool {
+	if len(doc) < 5 || int(binary.LittleEndian.Uint32(doc)) != len(doc) || doc[len(doc)-1] != 0 {
+		return false
+	}
+	for rest := doc[4 : len(doc)-1]; len(rest) > 0; {
+		el, r, ok := bsoncore.ReadElement(rest)
+		if !ok {
+			return false
+		}
+		v := el.Value()
+		if !fn(el.KeyBytes(), bson.RawValue{Type: bson.Type(v.Type), Value: v.Data}) {
+			return false
+		}
+		rest = r
+	}
+	return true
 }
 
 func checkValueKeys(op string, v bson.RawValue, path string) error {
@@ -228,20 +275,16 @@ func (r *Repo[T]) encode(op string, doc *T) (bson.Raw, error) {
 // the mapped fields next omits, for Update. The id, the version, reserved
 // fields and fields T does not map are never touched.
 func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
-	elems, err := next.Elements()
-	if err != nil {
+	if err := next.Validate(); err != nil {
 		return nil, nil, err
-	}
-	for _, e := range elems {
-		if k := e.Key(); r.own(k) {
-			set = append(set, bson.E{Key: k, Value: e.Value()})
-		}
 	}
 	for _, k := range r.s.names {
 		if !r.own(k) {
 			continue
 		}
-		if _, err := next.LookupErr(k); err != nil {
+		if v, err := next.LookupErr(k); err == nil {
+			set = append(set, bson.E{Key: k, Value: v})
+		} else {
 			unset = append(unset, bson.E{Key: k, Value: ""})
 		}
 	}
@@ -249,9 +292,10 @@ func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
 }
 
 // own reports whether the top-level field k is one that Update and Modify
-// write: mapped by T, and neither the id, the version nor reserved.
+// write: mapped by T, and neither the id, the version, reserved nor a
+// shard-key field.
 func (r *Repo[T]) own(k string) bool {
-	return k != "_id" && k != r.opts.VersionField && !r.reserved(k)
+	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shardTop(k)
 }
 
 // reserved reports whether k is one of Options.Reserved.
@@ -274,6 +318,9 @@ func (r *Repo[T]) versionIs(v int64) bson.E {
 // versionBelowLast is the filter clause "the version is below lastVersion"
 // (or absent): a write that raises the version by one cannot overflow.
 func (r *Repo[T]) versionBelowLast() bson.E {
+	if r.opts.VersionField == DefaultVersionField {
+		return bson.E{Key: DefaultVersionField, Value: belowLastDefault}
+	}
 	return bson.E{Key: r.opts.VersionField, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: int64(lastVersion)}}}}}
 }
 
@@ -296,9 +343,9 @@ func checkBase(op, field string, base int64, next bool) error {
 // not inserted by a repository, which has none).
 func (r *Repo[T]) incIs(inc string) bson.E {
 	if inc == "" {
-		return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: bson.D{{Key: "$exists", Value: false}}}
+		return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: bson.D{{Key: "$exists", Value: false}}}
 	}
-	return bson.E{Key: r.opts.MetaField + "." + metaInc, Value: inc}
+	return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: inc}
 }
 
 // withGuards ANDs the guards' filters (the Where filters, and cond for
@@ -316,19 +363,59 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 }
 
 // idsPath is the path of the list of write ids.
-func (r *Repo[T]) idsPath() string { return r.opts.MetaField + "." + metaIDs }
+func (r *Repo[T]) idsPath() string { return metaPath(r.opts.MetaField, metaIDs) }
+
+// metaPath is the path of name in the metadata subdocument meta, with no
+// allocation for the default one.
+func metaPath(meta, name string) string {
+	if meta == DefaultMetaField {
+		switch name {
+		case metaIDs:
+			return DefaultMetaField + "." + metaIDs
+		case metaH:
+			return DefaultMetaField + "." + metaH
+		case metaInc:
+			return DefaultMetaField + "." + metaInc
+		}
+	}
+	return meta + "." + name
+}
 
 // protocol adds to an update the write-id protocol's part of a write with
 // id wid: $push of wid onto the list of write ids, cut to its last WriteIDs
 // entries, and WriteIDs recorded in the document. set is the update's $set
 // (extended in place by the caller's slice).
 func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
-	set = append(set, bson.E{Key: r.opts.MetaField + "." + metaH, Value: int32(WriteIDs)})
-	push := bson.E{Key: "$push", Value: bson.D{{Key: r.idsPath(), Value: bson.D{
-		{Key: "$each", Value: bson.A{wid}},
-		{Key: "$slice", Value: -WriteIDs},
-	}}}}
-	return set, push
+	set = append(set, bson.E{Key: metaPath(r.opts.MetaField, metaH), Value: int32(WriteIDs)})
+	return set, bson.E{Key: "$push", Value: pushID(r.idsPath(), wid)}
+}
+
+// pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
+// encoded directly.
+func pushID(path, wid string) bson.Raw {
+	each := 1 + len("$each") + 1 + 4 + 1 + 2 + 4 + len(wid) + 1 + 1
+	sliceLen := 1 + len("$slice") + 1 + 4
+	inner := 4 + each + sliceLen + 1
+	n := 4 + 1 + len(path) + 1 + inner + 1
+	b := make([]byte, 0, n)
+	b = binary.LittleEndian.AppendUint32(b, uint32(n)) //nolint:gosec // a short path and id
+	b = append(b, byte(bson.TypeEmbeddedDocument))
+	b = append(b, path...)
+	b = append(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(inner)) //nolint:gosec // as above
+	b = append(b, byte(bson.TypeArray))
+	b = append(b, "$each"...)
+	b = append(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(4+1+2+4+len(wid)+1+1)) //nolint:gosec // as above
+	b = appendIDElement(b, 0, []byte(wid))
+	b = append(b, 0)
+	b = append(b, byte(bson.TypeInt32))
+	b = append(b, "$slice"...)
+	b = append(b, 0)
+	slice := int32(-WriteIDs)
+	b = binary.LittleEndian.AppendUint32(b, uint32(slice)) //nolint:gosec // two's complement, as BSON stores an int32
+	b = append(b, 0, 0)
+	return b
 }
 
 // exactIDs is the list of write ids after a write with id wid to the
@@ -336,28 +423,7 @@ func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
 // A write whose filter pins the version and the incarnation it read $sets it
 // instead of pushing: the list cannot have changed since the read, and this
 // keeps the bound on servers that ignore $slice (FerretDB v1).
-func exactIDs(st *docState, wid string) bson.RawValue {
-	skip := max(st.nids()-(WriteIDs-1), 0)
-	buf := make([]byte, 4, 5+WriteIDs*(len(wid)+9))
-	i := 0
-	for it := st.iter(); ; {
-		id, ok := it.next()
-		if !ok {
-			break
-		}
-		if skip > 0 {
-			skip--
-			continue
-		}
-		buf = appendIDElement(buf, i, id)
-		i++
-	}
-	buf = appendIDElement(buf, i, []byte(wid))
-	buf = append(buf, 0)
-	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
-
-	return bson.RawValue{Type: bson.TypeArray, Value: buf}
-}
+func exactIDs(st *docState, wid string) bson.RawValue { return exactIDsN(st, []string{wid}) }
 
 // decode decodes a stored document into a new T, with its version.
 func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {

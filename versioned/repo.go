@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -28,6 +29,8 @@ type Repo[T any] struct {
 	s      *schema
 	opts   Options
 	cache  *docCache
+	shard  shard.Spec // Options.ShardKey, checked
+	lines  *collLines // where Modify calls on one document wait in line
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -50,8 +53,16 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err != nil {
 		return nil, err
 	}
+	spec, err := o.parseShardKey()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkShardKey(spec); err != nil {
+		return nil, err
+	}
 	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache()}, nil
+	o.Retry = withDefaults(o.Retry, newBudget())
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll)}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -62,12 +73,14 @@ func (r *Repo[T]) Collection() *mongo.Collection { return r.coll }
 // adopted). It fails with a *NotFoundError if there is none, and a
 // *VersionTypeError if its stored version is not an integer from 0 to
 // math.MaxInt64-1.
-func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
+func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 	const op = "get"
 	idv, key, err := r.start(ctx, op, id)
 	if err != nil {
 		return nil, err
 	}
+	ctx, ob := r.begin(ctx, op, idv)
+	defer r.end(&ob, &err)
 	st, err := r.find(ctx, op, idv, key, nil)
 	if err != nil {
 		return nil, err
@@ -86,31 +99,25 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (*T, error) {
 // it never sends the insert again (a second copy could bring back a
 // document deleted meanwhile), so when the document is not there it
 // returns an *UnknownOutcomeError.
-func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
+func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	const op = "insert"
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
+	wid, start := newWriteID(), startVersion()
+	// Encoded at the start version, with the write ids appended: the
+	// caller's doc gets its version only once the insert landed.
+	was := r.s.versionOf(v)
+	r.s.setVersion(v, start)
 	raw, err := r.encode(op, doc)
+	r.s.setVersion(v, was)
 	if err != nil {
 		return err
 	}
-	elems, _ := raw.Elements()
-	wid, start := newWriteID(), startVersion()
-	ins := make(bson.D, 0, len(elems)+2)
-	for _, e := range elems {
-		if e.Key() != r.opts.VersionField {
-			ins = append(ins, bson.E{Key: e.Key(), Value: e.Value()})
-		}
-	}
-	ins = append(ins,
-		bson.E{Key: r.opts.VersionField, Value: start},
-		bson.E{Key: r.opts.MetaField, Value: bson.D{
-			{Key: metaInc, Value: wid},
-			{Key: metaH, Value: int32(WriteIDs)},
-			{Key: metaIDs, Value: bson.A{wid}},
-		}})
+	ins := withMeta(raw, r.opts.MetaField, wid)
 	var dupErr error
 	w := &write{op: op, id: id, key: key, wid: wid, base: 0}
 	w.send = func(ctx context.Context) (sent, error) {
@@ -156,17 +163,23 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) error {
 // that is negative, or the largest one (math.MaxInt64-1, after which the
 // version would overflow), is an *InvalidError.
 //
+// With Options.ShardKey, Update never writes a top-level shard-key field,
+// and a doc whose shard-key values differ from those the repository last
+// read for its id is an *InvalidError (a shard key cannot be changed here).
+//
 // When nothing matched, one re-read tells why: a *GuardError if a Where
 // filter fails (whatever the version), else a *ConflictError (with the
 // current version) if the version moved, a *NotFoundError if the document is
 // gone. doc is then left unchanged.
-func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error {
+func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "update"
 	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
 	raw, err := r.encode(op, doc)
 	if err != nil {
 		return err
@@ -177,6 +190,9 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 	}
 	ver := r.s.versionOf(v)
 	if err := checkBase(op, r.opts.VersionField, ver, true); err != nil {
+		return err
+	}
+	if err := r.shardMoved(op, id, key); err != nil {
 		return err
 	}
 	out, err := r.updateCAS(ctx, op, id, key, ver, nil, set, unset, &cfg)
@@ -196,9 +212,9 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) error
 // write ids $set with the write id), filtered on the id, base (which names
 // the incarnation too), the incarnation read if there is one, and the
 // guards; see exec.
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.RawValue, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
-	filter := append(store.IDFilter(key), r.versionIs(base))
+	filter := append(key.Filter(), r.versionIs(base))
 	if read != nil {
 		filter = append(filter, r.incIs(read.inc))
 	}
@@ -241,7 +257,7 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key bson.Raw
 // it is known of which incarnation: the one read, or re-read, or else the
 // one the cache held at version base. The cache only saves round trips, so
 // when none says, it is left as it is.
-func (r *Repo[T]) sawWrite(ck string, base int64, read *docState, out outcome, wid string) {
+func (r *Repo[T]) sawWrite(ck cacheID, base int64, read *docState, out outcome, wid string) {
 	var inc string
 	switch s, ok := r.cache.lookup(ck); {
 	case out.reread != nil:
@@ -257,8 +273,15 @@ func (r *Repo[T]) sawWrite(ck string, base int64, read *docState, out outcome, w
 }
 
 // notApplied tells why a write made against version expected did not
-// apply, re-reading the document unless exec already did.
-func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key bson.RawValue, expected int64, out outcome, guards []guard) error {
+// apply, re-reading the document unless exec already did, and reports a
+// conflict to the Observer.
+func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
+	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, expected, out, guards))
+}
+
+// whyNotApplied is notApplied without the report (a combined Modify write
+// reports its conflict to each of its calls).
+func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
 	st := out.reread
 	if !out.read {
 		var err error
@@ -279,13 +302,15 @@ func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key bson.Ra
 // have removed it. If it is at another version that the re-read cannot
 // relate to doc's (far ahead, or another incarnation), the outcome is an
 // *UnknownOutcomeError.
-func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error {
+func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "delete"
 	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
 	if err != nil {
 		return err
 	}
+	ctx, ob := r.begin(ctx, op, id)
+	defer r.end(&ob, &err)
 	ver := r.s.versionOf(v)
 	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {
 		return err
@@ -296,7 +321,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 	ck := cacheKey(key)
 	s, known := r.cache.lookup(ck)
 	known = known && s.version == ver
-	filter := append(store.IDFilter(key), r.versionIs(ver))
+	filter := append(key.Filter(), r.versionIs(ver))
 	if known {
 		filter = append(filter, r.incIs(s.inc))
 	}
@@ -335,41 +360,50 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) error
 	return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
 }
 
-// start checks ctx and id for an operation that takes an id.
-func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, bson.RawValue, error) {
+// start checks ctx and id (a Key, or a bare id) for an operation that
+// takes an id.
+func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := checkCtx(ctx, op); err != nil {
-		return nil, bson.RawValue{}, err
+		return nil, docKey{}, err
 	}
-	idv, err := r.s.checkID(op, id)
+	bare, vals, err := r.splitID(op, id)
 	if err != nil {
-		return nil, bson.RawValue{}, err
+		return nil, docKey{}, err
+	}
+	idv, err := r.s.checkID(op, bare)
+	if err != nil {
+		return nil, docKey{}, err
 	}
 	key, err := encodeID(op, idv)
 	if err != nil {
-		return nil, bson.RawValue{}, err
+		return nil, docKey{}, err
 	}
-	return idv.Interface(), key, nil
+	return idv.Interface(), docKey{ID: key, Shard: vals}, nil
 }
 
 // docID checks ctx and doc, and returns doc as a settable value, with its
-// id.
-func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, any, bson.RawValue, error) {
+// id and its shard-key values.
+func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, any, docKey, error) {
 	if err := checkCtx(ctx, op); err != nil {
-		return reflect.Value{}, nil, bson.RawValue{}, err
+		return reflect.Value{}, nil, docKey{}, err
 	}
 	if doc == nil {
-		return reflect.Value{}, nil, bson.RawValue{}, &InvalidError{Op: op, Reason: "document is nil"}
+		return reflect.Value{}, nil, docKey{}, &InvalidError{Op: op, Reason: "document is nil"}
 	}
 	v := valueOf(doc)
 	idv, err := r.s.checkID(op, r.s.idOf(v).Interface())
 	if err != nil {
-		return reflect.Value{}, nil, bson.RawValue{}, err
+		return reflect.Value{}, nil, docKey{}, err
 	}
 	key, err := encodeID(op, idv)
 	if err != nil {
-		return reflect.Value{}, nil, bson.RawValue{}, err
+		return reflect.Value{}, nil, docKey{}, err
 	}
-	return v, idv.Interface(), key, nil
+	vals, err := r.docShard(op, idv.Interface(), doc)
+	if err != nil {
+		return reflect.Value{}, nil, docKey{}, err
+	}
+	return v, idv.Interface(), docKey{ID: key, Shard: vals}, nil
 }
 
 // valueOf returns the struct doc points to.
@@ -378,7 +412,8 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
 	if cfg != nil && cfg.policy != nil {
-		return cfg.policy
+		p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
+		return r.observedPolicy(&p)
 	}
 	return &r.opts.Retry
 }

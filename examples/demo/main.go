@@ -12,8 +12,11 @@
 //     the lease serializes them, answers a double click with ErrHeld and
 //     fences the partner calls with its epoch).
 //
-// It exits non-zero if a mongocas strategy shows an anomaly. With no -uri
-// and no MONGODB_URI it runs on the embedded default server.
+// The mongocas code is in the example programs' main.go files: the demo
+// builds those programs and runs each on one server, with its flags, and
+// prints their results as one table. It exits non-zero if a mongocas
+// strategy shows an anomaly. With no -uri and no MONGODB_URI it runs on the
+// embedded default server.
 //
 //	go run ./examples/demo
 //	go run ./examples/demo -uri 'mongodb://localhost:27017/?replicaSet=rs0'
@@ -27,6 +30,6 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Main("demo", "The three jobs, the naive way and the mongocas way side by side.", os.Args[1:], os.Stdout, os.Stderr,
-		scenario.ScenarioInventory, scenario.ScenarioWallet, scenario.ScenarioIdentity))
+	os.Exit(cli.Demo("The three jobs, the naive way and the mongocas way side by side.", os.Args[1:], os.Stdout, os.Stderr,
+		&scenario.Inventory{}, &scenario.Wallet{}, &scenario.Identity{}))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,8 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -69,7 +72,7 @@ func readmeBlocks(t *testing.T) []string {
 func TestREADMEMatches(t *testing.T) {
 	t.Parallel()
 	want := sections(t)
-	require.Len(t, want, 5, "snippets_test.go must mark five README sections")
+	require.Len(t, want, 7, "snippets_test.go must mark seven README sections")
 	got := readmeBlocks(t)
 	require.Len(t, got, len(want), "README.md must have one ```go block per section of snippets_test.go")
 	for i := range want {
@@ -125,6 +128,32 @@ func ExampleSpend() {
 	// 70 30 <nil>
 	// true
 	// 40 30 <nil>
+}
+
+// ExampleNewWallets: at Info the logger prints nothing while all goes well
+// (a declined payment is an answer, not a failure); the counters count.
+func ExampleNewWallets() {
+	db, drop := newDB("observed")
+	defer drop()
+	ctx := context.Background()
+	var counts observe.Counters
+	logger := slog.New(slog.NewTextHandler(os.Stdout, nil)) // Info; a line here would fail the example
+	wallets, err := NewWallets(db.Collection("wallets"), logger, &counts)
+	if err != nil {
+		panic(err)
+	}
+	if err := wallets.Insert(ctx, &Wallet{ID: "ana", Balance: 100}); err != nil {
+		panic(err)
+	}
+	_, err = Spend(ctx, wallets, "ana", "2025-01-02", 30, 50)
+	fmt.Println(err)
+	_, err = Spend(ctx, wallets, "ana", "2025-01-02", 30, 50)
+	fmt.Println(errors.Is(err, ErrDeclined))
+	fmt.Println(counts.Count(observe.OpEnd), counts.Failed())
+	// Output:
+	// <nil>
+	// true
+	// 3 0
 }
 
 // recordingPartner is a Partner that remembers the calls it had.
@@ -236,4 +265,49 @@ func TestTransfer(t *testing.T) {
 	}
 	require.Equal(t, int64(40), balance("a"))
 	require.Equal(t, int64(60), balance("b"))
+}
+
+// countingPSP is a PSP that charges once per idempotency key and declines
+// amounts over 1000.
+type countingPSP struct {
+	mu      sync.Mutex
+	charges map[string]string
+}
+
+func (p *countingPSP) Charge(_ context.Context, key, order string, amount int64) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if amount > 1000 {
+		return "", ErrDeclined
+	}
+	if id, ok := p.charges[key]; ok {
+		return id, nil
+	}
+	id := fmt.Sprintf("ch_%d_%s", len(p.charges)+1, order)
+	p.charges[key] = id
+	return id, nil
+}
+
+func ExampleChargeOnce() {
+	db, drop := newDB("charge")
+	defer drop()
+	ctx := context.Background()
+	keys, err := idempotency.New(db.Collection("idempotency_keys"), nil)
+	if err != nil {
+		panic(err)
+	}
+	psp := &countingPSP{charges: map[string]string{}}
+	for range 2 {
+		res, err := ChargeOnce(ctx, keys, psp, "3f9a", "order-1", 250)
+		fmt.Println(res.Status, string(res.Body), res.Replayed, err)
+	}
+	_, err = ChargeOnce(ctx, keys, psp, "3f9a", "order-1", 999)
+	fmt.Println(errors.Is(err, idempotency.ErrMismatch))
+	res, err := ChargeOnce(ctx, keys, psp, "77c2", "order-2", 5000)
+	fmt.Println(res.Status, err, len(psp.charges))
+	// Output:
+	// 201 ch_1_order-1 false <nil>
+	// 201 ch_1_order-1 true <nil>
+	// true
+	// 402 <nil> 1
 }

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 
@@ -15,8 +17,10 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -167,6 +171,51 @@ func TestTakeNeverOversells(t *testing.T) {
 	mug, err := items.Get(t.Context(), "mug")
 	require.NoError(t, err)
 	require.Zero(t, mug.Stock)
+}
+
+// README end
+
+// README: idempotency keys
+// PSP is a payment provider that dedupes charges on an idempotency key.
+type PSP interface {
+	Charge(ctx context.Context, idempotencyKey, order string, amount int64) (chargeID string, err error)
+}
+
+// ChargeOnce charges an order once, however often the client retries with
+// the same key: the first call runs, a retry gets its result back
+// (Replayed), a retry while it runs gets an *idempotency.InProgressError
+// (HTTP 409), and the key with another order or amount ErrMismatch (422).
+func ChargeOnce(ctx context.Context, keys *idempotency.Keys, psp PSP, key, order string, amount int64) (idempotency.Result, error) {
+	fingerprint := fmt.Appendf(nil, "%s %d", order, amount)
+	return keys.Do(ctx, key, fingerprint, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+		// A step runs once across the retries of the request; partnerKey is
+		// the same in each retry that resumes it, so the PSP dedupes too.
+		charge, err := c.Step(ctx, "charge", func(ctx context.Context, partnerKey string) ([]byte, error) {
+			id, err := psp.Charge(ctx, partnerKey, order, amount)
+			return []byte(id), err
+		})
+		if errors.Is(err, ErrDeclined) {
+			return idempotency.Result{Status: http.StatusPaymentRequired}, nil // final: stored, replayed
+		}
+		if err != nil {
+			return idempotency.Result{}, err // transient: not stored, a retry runs again
+		}
+		return idempotency.Result{Status: http.StatusCreated, Body: charge}, nil
+	})
+}
+
+// README end
+
+// README: observability
+
+// NewWallets returns the wallets repository of a service that logs what
+// mongocas does (nothing at Info while all goes well; a lost lease or an
+// unknown outcome is a warning) and counts it for its metrics page. The
+// OpenTelemetry adapter, otelmongocas.New, joins the same way.
+func NewWallets(coll *mongo.Collection, logger *slog.Logger, counts *observe.Counters) (*versioned.Repo[Wallet], error) {
+	return versioned.New[Wallet](coll, &versioned.Options{
+		Observer: observe.Join(observe.Slog(logger), counts),
+	})
 }
 
 // README end

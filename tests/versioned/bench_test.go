@@ -3,6 +3,8 @@ package versioned_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strconv"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -18,12 +21,32 @@ import (
 // calls that do the same work, in the same run and on the same server:
 //
 //	go test -run='^$' -bench=. -benchmem -benchtime=200x ./tests/versioned
+//
+// Each operation runs on a repository without an Observer ("versioned"),
+// whose allocations must be what they were before the observe package, and
+// with the slog Observer at Info level ("versioned+slog"), as a service
+// runs it, which may add at most one allocation per operation.
+// On the embedded backend the server runs inside the test binary, so its
+// allocations are counted too and vary by a few per operation from run to
+// run; against MONGODB_URI (DocumentDB, MongoDB) they are the client's
+// alone and repeat exactly. TestObserveAllocations, in the library's own
+// tests, pins the observe package's part exactly.
 
-func benchSetup(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
+// repos are the repositories each benchmark runs the operation on.
+var repos = []struct {
+	name string
+	opts *versioned.Options
+}{
+	{"versioned", nil},
+	// A handler at Info, so that its level check is what runs, as in a service.
+	{"versioned+slog", &versioned.Options{Observer: observe.Slog(slog.New(slog.NewTextHandler(io.Discard, nil)))}}, //nolint:sloglint // see above
+}
+
+func benchSetup(b *testing.B, opts *versioned.Options) (*versioned.Repo[account], *mongo.Collection, context.Context) {
 	b.Helper()
 	db := mongotest.New(b)
 	coll := db.Collection("docs")
-	repo, err := versioned.New[account](coll, nil)
+	repo, err := versioned.New[account](coll, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -31,9 +54,9 @@ func benchSetup(b *testing.B) (*versioned.Repo[account], *mongo.Collection, cont
 }
 
 // benchWithDoc is benchSetup with the document "a" stored.
-func benchWithDoc(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
+func benchWithDoc(b *testing.B, opts *versioned.Options) (*versioned.Repo[account], *mongo.Collection, context.Context) {
 	b.Helper()
-	repo, coll, ctx := benchSetup(b)
+	repo, coll, ctx := benchSetup(b, opts)
 	must(b, repo.Insert(ctx, benchAccount("a")))
 	return repo, coll, ctx
 }
@@ -62,17 +85,19 @@ func rawCAS(ctx context.Context, b *testing.B, coll *mongo.Collection, a *accoun
 }
 
 func BenchmarkInsert(b *testing.B) {
-	b.Run("versioned", func(b *testing.B) {
-		repo, _, ctx := benchSetup(b)
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			i++
-			must(b, repo.Insert(ctx, benchAccount(strconv.Itoa(i))))
-		}
-	})
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, _, ctx := benchSetup(b, r.opts)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				must(b, repo.Insert(ctx, benchAccount(strconv.Itoa(i))))
+			}
+		})
+	}
 	b.Run("raw_driver", func(b *testing.B) {
-		_, coll, ctx := benchSetup(b)
+		_, coll, ctx := benchSetup(b, nil)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
@@ -86,16 +111,18 @@ func BenchmarkInsert(b *testing.B) {
 }
 
 func BenchmarkGet(b *testing.B) {
-	b.Run("versioned", func(b *testing.B) {
-		repo, _, ctx := benchWithDoc(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			_, err := repo.Get(ctx, "a")
-			must(b, err)
-		}
-	})
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, _, ctx := benchWithDoc(b, r.opts)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := repo.Get(ctx, "a")
+				must(b, err)
+			}
+		})
+	}
 	b.Run("raw_driver", func(b *testing.B) {
-		_, coll, ctx := benchWithDoc(b)
+		_, coll, ctx := benchWithDoc(b, nil)
 		b.ReportAllocs()
 		for b.Loop() {
 			var a account
@@ -106,18 +133,20 @@ func BenchmarkGet(b *testing.B) {
 
 // BenchmarkUpdate writes back a held copy under a version check.
 func BenchmarkUpdate(b *testing.B) {
-	b.Run("versioned", func(b *testing.B) {
-		repo, _, ctx := benchSetup(b)
-		a := benchAccount("a")
-		must(b, repo.Insert(ctx, a))
-		b.ReportAllocs()
-		for b.Loop() {
-			a.Balance++
-			must(b, repo.Update(ctx, a))
-		}
-	})
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, _, ctx := benchSetup(b, r.opts)
+			a := benchAccount("a")
+			must(b, repo.Insert(ctx, a))
+			b.ReportAllocs()
+			for b.Loop() {
+				a.Balance++
+				must(b, repo.Update(ctx, a))
+			}
+		})
+	}
 	b.Run("raw_driver", func(b *testing.B) {
-		repo, coll, ctx := benchSetup(b)
+		repo, coll, ctx := benchSetup(b, nil)
 		a := benchAccount("a")
 		must(b, repo.Insert(ctx, a))
 		b.ReportAllocs()
@@ -135,16 +164,18 @@ func BenchmarkUpdate(b *testing.B) {
 // BenchmarkModify is an uncontended read-modify-write: a find and a
 // version-checked update.
 func BenchmarkModify(b *testing.B) {
-	b.Run("versioned", func(b *testing.B) {
-		repo, _, ctx := benchWithDoc(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			_, err := repo.Modify(ctx, "a", func(a *account) error { a.Balance++; return nil })
-			must(b, err)
-		}
-	})
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, _, ctx := benchWithDoc(b, r.opts)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := repo.Modify(ctx, "a", func(a *account) error { a.Balance++; return nil })
+				must(b, err)
+			}
+		})
+	}
 	b.Run("raw_driver", func(b *testing.B) {
-		_, coll, ctx := benchWithDoc(b)
+		_, coll, ctx := benchWithDoc(b, nil)
 		b.ReportAllocs()
 		for b.Loop() {
 			var a account
@@ -160,24 +191,26 @@ func BenchmarkModify(b *testing.B) {
 func BenchmarkGuarded(b *testing.B) {
 	cond := bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 1}}}}
 	dec := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}}}}
-	start := func(b *testing.B) (*versioned.Repo[account], *mongo.Collection, context.Context) {
+	start := func(b *testing.B, opts *versioned.Options) (*versioned.Repo[account], *mongo.Collection, context.Context) {
 		b.Helper()
-		repo, coll, ctx := benchSetup(b)
+		repo, coll, ctx := benchSetup(b, opts)
 		a := benchAccount("a")
 		a.Balance = 1 << 40
 		must(b, repo.Insert(ctx, a))
 		return repo, coll, ctx
 	}
-	b.Run("versioned", func(b *testing.B) {
-		repo, _, ctx := start(b)
-		b.ReportAllocs()
-		for b.Loop() {
-			_, err := repo.Guarded(ctx, "a", cond, dec)
-			must(b, err)
-		}
-	})
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, _, ctx := start(b, r.opts)
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := repo.Guarded(ctx, "a", cond, dec)
+				must(b, err)
+			}
+		})
+	}
 	b.Run("raw_driver", func(b *testing.B) {
-		_, coll, ctx := start(b)
+		_, coll, ctx := start(b, nil)
 		filter := append(bson.D{{Key: "_id", Value: "a"}}, cond...)
 		update := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}, {Key: "version", Value: 1}}}}
 		opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
@@ -188,7 +221,7 @@ func BenchmarkGuarded(b *testing.B) {
 		}
 	})
 	b.Run("raw_updateOne", func(b *testing.B) {
-		_, coll, ctx := start(b)
+		_, coll, ctx := start(b, nil)
 		filter := append(bson.D{{Key: "_id", Value: "a"}}, cond...)
 		update := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}, {Key: "version", Value: 1}}}}
 		b.ReportAllocs()

@@ -29,6 +29,10 @@ type DB struct {
 	// Where says in words which server this is, for the program's first
 	// line of output.
 	Where string
+	// URI is the server's connection string, for programs this one starts
+	// (through MONGODB_URI, never the command line: it may hold a
+	// password). Never print it; Where is the printable form.
+	URI string
 
 	close func(context.Context) error
 }
@@ -63,7 +67,7 @@ func Open(ctx context.Context, uri, label string) (*DB, error) {
 		if db.Server.Backend == mongotest.BackendEmbedded {
 			where = fmt.Sprintf("the embedded server: FerretDB behind a proxy that serializes requests, which models\nMongoDB's single-document atomicity and no more (%s);\nrun with -uri or MONGODB_URI against real MongoDB for the rest", db.Server.Caps)
 		}
-		return &DB{Database: db.Database, Caps: db.Server.Caps, Where: where, close: func(ctx context.Context) error {
+		return &DB{Database: db.Database, Caps: db.Server.Caps, Where: where, URI: db.Server.URI, close: func(ctx context.Context) error {
 			err := drop(ctx)
 			mongotest.Shutdown()
 			return err
@@ -81,7 +85,7 @@ func Open(ctx context.Context, uri, label string) (*DB, error) {
 		_ = st.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &DB{Database: db, Caps: caps, Where: fmt.Sprintf("%s (%s)", store.RedactURI(uri), caps), close: func(ctx context.Context) error {
+	return &DB{Database: db, Caps: caps, Where: fmt.Sprintf("%s (%s)", store.RedactURI(uri), caps), URI: uri, close: func(ctx context.Context) error {
 		return errors.Join(db.Drop(ctx), st.Close(ctx))
 	}}, nil
 }

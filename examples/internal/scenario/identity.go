@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
-	"github.com/mongocas/mongocas/versioned"
 )
 
 // Primary identity switch (seeds 000 and 002): a user promotes one of their
@@ -29,12 +29,16 @@ import (
 // Strategies:
 //
 //   - no lock: read the primary, call the partner, $set the new primary.
-//   - lease: lease.Manager.Do on the user's document around the whole
-//     sequence. Switches for the same user wait their turn; none interleave.
-//     The lease's epoch goes to the partner as the fencing token and in the
+//   - the program's own service (in examples/identity/main.go: a lease on the
+//     user's document around the whole sequence, with lease.Manager.Do).
+//     Switches for the same user wait their turn; none interleave. The
+//     lease's epoch goes to the partner as the fencing token and in the
 //     idempotency key, and the final write is fenced with Lease.Guard. A
 //     double click that arrives while a switch runs gets ErrHeld at once,
-//     with the time left on the lease (a 409 with Retry-After).
+//     with the time left on the lease (a 409 with Retry-After). After the
+//     run, if the service serves the switch over HTTP with idempotency keys
+//     (HTTPIdentities), one client per user times out and retries: see
+//     RetryResult.
 //   - transaction held across the HTTP calls (the anti-pattern of seed 002):
 //     the first write of a transaction takes the user's document, and the
 //     transaction stays open through the partner calls. It does stop the
@@ -43,18 +47,110 @@ import (
 //     document lock for as long as the partner takes. Only where the server
 //     has transactions.
 
-// IdentityStrategy names a way to run the switch.
-type IdentityStrategy string
+// PartnerAPI is the partner identity provider's API as a service calls it
+// (*PartnerClient is one).
+type PartnerAPI interface {
+	// SwitchPrimary makes identity the user's primary one over from, its
+	// primary now: two calls, each retried on 5xx answers. The calls'
+	// idempotency keys start with key; fencingToken, when not 0, is sent
+	// for the partner to refuse a token older than one it has seen.
+	SwitchPrimary(ctx context.Context, user, from, identity, key string, fencingToken int64) error
+}
 
-// The identity strategies.
-const (
+// Identities is a service that switches users' primary identities: the code
+// under test in the identity scenario.
+type Identities interface {
+	// AddUser stores a user with their identities, the first one primary
+	// (the partner knows them already).
+	AddUser(ctx context.Context, id string, identities []string) error
+	// Switch makes identity the user's primary one, at the partner and in
+	// the database, waiting its turn if the strategy serializes switches.
+	Switch(ctx context.Context, user, identity string) error
+	// SwitchNow is Switch for a request that must not wait, such as a
+	// double click: while another switch for the user runs, a mongocas
+	// strategy fails at once with a *lease.HeldError.
+	SwitchNow(ctx context.Context, user, identity string) error
+}
+
+// IdentityStrategy is a way to run the switch.
+type IdentityStrategy struct {
+	// Name names it in the table.
+	Name string
+	// Kind is KindNaive, KindMongocas or KindAntiPattern. A mongocas
+	// strategy runs as two instances of the service that share the
+	// requests, and the first switch of each user to call the partner is
+	// double-clicked: the other instance's SwitchNow, which must fail with
+	// a *lease.HeldError.
+	Kind string
+	// Open returns one instance of the service: users is the users
+	// collection, partner the partner's client, instance a name unique
+	// among the instances that run at once (a lease owner), and leaseTTL
+	// the TTL of any lease it takes.
+	Open func(users *mongo.Collection, partner PartnerAPI, instance string, leaseTTL time.Duration) (Identities, error)
+	// Transactions says the strategy needs multi-document transactions:
+	// where the server has none, the run is refused with ErrNoTransactions.
+	Transactions bool
+}
+
+// String returns the strategy's name.
+func (s IdentityStrategy) String() string { return s.Name }
+
+// The harness's own identity strategies.
+var (
 	// IdentityNoLock calls the partner with no coordination.
-	IdentityNoLock IdentityStrategy = "no lock"
-	// IdentityLease runs the switch under lease.Manager.Do.
-	IdentityLease IdentityStrategy = "lease.Manager.Do"
+	IdentityNoLock = IdentityStrategy{
+		Name: "no lock",
+		Kind: KindNaive,
+		Open: func(users *mongo.Collection, partner PartnerAPI, _ string, _ time.Duration) (Identities, error) {
+			return &noLockIdentities{users: users, partner: partner}, nil
+		},
+	}
 	// IdentityTxAcrossHTTP holds a transaction open across the partner calls.
-	IdentityTxAcrossHTTP IdentityStrategy = "transaction held across HTTP"
+	IdentityTxAcrossHTTP = IdentityStrategy{
+		Name: "transaction held across HTTP",
+		Kind: KindAntiPattern,
+		Open: func(users *mongo.Collection, partner PartnerAPI, _ string, _ time.Duration) (Identities, error) {
+			return &txIdentities{users: users, partner: partner}, nil
+		},
+		Transactions: true,
+	}
 )
+
+// Identity is the identity scenario: IdentityNoLock, the program's service,
+// and IdentityTxAcrossHTTP where the server has transactions.
+type Identity struct {
+	// Config sizes the run; RegisterFlags binds it to flags.
+	Config IdentityConfig
+	// Mongocas is the program's service.
+	Mongocas IdentityStrategy
+}
+
+// Name returns "identity".
+func (*Identity) Name() string { return "identity" }
+
+// RegisterFlags registers the scenario's sizes on fs.
+func (sc *Identity) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&sc.Config.Users, "users", 12, "identity: users switching their primary identity")
+	fs.IntVar(&sc.Config.Switches, "switches", 3, "identity: concurrent switches per user")
+	fs.DurationVar(&sc.Config.LatencyMin, "latency-min", 20*time.Millisecond, "identity: partner latency, lower bound")
+	fs.DurationVar(&sc.Config.LatencyMax, "latency-max", 80*time.Millisecond, "identity: partner latency, upper bound")
+	fs.Float64Var(&sc.Config.FailureRate, "failure-rate", 0.1, "identity: share of partner calls answered 503 (negative: none)")
+	fs.DurationVar(&sc.Config.LeaseTTL, "lease-ttl", 5*time.Second, "identity: lease TTL")
+}
+
+// Run runs IdentityNoLock, sc.Mongocas and IdentityTxAcrossHTTP.
+func (sc *Identity) Run(ctx context.Context, env Env, rep *Report) error {
+	cfg := sc.Config
+	cfg.Progress = env.Progress
+	if env.Seed != 0 {
+		cfg.Seed = env.Seed
+	}
+	return runEach(rep, sc.Name(), ", so the anti-pattern cannot be shown",
+		[]IdentityStrategy{IdentityNoLock, sc.Mongocas, IdentityTxAcrossHTTP},
+		func(s IdentityStrategy) (*IdentityResult, error) {
+			return RunIdentity(ctx, env.DB, s, env.Caps.Transactions, cfg)
+		})
+}
 
 // IdentityConfig sizes an identity run. Zero fields take their defaults.
 type IdentityConfig struct {
@@ -118,7 +214,7 @@ type IdentityResult struct {
 	// Corrupted is how many users end with other than exactly one primary
 	// at the partner, or with a partner primary the database does not hold.
 	Corrupted int
-	// DoubleClicks is how many double clicks were tried (lease only), and
+	// DoubleClicks is how many double clicks were tried (mongocas only), and
 	// DoubleClickHeld how many of them got ErrHeld; DoubleClickTimeLeft is
 	// the time left the first one was told.
 	DoubleClicks, DoubleClickHeld int
@@ -133,53 +229,73 @@ type IdentityResult struct {
 	// each held it.
 	TxMaxOpen  int64
 	TxLockHeld Latency
-}
-
-// User is the local user document. The lease subdocument lives on it too,
-// unmapped, as the lease package requires.
-type User struct {
-	ID         string   `bson:"_id"`
-	Primary    string   `bson:"primary"`
-	Identities []string `bson:"identities"`
-	Version    int64    `bson:"version"`
+	// Retry is what the timed-out clients saw, for a service that serves
+	// the switch over HTTP with idempotency keys (HTTPIdentities); nil
+	// otherwise.
+	Retry *RetryResult
 }
 
 // RunIdentity runs one identity strategy against a fresh fake partner and a
 // fresh collection of db. transactions says whether the server has them.
 func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, transactions bool, cfg IdentityConfig) (*IdentityResult, error) {
 	cfg = cfg.withDefaults()
-	if s == IdentityTxAcrossHTTP && !transactions {
+	if s.Open == nil {
+		return nil, fmt.Errorf("identity: strategy %q has no Open", s.Name)
+	}
+	if s.Transactions && !transactions {
 		return nil, ErrNoTransactions
 	}
-	coll := db.Collection("users_" + slug(string(s)))
+	coll := db.Collection("users_" + slug(s.Name))
 	if err := coll.Drop(ctx); err != nil {
 		return nil, fmt.Errorf("identity: drop: %w", err)
-	}
-	users, err := versioned.New[User](coll, nil)
-	if err != nil {
-		return nil, err
 	}
 	partner := NewPartner(PartnerConfig{LatencyMin: cfg.LatencyMin, LatencyMax: cfg.LatencyMax, FailureRate: cfg.FailureRate, Seed: cfg.Seed})
 	defer partner.Close()
 	client := partner.Client(retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: 10, MaxElapsedTime: 3 * time.Second})
 	defer client.Close()
 
+	res := &IdentityResult{Row: Row{Scenario: "identity", Strategy: s.Name, Kind: s.Kind, Requests: cfg.Users * cfg.Switches}, Users: cfg.Users, Switches: cfg.Switches}
+	// A mongocas strategy runs as two instances of the service (two
+	// processes, say), so that switches for one user compete across
+	// instances as well as within one, and is double-clicked.
+	var clicks *doubleClicks
+	insts := make([]Identities, 1)
+	if s.Kind == KindMongocas {
+		clicks = &doubleClicks{clicked: map[string]bool{}, res: res}
+		insts = make([]Identities, 2)
+	}
+	for i := range insts {
+		var p PartnerAPI = client
+		if clicks != nil {
+			p = &clickingPartner{PartnerAPI: client, clicks: clicks, other: (i + 1) % len(insts)}
+		}
+		var err error
+		if insts[i], err = s.Open(coll, p, fmt.Sprintf("service-instance-%d", i+1), cfg.LeaseTTL); err != nil {
+			return nil, err
+		}
+	}
+	if clicks != nil {
+		clicks.insts = insts
+	}
+
 	ids := make([]string, cfg.Users)
+	identsOf := make(map[string][]string, cfg.Users)
 	for u := range ids {
 		ids[u] = fmt.Sprintf("user-%02d", u+1)
 		idents := make([]string, cfg.Switches+1)
 		for k := range idents {
 			idents[k] = fmt.Sprintf("%s-id%d", ids[u], k)
 		}
+		identsOf[ids[u]] = idents
 		partner.AddUser(ids[u], idents)
-		if err := users.Insert(ctx, &User{ID: ids[u], Primary: idents[0], Identities: idents}); err != nil {
-			return nil, fmt.Errorf("identity: insert user: %w", err)
+		if err := insts[0].AddUser(ctx, ids[u], idents); err != nil {
+			return nil, fmt.Errorf("identity: add user: %w", err)
 		}
 	}
 
 	warmUp(ctx, db, cfg.Users*cfg.Switches)
-	res := &IdentityResult{Row: Row{Scenario: "identity", Strategy: string(s), Kind: kindOf(s == IdentityLease), Requests: cfg.Users * cfg.Switches}, Users: cfg.Users, Switches: cfg.Switches}
-	// Request r is user r/Switches switching to identity 1 + r%Switches.
+	// Request r is user r/Switches switching to identity 1 + r%Switches, on
+	// instance r%len(insts).
 	type request struct {
 		user, target, seq string
 	}
@@ -188,49 +304,19 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 		u := r / cfg.Switches
 		reqs[r] = request{user: ids[u], target: fmt.Sprintf("%s-id%d", ids[u], 1+r%cfg.Switches), seq: "switch-" + strconv.Itoa(r)}
 	}
-
-	var run func(ctx context.Context, r int) error
-	var finish func()
-	switch s {
-	case IdentityNoLock:
-		run = func(ctx context.Context, r int) error {
-			q := reqs[r]
-			u, err := users.Get(ctx, q.user)
-			if err != nil {
-				return err
-			}
-			if err := switchAtPartner(ctx, client, q.user, u.Primary, q.target, q.seq, q.seq, 0); err != nil {
-				return err
-			}
-			_, err = coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: q.user}}, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: q.target}}}})
-			return err
-		}
-	case IdentityLease:
-		run, finish, err = leaseSwitch(coll, users, client, cfg, res, func(r int) (string, string, string) { q := reqs[r]; return q.user, q.target, q.seq })
-		if err != nil {
-			return nil, err
-		}
-	case IdentityTxAcrossHTTP:
-		run, finish = txSwitch(db.Client(), coll, client, res, func(r int) (string, string, string) { q := reqs[r]; return q.user, q.target, q.seq })
-	default:
-		return nil, fmt.Errorf("identity: unknown strategy %q", s)
-	}
-	if s == IdentityTxAcrossHTTP {
-		res.Kind = KindAntiPattern
-	}
-
 	outcomes := make([]error, len(reqs))
 	var rec recorder
 	start := time.Now()
-	p := startProgress(cfg.Progress, "identity/"+string(s), len(reqs))
+	p := startProgress(cfg.Progress, "identity/"+s.Name, len(reqs))
 	forEach(len(reqs), 0, p, func(r int) {
-		rec.time(func() { outcomes[r] = run(ctx, r) })
+		q := reqs[r]
+		rec.time(func() { outcomes[r] = insts[r%len(insts)].Switch(withSequence(ctx, q.seq), q.user, q.target) })
 	})
 	p.end()
-	if finish != nil {
-		finish()
-	}
 	res.Elapsed, res.Latency = time.Since(start), rec.latency()
+	if tx, ok := insts[0].(*txIdentities); ok {
+		tx.report(res)
+	}
 
 	var firstErr error
 	for _, err := range outcomes {
@@ -245,8 +331,10 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 	res.Partner = partner.Stats()
 	res.PartnerRetries = client.Retries()
 	for _, id := range ids {
-		u, err := users.Get(ctx, id)
-		if err != nil {
+		var u struct {
+			Primary string `bson:"primary"`
+		}
+		if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&u); err != nil {
 			return nil, fmt.Errorf("identity: read user: %w", err)
 		}
 		if prim := partner.Primaries(id); len(prim) != 1 || prim[0] != u.Primary {
@@ -254,6 +342,18 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 		}
 	}
 	res.Anomalies = res.Partner.Interleaved + res.Corrupted + (res.DoubleClicks - res.DoubleClickHeld)
+	if svc, ok := insts[0].(HTTPIdentities); ok && cfg.Switches >= 2 {
+		// After the run: clients that time out and retry, over HTTP with
+		// idempotency keys. The first attempt's timeout is below one
+		// partner call's latency, and a switch makes two.
+		retried, err := runTimedOutClients(ctx, svc, coll, partner, identsOf, max(cfg.LatencyMin, time.Millisecond))
+		if err != nil {
+			return nil, fmt.Errorf("identity: timed-out clients: %w", err)
+		}
+		res.Retry = retried
+		res.Anomalies += res.Retry.SwitchedTwice
+		res.Errors += len(res.Retry.Failures)
+	}
 
 	res.Details = append(res.Details,
 		fmt.Sprintf("%d users × %d concurrent switches: %d done, %d failed", cfg.Users, cfg.Switches, res.Done, res.Failed),
@@ -261,14 +361,18 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 			res.Partner.Calls, res.Partner.Failed, res.PartnerRetries, res.Partner.Replayed, res.Partner.StaleTokens),
 		fmt.Sprintf("interleaved unlink/link sequences: %d%s; users left with a corrupted primary: %d",
 			res.Partner.Interleaved, plural(res.Partner.InterleavedUsers, " (%d user%s)"), res.Corrupted))
-	if s == IdentityLease {
+	if clicks != nil {
 		line := fmt.Sprintf("double clicks: %d, %d got ErrHeld at once", res.DoubleClicks, res.DoubleClickHeld)
 		if res.DoubleClickHeld > 0 {
 			line += fmt.Sprintf(" (a 409: held by %s, retry after %v)", res.DoubleClickHolder, res.DoubleClickTimeLeft.Round(time.Millisecond))
 		}
 		res.Details = append(res.Details, line, "each switch sent its lease epoch to the partner as fencing token and idempotency key")
+		res.Details = append(res.Details, clicks.notes...)
 	}
-	if s == IdentityTxAcrossHTTP {
+	if res.Retry != nil {
+		res.Details = append(res.Details, res.Retry.details()...)
+	}
+	if s.Transactions {
 		res.Details = append(res.Details, fmt.Sprintf("up to %d transactions at once held a user's document locked across the partner calls, each for p50 %v, max %v; %d of %d transaction attempts were aborted by write conflicts and retried (the other switches waited)",
 			res.TxMaxOpen, res.TxLockHeld.P50.Round(time.Millisecond), res.TxLockHeld.Max.Round(time.Millisecond), res.TxAborted, res.TxAttempts))
 	}
@@ -278,152 +382,163 @@ func RunIdentity(ctx context.Context, db *mongo.Database, s IdentityStrategy, tr
 	return res, nil
 }
 
-// leaseSwitch returns the lease strategy's request function. Two Managers
-// stand for two instances of the service, so that switches for one user
-// compete across processes as well as within one. The first switch of each
-// user to get the lease is double-clicked: a second request for the same
-// user tries TryAcquire while the switch runs, and must get ErrHeld.
-func leaseSwitch(coll *mongo.Collection, users *versioned.Repo[User], client *PartnerClient, cfg IdentityConfig, res *IdentityResult,
-	req func(r int) (user, target, seq string),
-) (run func(context.Context, int) error, finish func(), err error) {
-	var managers [2]*lease.Manager
-	for i := range managers {
-		managers[i], err = lease.New(coll, &lease.Options{TTL: cfg.LeaseTTL, Owner: fmt.Sprintf("service-instance-%d", i+1)})
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	var (
-		mu      sync.Mutex
-		clicked = map[string]bool{}
-		wg      sync.WaitGroup
-	)
-	run = func(ctx context.Context, r int) error {
-		user, target, seq := req(r)
-		m := managers[r%2]
-		return m.Do(ctx, user, func(ctx context.Context, l *lease.Lease) error {
-			mu.Lock()
-			first := !clicked[user]
-			clicked[user] = true
-			if first {
-				res.DoubleClicks++
-			}
-			mu.Unlock()
-			var clickDone chan struct{}
-			if first {
-				// The double click lands while this switch holds the
-				// lease: this switch does not release it before the
-				// click has had its answer.
-				clickDone = make(chan struct{})
-				wg.Go(func() {
-					defer close(clickDone)
-					other := managers[(r+1)%2]
-					if err := doubleClickOnce(ctx, other, user, &mu, res); err != nil {
-						mu.Lock()
-						res.Details = append(res.Details, "double click: "+err.Error())
-						mu.Unlock()
-					}
-				})
-			}
-			u, err := users.Get(ctx, user)
-			if err == nil {
-				key := fmt.Sprintf("%s/epoch-%d", user, l.Epoch())
-				err = switchAtPartner(ctx, client, user, u.Primary, target, seq, key, l.Epoch())
-			}
-			if err == nil && target != u.Primary {
-				_, err = users.Guarded(ctx, user, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: target}}}}, l.Guard())
-			}
-			if clickDone != nil {
-				<-clickDone
-			}
-			return err
-		})
-	}
-	return run, wg.Wait, nil
+// doubleClicks double-clicks the first switch of each user to call the
+// partner: while that switch holds whatever serializes switches, a second
+// request for the same user calls SwitchNow on another instance, which must
+// fail at once with a *lease.HeldError.
+type doubleClicks struct {
+	insts []Identities
+
+	mu      sync.Mutex
+	clicked map[string]bool
+	res     *IdentityResult
+	notes   []string
 }
 
-// doubleClickOnce is a second request for user while a switch holds the
-// lease: TryAcquire must fail at once with ErrHeld.
-func doubleClickOnce(ctx context.Context, m *lease.Manager, user string, mu *sync.Mutex, res *IdentityResult) error {
-	l, err := m.TryAcquire(ctx, user)
-	if err == nil {
-		_ = l.Release(ctx)
-		return fmt.Errorf("it got the lease on %s while a switch was running", user)
+// clickingPartner is the partner client an instance of a mongocas strategy
+// gets: before a user's first partner call, it double-clicks on instance
+// other.
+type clickingPartner struct {
+	PartnerAPI
+	clicks *doubleClicks
+	other  int
+}
+
+func (p *clickingPartner) SwitchPrimary(ctx context.Context, user, from, identity, key string, token int64) error {
+	p.clicks.mu.Lock()
+	first := !p.clicks.clicked[user]
+	p.clicks.clicked[user] = true
+	p.clicks.mu.Unlock()
+	if first {
+		p.clicks.click(withSequence(ctx, sequence(ctx)+"/double-click"), p.other, user, identity)
 	}
+	return p.PartnerAPI.SwitchPrimary(ctx, user, from, identity, key, token)
+}
+
+// click makes the double click and counts its answer.
+func (d *doubleClicks) click(ctx context.Context, inst int, user, identity string) {
+	err := d.insts[inst].SwitchNow(ctx, user, identity)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.res.DoubleClicks++
 	var held *lease.HeldError
-	if !errors.As(err, &held) {
-		return err
+	switch {
+	case errors.As(err, &held):
+		d.res.DoubleClickHeld++
+		if d.res.DoubleClickTimeLeft == 0 {
+			d.res.DoubleClickTimeLeft, d.res.DoubleClickHolder = held.TimeLeft, held.Owner
+		}
+	case err == nil:
+		d.notes = append(d.notes, fmt.Sprintf("double click: it switched %s while another switch was running", user))
+	default:
+		d.notes = append(d.notes, "double click: "+err.Error())
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	res.DoubleClickHeld++
-	if res.DoubleClickTimeLeft == 0 {
-		res.DoubleClickTimeLeft, res.DoubleClickHolder = held.TimeLeft, held.Owner
-	}
-	return nil
 }
 
-// txSwitch returns the anti-pattern's request function: the switch runs
-// inside a transaction whose first write takes the user's document, and the
-// partner calls happen while it is open.
-func txSwitch(mc *mongo.Client, coll *mongo.Collection, client *PartnerClient, res *IdentityResult,
-	req func(r int) (user, target, seq string),
-) (run func(context.Context, int) error, finish func()) {
-	var (
-		open, maxOpen, attempts atomic.Int64
-		held                    recorder
-	)
-	run = func(ctx context.Context, r int) error {
-		user, target, seq := req(r)
-		sess, err := mc.StartSession()
-		if err != nil {
-			return err
-		}
-		defer sess.EndSession(context.WithoutCancel(ctx))
-		var lockedAt time.Time
-		locked := false
-		_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
-			attempts.Add(1)
-			if locked { // a retry of a transaction that had the lock
-				open.Add(-1)
-				locked = false
-			}
-			// The first write takes the document: any other transaction
-			// writing it now fails with a write conflict and starts over.
-			if _, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: user}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "switches", Value: 1}}}}); err != nil {
-				return nil, err
-			}
-			lockedAt, locked = time.Now(), true
-			n := open.Add(1)
-			for m := maxOpen.Load(); n > m && !maxOpen.CompareAndSwap(m, n); m = maxOpen.Load() {
-			}
-			var u User
-			if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: user}}).Decode(&u); err != nil {
-				return nil, err
-			}
-			if err := switchAtPartner(ctx, client, user, u.Primary, target, seq, seq, 0); err != nil {
-				return nil, err
-			}
-			_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: user}}, bson.D{
-				{Key: "$set", Value: bson.D{{Key: "primary", Value: target}}},
-				{Key: "$inc", Value: bson.D{{Key: "version", Value: 1}}},
-			})
-			return nil, err
-		})
-		if locked {
-			open.Add(-1)
-			el := time.Since(lockedAt)
-			held.mu.Lock()
-			held.d = append(held.d, el)
-			held.mu.Unlock()
-		}
+// noLockIdentities switches with no coordination: read the primary, call the
+// partner, $set the new primary.
+type noLockIdentities struct {
+	users   *mongo.Collection
+	partner PartnerAPI
+}
+
+func (n *noLockIdentities) AddUser(ctx context.Context, id string, identities []string) error {
+	return addUserDoc(ctx, n.users, id, identities)
+}
+
+func (n *noLockIdentities) Switch(ctx context.Context, user, identity string) error {
+	var u struct {
+		Primary string `bson:"primary"`
+	}
+	if err := n.users.FindOne(ctx, bson.D{{Key: "_id", Value: user}}).Decode(&u); err != nil {
 		return err
 	}
-	finish = func() {
-		res.TxAttempts = attempts.Load()
-		res.TxAborted = res.TxAttempts - int64(res.Requests)
-		res.TxMaxOpen = maxOpen.Load()
-		res.TxLockHeld = held.latency()
+	if err := n.partner.SwitchPrimary(ctx, user, u.Primary, identity, sequence(ctx), 0); err != nil {
+		return err
 	}
-	return run, finish
+	_, err := n.users.UpdateOne(ctx, bson.D{{Key: "_id", Value: user}}, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}})
+	return err
+}
+
+func (n *noLockIdentities) SwitchNow(ctx context.Context, user, identity string) error {
+	return n.Switch(ctx, user, identity)
+}
+
+// addUserDoc inserts a user document for the harness's own strategies.
+func addUserDoc(ctx context.Context, users *mongo.Collection, id string, identities []string) error {
+	_, err := users.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "primary", Value: identities[0]}, {Key: "identities", Value: identities}})
+	return err
+}
+
+// txIdentities is the anti-pattern: the switch runs inside a transaction
+// whose first write takes the user's document, and the partner calls happen
+// while it is open. It counts what that costs.
+type txIdentities struct {
+	users   *mongo.Collection
+	partner PartnerAPI
+
+	open, maxOpen, attempts, switches atomic.Int64
+	held                              recorder
+}
+
+func (t *txIdentities) AddUser(ctx context.Context, id string, identities []string) error {
+	return addUserDoc(ctx, t.users, id, identities)
+}
+
+func (t *txIdentities) SwitchNow(ctx context.Context, user, identity string) error {
+	return t.Switch(ctx, user, identity)
+}
+
+func (t *txIdentities) Switch(ctx context.Context, user, identity string) error {
+	t.switches.Add(1)
+	sess, err := t.users.Database().Client().StartSession()
+	if err != nil {
+		return err
+	}
+	defer sess.EndSession(context.WithoutCancel(ctx))
+	var lockedAt time.Time
+	locked := false
+	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
+		t.attempts.Add(1)
+		if locked { // a retry of a transaction that had the lock
+			t.open.Add(-1)
+			locked = false
+		}
+		// The first write takes the document: any other transaction
+		// writing it now fails with a write conflict and starts over.
+		if _, err := t.users.UpdateOne(ctx, bson.D{{Key: "_id", Value: user}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "switches", Value: 1}}}}); err != nil {
+			return nil, err
+		}
+		lockedAt, locked = time.Now(), true
+		n := t.open.Add(1)
+		for m := t.maxOpen.Load(); n > m && !t.maxOpen.CompareAndSwap(m, n); m = t.maxOpen.Load() {
+		}
+		var u struct {
+			Primary string `bson:"primary"`
+		}
+		if err := t.users.FindOne(ctx, bson.D{{Key: "_id", Value: user}}).Decode(&u); err != nil {
+			return nil, err
+		}
+		if err := t.partner.SwitchPrimary(ctx, user, u.Primary, identity, sequence(ctx), 0); err != nil {
+			return nil, err
+		}
+		_, err := t.users.UpdateOne(ctx, bson.D{{Key: "_id", Value: user}}, bson.D{
+			{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}},
+			{Key: "$inc", Value: bson.D{{Key: "version", Value: 1}}},
+		})
+		return nil, err
+	})
+	if locked {
+		t.open.Add(-1)
+		t.held.add(time.Since(lockedAt))
+	}
+	return err
+}
+
+// report adds what the transactions cost to res.
+func (t *txIdentities) report(res *IdentityResult) {
+	res.TxAttempts = t.attempts.Load()
+	res.TxAborted = res.TxAttempts - t.switches.Load()
+	res.TxMaxOpen = t.maxOpen.Load()
+	res.TxLockHeld = t.held.latency()
 }

@@ -14,25 +14,6 @@ import (
 // and a fifth of the calls failing so that retries are exercised.
 var smallIdentity = IdentityConfig{Users: 4, Switches: 3, LatencyMin: 5 * time.Millisecond, LatencyMax: 15 * time.Millisecond, FailureRate: 0.2, Seed: 7}
 
-func TestIdentityLeaseNeverInterleaves(t *testing.T) {
-	t.Parallel()
-	db := mongotest.New(t)
-	r, err := RunIdentity(t.Context(), db.Database, IdentityLease, db.Caps().Transactions, smallIdentity)
-	require.NoError(t, err)
-	require.Equal(t, KindMongocas, r.Kind)
-	require.Equal(t, 0, r.Failed, r.Details)
-	require.Equal(t, smallIdentity.Users*smallIdentity.Switches, r.Done)
-	require.Equal(t, 0, r.Partner.Interleaved, "no two switches of a user overlap at the partner")
-	require.Equal(t, 0, r.Corrupted, "every user ends with one primary, the one the database holds")
-	require.Equal(t, int64(0), r.Partner.StaleTokens)
-	require.Equal(t, smallIdentity.Users, r.DoubleClicks, "one double click per user")
-	require.Equal(t, r.DoubleClicks, r.DoubleClickHeld, "every double click got ErrHeld")
-	require.Positive(t, r.DoubleClickTimeLeft)
-	require.NotEmpty(t, r.DoubleClickHolder)
-	require.Equal(t, 0, r.Anomalies)
-	t.Logf("lease: %s", strings.Join(r.Details, "; "))
-}
-
 func TestIdentityNoLockAccounting(t *testing.T) {
 	t.Parallel()
 	db := mongotest.New(t)

@@ -11,21 +11,6 @@ import (
 // smallInventory keeps a run under a second on the embedded server.
 var smallInventory = InventoryConfig{Buyers: 20, Items: 5}
 
-func TestInventoryGuardedNeverOversells(t *testing.T) {
-	t.Parallel()
-	db := mongotest.New(t)
-	r, err := RunInventory(t.Context(), db.Database, InventoryGuarded, smallInventory)
-	require.NoError(t, err)
-	require.Equal(t, KindMongocas, r.Kind)
-	require.Equal(t, 0, r.Errors, r.Details)
-	require.Equal(t, smallInventory.Items, r.Orders, "every item is sold")
-	require.Equal(t, smallInventory.Buyers-smallInventory.Items, r.SoldOut, "everyone else is told sold out")
-	require.Equal(t, int64(0), r.FinalStock)
-	require.Equal(t, 0, r.Oversold)
-	require.Equal(t, 0, r.Anomalies)
-	require.Equal(t, smallInventory.Buyers, r.Latency.N)
-}
-
 func TestInventoryNaiveAccounting(t *testing.T) {
 	t.Parallel()
 	db := mongotest.New(t)

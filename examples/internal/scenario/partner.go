@@ -428,16 +428,35 @@ func isPartnerConflict(err error) bool {
 	return errors.As(err, &pe) && pe.Status == http.StatusConflict
 }
 
-// switchAtPartner makes the two partner calls that promote target over
-// primary. seq identifies the switch for the partner's interleaving
-// detection; key prefixes the calls' idempotency keys; token, when not 0, is
-// the fencing token.
-func switchAtPartner(ctx context.Context, c *PartnerClient, user, primary, target, seq, key string, token int64) error {
-	if target == primary {
+// SwitchPrimary makes the two partner calls that promote identity to
+// primary over from, the user's primary now: unlink it, then link the others
+// under it. key prefixes the calls' idempotency keys; token, when not 0, is
+// the fencing token. Nothing is sent when identity is already primary. The
+// switch's sequence id, for the partner's interleaving detection, comes from
+// ctx (see withSequence).
+func (c *PartnerClient) SwitchPrimary(ctx context.Context, user, from, identity, key string, token int64) error {
+	if identity == from {
 		return nil
 	}
-	if err := c.Do(ctx, call{op: "unlink", user: user, primary: primary, secondary: target, seq: seq, key: key + "/unlink", token: token}); err != nil {
+	seq := sequence(ctx)
+	if err := c.Do(ctx, call{op: "unlink", user: user, primary: from, secondary: identity, seq: seq, key: key + "/unlink", token: token}); err != nil {
 		return err
 	}
-	return c.Do(ctx, call{op: "link", user: user, primary: target, secondary: primary, seq: seq, key: key + "/link", token: token})
+	return c.Do(ctx, call{op: "link", user: user, primary: identity, secondary: from, seq: seq, key: key + "/link", token: token})
+}
+
+// sequenceKey is the context key of a switch's sequence id.
+type sequenceKey struct{}
+
+// withSequence returns ctx carrying seq, the id the partner logs with each
+// call of one switch to tell switches apart. It travels in the context so
+// that the code under test (the program's own service) need not know it.
+func withSequence(ctx context.Context, seq string) context.Context {
+	return context.WithValue(ctx, sequenceKey{}, seq)
+}
+
+// sequence returns the sequence id withSequence put in ctx, or "".
+func sequence(ctx context.Context) string {
+	s, _ := ctx.Value(sequenceKey{}).(string)
+	return s
 }

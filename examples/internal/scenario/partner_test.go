@@ -23,7 +23,7 @@ func TestPartnerDetectsInterleavingFencesAndReplays(t *testing.T) {
 	// Two switches at once: both unlink from a, then both link.
 	errs := make(chan error, 2)
 	for _, s := range []struct{ target, seq string }{{"b", "s1"}, {"c", "s2"}} {
-		go func() { errs <- switchAtPartner(ctx, c, "u", "a", s.target, s.seq, s.seq, 0) }()
+		go func() { errs <- c.SwitchPrimary(withSequence(ctx, s.seq), "u", "a", s.target, s.seq, 0) }()
 	}
 	e1, e2 := <-errs, <-errs
 	require.NotEqual(t, e1 == nil, e2 == nil, "one link finds a no longer primary: %v, %v", e1, e2)
@@ -35,8 +35,8 @@ func TestPartnerDetectsInterleavingFencesAndReplays(t *testing.T) {
 
 	// Fencing: a token older than one seen is refused.
 	p.AddUser("v", []string{"a", "b", "c"})
-	require.NoError(t, switchAtPartner(ctx, c, "v", "a", "b", "t1", "v/7", 7))
-	err := switchAtPartner(ctx, c, "v", "b", "c", "t2", "v/6", 6)
+	require.NoError(t, c.SwitchPrimary(withSequence(ctx, "t1"), "v", "a", "b", "v/7", 7))
+	err := c.SwitchPrimary(withSequence(ctx, "t2"), "v", "b", "c", "v/6", 6)
 	require.True(t, isPartnerConflict(err), "%v", err)
 	require.Equal(t, st.StaleTokens+1, p.Stats().StaleTokens, "t2's first call is refused, and t2 stops there")
 	require.Equal(t, []string{"b"}, p.Primaries("v"))
@@ -60,7 +60,7 @@ func TestPartnerFailuresAreRetried(t *testing.T) {
 	for u := range 10 {
 		user := "u" + string(rune('0'+u))
 		p.AddUser(user, []string{"a", "b"})
-		require.NoError(t, switchAtPartner(t.Context(), c, user, "a", "b", user, user, 1))
+		require.NoError(t, c.SwitchPrimary(withSequence(t.Context(), user), user, "a", "b", user, 1))
 		require.Equal(t, []string{"b"}, p.Primaries(user), "each call applied exactly once despite lost replies")
 	}
 	st := p.Stats()

@@ -16,28 +16,28 @@ import (
 // Row is what every strategy run reports, one line of the demo's table.
 type Row struct {
 	// Scenario is "inventory", "wallet" or "identity".
-	Scenario string
+	Scenario string `json:"scenario"`
 	// Strategy names the way the job was done.
-	Strategy string
+	Strategy string `json:"strategy"`
 	// Kind is KindNaive, KindMongocas or KindAntiPattern. The demo fails if
 	// a mongocas strategy shows an anomaly or an unexpected error.
-	Kind string
+	Kind string `json:"kind"`
 	// Requests is how many requests (orders, wallet operations, identity
 	// switches) were made.
-	Requests int
+	Requests int `json:"requests"`
 	// Anomalies counts what went wrong in the data: oversold items, wallets
 	// whose balance is not their opening balance plus the acknowledged
 	// changes, interleaved partner-call sequences and corrupted primaries.
-	Anomalies int
+	Anomalies int `json:"anomalies"`
 	// Errors counts requests that failed in a way the job does not expect
 	// (not "sold out", "insufficient funds" or "already in progress").
-	Errors int
+	Errors int `json:"errors"`
 	// Latency is the distribution of the requests' durations.
-	Latency Latency
+	Latency Latency `json:"latency"`
 	// Elapsed is the run's wall time.
-	Elapsed time.Duration
+	Elapsed time.Duration `json:"elapsed"`
 	// Details are the scenario's facts, one per line.
-	Details []string
+	Details []string `json:"details"`
 }
 
 // Summary returns the row itself; the results that embed a Row answer it
@@ -61,10 +61,12 @@ func (r Row) OK() bool { return r.Anomalies == 0 && r.Errors == 0 }
 // Latency summarizes request durations.
 type Latency struct {
 	// N is the number of requests measured.
-	N int
+	N int `json:"n"`
 	// P50, P99 and Max are the median, the 99th percentile (nearest rank)
 	// and the slowest.
-	P50, P99, Max time.Duration
+	P50 time.Duration `json:"p50"`
+	P99 time.Duration `json:"p99"`
+	Max time.Duration `json:"max"`
 }
 
 // recorder collects request durations from many goroutines.
@@ -77,9 +79,13 @@ type recorder struct {
 func (r *recorder) time(fn func()) {
 	start := time.Now()
 	fn()
-	el := time.Since(start)
+	r.add(time.Since(start))
+}
+
+// add records one duration.
+func (r *recorder) add(d time.Duration) {
 	r.mu.Lock()
-	r.d = append(r.d, el)
+	r.d = append(r.d, d)
 	r.mu.Unlock()
 }
 

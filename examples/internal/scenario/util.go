@@ -29,14 +29,6 @@ func abs(n int64) int64 {
 	return n
 }
 
-// kindOf is KindMongocas for a mongocas strategy, else KindNaive.
-func kindOf(mongocas bool) string {
-	if mongocas {
-		return KindMongocas
-	}
-	return KindNaive
-}
-
 // plural formats n into format (which takes n and a plural "s") when n > 0,
 // and returns "" otherwise.
 func plural(n int, format string) string {

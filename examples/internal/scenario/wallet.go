@@ -4,17 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-
-	"github.com/mongocas/mongocas/retry"
-	"github.com/mongocas/mongocas/versioned"
 )
 
 // Wallet (seed 004): many debits and credits at once on a few balances.
@@ -22,27 +19,98 @@ import (
 // The naive operation reads the balance, computes the new one in the
 // application and $sets it: two operations that read the same balance both
 // write their own result, and one of them is lost, so money is created or
-// destroyed. The mongocas operation is versioned's read-modify-write: the
-// write is conditional on the version read, and a conflict is retried on a
+// destroyed. The mongocas operation, in examples/wallet/main.go, is
+// versioned's read-modify-write: the write is conditional on the version read, and a conflict is retried on a
 // fresh read with jittered backoff, so every acknowledged change lands
 // exactly once. A transfer between two wallets changes two documents and
 // needs a transaction; it runs only where the server has them.
 
-// WalletStrategy names a way to change balances.
-type WalletStrategy string
+// Wallets is a wallet service: the code under test in the wallet scenario.
+type Wallets interface {
+	// Create stores a new wallet with an opening balance in cents.
+	Create(ctx context.Context, id, owner string, balance int64) error
+	// Change credits (delta > 0) or debits (delta < 0) a wallet. It
+	// returns nil when the change is made, an error matching the strategy's
+	// Insufficient when a debit would take the balance below zero (and
+	// nothing is written), and any other error when it failed.
+	Change(ctx context.Context, id string, delta int64) error
+	// Transfer moves amount from one wallet to another: both change or
+	// neither. Only strategies with Transfers call it.
+	Transfer(ctx context.Context, from, to string, amount int64) error
+	// ConflictsRetried is how many times a version conflict (or a
+	// transaction's write conflict) made the service start a change again.
+	ConflictsRetried() int64
+}
 
-// The wallet strategies.
-const (
-	// WalletNaive reads the balance and $sets the computed one.
-	WalletNaive WalletStrategy = "naive read, compute, $set"
-	// WalletModify is versioned.Modify: read-modify-write under a version
-	// check, conflicts retried.
-	WalletModify WalletStrategy = "versioned.Modify"
-	// WalletTransfer moves money between two wallets in one transaction
-	// (two versioned.Guarded calls in it), with versioned.Modify deposits and
-	// withdrawals running at the same time. It needs transactions.
-	WalletTransfer WalletStrategy = "transfer in a transaction"
-)
+// WalletStrategy is a way to change balances.
+type WalletStrategy struct {
+	// Name names it in the table.
+	Name string
+	// Kind is KindNaive or KindMongocas.
+	Kind string
+	// Open returns the service on an empty collection.
+	Open func(coll *mongo.Collection) (Wallets, error)
+	// Insufficient is the error Change and Transfer return for a debit the
+	// balance does not cover.
+	Insufficient error
+	// Transfers adds WalletConfig.Transfers transfers to the operations.
+	// They need multi-document transactions: where the server has none, the
+	// run is refused with ErrNoTransactions.
+	Transfers bool
+}
+
+// String returns the strategy's name.
+func (s WalletStrategy) String() string { return s.Name }
+
+// WalletNaive reads the balance and $sets the computed one.
+var WalletNaive = WalletStrategy{
+	Name:         "naive read, compute, $set",
+	Kind:         KindNaive,
+	Open:         func(coll *mongo.Collection) (Wallets, error) { return naiveWallets{coll}, nil },
+	Insufficient: errInsufficient,
+}
+
+// WithTransfers returns s named "transfer in a transaction", with
+// transfers among its operations.
+func WithTransfers(s WalletStrategy) WalletStrategy {
+	s.Name, s.Transfers = "transfer in a transaction", true
+	return s
+}
+
+// Wallet is the wallet scenario: WalletNaive, then the program's service
+// with debits and credits only, then the same with transfers (where the
+// server has transactions).
+type Wallet struct {
+	// Config sizes the run; RegisterFlags binds it to flags.
+	Config WalletConfig
+	// Mongocas is the program's service.
+	Mongocas WalletStrategy
+}
+
+// Name returns "wallet".
+func (*Wallet) Name() string { return "wallet" }
+
+// RegisterFlags registers the scenario's sizes on fs.
+func (sc *Wallet) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&sc.Config.Wallets, "wallets", 4, "wallet: wallets the operations share")
+	fs.IntVar(&sc.Config.Operations, "ops", 300, "wallet: debits and credits")
+	fs.IntVar(&sc.Config.Transfers, "transfers", 75, "wallet: transfers, where the server has transactions")
+	fs.IntVar(&sc.Config.Concurrency, "wallet-concurrency", 8, "wallet: operations at once")
+}
+
+// Run runs WalletNaive, sc.Mongocas and WithTransfers(sc.Mongocas).
+func (sc *Wallet) Run(ctx context.Context, env Env, rep *Report) error {
+	cfg := sc.Config
+	cfg.Progress = env.Progress
+	if env.Seed != 0 {
+		cfg.Seed = env.Seed
+	}
+	return runEach(rep, sc.Name(), ", and a transfer is never faked with two independent writes",
+		[]WalletStrategy{WalletNaive, sc.Mongocas, WithTransfers(sc.Mongocas)},
+		func(s WalletStrategy) (*WalletResult, error) {
+			return RunWallet(ctx, env.DB, s, env.Caps.Transactions, cfg)
+		})
+}
 
 // WalletConfig sizes a wallet run. Zero fields take their defaults.
 type WalletConfig struct {
@@ -107,14 +175,6 @@ type WalletResult struct {
 	WrongWallets int
 }
 
-// Wallet is a balance document, in cents.
-type Wallet struct {
-	ID      string `bson:"_id"`
-	Owner   string `bson:"owner"`
-	Balance int64  `bson:"balance"`
-	Version int64  `bson:"version"`
-}
-
 // errInsufficient declines a debit that would take a balance below zero.
 var errInsufficient = errors.New("insufficient funds")
 
@@ -126,8 +186,8 @@ type walletOp struct {
 	transfer   bool
 }
 
-// ErrNoTransactions is returned by RunWallet for WalletTransfer, and by
-// RunIdentity for IdentityTxAcrossHTTP, when the server has no
+// ErrNoTransactions is returned by RunWallet for a strategy with Transfers,
+// and by RunIdentity for IdentityTxAcrossHTTP, when the server has no
 // multi-document transactions. A transfer is never faked with two
 // independent writes.
 var ErrNoTransactions = errors.New("this server has no multi-document transactions")
@@ -136,29 +196,25 @@ var ErrNoTransactions = errors.New("this server has no multi-document transactio
 // transactions says whether the server has them (store.Capabilities).
 func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transactions bool, cfg WalletConfig) (*WalletResult, error) {
 	cfg = cfg.withDefaults()
-	if s == WalletTransfer && !transactions {
+	if s.Open == nil || s.Insufficient == nil {
+		return nil, fmt.Errorf("wallet: strategy %q has no Open or no Insufficient", s.Name)
+	}
+	if s.Transfers && !transactions {
 		return nil, ErrNoTransactions
 	}
-	coll := db.Collection("wallets_" + slug(string(s)))
+	coll := db.Collection("wallets_" + slug(s.Name))
 	if err := coll.Drop(ctx); err != nil {
 		return nil, fmt.Errorf("wallet: drop: %w", err)
 	}
-	var conflicts atomic.Int64
-	repo, err := versioned.New[Wallet](coll, &versioned.Options{Retry: retry.Policy{
-		// Many writers share few documents: allow more attempts than the
-		// default, and count each retry.
-		MaxAttempts:    50,
-		MaxElapsedTime: 20 * time.Second,
-		OnRetry:        func(retry.Attempt) { conflicts.Add(1) },
-	}})
+	svc, err := s.Open(coll)
 	if err != nil {
 		return nil, err
 	}
 	ids := make([]string, cfg.Wallets)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("wallet-%02d", i+1)
-		if err := repo.Insert(ctx, &Wallet{ID: ids[i], Owner: fmt.Sprintf("user %d", i+1), Balance: cfg.Opening}); err != nil {
-			return nil, fmt.Errorf("wallet: insert: %w", err)
+		if err := svc.Create(ctx, ids[i], fmt.Sprintf("user %d", i+1), cfg.Opening); err != nil {
+			return nil, fmt.Errorf("wallet: create: %w", err)
 		}
 	}
 
@@ -171,7 +227,7 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 		}
 		ops = append(ops, walletOp{wallet: rng.IntN(cfg.Wallets), delta: amount})
 	}
-	if s == WalletTransfer && cfg.Wallets > 1 {
+	if s.Transfers && cfg.Wallets > 1 {
 		for range cfg.Transfers {
 			from := rng.IntN(cfg.Wallets)
 			to := (from + 1 + rng.IntN(cfg.Wallets-1)) % cfg.Wallets
@@ -179,41 +235,25 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 		}
 		rng.Shuffle(len(ops), func(i, j int) { ops[i], ops[j] = ops[j], ops[i] })
 	}
-
-	var apply func(ctx context.Context, op walletOp) error
-	switch s {
-	case WalletNaive:
-		apply = func(ctx context.Context, op walletOp) error { return changeNaive(ctx, coll, ids[op.wallet], op.delta) }
-	case WalletModify, WalletTransfer:
-		apply = func(ctx context.Context, op walletOp) error {
-			if op.transfer {
-				return transfer(ctx, db.Client(), repo, ids[op.wallet], ids[op.to], op.delta, &conflicts)
-			}
-			_, err := repo.Modify(ctx, ids[op.wallet], func(w *Wallet) error {
-				if w.Balance+op.delta < 0 {
-					return errInsufficient
-				}
-				w.Balance += op.delta
-				return nil
-			})
-			return err
+	apply := func(ctx context.Context, op walletOp) error {
+		if op.transfer {
+			return svc.Transfer(ctx, ids[op.wallet], ids[op.to], op.delta)
 		}
-	default:
-		return nil, fmt.Errorf("wallet: unknown strategy %q", s)
+		return svc.Change(ctx, ids[op.wallet], op.delta)
 	}
 
 	warmUp(ctx, db, cfg.Concurrency)
-	res := &WalletResult{Row: Row{Scenario: "wallet", Strategy: string(s), Kind: kindOf(s != WalletNaive), Requests: len(ops)}}
+	res := &WalletResult{Row: Row{Scenario: "wallet", Strategy: s.Name, Kind: s.Kind, Requests: len(ops)}}
 	outcomes := make([]error, len(ops))
 	var rec recorder
 	start := time.Now()
-	p := startProgress(cfg.Progress, "wallet/"+string(s), len(ops))
+	p := startProgress(cfg.Progress, "wallet/"+s.Name, len(ops))
 	forEach(len(ops), cfg.Concurrency, p, func(i int) {
 		rec.time(func() { outcomes[i] = apply(ctx, ops[i]) })
 	})
 	p.end()
 	res.Elapsed, res.Latency = time.Since(start), rec.latency()
-	res.ConflictsRetried = conflicts.Load()
+	res.ConflictsRetried = svc.ConflictsRetried()
 
 	res.Expected = make([]int64, cfg.Wallets)
 	for i := range res.Expected {
@@ -231,7 +271,7 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 			} else {
 				res.Expected[op.wallet] += op.delta
 			}
-		case errors.Is(err, errInsufficient):
+		case errors.Is(err, s.Insufficient):
 			res.Declined++
 		default:
 			res.Errors++
@@ -240,7 +280,9 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 	}
 	res.Actual = make([]int64, cfg.Wallets)
 	for i, id := range ids {
-		var w Wallet
+		var w struct {
+			Balance int64 `bson:"balance"`
+		}
 		if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&w); err != nil {
 			return nil, fmt.Errorf("wallet: read final balance: %w", err)
 		}
@@ -253,10 +295,10 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 	}
 	res.Anomalies = res.WrongWallets
 	transfers, conflictsLine := "", fmt.Sprintf("%d conflicts retried", res.ConflictsRetried)
-	if s == WalletTransfer {
+	if s.Transfers {
 		transfers = fmt.Sprintf(" (%d of them transfers)", cfg.Transfers)
 	}
-	if s == WalletNaive {
+	if s.Kind == KindNaive {
 		conflictsLine = "conflicts go unseen"
 	}
 	res.Details = append(res.Details,
@@ -270,50 +312,35 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 	return res, nil
 }
 
-// changeNaive is seed 004's lost update: read, compute, $set.
-func changeNaive(ctx context.Context, coll *mongo.Collection, id string, delta int64) error {
-	var w Wallet
-	if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&w); err != nil {
+// naiveWallets is seed 004's lost update: read, compute, $set.
+type naiveWallets struct{ coll *mongo.Collection }
+
+func (n naiveWallets) Create(ctx context.Context, id, owner string, balance int64) error {
+	_, err := n.coll.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "owner", Value: owner}, {Key: "balance", Value: balance}})
+	return err
+}
+
+func (n naiveWallets) Change(ctx context.Context, id string, delta int64) error {
+	var w struct {
+		Balance int64 `bson:"balance"`
+	}
+	if err := n.coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&w); err != nil {
 		return err
 	}
 	if w.Balance+delta < 0 {
 		return errInsufficient
 	}
-	_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "balance", Value: w.Balance + delta}}}})
+	_, err := n.coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$set", Value: bson.D{{Key: "balance", Value: w.Balance + delta}}}})
 	return err
 }
 
-// transfer moves amount from one wallet to another in one transaction: a
-// guarded debit ("only if the balance covers it") and a credit, both through
-// the versioned repository so that their version bumps keep concurrent
-// Modify calls honest. WithTransaction retries the whole transaction on a
-// transient error (a write conflict with a concurrent writer), and each such
-// retry is counted.
-func transfer(ctx context.Context, client *mongo.Client, repo *versioned.Repo[Wallet], from, to string, amount int64, conflicts *atomic.Int64) error {
-	sess, err := client.StartSession()
-	if err != nil {
-		return err
-	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
-	attempts := 0
-	_, err = sess.WithTransaction(ctx, func(ctx context.Context) (any, error) {
-		if attempts++; attempts > 1 {
-			conflicts.Add(1)
-		}
-		_, err := repo.Guarded(ctx, from,
-			bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: amount}}}},
-			bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -amount}}}})
-		if errors.Is(err, versioned.ErrGuardFailed) {
-			return nil, errInsufficient // aborts the transaction: nothing was moved
-		}
-		if err != nil {
-			return nil, err
-		}
-		_, err = repo.Guarded(ctx, to, nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: amount}}}})
-		return nil, err
-	})
-	return err
+// Transfer is refused: the naive way has no transfers to fake.
+func (naiveWallets) Transfer(context.Context, string, string, int64) error {
+	return errors.New("wallet: the naive strategy makes no transfers")
 }
+
+// ConflictsRetried is 0: the naive way never sees a conflict.
+func (naiveWallets) ConflictsRetried() int64 { return 0 }
 
 // money formats cents.
 func money(c int64) string {

@@ -119,6 +119,7 @@ type Proxy struct {
 	delays  []*delayRule
 	pausedU time.Time
 	closed  bool
+	done    chan struct{} // closed by Close: delays end at once
 	err     error
 
 	wg       sync.WaitGroup
@@ -138,8 +139,10 @@ func (p *pair) close() {
 }
 
 type delayRule struct {
-	d     time.Duration
-	match func(*Command) bool
+	d       time.Duration
+	match   func(*Command) bool
+	stopped chan struct{} // closed by the rule's stop: its delays end at once
+	once    sync.Once
 }
 
 // Action is what an armed fault does to the exchange of a request it
@@ -241,7 +244,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wireproxy: listen on %s: %w", cfg.Listen, err)
 	}
-	p := &Proxy{cfg: cfg, ln: ln, conns: map[*pair]struct{}{}}
+	p := &Proxy{cfg: cfg, ln: ln, conns: map[*pair]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -270,6 +273,7 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
+	close(p.done)
 	p.mu.Unlock()
 	err := p.ln.Close()
 	p.ResetConnections()
@@ -413,17 +417,19 @@ func (p *Proxy) deliverOne(ctx context.Context, req []byte) (_ bson.Raw, sent bo
 }
 
 // DelayReplies holds each reply to a matching request for d before passing it
-// on, until the returned function is called. A nil match matches every
-// command.
+// on, until the returned function is called: stop (or Close) also ends at
+// once the delays of replies being held, which then go on. A nil match
+// matches every command.
 func (p *Proxy) DelayReplies(d time.Duration, match func(*Command) bool) (stop func()) {
 	if match == nil {
 		match = func(*Command) bool { return true }
 	}
-	r := &delayRule{d: d, match: match}
+	r := &delayRule{d: d, match: match, stopped: make(chan struct{})}
 	p.mu.Lock()
 	p.delays = append(p.delays, r)
 	p.mu.Unlock()
 	return func() {
+		r.once.Do(func() { close(r.stopped) })
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for i, x := range p.delays {
@@ -563,9 +569,7 @@ func (p *Proxy) serve(pr *pair) {
 				case Refuse, Hold: // before forwarding, not here
 				}
 			}
-			if d := p.delayFor(cmd); d > 0 {
-				time.Sleep(d)
-			}
+			p.delay(cmd)
 		}
 		p.waitPause()
 		if _, err := pr.client.Write(reply); err != nil {
@@ -725,16 +729,32 @@ func (p *Proxy) take(cmd *Command, ph phase, req []byte) *Trigger {
 	return nil
 }
 
-func (p *Proxy) delayFor(cmd *Command) time.Duration {
+// delay holds the reply to cmd for the longest delay of the rules it
+// matches: each rule holds it for its d from now, or until it is stopped,
+// or until the proxy is closed.
+func (p *Proxy) delay(cmd *Command) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	var d time.Duration
+	var rules []*delayRule
 	for _, r := range p.delays {
-		if r.match(cmd) && r.d > d {
-			d = r.d
+		if r.d > 0 && r.match(cmd) {
+			rules = append(rules, r)
 		}
 	}
-	return d
+	p.mu.Unlock()
+	start := time.Now()
+	for _, r := range rules {
+		wait := r.d - time.Since(start)
+		if wait <= 0 {
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-r.stopped:
+		case <-p.done:
+		}
+		t.Stop()
+	}
 }
 
 func (p *Proxy) waitPause() {

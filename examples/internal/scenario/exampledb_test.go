@@ -1,39 +1,13 @@
 package scenario
 
 import (
-	"bytes"
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mongocas/mongocas/examples/internal/exampledb"
 	"github.com/mongocas/mongocas/mongotest"
 )
-
-func TestDemoRunsEndToEnd(t *testing.T) {
-	t.Parallel()
-	db := mongotest.New(t)
-	var out bytes.Buffer
-	rep, err := RunDemo(context.Background(), db.Database, db.Caps(), Config{
-		Inventory: smallInventory,
-		Wallet:    WalletConfig{Wallets: 2, Operations: 40, Transfers: 10, Concurrency: 4, Seed: 1},
-		Identity:  IdentityConfig{Users: 3, Switches: 2, LatencyMin: time.Millisecond, LatencyMax: 5 * time.Millisecond, Seed: 1},
-	}, &out)
-	require.NoError(t, err)
-	require.True(t, rep.OK(), out.String())
-	want := 6
-	if db.Caps().Transactions {
-		want = 8
-	} else {
-		require.Len(t, rep.Skipped, 2, "one line each for the transfer and the transaction anti-pattern")
-	}
-	require.Len(t, rep.Rows, want)
-	require.Contains(t, out.String(), "scenario   strategy")
-	require.Contains(t, out.String(), "ok: no mongocas strategy showed an anomaly")
-	t.Log("\n" + out.String())
-}
 
 // TestOpenWithURI covers the -uri path of the programs: a server named by
 // URI gets a fresh database, probed, and dropped at Close.

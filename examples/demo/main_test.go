@@ -1,0 +1,37 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/examples/internal/cli"
+	"github.com/mongocas/mongocas/examples/internal/scenario"
+)
+
+// TestDemoRunsTheProgramsEndToEnd builds the three example programs, runs
+// them small on one server and checks the merged table.
+func TestDemoRunsTheProgramsEndToEnd(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := cli.Demo("test", []string{
+		"-buyers=20", "-items=5",
+		"-wallets=2", "-ops=40", "-transfers=10", "-wallet-concurrency=4",
+		"-users=3", "-switches=2", "-latency-min=1ms", "-latency-max=5ms",
+	}, &out, &errOut, &scenario.Inventory{}, &scenario.Wallet{}, &scenario.Identity{})
+	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "scenario   strategy")
+	require.Contains(t, s, "ok: no mongocas strategy showed an anomaly")
+	for _, row := range []string{"versioned.Guarded", "versioned.Modify", "lease.Manager.Do", "no lock"} {
+		require.Contains(t, s, row)
+	}
+	// The table runs from its header to the first blank line.
+	_, table, ok := strings.Cut(s, "scenario   strategy")
+	require.True(t, ok)
+	table, _, _ = strings.Cut(table, "\n\n")
+	rows := strings.Count(table, "\n")
+	require.Equal(t, 8, rows+strings.Count(s, ": skipped: "), "each strategy either ran or said why not:\n%s", s)
+	t.Log("\n" + s)
+}

@@ -1,0 +1,281 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"unicode/utf8"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/store"
+)
+
+// MaxCheckpointNameLen is the longest checkpoint or step name accepted, in
+// bytes.
+const MaxCheckpointNameLen = 100
+
+// Call is one run of a request under the claim of its key: what Func gets.
+// It carries the claim's epoch and the checkpoints recorded by every run of
+// the key so far, and records new ones. A Call is safe for concurrent use:
+// Step and Checkpoint calls of one name run one at a time (a second waits
+// for the first to return, or for its ctx to end), calls of different names
+// run concurrently. It is valid only while its Func runs.
+type Call struct {
+	k       *Keys
+	ref     keyRef
+	l       *lease.Lease
+	rid     bson.ObjectID
+	attempt int
+
+	mu     sync.Mutex
+	points []point
+	names  map[string]chan struct{} // a one-slot semaphore per name in use
+}
+
+// Key returns the idempotency key.
+func (c *Call) Key() string { return c.ref.key }
+
+// Scope returns the key's scope ("" by default).
+func (c *Call) Scope() string { return c.ref.scope }
+
+// Epoch returns the claim's epoch: a fencing token that every later claim of
+// the key exceeds (see lease.Lease.Epoch). Every checkpoint is fenced on it.
+// Pass it to a partner that can reject requests older than the last one it
+// saw. As an idempotency key for the partner it names this run only: a
+// retry after a crash runs with a larger epoch; use Step, whose partner key
+// stays the same across the runs that resume the step.
+func (c *Call) Epoch() int64 { return c.l.Epoch() }
+
+// Attempt returns which run of the key this is: 1 for the first claim that
+// ran it, 2 after one claim ended without a result (an error, or a crash),
+// and so on.
+func (c *Call) Attempt() int { return c.attempt }
+
+// Last returns the name of the last checkpoint recorded for the key, by this
+// run or an earlier one, or "" if there is none: where a run resumes.
+func (c *Call) Last() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range slices.Backward(c.points) {
+		if p.K[0] == 'c' {
+			return p.Name
+		}
+	}
+	return ""
+}
+
+// Reached reports whether the checkpoint name was recorded for the key,
+// by this run or an earlier one, and returns the data recorded with it.
+func (c *Call) Reached(name string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p := c.find("c:" + name); p != nil {
+		return p.Data, true
+	}
+	return nil, false
+}
+
+// find returns the point with key k, or nil. c.mu is held.
+func (c *Call) find(k string) *point {
+	for i := range c.points {
+		if c.points[i].K == k {
+			return &c.points[i]
+		}
+	}
+	return nil
+}
+
+// lock waits until no other Step or Checkpoint of name runs in this Call,
+// or until ctx ends, and returns the function that lets the next one run.
+func (c *Call) lock(ctx context.Context, op, name string) (unlock func(), err error) {
+	c.mu.Lock()
+	if c.names == nil {
+		c.names = map[string]chan struct{}{}
+	}
+	sem := c.names[name]
+	if sem == nil {
+		sem = make(chan struct{}, 1)
+		c.names[name] = sem
+	}
+	c.mu.Unlock()
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, name, store.ContextError(ctx))
+	}
+}
+
+// check validates ctx and name before anything waits or is sent.
+func (c *Call) check(ctx context.Context, op, name string) error {
+	if err := store.CheckContext(ctx); err != nil {
+		return fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, name, err)
+	}
+	if err := checkName(name); err != "" {
+		return fmt.Errorf("idempotency: key %s: %s %q: %s: %w", quoteKey(c.ref.key), op, name, err, ErrInvalid)
+	}
+	return nil
+}
+
+// Checkpoint records a recovery point: the work up to here is done and must
+// not be redone by a retry, which resumes after it (Reached reports it, with
+// data: the ids and facts the rest of the work needs). Stripe calls these
+// atomic phases' recovery points. It is one update of the key record, fenced
+// on the claim: if a later claim took the key over (this run's claim
+// expired), nothing is written and the error matches ErrLost, and this run
+// must stop. Recording a name twice is an error matching ErrInvalid (also
+// when two goroutines record it at once: one of them records it), as are an
+// empty name and one longer than MaxCheckpointNameLen or not UTF-8.
+// Checkpoints recorded concurrently have no order between them (Last names
+// one of them). An ambiguous failure is settled by re-reading the record.
+func (c *Call) Checkpoint(ctx context.Context, name string, data []byte) error {
+	if err := c.check(ctx, "checkpoint", name); err != nil {
+		return err
+	}
+	unlock, err := c.lock(ctx, "checkpoint", name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.checkpoint(ctx, name, data)
+}
+
+// checkpoint is Checkpoint with the name's lock held.
+func (c *Call) checkpoint(ctx context.Context, name string, data []byte) error {
+	return c.record(ctx, "checkpoint", point{K: "c:" + name, Name: name, Data: data, Epoch: c.l.Epoch(), W: bson.NewObjectID()})
+}
+
+// Step runs fn once for the step name across every run of the key: if a
+// checkpoint of that name was recorded, it returns its data without calling
+// fn; otherwise it records that the step began (once, fenced like
+// Checkpoint), calls fn, and records fn's data as the checkpoint name.
+//
+// fn gets partnerKey, an idempotency key for the partner it calls: the
+// record's id and the write id stored with the step's start (an ObjectID
+// made by the run that began the step). It is the same in every run that
+// resumes the step, whatever the order in which steps began, and differs
+// between steps and records; so when a run died after the partner acted
+// and before the checkpoint, the retry's call is recognised by the partner
+// as the same one (Stripe passes its own key record's id the same way). If
+// fn fails, no checkpoint is recorded and Step returns fn's error: a retry
+// calls fn again, with the same key.
+//
+// Steps of one name in one Call run one at a time: a second Step of the
+// name waits for the first and then returns its checkpoint's data without
+// calling fn (or, if the first's fn failed, calls fn with the same key). fn
+// must therefore not call Step or Checkpoint of its own name.
+func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Context, partnerKey string) ([]byte, error)) ([]byte, error) {
+	if fn == nil {
+		return nil, fmt.Errorf("idempotency: key %s: step %q: nil function: %w", quoteKey(c.ref.key), name, ErrInvalid)
+	}
+	if err := c.check(ctx, "step", name); err != nil {
+		return nil, err
+	}
+	unlock, err := c.lock(ctx, "step", name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if data, ok := c.Reached(name); ok {
+		return data, nil
+	}
+	c.mu.Lock()
+	var start point
+	if began := c.find("b:" + name); began != nil {
+		start = *began
+	}
+	c.mu.Unlock()
+	if start.K == "" {
+		start = point{K: "b:" + name, Name: name, Epoch: c.l.Epoch(), W: bson.NewObjectID()}
+		if err := c.record(ctx, "step", start); err != nil {
+			return nil, err
+		}
+	}
+	partnerKey := c.rid.Hex() + "-" + start.W.Hex()
+	data, err := fn(ctx, partnerKey)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkpoint(ctx, name, data); err != nil {
+		return data, err
+	}
+	return data, nil
+}
+
+// record appends p to the record's points, fenced on the claim. The caller
+// checked ctx and p.Name and holds the name's lock.
+func (c *Call) record(ctx context.Context, op string, p point) error {
+	c.mu.Lock()
+	if c.find(p.K) != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("idempotency: key %s: %s %q: already recorded: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)
+	}
+	c.mu.Unlock()
+	now, err := c.k.estimate(ctx)
+	if err != nil {
+		return fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, p.Name, err)
+	}
+	update := bson.D{
+		{Key: "$push", Value: bson.D{{Key: "points", Value: p}}},
+		{Key: "$set", Value: bson.D{{Key: "expireAt", Value: now.Add(c.k.c.retention)}}},
+	}
+	send := func(ctx context.Context) (bool, record, error) {
+		// The $ne makes a second copy of the write change nothing.
+		filter := append(fenced(c.ref.id, c.l), bson.E{Key: "points.k", Value: bson.D{{Key: "$ne", Value: p.K}}})
+		res, err := c.k.coll.UpdateOne(ctx, filter, update)
+		if err != nil {
+			return false, record{}, err
+		}
+		return res.MatchedCount == 1, record{}, nil
+	}
+	// The write landed only if the point carries its write id: a point of
+	// the same k and epoch is another write of this claim's (which the
+	// name's lock rules out within the Call), one of another epoch a later
+	// claim's.
+	dup := false
+	landed := func(rec record) (bool, bool) {
+		for _, q := range rec.Points {
+			if q.K == p.K {
+				dup = q.W != p.W && q.Epoch == p.Epoch
+				return q.W == p.W, q.W != p.W
+			}
+		}
+		return false, false
+	}
+	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, landed)
+	if err != nil {
+		if dup {
+			return fmt.Errorf("idempotency: key %s: %s %q: already recorded by another call of this run: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)
+		}
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A re-read shows the points that landed before it; points of this run
+	// that landed after it (their writers heard back) are kept too.
+	for _, q := range rec.Points {
+		if c.find(q.K) == nil {
+			c.points = append(c.points, q)
+		}
+	}
+	if c.find(p.K) == nil {
+		c.points = append(c.points, p)
+	}
+	return nil
+}
+
+func checkName(name string) string {
+	switch {
+	case name == "":
+		return "empty name"
+	case len(name) > MaxCheckpointNameLen:
+		return "name longer than 100 bytes"
+	case !utf8.ValidString(name):
+		return "name is not valid UTF-8"
+	}
+	return ""
+}

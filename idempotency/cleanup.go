@@ -1,0 +1,81 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/store"
+)
+
+// TTLIndexName is the name of the TTL index EnsureIndexes creates.
+const TTLIndexName = "mongocas_idempotency_expire"
+
+// EnsureIndexes prepares the collection for the clean-up of old records.
+// Where store.Probe finds that the server deletes documents with TTL
+// indexes (MongoDB, DocumentDB), it creates one on the records' expireAt
+// (each record's retention time, moved forward each time its request
+// starts, records a checkpoint or completes) and reports true: the server
+// deletes a record some time after Retention has passed (MongoDB's TTL
+// monitor runs every minute). Elsewhere (FerretDB v1, which accepts TTL
+// indexes but never deletes with them) it creates nothing and reports
+// false: call Sweep from time to time instead. It is idempotent; it runs
+// the probe, so call it once at start-up.
+func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
+	}
+	caps, err := store.Probe(ctx, k.coll.Database())
+	if err != nil {
+		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
+	}
+	if !caps.TTLIndexes {
+		return false, nil
+	}
+	model := mongo.IndexModel{
+		Keys:    bson.D{{Key: "expireAt", Value: 1}},
+		Options: options.Index().SetName(TTLIndexName).SetExpireAfterSeconds(0),
+	}
+	if _, err := k.coll.Indexes().CreateOne(ctx, model); err != nil {
+		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
+	}
+	return true, nil
+}
+
+// Sweep deletes the records whose retention time has passed, on the
+// server's clock ($$NOW where the server has $expr, the earliest the
+// Clock's estimate allows elsewhere), and returns how many it deleted. It is
+// one deleteMany: the server checks the filter on each record as it deletes
+// it, so a record whose request started meanwhile is kept. It is the
+// clean-up for servers without TTL indexes; see EnsureIndexes.
+func (k *Keys) Sweep(ctx context.Context) (int, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return 0, fmt.Errorf("idempotency: sweep: %w", err)
+	}
+	mode, err := k.leases.Mode(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: sweep: %w", err)
+	}
+	var filter bson.D
+	if mode == lease.ModeServer {
+		filter = bson.D{
+			{Key: "expireAt", Value: bson.D{{Key: "$exists", Value: true}}},
+			{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$expireAt", "$$NOW"}}}},
+		}
+	} else {
+		est, err := k.c.clock.Now(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("idempotency: sweep: %w", err)
+		}
+		filter = bson.D{{Key: "expireAt", Value: bson.D{{Key: "$lt", Value: est.Earliest()}}}}
+	}
+	res, err := k.coll.DeleteMany(ctx, filter)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: sweep: %w", err)
+	}
+	return int(res.DeletedCount), nil
+}

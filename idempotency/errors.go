@@ -1,0 +1,170 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Sentinel errors. Every error the package returns for a key matches at most
+// one of ErrInProgress, ErrMismatch, ErrInvalid, ErrLost and
+// ErrUnknownOutcome through errors.Is, except that an error of the caller's
+// function is returned as it is. The typed errors below carry the facts.
+var (
+	// ErrInProgress is matched by the *InProgressError returned when another
+	// request with the same key holds its claim and has not finished: the
+	// caller's function did not run. HTTP: 409 Conflict with Retry-After.
+	ErrInProgress = errors.New("a request with this key is in progress")
+
+	// ErrMismatch is matched by the *MismatchError returned when a key is
+	// reused with a request whose fingerprint differs from the first one's.
+	// Nothing ran and nothing was written. HTTP: 422 Unprocessable Content.
+	ErrMismatch = errors.New("key reused with a different request")
+
+	// ErrInvalid is [store.ErrInvalid]: bad input (an Options field, a nil
+	// context or function, a key, a checkpoint name), refused before anything
+	// is sent. Nothing was written. HTTP: 400 Bad Request.
+	ErrInvalid = store.ErrInvalid
+
+	// ErrInvalidKey is matched by the *KeyError that refuses a key: empty,
+	// longer than [MaxKeyLen] bytes, not printable ASCII, or holding a "$"
+	// (shaped like a query operator). It matches ErrInvalid too.
+	ErrInvalidKey = fmt.Errorf("invalid idempotency key: %w", store.ErrInvalid)
+
+	// ErrLost is [lease.ErrLost]: the claim on the key ended (its TTL ran
+	// out without a renewal, or a later claim took it over) before the
+	// function's result or a checkpoint could be recorded under it. The
+	// result was not stored; a retry runs the function again, from the last
+	// checkpoint.
+	ErrLost = lease.ErrLost
+
+	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: a write of the key
+	// record failed ambiguously and re-reading it (for up to
+	// Options.ResolveTimeout) could not tell whether it was applied.
+	ErrUnknownOutcome = store.ErrUnknownOutcome
+)
+
+// InProgressError reports that another request with the same key holds the
+// key's claim: it is running, or it died and its claim has not expired yet.
+// It matches ErrInProgress. A service answers 409 Conflict with TimeLeft as
+// Retry-After.
+type InProgressError struct {
+	// Key is the idempotency key, as the caller gave it.
+	Key string
+	// Owner is the owner string of the claim's holder (lease.Options.Owner
+	// of its Keys).
+	Owner string
+	// Epoch is the holder's claim epoch.
+	Epoch int64
+	// TimeLeft is the longest the claim can stay held without a renewal:
+	// the holder may finish sooner, and its renewals extend it.
+	TimeLeft time.Duration
+}
+
+// Error names the key, the holder and the time left.
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("idempotency: key %s: in progress (claim epoch %d of %q) for up to %v more", quoteKey(e.Key), e.Epoch, e.Owner, e.TimeLeft)
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// MismatchError reports that a key was first used with another request: the
+// fingerprints differ. It matches ErrMismatch.
+type MismatchError struct {
+	// Key is the idempotency key, as the caller gave it.
+	Key string
+}
+
+// Error names the key.
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("idempotency: key %s: reused with a different request (the fingerprint differs from the first request's)", quoteKey(e.Key))
+}
+
+// Is reports whether target is ErrMismatch.
+func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
+
+// KeyError refuses a key (or a scope). It matches ErrInvalidKey and
+// ErrInvalid. Nothing was sent.
+type KeyError struct {
+	// Key is the refused key, as the caller gave it.
+	Key string
+	// Reason says why.
+	Reason string
+}
+
+// Error names the key (shortened if long) and the reason.
+func (e *KeyError) Error() string {
+	return fmt.Sprintf("idempotency: key %s: %s", quoteKey(e.Key), e.Reason)
+}
+
+// Is reports whether target is ErrInvalidKey or ErrInvalid.
+func (e *KeyError) Is(target error) bool {
+	return target == ErrInvalidKey || target == store.ErrInvalid
+}
+
+// OptionsError reports an Options or HTTPOptions field out of range. It
+// matches ErrInvalid.
+type OptionsError struct {
+	// Field is the name of the field.
+	Field string
+	// Reason says what is wrong with its value.
+	Reason string
+}
+
+// Error names the field and what is wrong with it.
+func (e *OptionsError) Error() string {
+	return fmt.Sprintf("idempotency: options: %s %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalid.
+func (e *OptionsError) Is(target error) bool { return target == store.ErrInvalid }
+
+// UnknownOutcomeError reports a write of the key record (Op: "open",
+// "begin", "checkpoint" or "complete") that failed ambiguously, and a
+// re-read that could not settle it. It matches ErrUnknownOutcome and unwraps
+// to both errors.
+//
+// After an unknown "complete" the function has run: its result may or may
+// not be stored. A retry replays it if it was, and otherwise runs the
+// function again once the claim is free (from the last checkpoint).
+type UnknownOutcomeError struct {
+	// Op names the write.
+	Op string
+	// Key is the idempotency key.
+	Key string
+	// Err is the ambiguous error of the write.
+	Err error
+	// ReadErr is the error of the re-read, if it failed.
+	ReadErr error
+}
+
+// Error names the write, the key and both errors.
+func (e *UnknownOutcomeError) Error() string {
+	msg := fmt.Sprintf("idempotency: key %s: %s: outcome unknown: %v", quoteKey(e.Key), e.Op, e.Err)
+	if e.ReadErr != nil {
+		msg += fmt.Sprintf("; re-read: %v", e.ReadErr)
+	}
+	return msg
+}
+
+// Unwrap returns ErrUnknownOutcome, the write's error and the re-read's.
+func (e *UnknownOutcomeError) Unwrap() []error {
+	errs := []error{store.ErrUnknownOutcome, e.Err}
+	if e.ReadErr != nil {
+		errs = append(errs, e.ReadErr)
+	}
+	return errs
+}
+
+// quoteKey quotes a key for a message, shortened if long.
+func quoteKey(k string) string {
+	const limit = 64
+	if len(k) > limit {
+		return fmt.Sprintf("%q...(%d bytes)", k[:limit], len(k))
+	}
+	return fmt.Sprintf("%q", k)
+}

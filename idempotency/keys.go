@@ -1,0 +1,474 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Keys keeps idempotency keys in one collection: a record per key (and
+// scope) holding the first request's fingerprint, the claim of the request
+// running it, its checkpoints and, once it completed, its result. Keys is
+// safe for concurrent use; goroutines sharing it share its claim owner.
+type Keys struct {
+	coll     *mongo.Collection
+	majority *mongo.Collection // coll with read concern majority, for settling re-reads
+	leases   *lease.Manager
+	c        config
+	// noMajority is set once the server refused a majority read: it is no
+	// replica set that could roll a write back, so plain reads settle.
+	noMajority atomic.Bool
+}
+
+// Func is the work a request with an idempotency key does. It runs at most
+// once per claim of the key (see the package documentation): c records
+// checkpoints and carries the claim's epoch. A nil error makes the Result
+// final: it is stored and every retry with the key gets it back. An error is
+// transient: nothing is stored, Do returns it, and a retry runs Func again,
+// from the last checkpoint. ctx ends if the claim is lost.
+type Func func(ctx context.Context, c *Call) (Result, error)
+
+// Result is what a request produced: an HTTP response, or any value the
+// caller encodes in Body (and Status, if it likes).
+type Result struct {
+	// Status is the HTTP status code, or any code of the caller's.
+	Status int
+	// Header holds the response's header fields.
+	Header http.Header
+	// Body is the response body, or the caller's encoded value.
+	Body []byte
+	// Replayed is true when the result was stored by an earlier call with
+	// the same key and returned without running anything.
+	Replayed bool
+	// Epoch is the epoch of the claim whose run produced the result.
+	Epoch int64
+}
+
+// CallOption tunes one call of Do.
+type CallOption func(*callOptions)
+
+type callOptions struct{ scope string }
+
+// InScope puts the key in a scope of its own, such as the authenticated
+// user or API key (Stripe scopes keys by account): the same key in two scopes
+// names two records. A scope is valid UTF-8 of at most MaxScopeLen bytes
+// without NUL. The default scope is "".
+func InScope(scope string) CallOption { return func(o *callOptions) { o.scope = scope } }
+
+// keyRef names a key's record.
+type keyRef struct {
+	id, key, scope string
+}
+
+// New returns Keys that keep their records in coll, a collection of their
+// own (do not share it with other documents). It does no I/O; it fails only
+// for a nil coll or invalid opts, with an error matching ErrInvalid. See
+// [Keys.EnsureIndexes] for the clean-up of old records.
+func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
+	if coll == nil {
+		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
+	}
+	c, lo, err := opts.config(func() *store.Clock {
+		return store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	leases, err := lease.New(coll, lo)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	return &Keys{
+		coll:     coll,
+		majority: coll.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
+		leases:   leases,
+		c:        c,
+	}, nil
+}
+
+// Collection returns the collection of the key records.
+func (k *Keys) Collection() *mongo.Collection { return k.coll }
+
+// Owner returns the owner string these Keys write into their claims.
+func (k *Keys) Owner() string { return k.leases.Owner() }
+
+// TTL returns the TTL of a claim.
+func (k *Keys) TTL() time.Duration { return k.c.ttl }
+
+// Retention returns how long a record is kept after its request last ran.
+func (k *Keys) Retention() time.Duration { return k.c.retention }
+
+// Do runs fn once for key, as the first request with it, or returns what the
+// first request stored:
+//
+//   - The first call with a key (in its scope) creates the key's record
+//     with the request's fingerprint, claims it, runs fn, and stores fn's
+//     Result if fn returned no error; then it releases the claim.
+//   - A later call with the same fingerprint gets the stored Result (with
+//     Replayed set) without running anything.
+//   - A call while another holds the claim gets an *InProgressError (the
+//     function did not run); once the claim is released without a result
+//     (fn failed) or expired (its process died), the next call claims it
+//     and runs fn again, with the checkpoints recorded so far.
+//   - A call with another fingerprint gets a *MismatchError.
+//
+// fingerprint identifies the request's content (for HTTP: method, target
+// and body; see [DefaultFingerprint]); the record keeps its SHA-256. An empty
+// fingerprint is a valid one. fn's error is returned as it is (wrapped in a
+// *lease.LostError, matching ErrLost, if the claim was lost while fn ran).
+// When fn returned a Result that could not be stored (the claim was lost
+// meanwhile: ErrLost; the write could not be settled: ErrUnknownOutcome),
+// Do returns that Result with the error.
+func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, opts ...CallOption) (Result, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return Result{}, fmt.Errorf("idempotency: key %s: %w", quoteKey(key), err)
+	}
+	if fn == nil {
+		return Result{}, fmt.Errorf("idempotency: key %s: nil function: %w", quoteKey(key), ErrInvalid)
+	}
+	var co callOptions
+	for _, o := range opts {
+		if o != nil {
+			o(&co)
+		}
+	}
+	id, err := recordID(co.scope, key)
+	if err != nil {
+		return Result{}, err
+	}
+	return k.do(ctx, keyRef{id: id, key: key, scope: co.scope}, digest(fingerprint),
+		func(ctx context.Context, c *Call) (Result, bool, error) {
+			r, err := fn(ctx, c)
+			return r, err == nil, err
+		})
+}
+
+// innerFunc is Func with its verdict on the result: final results are
+// stored, others only returned.
+type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err error)
+
+// errGone is returned by run when the record disappeared between open and
+// claim (the retention clean-up deleted it): do opens it again.
+var errGone = errors.New("record gone")
+
+// do opens the key's record, answers from it when it can (replay,
+// mismatch), and runs fn under a claim otherwise.
+func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
+	for reopen := 0; ; reopen++ {
+		rec, err := k.open(ctx, ref, fp)
+		if err != nil {
+			return Result{}, err
+		}
+		if !bytes.Equal(rec.FP, fp) {
+			return Result{}, &MismatchError{Key: ref.key}
+		}
+		if rec.Result != nil {
+			return rec.Result.replay(), nil
+		}
+		res, err := k.run(ctx, ref, fp, fn)
+		if errors.Is(err, errGone) && reopen < 2 {
+			continue
+		}
+		return res, err
+	}
+}
+
+// run claims the record and runs fn under the claim (lease.Manager.Do: it
+// renews the claim while fn runs, ends fn's context if the claim is lost,
+// and releases it afterwards).
+func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
+	var (
+		entered, ran, stored bool
+		res                  Result
+		fnErr                error
+	)
+	err := k.leases.Do(ctx, ref.id, func(ctx context.Context, l *lease.Lease) error {
+		entered = true
+		rec, err := k.begin(ctx, ref, l)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !bytes.Equal(rec.FP, fp):
+			// Deleted by the clean-up and made again by another request
+			// between open and claim.
+			return &MismatchError{Key: ref.key}
+		case rec.Result != nil:
+			// Completed by another claim between open and this claim.
+			res, stored = rec.Result.replay(), true
+			return nil
+		}
+		c := &Call{k: k, ref: ref, l: l, rid: rec.RID, attempt: rec.Attempts, points: rec.Points}
+		r, final, err := fn(ctx, c)
+		ran = true
+		if err != nil {
+			fnErr = err
+			return err
+		}
+		r.Epoch = l.Epoch()
+		res = r
+		if !final {
+			return nil
+		}
+		if err := k.complete(ctx, ref, l, r); err != nil {
+			return err
+		}
+		stored = true
+		return nil
+	})
+	var held *lease.HeldError
+	switch {
+	case stored:
+		// The result is recorded; a failed release only keeps the claim
+		// until it expires, and replays do not look at claims.
+		return res, nil
+	case ran && fnErr == nil && err == nil:
+		return res, nil // not final: returned, not stored
+	case ran && fnErr != nil:
+		return Result{}, err // fn's error (wrapped by lease if the claim was lost)
+	case ran:
+		return res, err // a final result that could not be stored
+	case !entered && errors.As(err, &held):
+		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
+	case !entered && errors.Is(err, lease.ErrNotFound):
+		return Result{}, errGone
+	case err != nil && !entered:
+		return Result{}, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
+	}
+	return Result{}, err // begin's error, already prefixed
+}
+
+// estimate returns the server's time as the Clock estimates it, for the
+// retention times written in records.
+func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
+	est, err := k.c.clock.Now(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return est.Time.Truncate(time.Millisecond), nil
+}
+
+// detached returns a context that outlives ctx (keeping its values), bounded
+// by ResolveTimeout, for settling re-reads.
+func (k *Keys) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), k.c.resolve)
+}
+
+// maxSends bounds how often one write is sent again after a re-read showed
+// an ambiguous attempt was not applied.
+const maxSends = 3
+
+// open finds the key's record, making it if there is none, with one
+// findOneAndUpdate: an upsert whose $setOnInsert writes the record id, the
+// fingerprint and the retention time. It returns the record as it is after
+// that write, whoever made it.
+func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) {
+	now, err := k.estimate(ctx)
+	if err != nil {
+		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+	}
+	ins := bson.D{
+		{Key: "rid", Value: bson.NewObjectID()},
+		{Key: "key", Value: ref.key},
+		{Key: "scope", Value: ref.scope},
+		{Key: "fp", Value: fp},
+		{Key: "createdAt", Value: now},
+		{Key: "expireAt", Value: now.Add(k.c.retention)},
+	}
+	update := bson.D{{Key: "$setOnInsert", Value: ins}}
+	opts := options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)
+	for try := 1; ; try++ {
+		raw, err := k.coll.FindOneAndUpdate(ctx, idFilter(ref.id), update, opts).Raw()
+		if err == nil {
+			rec, err := decode(raw)
+			if err != nil {
+				return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+			}
+			return rec, nil
+		}
+		dup := store.IsDuplicateKey(err)
+		if !dup && !store.IsAmbiguous(err) {
+			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+		}
+		// Another request's upsert made it first (a duplicate key), or the
+		// reply was lost: the record tells.
+		rec, found, rerr := k.read(ctx, ref.id, !dup)
+		switch {
+		case rerr != nil && dup:
+			return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), rerr)
+		case rerr != nil:
+			return record{}, &UnknownOutcomeError{Op: "open", Key: ref.key, Err: err, ReadErr: rerr}
+		case found:
+			return rec, nil
+		case ctx.Err() != nil:
+			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), store.ContextError(ctx))
+		case try >= maxSends:
+			return record{}, &UnknownOutcomeError{Op: "open", Key: ref.key, Err: err}
+		}
+		// Not there: the upsert is idempotent, send it again.
+	}
+}
+
+// begin marks the record as run by the claim l, fenced on it: it sets the
+// record's epoch to l's and counts the attempt, and returns the record
+// (checkpoints, and a result if another claim completed it meanwhile).
+func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, error) {
+	now, err := k.estimate(ctx)
+	if err != nil {
+		return record{}, fmt.Errorf("idempotency: key %s: begin: %w", quoteKey(ref.key), err)
+	}
+	epoch := l.Epoch()
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: "epoch", Value: epoch}, {Key: "expireAt", Value: now.Add(k.c.retention)}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
+	}
+	opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
+	send := func(ctx context.Context) (bool, record, error) {
+		// The epoch condition makes a second copy of the write change
+		// nothing: attempts counts claims, not sends.
+		filter := append(fenced(ref.id, l), bson.E{Key: "epoch", Value: bson.D{{Key: "$ne", Value: epoch}}})
+		raw, err := k.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return false, record{}, nil
+		}
+		if err != nil {
+			return false, record{}, err
+		}
+		rec, err := decode(raw)
+		return err == nil, rec, err
+	}
+	landed := func(rec record) (bool, bool) { return rec.Epoch == epoch, rec.Epoch > epoch }
+	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
+}
+
+// complete stores the result of the claim l, fenced on it. It runs on a
+// context that outlives ctx (bounded by ResolveTimeout): the function has
+// run, and its result is worth recording even if the caller has gone, as
+// long as the claim still holds.
+func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
+	ctx, cancel := k.detached(ctx)
+	defer cancel()
+	now, err := k.estimate(ctx)
+	if err != nil {
+		return fmt.Errorf("idempotency: key %s: complete: %w", quoteKey(ref.key), err)
+	}
+	epoch := l.Epoch()
+	s := storedResult{Status: r.Status, Header: headerFields(r.Header), Body: r.Body, Epoch: epoch, At: now}
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: s}, {Key: "expireAt", Value: now.Add(k.c.retention)}}}}
+	send := func(ctx context.Context) (bool, record, error) {
+		filter := append(fenced(ref.id, l), bson.E{Key: "result", Value: bson.D{{Key: "$exists", Value: false}}})
+		res, err := k.coll.UpdateOne(ctx, filter, update)
+		if err != nil {
+			return false, record{}, err
+		}
+		return res.MatchedCount == 1, record{}, nil
+	}
+	landed := func(rec record) (bool, bool) {
+		return rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch
+	}
+	_, err = k.fencedWrite(ctx, "complete", ref, l, send, landed)
+	return err
+}
+
+// fencedWrite sends a write fenced on the claim l until it is known to be
+// applied: send reports whether it matched; after an ambiguous failure or
+// no match the record is re-read (at read concern majority) and landed
+// says whether it shows the write applied, or a later claim's. A write that
+// matched nothing and is not on the record failed its fence: the claim is
+// lost. One that failed ambiguously and is not on the record is sent
+// again, up to maxSends times.
+func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
+	send func(context.Context) (bool, record, error), landed func(record) (mine, later bool)) (record, error) {
+	for try := 1; ; try++ {
+		ok, rec, err := send(ctx)
+		if ok {
+			return rec, nil
+		}
+		if err != nil && !store.IsAmbiguous(err) {
+			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+		}
+		rctx, cancel := k.detached(ctx)
+		rec, found, rerr := k.read(rctx, ref.id, true)
+		cancel()
+		if rerr != nil {
+			if err != nil {
+				return record{}, &UnknownOutcomeError{Op: op, Key: ref.key, Err: err, ReadErr: rerr}
+			}
+			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, rerr)
+		}
+		mine, later := false, false
+		if found {
+			mine, later = landed(rec)
+		}
+		switch {
+		case mine:
+			return rec, nil
+		case !found || later || err == nil:
+			return record{}, k.lost(op, ref, l)
+		case ctx.Err() != nil:
+			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, store.ContextError(ctx))
+		case try >= maxSends:
+			return record{}, &UnknownOutcomeError{Op: op, Key: ref.key, Err: err}
+		}
+	}
+}
+
+// lost is the error of a fenced write that found the claim gone.
+func (k *Keys) lost(op string, ref keyRef, l *lease.Lease) error {
+	if err := l.Err(); errors.Is(err, lease.ErrLost) {
+		return fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+	}
+	return fmt.Errorf("idempotency: key %s: %s: the claim of epoch %d no longer holds the key: %w", quoteKey(ref.key), op, l.Epoch(), ErrLost)
+}
+
+// fenced is the filter of a write made under the claim l: the record's _id
+// and l's fence (its owner, epoch and claim id; in lease.ModeServer also
+// its deadline on the server's clock).
+func fenced(id string, l *lease.Lease) bson.D {
+	return append(idFilter(id), l.Fence()...)
+}
+
+// idFilter is {_id: {$eq: id}}.
+func idFilter(id string) bson.D {
+	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: id}}}}
+}
+
+// codeMajorityNotEnabled is ReadConcernMajorityNotEnabled.
+const codeMajorityNotEnabled = 148
+
+// read reads the record of id. With majority it reads at read concern
+// majority, as a re-read that settles an ambiguous write must (a write a
+// replica set later rolls back must not count), unless the server refused
+// that once (then it is no replica set that could roll back).
+func (k *Keys) read(ctx context.Context, id string, majority bool) (record, bool, error) {
+	coll := k.coll
+	if majority && !k.noMajority.Load() {
+		coll = k.majority
+	}
+	raw, err := coll.FindOne(ctx, idFilter(id)).Raw()
+	var se mongo.ServerError
+	if coll == k.majority && errors.As(err, &se) && se.HasErrorCode(codeMajorityNotEnabled) {
+		k.noMajority.Store(true)
+		raw, err = k.coll.FindOne(ctx, idFilter(id)).Raw()
+	}
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return record{}, false, nil
+	case err != nil:
+		return record{}, false, err
+	}
+	rec, err := decode(raw)
+	return rec, err == nil, err
+}

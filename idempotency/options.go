@@ -1,0 +1,120 @@
+package idempotency
+
+import (
+	"time"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Defaults of the Options fields.
+const (
+	// DefaultTTL is the TTL of a key's claim while its request runs.
+	DefaultTTL = lease.DefaultTTL
+	// DefaultRetention is how long a key's record is kept after its request
+	// last ran (the common choice: Stripe's, and the IETF draft's example).
+	DefaultRetention = 24 * time.Hour
+)
+
+// Options configures Keys. A nil *Options means all defaults; every zero
+// field takes its default.
+type Options struct {
+	// TTL is how long a claim on a key lasts without a renewal, on the
+	// server's clock: the longest a request that died keeps the key "in
+	// progress" (409) before a retry may run it again. The running request
+	// renews its claim every TTL/3, so the function may run longer. Default
+	// 30s.
+	TTL time.Duration
+
+	// Retention is how long a key's record is kept, counted from the last
+	// time a request with it started, recorded a checkpoint or completed (on
+	// the server's clock, as store.Clock estimates it): a retry within
+	// Retention is replayed or resumed, a request after it runs as new.
+	// It must be longer than TTL, and longer than any request runs. Default
+	// 24h.
+	Retention time.Duration
+
+	// Owner identifies these Keys in claims (see lease.Options.Owner):
+	// unique among the processes that share the collection. Default: a fresh
+	// "host/pid/random" string.
+	Owner string
+
+	// Mode says how a claim's expiry is judged (see lease.Mode): ModeAuto
+	// (the default) uses $$NOW on servers that have it, an estimate of the
+	// server's clock elsewhere.
+	Mode lease.Mode
+
+	// Clock estimates the server's clock, for the retention times written in
+	// records and for claims in lease.ModeEstimated. Share one per client
+	// (store.Store.Clock gives one). Default: one of these Keys' own, on
+	// store.HelloSampler, which reads the server's clock only when first
+	// needed and then every 30s at most.
+	Clock *store.Clock
+
+	// ResolveTimeout bounds the work that settles an ambiguous write (the
+	// re-reads after a lost reply), and the storing of a result after the
+	// function returned, which run on contexts that outlive the caller's.
+	// Default min(max(TTL, 1s), 10s).
+	ResolveTimeout time.Duration
+
+	// Retry tunes the renewals of a running request's claim (its Jitter,
+	// Rand, Budget, OnRetry and Clock; see lease.Options.Retry). A key is
+	// claimed once per call: a request that finds it in progress gets
+	// ErrInProgress at once, never waits. An invalid Policy is an error.
+	Retry retry.Policy
+}
+
+// config is Options with the defaults applied.
+type config struct {
+	ttl, retention, resolve time.Duration
+	clock                   *store.Clock
+}
+
+func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Options, error) {
+	var opts Options
+	if o != nil {
+		opts = *o
+	}
+	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, clock: opts.Clock}
+	switch {
+	case c.ttl < 0:
+		return config{}, nil, &OptionsError{Field: "TTL", Reason: "is negative"}
+	case c.ttl == 0:
+		c.ttl = DefaultTTL
+	}
+	switch {
+	case c.retention < 0:
+		return config{}, nil, &OptionsError{Field: "Retention", Reason: "is negative"}
+	case c.retention == 0:
+		c.retention = DefaultRetention
+	}
+	if c.retention <= c.ttl {
+		return config{}, nil, &OptionsError{Field: "Retention", Reason: "must be longer than TTL: a record must outlive the claims on it"}
+	}
+	switch {
+	case c.resolve < 0:
+		return config{}, nil, &OptionsError{Field: "ResolveTimeout", Reason: "is negative"}
+	case c.resolve == 0:
+		c.resolve = min(max(c.ttl, time.Second), 10*time.Second)
+	}
+	if c.clock == nil {
+		c.clock = defaultClock()
+	}
+	p := opts.Retry
+	if err := p.Validate(); err != nil {
+		return config{}, nil, &OptionsError{Field: "Retry", Reason: err.Error()}
+	}
+	// One claim per call: a request that finds the key held answers
+	// ErrInProgress at once. lease.Do's renewals ignore MaxAttempts.
+	p.MaxAttempts = 1
+	lo := &lease.Options{
+		TTL:            c.ttl,
+		Owner:          opts.Owner,
+		Mode:           opts.Mode,
+		Clock:          c.clock,
+		ResolveTimeout: c.resolve,
+		Retry:          p,
+	}
+	return c, lo, nil
+}

@@ -1,0 +1,81 @@
+package idempotency
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// record is a key's document (DESIGN.md, "The record"). Fields it does not
+// name (_lease, the claim; createdAt, expireAt, key, scope) are skipped when
+// decoding.
+type record struct {
+	ID  string        `bson:"_id"`
+	RID bson.ObjectID `bson:"rid"`
+	FP  []byte        `bson:"fp"`
+	// Epoch is the epoch of the last claim that began running the request.
+	Epoch    int64         `bson:"epoch"`
+	Attempts int           `bson:"attempts"`
+	Points   []point       `bson:"points"`
+	Result   *storedResult `bson:"result"`
+}
+
+// point is a checkpoint ("c:" + name) or the start of a step ("b:" +
+// name), as recorded by the claim of epoch E with the write id W: made
+// afresh for each write, it tells a re-read that settles the write whether
+// the point is this write's, and a step's W is its partner key.
+type point struct {
+	K     string        `bson:"k"`
+	Name  string        `bson:"n"`
+	Data  []byte        `bson:"d,omitempty"`
+	Epoch int64         `bson:"e"`
+	W     bson.ObjectID `bson:"w"`
+}
+
+// storedResult is a final result as recorded.
+type storedResult struct {
+	Status int           `bson:"status"`
+	Header []headerField `bson:"header,omitempty"`
+	Body   []byte        `bson:"body,omitempty"`
+	Epoch  int64         `bson:"epoch"`
+	At     time.Time     `bson:"at"`
+}
+
+// headerField is one header field. Header names are stored as values, never
+// as BSON field names, since a token may hold "." or "$".
+type headerField struct {
+	Name   string   `bson:"n"`
+	Values []string `bson:"v"`
+}
+
+func headerFields(h http.Header) []headerField {
+	if len(h) == 0 {
+		return nil
+	}
+	out := make([]headerField, 0, len(h))
+	for name, values := range h {
+		out = append(out, headerField{Name: name, Values: values})
+	}
+	return out
+}
+
+func (s *storedResult) replay() Result {
+	r := Result{Status: s.Status, Body: s.Body, Replayed: true, Epoch: s.Epoch}
+	if len(s.Header) > 0 {
+		r.Header = make(http.Header, len(s.Header))
+		for _, f := range s.Header {
+			r.Header[f.Name] = append([]string(nil), f.Values...)
+		}
+	}
+	return r
+}
+
+func decode(raw bson.Raw) (record, error) {
+	var rec record
+	if err := bson.Unmarshal(raw, &rec); err != nil {
+		return record{}, fmt.Errorf("decode the key record: %w", err)
+	}
+	return rec, nil
+}

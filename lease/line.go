@@ -1,0 +1,272 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"weak"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Lines. Acquire and Do calls for one lease in one process wait in line,
+// first come first served, instead of each polling the database with
+// backoff: one call at a time (the head) claims, polling other processes'
+// holders as before; when the lease it got ends (released, lost or
+// expired), the next call in line claims at once. The lines are shared by
+// every Manager on the same collection and lease field of the same
+// *mongo.Client. See DESIGN.md, "Waiting in line".
+
+// lineKey names the leases of one collection and lease field of a client.
+type lineKey struct {
+	client          weak.Pointer[mongo.Client]
+	db, coll, field string
+}
+
+// leaseLineSets is the process's registry of lines.
+var leaseLineSets struct {
+	mu sync.Mutex
+	m  map[lineKey]*lines
+}
+
+// lines holds the lines of the leases of one collection and field that
+// have calls waiting, claiming or holding.
+type lines struct {
+	mu  sync.Mutex
+	ids map[string]*line
+}
+
+// line is the calls for one lease: the one whose turn it is (claiming or
+// holding), and those waiting, in order.
+type line struct {
+	taken   bool          // a call claims or holds the lease through the line
+	claim   *lineWaiter   // the call claiming now, to wake when another lease of the id ends
+	holder  *Lease        // the lease the line's call holds, nil while it claims
+	waiting []*lineWaiter // FIFO
+}
+
+// lineWaiter is a call in a line.
+type lineWaiter struct {
+	wake chan struct{} // 1-buffered: its turn came, or (while it claims) a lease of the id ended
+	turn bool
+}
+
+func (w *lineWaiter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// linesOf returns the lines of coll's leases in field, shared by every
+// Manager on them through the same client.
+func linesOf(coll *mongo.Collection, field string) *lines {
+	client := coll.Database().Client()
+	k := lineKey{client: weak.Make(client), db: coll.Database().Name(), coll: coll.Name(), field: field}
+	leaseLineSets.mu.Lock()
+	defer leaseLineSets.mu.Unlock()
+	if ls := leaseLineSets.m[k]; ls != nil {
+		return ls
+	}
+	if leaseLineSets.m == nil {
+		leaseLineSets.m = map[lineKey]*lines{}
+	}
+	ls := &lines{ids: map[string]*line{}}
+	leaseLineSets.m[k] = ls
+	runtime.AddCleanup(client, func(k lineKey) {
+		leaseLineSets.mu.Lock()
+		delete(leaseLineSets.m, k)
+		leaseLineSets.mu.Unlock()
+	}, k)
+	return ls
+}
+
+// lineID is the key of a lease's line: its id's encoding and its shard-key
+// values (none without a shard key).
+func lineID(raw docKey) string {
+	return string(rune(raw.ID.Type)) + string(raw.ID.Value) + "\x00" + raw.Shard.Ident()
+}
+
+// join puts w in the line of k and reports whether its turn has come.
+func (ls *lines) join(k string, w *lineWaiter) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.ids[k]
+	if l == nil {
+		l = &line{}
+		ls.ids[k] = l
+	}
+	if !l.taken {
+		l.taken, l.claim, w.turn = true, w, true
+		return true
+	}
+	l.waiting = append(l.waiting, w)
+	return false
+}
+
+// leave takes w out of the line of k, if its turn has not come, and reports
+// whether it did.
+func (ls *lines) leave(k string, w *lineWaiter) bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if w.turn {
+		return false
+	}
+	l := ls.ids[k]
+	for i, x := range l.waiting {
+		if x == w {
+			l.waiting = append(l.waiting[:i], l.waiting[i+1:]...)
+			break
+		}
+	}
+	return true
+}
+
+// pass ends the turn of the line's current call: the next call in line
+// gets its turn, or the line is removed when nobody waits.
+func (ls *lines) pass(k string) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.passLocked(k)
+}
+
+func (ls *lines) passLocked(k string) {
+	l := ls.ids[k]
+	l.holder, l.claim = nil, nil
+	if len(l.waiting) == 0 {
+		delete(ls.ids, k)
+		return
+	}
+	w := l.waiting[0]
+	l.waiting = l.waiting[1:]
+	w.turn = true
+	l.claim = w
+	w.signal()
+}
+
+// hold records that the line's call holds l. If l has ended meanwhile, the
+// turn passes at once.
+func (ls *lines) hold(k string, l *Lease) {
+	ls.mu.Lock()
+	ls.ids[k].holder, ls.ids[k].claim = l, nil
+	ls.mu.Unlock()
+	if l.Err() != nil {
+		ls.ended(k, l)
+	}
+}
+
+// ended is called when lease l of k ends. If it was the line's, the turn
+// passes to the next call; otherwise (a lease from TryAcquire, or another
+// process's view) the call claiming now is woken to try at once.
+func (ls *lines) ended(k string, l *Lease) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	line := ls.ids[k]
+	switch {
+	case line == nil:
+	case line.holder == l:
+		ls.passLocked(k)
+	case line.claim != nil:
+		line.claim.signal()
+	}
+}
+
+// lineEnded is called by every Lease of the Manager when it ends.
+func (m *Manager) lineEnded(l *Lease) {
+	m.lines.ended(lineID(l.raw), l)
+}
+
+// acquire claims the lease on id for Acquire and Do: it waits for its turn
+// in the line of id, then claims, waiting while another process holds the
+// lease (see claimWaiting), and keeps the turn until the lease it got ends.
+func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
+	if m.c.retry.MaxAttempts == 1 {
+		// One attempt, no wait (Options.Retry): waiting in line is a wait.
+		// The one claim finds a lease held in this process as one held
+		// elsewhere (the idempotency package answers ErrInProgress so).
+		return m.claimWaiting(ctx, id, raw, parent, nil)
+	}
+	k := lineID(raw)
+	w := &lineWaiter{wake: make(chan struct{}, 1)}
+	if !m.lines.join(k, w) {
+		select {
+		case <-w.wake:
+		case <-ctx.Done():
+			if m.lines.leave(k, w) {
+				return nil, fmt.Errorf("lease: acquire %v: %w (waiting in line)", idText(id), store.ContextError(ctx))
+			}
+			<-w.wake // the turn came meanwhile: take it, and claim (or fail) below
+		}
+		drain(w.wake)
+	}
+	l, err := m.claimWaiting(ctx, id, raw, parent, w.wake)
+	if err != nil {
+		m.lines.pass(k)
+		return nil, err
+	}
+	m.lines.hold(k, l)
+	return l, nil
+}
+
+// drain empties a 1-buffered wake channel.
+func drain(c chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
+
+// wakeClock is a retry.Clock whose timers last at most *clip (when set),
+// and fire early when wake is signalled: Acquire's sleep is the smaller of
+// the backoff delay and the time left on the holder's lease, and ends when
+// a lease of the id ends in this process.
+type wakeClock struct {
+	base retry.Clock
+	clip *time.Duration
+	wake <-chan struct{}
+}
+
+func (c wakeClock) Now() time.Time { return c.base.Now() }
+
+func (c wakeClock) NewTimer(d time.Duration) retry.Timer {
+	if *c.clip > 0 {
+		d = min(d, *c.clip)
+	}
+	t := c.base.NewTimer(d)
+	if c.wake == nil {
+		return t
+	}
+	wt := &wakeTimer{t: t, c: make(chan time.Time, 1), stop: make(chan struct{})}
+	go func() {
+		select {
+		case v := <-t.C():
+			wt.c <- v
+		case <-c.wake:
+			t.Stop()
+			wt.c <- c.base.Now()
+		case <-wt.stop:
+		}
+	}()
+	return wt
+}
+
+// wakeTimer is a timer that also fires on a wake.
+type wakeTimer struct {
+	t    retry.Timer
+	c    chan time.Time
+	once sync.Once
+	stop chan struct{}
+}
+
+func (t *wakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *wakeTimer) Stop() bool {
+	stopped := t.t.Stop()
+	t.once.Do(func() { close(t.stop) })
+	return stopped
+}

@@ -1,0 +1,165 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/mongocas/mongocas/internal/ended"
+	"github.com/mongocas/mongocas/observe"
+)
+
+// The Manager's events (see Options.Observer). Every function here checks
+// for an Observer before it builds anything, so that a Manager without one
+// allocates nothing more than before.
+
+// The operations a Manager reports, as observe.Event.Op.
+const (
+	opAcquire    = "acquire"
+	opTryAcquire = "try_acquire"
+	opDo         = "do"
+	opRenew      = "renew"
+	opRelease    = "release"
+)
+
+// observed is one operation in progress: zero when the Manager has no
+// Observer.
+type observed struct {
+	ctx     context.Context // the context Observer.Start returned
+	op      string
+	id      any
+	start   time.Time // Options.Now
+	aborted bool      // Do's fn returned an error
+}
+
+// begin reports the start of operation op on id to the Observer, and
+// returns the context it gives the operation (ctx itself without one).
+func (m *Manager) begin(ctx context.Context, op string, id any) (context.Context, observed) {
+	o := m.c.observer
+	if o == nil {
+		return ctx, observed{}
+	}
+	ctx = o.Start(ctx, m.event(observe.OpStart, op, id))
+	return ctx, observed{ctx: ctx, op: op, id: id, start: m.c.now()}
+}
+
+// end reports the end of the operation begin started, with its error.
+func (m *Manager) end(ob *observed, err *error) {
+	if ob.ctx == nil {
+		return
+	}
+	e := m.event(observe.OpEnd, ob.op, ob.id)
+	e.Err, e.Outcome, e.Elapsed = *err, outcomeOf(*err), m.c.now().Sub(ob.start)
+	if ob.aborted && *err != nil && e.Outcome != observe.OutcomeLost {
+		e.Outcome = observe.OutcomeAborted
+	}
+	m.c.observer.Observe(ob.ctx, e)
+}
+
+func (m *Manager) event(k observe.Kind, op string, id any) observe.Event {
+	return observe.Event{Kind: k, Op: op, Database: m.coll.Database().Name(), Collection: m.coll.Name(), ID: id, Owner: m.c.owner}
+}
+
+// acquired reports l, claimed by the call that began at start, if the claim
+// succeeded.
+func (m *Manager) acquired(ctx context.Context, op string, l *Lease, start time.Time) {
+	if m.c.observer == nil || l == nil {
+		return
+	}
+	e := m.event(observe.LeaseAcquired, op, l.id)
+	e.Epoch, e.Wait = l.epoch, m.c.now().Sub(start)
+	m.c.observer.Observe(ctx, e)
+}
+
+// heldBy reports that a claim found the lease held by the record r's owner
+// for up to left.
+func (m *Manager) heldBy(ctx context.Context, id any, r record, left time.Duration) {
+	if m.c.observer == nil {
+		return
+	}
+	e := m.event(observe.LeaseHeld, opAcquire, id)
+	e.Holder, e.Epoch, e.TimeLeft = r.Owner, r.Epoch, left
+	m.c.observer.Observe(ctx, e)
+}
+
+// settled reports a write of operation op on id that failed ambiguously
+// with cause, and what the re-read made of it (why: the re-read's error,
+// for observe.SettledUnknown).
+func (m *Manager) settled(ctx context.Context, op string, id any, cause error, how observe.Settlement, why error) {
+	if m.c.observer == nil {
+		return
+	}
+	e := m.event(observe.Ambiguous, op, id)
+	e.Err = cause
+	m.c.observer.Observe(ctx, e)
+	e.Kind, e.Settlement, e.Err = observe.Settled, how, why
+	m.c.observer.Observe(ctx, e)
+}
+
+// endRenew reports how Renew ended: renewed, or failed without losing the
+// lease (a loss is reported by finish), then the operation's end.
+func (l *Lease) endRenew(ob *observed, err *error) {
+	m := l.m
+	if ob.ctx == nil {
+		return
+	}
+	e := m.event(observe.LeaseRenewed, opRenew, l.id)
+	e.Epoch = l.epoch
+	switch {
+	case *err == nil:
+		e.TimeLeft = l.TimeLeft()
+		m.c.observer.Observe(ob.ctx, e)
+	case !errors.Is(*err, ErrLost) && !errors.Is(*err, ErrReleased):
+		e.Kind, e.Err = observe.LeaseRenewFailed, *err
+		m.c.observer.Observe(ob.ctx, e)
+	}
+	m.end(ob, err)
+}
+
+// ended reports the end of l: released (err is ErrReleased) or lost (a
+// *LostError).
+func (l *Lease) ended(err error) {
+	m := l.m
+	if m.c.observer == nil {
+		return
+	}
+	e := m.event(observe.LeaseReleased, opRelease, l.id)
+	e.Epoch, e.Held = l.epoch, m.c.now().Sub(l.sentAt)
+	if errors.Is(err, ErrReleased) {
+		m.c.observer.Observe(l.ctx, e)
+		return
+	}
+	var lost *LostError // here, not above: errors.As moves it to the heap
+	if errors.As(err, &lost) {
+		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasonName(lost.Reason)
+		m.c.observer.Observe(l.ctx, e)
+	}
+}
+
+// reasonName is r as observe.Event.Reason has it: one word, for metrics.
+func reasonName(r Reason) string {
+	switch r {
+	case Expired:
+		return "expired"
+	case TakenOver:
+		return "taken_over"
+	case Cleared:
+		return "cleared"
+	case Unread:
+		return "unread"
+	default:
+		return r.String()
+	}
+}
+
+// outcomes are the Manager's own errors, in the order ended.Outcome tries
+// them: a lost lease wins over the context's end it caused in Do's fn.
+var outcomes = []ended.Rule{
+	{Err: ErrLost, Outcome: observe.OutcomeLost},
+	{Err: ErrReleased, Outcome: observe.OutcomeLost},
+	{Err: ErrHeld, Outcome: observe.OutcomeHeld},
+	{Err: ErrNotFound, Outcome: observe.OutcomeNotFound},
+}
+
+// outcomeOf names how an operation that returned err ended.
+func outcomeOf(err error) observe.Outcome { return ended.Outcome(err, outcomes...) }

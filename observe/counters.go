@@ -1,0 +1,134 @@
+package observe
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+)
+
+// Counters is an Observer that counts the events it sees: by kind, the
+// settled ambiguous writes by settlement, and the operations that failed.
+// The zero value is ready to use; a Counters is safe for concurrent use and
+// allocates nothing per event. Give the same *Counters to every repository
+// and manager whose events it should add up, and read it at any time:
+//
+//	var counts observe.Counters
+//	repo, err := versioned.New[Item](coll, &versioned.Options{Observer: &counts})
+//	...
+//	fmt.Println(counts.String())
+type Counters struct {
+	kinds   [kindEnd]atomic.Int64
+	settled [SettledUnknown + 1]atomic.Int64
+	failed  atomic.Int64
+}
+
+// Start counts an OpStart event and returns ctx.
+func (c *Counters) Start(ctx context.Context, e Event) context.Context {
+	c.Observe(ctx, e)
+	return ctx
+}
+
+// Observe counts e.
+func (c *Counters) Observe(_ context.Context, e Event) {
+	if e.Kind > 0 && e.Kind < kindEnd {
+		c.kinds[e.Kind].Add(1)
+	}
+	switch {
+	case e.Kind == Settled && e.Settlement > 0 && e.Settlement <= SettledUnknown:
+		c.settled[e.Settlement].Add(1)
+	case e.Kind == OpEnd && e.Outcome.Failed():
+		c.failed.Add(1)
+	}
+}
+
+// Count returns how many events of kind k were seen.
+func (c *Counters) Count(k Kind) int64 {
+	if k > 0 && k < kindEnd {
+		return c.kinds[k].Load()
+	}
+	return 0
+}
+
+// Settled returns how many ambiguous writes were settled as s.
+func (c *Counters) Settled(s Settlement) int64 {
+	if s > 0 && s <= SettledUnknown {
+		return c.settled[s].Load()
+	}
+	return 0
+}
+
+// Failed returns how many operations ended with an Outcome that Failed.
+func (c *Counters) Failed() int64 { return c.failed.Load() }
+
+// Counts returns a snapshot of the counts. Each count is read on its own,
+// so a snapshot taken while operations run may be a moment apart between
+// fields.
+func (c *Counters) Counts() Counts {
+	return Counts{
+		Operations:     c.Count(OpStart),
+		Failed:         c.Failed(),
+		Conflicts:      c.Count(Conflict),
+		Retries:        c.Count(Retry),
+		BudgetRefusals: c.Count(BudgetRefused),
+		Ambiguous:      c.Count(Ambiguous),
+		Landed:         c.Settled(SettledLanded),
+		Resent:         c.Settled(SettledResent),
+		NotLanded:      c.Settled(SettledNotLanded),
+		Unknown:        c.Settled(SettledUnknown),
+		LeasesAcquired: c.Count(LeaseAcquired),
+		LeasesHeld:     c.Count(LeaseHeld),
+		LeasesRenewed:  c.Count(LeaseRenewed),
+		RenewalsFailed: c.Count(LeaseRenewFailed),
+		LeasesLost:     c.Count(LeaseLost),
+		LeasesReleased: c.Count(LeaseReleased),
+		ClockSyncs:     c.Count(ClockSync),
+	}
+}
+
+// String returns the counts on one line: c.Counts().String().
+func (c *Counters) String() string { return c.Counts().String() }
+
+// Counts is a snapshot of Counters: plain numbers, to print, add up (the
+// counts of several processes, say) or encode as JSON.
+type Counts struct {
+	// Operations is the number of operations started (OpStart), and Failed
+	// the number that ended with an Outcome that Failed.
+	Operations, Failed int64
+	// Conflicts, Retries and BudgetRefusals count those events.
+	Conflicts, Retries, BudgetRefusals int64
+	// Ambiguous counts ambiguous writes; Landed, Resent, NotLanded and
+	// Unknown how they were settled.
+	Ambiguous, Landed, Resent, NotLanded, Unknown int64
+	// The lease events: acquired, found held by another owner, renewed,
+	// renewals that failed, lost, released.
+	LeasesAcquired, LeasesHeld, LeasesRenewed, RenewalsFailed, LeasesLost, LeasesReleased int64
+	// ClockSyncs counts the syncs of server clocks.
+	ClockSyncs int64
+}
+
+// Add returns the sum of c and o, field by field.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{
+		Operations: c.Operations + o.Operations, Failed: c.Failed + o.Failed,
+		Conflicts: c.Conflicts + o.Conflicts, Retries: c.Retries + o.Retries, BudgetRefusals: c.BudgetRefusals + o.BudgetRefusals,
+		Ambiguous: c.Ambiguous + o.Ambiguous, Landed: c.Landed + o.Landed, Resent: c.Resent + o.Resent,
+		NotLanded: c.NotLanded + o.NotLanded, Unknown: c.Unknown + o.Unknown,
+		LeasesAcquired: c.LeasesAcquired + o.LeasesAcquired, LeasesHeld: c.LeasesHeld + o.LeasesHeld,
+		LeasesRenewed: c.LeasesRenewed + o.LeasesRenewed, RenewalsFailed: c.RenewalsFailed + o.RenewalsFailed,
+		LeasesLost: c.LeasesLost + o.LeasesLost, LeasesReleased: c.LeasesReleased + o.LeasesReleased,
+		ClockSyncs: c.ClockSyncs + o.ClockSyncs,
+	}
+}
+
+// String returns the counts on one line, every count named, in a fixed
+// order: operations (and how many failed), conflicts, retries, budget
+// refusals, ambiguous writes (and how each was settled), then the lease
+// events and clock syncs.
+func (c Counts) String() string {
+	return fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
+		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+
+		"leases acquired %d, held by another %d, renewed %d, renewals failed %d, lost %d, released %d, clock syncs %d",
+		c.Operations, c.Failed, c.Conflicts, c.Retries, c.BudgetRefusals,
+		c.Ambiguous, c.Landed, c.Resent, c.NotLanded, c.Unknown,
+		c.LeasesAcquired, c.LeasesHeld, c.LeasesRenewed, c.RenewalsFailed, c.LeasesLost, c.LeasesReleased, c.ClockSyncs)
+}

@@ -1,0 +1,342 @@
+package observe
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Observer receives the events of the operations of the packages that take
+// one: versioned.Options.Observer, lease.Options.Observer,
+// retry.Policy.Observer and store.ClockOptions.Observer. Its methods run on
+// the goroutine of the operation, synchronously, before the operation goes
+// on: keep them short, and never block in them. An Observer shared by
+// several repositories or managers (the usual case) is called from many
+// goroutines at once, so it must be safe for concurrent use.
+//
+// The Event is passed by value: an Observer may keep it. Its ID and Err are
+// the operation's own values; do not change what they point to.
+type Observer interface {
+	// Start is called when an operation begins (e.Kind is OpStart). The
+	// context it returns becomes the operation's: the operation does its
+	// I/O with it, and passes it to its later events and to its OpEnd, so
+	// an Observer can carry a trace span in it. Return ctx itself to add
+	// nothing, which costs nothing.
+	Start(ctx context.Context, e Event) context.Context
+
+	// Observe is called for every other event, with the operation's
+	// context (the one Start returned) when the event belongs to an
+	// operation.
+	Observe(ctx context.Context, e Event)
+}
+
+// Kind says what an Event reports. Each kind documents the Event fields it
+// sets; the others are zero.
+type Kind uint8
+
+// The kinds of events. Op, Database, Collection and ID are set on the
+// events of versioned and lease (and on those of a store.Clock made by a
+// lease.Manager, Collection and Op excepted); retry.Do, which does not know
+// the operation it runs in, sets none of them: its events carry the
+// operation's context instead.
+const (
+	// OpStart: an operation begins. Sent to Observer.Start.
+	OpStart Kind = iota + 1
+
+	// OpEnd: the operation ends. Outcome, Err (nil on success), Elapsed;
+	// Attempt is the number of attempts of versioned Modify (each calls
+	// its fn once, on the document read, or on the one a write that met a
+	// conflict returned), 0 for the other operations.
+	OpEnd
+
+	// Conflict: a write expected a version and found another. Expected and
+	// Current are the versions; Current is -1 when the repository did not
+	// read it (Modify reads it on its next attempt instead; where the server
+	// runs update pipelines, Modify's write returns it, and Current is
+	// set).
+	Conflict
+
+	// Retry: an attempt failed with a retryable error and another one
+	// follows after Delay. Attempt is the number of the attempt that failed,
+	// Err its error (the cause).
+	Retry
+
+	// BudgetRefused: an attempt failed with a retryable error, but the
+	// retry.Budget had no token for another one, so the operation stops.
+	// Attempt and Err as for Retry.
+	BudgetRefused
+
+	// Ambiguous: a write failed in a way that leaves its outcome unknown (a
+	// lost reply, a timeout, a write-concern error); Err is that failure.
+	// The operation now settles it by re-reading; a Settled event follows.
+	Ambiguous
+
+	// Settled: what re-reading found about the ambiguous write reported
+	// before. Settlement says it; Err is set for SettledUnknown.
+	Settled
+
+	// LeaseAcquired: a lease was claimed. Epoch, Owner; Wait is the time
+	// from the call to the claim (0 for TryAcquire's single round trip,
+	// more when Acquire or Do waited for another holder).
+	LeaseAcquired
+
+	// LeaseRenewed: a renewal was applied. Epoch, Owner, TimeLeft (until
+	// the holder's new local deadline).
+	LeaseRenewed
+
+	// LeaseRenewFailed: a renewal failed without losing the lease (a
+	// network error, a timeout): the lease stays held until its deadline.
+	// Epoch, Owner, Err.
+	LeaseRenewFailed
+
+	// LeaseLost: the holder lost its lease. Epoch, Owner, Reason ("expired",
+	// "taken_over", "cleared", "unread"), Holder (the owner the record names
+	// now, if read), Held (how long the lease was held), Err (the
+	// *lease.LostError).
+	LeaseLost
+
+	// LeaseReleased: the holder released its lease. Epoch, Owner, Held.
+	LeaseReleased
+
+	// LeaseHeld: a claim found the lease held by another owner. Holder, Epoch
+	// (the holder's), TimeLeft (the most this owner would wait before it may
+	// find the lease expired).
+	LeaseHeld
+
+	// ClockSync: a store.Clock took new readings of the server's clock.
+	// Bound is the error bound of the reading it keeps, RTT its round trip.
+	ClockSync
+
+	kindEnd // one past the last kind
+)
+
+var kindNames = [kindEnd]string{
+	OpStart:          "op.start",
+	OpEnd:            "op.end",
+	Conflict:         "conflict",
+	Retry:            "retry",
+	BudgetRefused:    "retry.budget_refused",
+	Ambiguous:        "write.ambiguous",
+	Settled:          "write.settled",
+	LeaseAcquired:    "lease.acquired",
+	LeaseRenewed:     "lease.renewed",
+	LeaseRenewFailed: "lease.renew_failed",
+	LeaseLost:        "lease.lost",
+	LeaseReleased:    "lease.released",
+	LeaseHeld:        "lease.held",
+	ClockSync:        "clock.sync",
+}
+
+// String returns the kind's name, such as "conflict" or "lease.lost".
+func (k Kind) String() string {
+	if k > 0 && k < kindEnd {
+		return kindNames[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Settlement says what re-reading found about a write whose outcome was
+// ambiguous.
+type Settlement uint8
+
+const (
+	// SettledLanded means the write was applied; only its reply was lost.
+	SettledLanded Settlement = iota + 1
+	// SettledResent means the write had not been applied, was sent again, and
+	// the copy sent again was applied (at most one copy ever applies).
+	SettledResent
+	// SettledNotLanded means the write was not applied, as far as a majority of
+	// the replica set shows (an operation reports what that means for it:
+	// Modify reads and tries again, a lease claim stays pending).
+	SettledNotLanded
+	// SettledUnknown means re-reading could not tell. The operation returns an
+	// error matching store.ErrUnknownOutcome, or (a lease claim) keeps the
+	// claim pending for a later read to settle.
+	SettledUnknown
+)
+
+// String returns "landed", "resent", "not_landed" or "unknown".
+func (s Settlement) String() string {
+	switch s {
+	case SettledLanded:
+		return "landed"
+	case SettledResent:
+		return "resent"
+	case SettledNotLanded:
+		return "not_landed"
+	case SettledUnknown:
+		return "unknown"
+	default:
+		return "Settlement(" + strconv.Itoa(int(s)) + ")"
+	}
+}
+
+// Outcome is how an operation ended: a short, fixed name, fit for a metric
+// attribute or a log field.
+type Outcome string
+
+// The outcomes. Each package maps its errors onto them through errors.Is.
+const (
+	// OK: the operation succeeded.
+	OK Outcome = "ok"
+	// OutcomeConflict: a version conflict (versioned.ErrConflict), also
+	// when Modify's retries ran out on conflicts.
+	OutcomeConflict Outcome = "conflict"
+	// OutcomeNotFound: no such document (versioned.ErrNotFound,
+	// lease.ErrNotFound).
+	OutcomeNotFound Outcome = "not_found"
+	// OutcomeGuardFailed: a condition of the write did not hold
+	// (versioned.ErrGuardFailed).
+	OutcomeGuardFailed Outcome = "guard_failed"
+	// OutcomeDuplicate: a duplicate key (versioned.ErrDuplicate).
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeHeld: another owner holds the lease (lease.ErrHeld).
+	OutcomeHeld Outcome = "held"
+	// OutcomeLost: the lease was lost (lease.ErrLost), or was already
+	// released (lease.ErrReleased).
+	OutcomeLost Outcome = "lost"
+	// OutcomeInvalid: bad input, nothing sent (store.ErrInvalid).
+	OutcomeInvalid Outcome = "invalid"
+	// OutcomeUnknown: a write's outcome could not be settled
+	// (store.ErrUnknownOutcome).
+	OutcomeUnknown Outcome = "unknown_outcome"
+	// OutcomeBudget: the retry budget refused a retry
+	// (retry.ErrBudgetExhausted).
+	OutcomeBudget Outcome = "budget_exhausted"
+	// OutcomeExhausted: the retries ran out on a transient error
+	// (retry.ErrExhausted).
+	OutcomeExhausted Outcome = "retries_exhausted"
+	// OutcomeCanceled: the caller's context ended (context.Canceled or
+	// context.DeadlineExceeded).
+	OutcomeCanceled Outcome = "canceled"
+	// OutcomeAborted: the caller's own function returned an error
+	// (versioned Modify's fn: nothing was written; lease Do's fn: the lease
+	// was released), which the call returns: the caller's answer, such as
+	// "insufficient funds", or the caller's failure, not the library's.
+	OutcomeAborted Outcome = "aborted"
+	// OutcomeError: any other error (network, server, decoding, the error
+	// of the caller's function).
+	OutcomeError Outcome = "error"
+)
+
+// Failed reports whether the outcome is a failure to do what was asked, as
+// opposed to success or an answer that the caller asked for in effect: a
+// conflict, a missing document, a failed condition, a duplicate, a held
+// lease, bad input, the caller's own function's error. The slog observer
+// logs failures at Info and answers at Debug; the OpenTelemetry adapter
+// marks only failures as span errors.
+func (o Outcome) Failed() bool {
+	switch o {
+	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:
+		return false
+	default:
+		return true
+	}
+}
+
+// Event is one thing that happened in an operation. Kind says which fields
+// are set (see each Kind); the others are zero.
+type Event struct {
+	// Kind says what happened.
+	Kind Kind
+
+	// Op names the operation: "insert", "get", "update", "delete",
+	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
+	// "renew", "release" (lease). The events of a lease's claim (LeaseHeld,
+	// and Ambiguous and Settled of a claim) say "acquire" whichever call
+	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
+	// of retry.Do and store.Clock, have none.
+	Op string
+	// Database and Collection are the names of the operation's database and
+	// collection (a lease Manager's: the leased documents', or the lock
+	// documents').
+	Database, Collection string
+	// ID is the document's id, or a named lease's name, as the caller gave
+	// it (after validation).
+	ID any
+
+	// Outcome (OpEnd) says how the operation ended.
+	Outcome Outcome
+	// Err is the error of the event: the operation's (OpEnd), the cause
+	// (Retry, BudgetRefused, Ambiguous, LeaseRenewFailed), why the outcome
+	// is unknown (Settled), the *lease.LostError (LeaseLost).
+	Err error
+	// Elapsed (OpEnd) is how long the operation took.
+	Elapsed time.Duration
+	// Attempt is the number of the attempt that failed (Retry,
+	// BudgetRefused), or the attempts made (OpEnd).
+	Attempt int
+	// Delay (Retry) is how long the operation waits before the next
+	// attempt.
+	Delay time.Duration
+
+	// Expected and Current (Conflict) are the version the write expected
+	// and the one found, -1 if not read.
+	Expected, Current int64
+
+	// Settlement (Settled) says what became of an ambiguous write.
+	Settlement Settlement
+
+	// Epoch is the lease's fencing token (the holder's, for LeaseHeld).
+	Epoch int64
+	// Owner is this Manager's owner string (lease events).
+	Owner string
+	// Holder (LeaseHeld, LeaseLost) is the owner the lease record names,
+	// when it was read: the holder that keeps this owner waiting, or the
+	// one that took the lease over.
+	Holder string
+	// Reason (LeaseLost) says why the lease was lost: "expired",
+	// "taken_over", "cleared" or "unread".
+	Reason string
+	// Wait (LeaseAcquired) is how long the claim took, waiting included.
+	Wait time.Duration
+	// Held (LeaseReleased, LeaseLost) is how long the lease was held, from
+	// its claim to its release or loss.
+	Held time.Duration
+	// TimeLeft is the holder's time left: another owner's (LeaseHeld), this
+	// owner's after a renewal (LeaseRenewed).
+	TimeLeft time.Duration
+
+	// Bound (ClockSync) is the error bound of the server-clock reading a
+	// store.Clock keeps; RTT its round trip.
+	Bound, RTT time.Duration
+}
+
+// Join returns an Observer that passes every event to each of obs in turn,
+// skipping nil ones. Start chains the contexts: each Observer's Start
+// receives the context the previous one returned. Join returns nil when
+// every Observer is nil, and the Observer itself when only one is not.
+func Join(obs ...Observer) Observer {
+	var list []Observer
+	for _, o := range obs {
+		switch o := o.(type) {
+		case nil:
+		case joined:
+			list = append(list, o...)
+		default:
+			list = append(list, o)
+		}
+	}
+	switch len(list) {
+	case 0:
+		return nil
+	case 1:
+		return list[0]
+	}
+	return joined(list)
+}
+
+type joined []Observer
+
+func (j joined) Start(ctx context.Context, e Event) context.Context {
+	for _, o := range j {
+		ctx = o.Start(ctx, e) //nolint:fatcontext // each Start wraps the previous one's context: the chain is the point
+	}
+	return ctx
+}
+
+func (j joined) Observe(ctx context.Context, e Event) {
+	for _, o := range j {
+		o.Observe(ctx, e)
+	}
+}

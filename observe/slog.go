@@ -1,0 +1,130 @@
+package observe
+
+import (
+	"context"
+	"log/slog"
+)
+
+// Slog returns an Observer that logs each event to logger (slog.Default()
+// if nil), with the message "mongocas " and the kind ("mongocas conflict")
+// and the event's fields as attributes. Levels are chosen so that normal
+// operation is quiet at Info:
+//
+//   - Warn: a lost lease (LeaseLost), and an operation that ended with an
+//     unknown outcome (OpEnd with OutcomeUnknown): someone must look.
+//   - Info: an operation that failed (OpEnd whose Outcome.Failed), a retry
+//     the budget refused (BudgetRefused), a failed renewal that kept the
+//     lease (LeaseRenewFailed), an ambiguous write that could not be
+//     settled (Settled with SettledUnknown).
+//   - Debug: everything else: operations that start, and that end well or
+//     with an answer (a conflict, a missing document, a held lease, the
+//     caller's own function's error: Outcome.Failed is false), conflicts,
+//     retries, ambiguous writes settled, leases acquired, renewed, released
+//     and held by another, clock syncs.
+//
+// An event below the logger's level costs one call of its Enabled method and
+// allocates nothing; Start never changes the context.
+func Slog(logger *slog.Logger) Observer {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return slogObserver{l: logger}
+}
+
+type slogObserver struct{ l *slog.Logger }
+
+var slogMessages = func() (m [kindEnd]string) {
+	for k := range kindEnd {
+		m[k] = "mongocas " + k.String()
+	}
+	return m
+}()
+
+// slogLevel returns the level at which the slog Observer logs e.
+func slogLevel(e Event) slog.Level {
+	switch e.Kind {
+	case LeaseLost:
+		return slog.LevelWarn
+	case OpEnd:
+		switch {
+		case e.Outcome == OutcomeUnknown:
+			return slog.LevelWarn
+		case e.Outcome.Failed():
+			return slog.LevelInfo
+		}
+	case BudgetRefused, LeaseRenewFailed:
+		return slog.LevelInfo
+	case Settled:
+		if e.Settlement == SettledUnknown {
+			return slog.LevelInfo
+		}
+	default:
+	}
+	return slog.LevelDebug
+}
+
+func (s slogObserver) Start(ctx context.Context, e Event) context.Context {
+	s.Observe(ctx, e)
+	return ctx
+}
+
+func (s slogObserver) Observe(ctx context.Context, e Event) {
+	level := slogLevel(e)
+	if !s.l.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 12)
+	if e.Op != "" {
+		attrs = append(attrs, slog.String("op", e.Op))
+	}
+	if e.Collection != "" {
+		attrs = append(attrs, slog.String("db", e.Database), slog.String("collection", e.Collection))
+	}
+	if e.ID != nil {
+		attrs = append(attrs, slog.Any("id", e.ID))
+	}
+	switch e.Kind {
+	case OpEnd:
+		attrs = append(attrs, slog.String("outcome", string(e.Outcome)), slog.Duration("elapsed", e.Elapsed))
+		if e.Attempt > 0 {
+			attrs = append(attrs, slog.Int("attempts", e.Attempt))
+		}
+	case Conflict:
+		attrs = append(attrs, slog.Int64("expected", e.Expected), slog.Int64("current", e.Current))
+	case Retry:
+		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Duration("delay", e.Delay))
+	case BudgetRefused:
+		attrs = append(attrs, slog.Int("attempt", e.Attempt))
+	case Settled:
+		attrs = append(attrs, slog.String("settlement", e.Settlement.String()))
+	case LeaseAcquired, LeaseRenewed, LeaseRenewFailed, LeaseLost, LeaseReleased:
+		attrs = append(attrs, slog.Int64("epoch", e.Epoch), slog.String("owner", e.Owner))
+		switch e.Kind {
+		case LeaseAcquired:
+			attrs = append(attrs, slog.Duration("wait", e.Wait))
+		case LeaseRenewed:
+			attrs = append(attrs, slog.Duration("time_left", e.TimeLeft))
+		case LeaseLost:
+			attrs = append(attrs, slog.String("reason", e.Reason), slog.Duration("held", e.Held))
+			if e.Holder != "" {
+				attrs = append(attrs, slog.String("holder", e.Holder))
+			}
+		case LeaseReleased:
+			attrs = append(attrs, slog.Duration("held", e.Held))
+		default:
+		}
+	case LeaseHeld:
+		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
+	case ClockSync:
+		attrs = append(attrs, slog.Duration("bound", e.Bound), slog.Duration("rtt", e.RTT))
+	default:
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.Any("err", e.Err))
+	}
+	msg := "mongocas"
+	if e.Kind > 0 && e.Kind < kindEnd {
+		msg = slogMessages[e.Kind]
+	}
+	s.l.LogAttrs(ctx, level, msg, attrs...)
+}

@@ -1,0 +1,73 @@
+// Package otelmongocas reports what mongocas does to OpenTelemetry: a span
+// per operation, with the database semantic conventions, and metrics of
+// conflicts, retries, ambiguous writes and leases. It is an
+// [observe.Observer]; give it to the repositories and lease managers to
+// watch:
+//
+//	obs, err := otelmongocas.New(nil) // the global TracerProvider and MeterProvider
+//	...
+//	repo, err := versioned.New[Account](coll, &versioned.Options{Observer: obs})
+//	leases, err := lease.New(users, &lease.Options{TTL: 30 * time.Second, Observer: obs})
+//
+// To log as well, join it with the slog Observer:
+// observe.Join(obs, observe.Slog(logger)).
+//
+// This package is a module of its own, github.com/mongocas/mongocas/otelmongocas,
+// so that the library module depends on the driver and backoff only; this one
+// adds go.opentelemetry.io/otel, its metric and trace APIs, and nothing else
+// (the SDK is the application's choice).
+//
+// # Spans
+//
+// Each operation (versioned: insert, get, update, delete, modify, guarded;
+// lease: acquire, try_acquire, do, renew, release) is one span of kind
+// client, a child of the span in the caller's context, named "<operation>
+// <collection>" ("modify accounts"), with db.system.name "mongodb",
+// db.namespace (the database), db.collection.name and db.operation.name (the
+// operation). The operation runs in the span's context, so the driver's
+// own spans, if it is instrumented, are its children, and a lease.Do span is
+// the parent of its release and renewals and of the work done under the
+// lease. At its end the span gets mongocas.outcome, error.type (the outcome,
+// unless "ok"), mongocas.attempts for Modify, and, for an outcome that
+// failed (observe.Outcome.Failed: not a conflict, a missing document, a
+// failed condition, a duplicate, a held lease or bad input), the error and
+// an error status. Conflicts, retries, refused retries, ambiguous writes and
+// their settlement, clock syncs and the lease events are span events.
+//
+// # Metrics
+//
+// Their attributes are db.system.name, db.namespace, db.collection.name and
+// db.operation.name of the operation (for a retry, the operation it retried
+// in), plus those listed:
+//
+//   - db.client.operation.duration (s, histogram), with error.type when the
+//     outcome is not "ok": the semantic-convention metric.
+//   - mongocas.conflicts ({conflict}): version conflicts.
+//   - mongocas.retries ({retry}): retries, for any cause.
+//   - mongocas.retry.budget_refusals ({retry}): retries the budget refused.
+//   - mongocas.modify.attempts ({attempt}, histogram): attempts per Modify.
+//   - mongocas.writes.ambiguous ({write}), with mongocas.settlement:
+//     ambiguous writes by how they were settled.
+//   - mongocas.unknown_outcomes ({operation}): operations that returned
+//     store.ErrUnknownOutcome.
+//   - mongocas.lease.wait.duration (s, histogram): from the call to the
+//     claim that got the lease.
+//   - mongocas.lease.hold.duration (s, histogram), with mongocas.lease.end
+//     ("released" or "lost"): from the claim to the release or the loss.
+//   - mongocas.lease.lost ({lease}), with mongocas.lease.reason: leases lost
+//     by their holder.
+//
+// Document ids and lease names are on no span or metric: they are often
+// personal data, and they would make a metric's cardinality unbounded.
+//
+// # Guarantees
+//
+//   - Every span an operation starts ends with its OpEnd, on the
+//     operation's goroutine.
+//   - The Observer is safe for concurrent use and never fails an operation.
+//
+// # Errors
+//
+// [New] fails only if the MeterProvider refuses to make an instrument (an
+// invalid name or option: a bug here, not a condition to handle).
+package otelmongocas

@@ -1,0 +1,145 @@
+package idempotency_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/idempotency"
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
+)
+
+// TestDroppedReplies: the server applies each write of a request (the
+// record's creation, the claim, the start of the run, a checkpoint, the
+// result, the release) but its reply is lost. Each is settled by re-reading
+// the record: the function runs exactly once, its one checkpoint is recorded
+// once, its result is stored and the claim released, and the retry gets the
+// replay.
+func TestDroppedReplies(t *testing.T) { eachMode(t, testDroppedReplies) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testDroppedReplies(t *testing.T, mode lease.Mode) {
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	ctx := context.Background()
+	k := b.keys(t, f.Collection(b.coll.Name()), "a", &idempotency.Options{TTL: time.Minute, Mode: mode, Clock: b.clock})
+	for _, kind := range []string{"open", "claim", "begin", "checkpoint", "complete", "release"} {
+		t.Run(kind, func(t *testing.T) {
+			key := "dropped-" + kind
+			fault := f.DropNextReply(writeOf(b.coll.Name(), kind))
+			runs := 0
+			fn := func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+				runs++
+				if err := c.Checkpoint(ctx, "half", []byte(kind)); err != nil {
+					return idempotency.Result{}, err
+				}
+				return idempotency.Result{Status: 201, Body: []byte("done " + kind)}, nil
+			}
+			res, err := k.Do(ctx, key, []byte("fp"), fn)
+			require.True(t, fault.HasFired(), "the %s reply was dropped", kind)
+			require.NoError(t, err)
+			require.Equal(t, 1, runs)
+			require.False(t, res.Replayed)
+			requireDone(t, b, key, "done "+kind)
+
+			again, err := k.Do(ctx, key, []byte("fp"), fn)
+			require.NoError(t, err)
+			require.True(t, again.Replayed)
+			require.Equal(t, "done "+kind, string(again.Body))
+			require.Equal(t, 1, runs)
+		})
+	}
+
+	t.Run("complete not applied, late copy", func(t *testing.T) {
+		// The result write never reaches the server; the client gets a
+		// network error, re-reads, finds no result and sends it again. The
+		// first copy arrives afterwards and changes nothing.
+		held := f.HoldNext(writeOf(b.coll.Name(), "complete"))
+		runs := 0
+		res, err := k.Do(ctx, "held-complete", nil, func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+			runs++
+			return idempotency.Result{Status: 200, Body: []byte("once")}, nil
+		})
+		require.NoError(t, err)
+		require.True(t, held.HasFired())
+		require.Equal(t, 1, runs)
+		require.Equal(t, "once", string(res.Body))
+		reply, err := held.Deliver(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 0, reply.Lookup("n").AsInt64(), "the late copy matched nothing: %v", reply)
+		requireDone(t, b, "held-complete", "once")
+	})
+
+	t.Run("complete with a write concern error", func(t *testing.T) {
+		wce := f.WriteConcernErrorNext(writeOf(b.coll.Name(), "complete"), mongotest.WriteConcernTimeout())
+		res, err := k.Do(ctx, "wce-complete", nil, func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+			return idempotency.Result{Status: 200, Body: []byte("wce")}, nil
+		})
+		require.True(t, wce.HasFired())
+		require.NoError(t, err, "settled by the re-read")
+		require.Equal(t, "wce", string(res.Body))
+		requireDone(t, b, "wce-complete", "wce")
+	})
+
+	t.Run("complete unsettled", func(t *testing.T) {
+		// The result's reply is lost and the re-read fails too: Do says the
+		// outcome is unknown, never guesses; the retry finds the result
+		// and replays it without running the function again.
+		var dropped, unread *mongotest.Fault
+		runs := 0
+		fn := func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+			runs++
+			dropped = f.DropNextReply(writeOf(b.coll.Name(), "complete"))
+			unread = f.ErrorBeforeApply(mongotest.Commands([]string{"find"}, b.coll.Name()), mongotest.ServerError{Code: 6, CodeName: "HostUnreachable"})
+			return idempotency.Result{Status: 200, Body: []byte("unsettled")}, nil
+		}
+		res, err := k.Do(ctx, "unsettled-complete", nil, fn)
+		require.True(t, dropped.HasFired())
+		require.True(t, unread.HasFired())
+		require.ErrorIs(t, err, idempotency.ErrUnknownOutcome)
+		var unknown *idempotency.UnknownOutcomeError
+		require.ErrorAs(t, err, &unknown)
+		require.Equal(t, "complete", unknown.Op)
+		require.Equal(t, "unsettled", string(res.Body), "the function's result, returned with the error")
+
+		again, err := k.Do(ctx, "unsettled-complete", nil, fn)
+		require.NoError(t, err)
+		require.True(t, again.Replayed)
+		require.Equal(t, "unsettled", string(again.Body))
+		require.Equal(t, 1, runs)
+	})
+
+	t.Run("release unsettled", func(t *testing.T) {
+		// The result is stored; the release's reply is lost and the
+		// re-read fails: the result stands, and is replayed.
+		var dropped *mongotest.Fault
+		fn := func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+			dropped = f.DropNextReply(writeOf(b.coll.Name(), "release"))
+			f.ErrorBeforeApply(mongotest.Commands([]string{"find"}, b.coll.Name()), mongotest.ServerError{Code: 6, CodeName: "HostUnreachable"})
+			return idempotency.Result{Status: 200, Body: []byte("kept")}, nil
+		}
+		res, err := k.Do(ctx, "unsettled-release", nil, fn)
+		require.True(t, dropped.HasFired())
+		require.NoError(t, err)
+		require.Equal(t, "kept", string(res.Body))
+		again, err := k.Do(ctx, "unsettled-release", nil, fn)
+		require.NoError(t, err)
+		require.True(t, again.Replayed)
+	})
+}
+
+// requireDone checks a key's record: its result, one checkpoint at most,
+// one attempt, the claim released.
+func requireDone(t *testing.T, b *bundle, key, body string) {
+	t.Helper()
+	rec := load(t, b.coll, key)
+	require.NotNil(t, rec.Result)
+	require.Equal(t, body, string(rec.Result.Body))
+	require.Equal(t, rec.Epoch, rec.Result.Epoch)
+	require.Equal(t, 1, rec.Attempts)
+	require.LessOrEqual(t, len(rec.Points), 1)
+	require.Empty(t, rec.Lease.Owner, "released")
+}

@@ -1,0 +1,58 @@
+package versioned_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// TestConflictCostsOneRoundTrip: a Modify whose write meets a conflict (the
+// document changed after it read it) retries. Where the server runs update
+// pipelines (DocumentDB, MongoDB), the write is a findOneAndUpdate that
+// returns the current document when it does not apply, so the retry sends
+// no read: one find and two findAndModify in all. Elsewhere (the embedded
+// FerretDB v1) it falls back to updateOne and reads again: two finds and
+// two updates. Either way the result is exact.
+func TestConflictCostsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	_, b := setup[account](t, nil)
+	counter := &commandCounter{n: map[string]int{}}
+	repo, err := versioned.New[account](client(t, b, counter), nil)
+	require.NoError(t, err)
+	other, err := versioned.New[account](client(t, b, nil), nil)
+	require.NoError(t, err)
+	doc := &account{ID: "a", Balance: 10}
+	require.NoError(t, other.Insert(b.ctx, doc))
+	// Learn whether the server runs update pipelines outside the count.
+	_, err = repo.Modify(b.ctx, "a", func(a *account) error { a.Balance++; return nil })
+	require.NoError(t, err)
+	base := counter.snapshot()
+
+	calls := 0
+	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
+		calls++
+		if calls == 1 {
+			// Another process writes between the read and the write.
+			_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
+			require.NoError(t, err)
+		}
+		a.Balance *= 2
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, calls)
+	require.Equal(t, int64((11+100)*2), got.Balance)
+	require.Equal(t, doc.Version+3, got.Version)
+	sent := counter.since(base)
+	if b.db.Server.Caps.UpdatePipelines {
+		require.Equal(t, map[string]int{"find": 1, "findAndModify": 2}, sent, "the conflict returned the document: no second read")
+	} else {
+		require.Equal(t, map[string]int{"find": 2, "update": 2}, sent, "without update pipelines: read, write, read again, write")
+	}
+	stored, err := repo.Get(b.ctx, "a")
+	require.NoError(t, err)
+	require.Equal(t, got.Balance, stored.Balance)
+}

@@ -1,0 +1,255 @@
+package versioned
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/store"
+)
+
+// casOut is the outcome of a combined write.
+type casOut struct {
+	outcome
+	// current is the document the write found instead of the version it
+	// expected, when its reply carried it (the write did not apply).
+	current *docState
+}
+
+// casBatch sends the write of a batch made against read, the document as
+// read: the field changes, the version raised by k = len(wids) (one per
+// combined change), and the list of write ids $set to its last WriteIDs-k
+// entries and wids, filtered on the id (and shard key), the version and
+// incarnation read, and the guards. See exec for what happens when it fails
+// ambiguously (to are the contexts its events go to: see write.to).
+func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []string, to []context.Context, cfg *writeConfig) (casOut, error) {
+	k := int64(len(wids))
+	base := read.version
+	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
+	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
+	filter = withGuards(filter, cfg.guards)
+	set = append(set,
+		bson.E{Key: r.opts.VersionField, Value: base + k},
+		bson.E{Key: r.idsPath(), Value: exactIDsN(read, wids)})
+	update := bson.D{{Key: "$set", Value: set}}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	// Where the server runs update pipelines, the same write as one
+	// findOneAndUpdate filtered on the id (and shard key) alone, whose
+	// pipeline applies the change only if the version and incarnation are
+	// the ones read, and which returns the document either way: a conflict
+	// then costs one round trip, since the next attempt starts from the
+	// document it returned.
+	var pipe mongo.Pipeline
+	usePipe := len(cfg.guards) == 0 && r.usePipelines(ctx)
+	if usePipe {
+		pipe = r.casPipeline(read, set, unset)
+	}
+	w.send = func(ctx context.Context) (sent, error) {
+		if usePipe && r.lines.pipes.Load() == pipesYes {
+			s, ok, err := r.sendPipeline(ctx, op, id, key, read, pipe, w.wid)
+			if ok {
+				return s, err
+			}
+		}
+		res, err := r.coll.UpdateOne(ctx, filter, update)
+		if err != nil {
+			return sent{}, err
+		}
+		return sent{matched: res.MatchedCount == 1}, nil
+	}
+	w.judge = judgeSpan(w, read.inc, true, k)
+	out, err := r.exec(ctx, r.policy(cfg), w)
+	if err != nil {
+		return casOut{outcome: out}, r.dupOr(op, id, err)
+	}
+	ck := cacheKey(key)
+	if out.landed {
+		inc := read.inc
+		if out.reread != nil {
+			inc = out.reread.inc
+		}
+		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid})
+		return casOut{outcome: out}, nil
+	}
+	var cur *docState
+	if out.after != nil {
+		if cur, err = r.readState(op, id, out.after); err != nil {
+			return casOut{outcome: out}, err
+		}
+		r.cache.observe(ck, cur)
+	}
+	return casOut{outcome: out, current: cur}, nil
+}
+
+// afterOpts returns the document after a findOneAndUpdate.
+var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
+
+// sendPipeline sends the pipeline form of a CAS write whose last write id is
+// wid. It reports ok false, having changed nothing, when the server cannot
+// run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
+// without applying a change whose condition held. The repository then sends
+// the updateOne form from now on.
+func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid string) (s sent, ok bool, err error) {
+	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return sent{}, true, nil // gone: the next read says so
+	case err != nil && refusesPipeline(err):
+		r.lines.pipes.Store(pipesNo)
+		return sent{}, false, nil
+	case err != nil:
+		return sent{}, true, err
+	}
+	st, err := r.readState(op, id, raw)
+	switch {
+	case err != nil:
+		return sent{}, true, err
+	case st.has(wid):
+		return sent{matched: true, after: raw}, true, nil
+	case st.version == read.version && st.inc == read.inc:
+		// The condition held, yet nothing changed: this server does not
+		// run the pipeline as MongoDB does. Do without it.
+		r.lines.pipes.Store(pipesNo)
+		return sent{}, false, nil
+	}
+	return sent{after: raw}, true, nil
+}
+
+// usePipelines reports whether the CAS write may take its pipeline form.
+// The first write through a client to a collection asks the server's
+// buildInfo once: FerretDB v1 (which names its ferretdbVersion there) has
+// no update pipelines, so its writes never try one (a refused attempt would
+// cost a round trip). Other servers try, and a refusal (or a pipeline run
+// wrongly) turns the pipeline form off for good. If buildInfo fails, this
+// write does without, and a later one asks again.
+func (r *Repo[T]) usePipelines(ctx context.Context) bool {
+	switch r.lines.pipes.Load() {
+	case pipesYes:
+		return true
+	case pipesNo:
+		return false
+	}
+	if mongo.SessionFromContext(ctx) != nil {
+		ctx = mongo.NewSessionContext(ctx, nil) // never inside the caller's transaction
+	}
+	admin := r.coll.Database().Client().Database("admin")
+	raw, err := admin.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Raw()
+	if err != nil {
+		return false
+	}
+	if _, err := raw.LookupErr("ferretdbVersion"); err == nil {
+		r.lines.pipes.CompareAndSwap(pipesUnknown, pipesNo)
+		return false
+	}
+	r.lines.pipes.CompareAndSwap(pipesUnknown, pipesYes)
+	return r.lines.pipes.Load() == pipesYes
+}
+
+// Error codes of a server that refuses an update pipeline.
+const (
+	codeFailedToParse  = 9
+	codeNotImplemented = 238
+)
+
+// refusesPipeline reports whether err is a server's refusal of an update
+// pipeline as such (a command it did not run), not a failure of the write.
+func refusesPipeline(err error) bool {
+	var se mongo.ServerError
+	if !errors.As(err, &se) || store.IsAmbiguous(err) {
+		return false
+	}
+	return se.HasErrorCode(codeNotImplemented) || se.HasErrorCode(codeFailedToParse)
+}
+
+// casPipeline is the update pipeline of a CAS write against read: each
+// field of set (a literal) and unset ($$REMOVE), the version and the list
+// of write ids take their new value if the version and incarnation are
+// still read's, and keep their own otherwise. set already holds the
+// version and the list of write ids.
+func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline {
+	ver := bson.D{{Key: "$eq", Value: bson.A{"$" + r.opts.VersionField, read.version}}}
+	if read.version == 0 {
+		// Version 0 is also a document without a version field.
+		ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + r.opts.VersionField, int64(0)}}}, int64(0)}}}
+	}
+	incPath := "$" + r.opts.MetaField + "." + metaInc
+	inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
+	if read.inc == "" {
+		inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
+	}
+	cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
+	fields := make(bson.D, 0, len(set)+len(unset))
+	for _, e := range set {
+		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
+			cond, bson.D{{Key: "$literal", Value: e.Value}}, "$" + e.Key,
+		}}}})
+	}
+	for _, e := range unset {
+		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
+			cond, "$$REMOVE", "$" + e.Key,
+		}}}})
+	}
+	return mongo.Pipeline{{{Key: "$set", Value: fields}}}
+}
+
+// judgeSpan judges a write filtered on version == w.base (and, if
+// incKnown, incarnation inc) that makes k versions at once (a combined
+// write: k = 1 for any other) and appends k write ids, the last of them
+// w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
+// stays listed while the document is less than n versions (its number of
+// ids) past base+k-1. See judgeCAS, and DESIGN.md, "Combining".
+func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (verdict, string) {
+	return func(st *docState) (verdict, string) {
+		switch {
+		case st == nil:
+			return unknown, whyGone
+		case st.has(w.wid):
+			return landed, ""
+		case incKnown && st.inc != inc:
+			return unknown, whyOther
+		case st.version == w.base:
+			return live, ""
+		case st.version > w.base && st.version-w.base-(k-1) <= st.nids():
+			return dead, ""
+		case st.version > w.base:
+			return unknown, whyFar
+		}
+		return unknown, whyUnrelated
+	}
+}
+
+// exactIDsN is the list of write ids after a write that appends wids to
+// the document st as read: its last WriteIDs-len(wids) entries and wids, as
+// a BSON array. exactIDs is exactIDsN of one id.
+func exactIDsN(st *docState, wids []string) bson.RawValue {
+	k := int64(len(wids))
+	skip := max(st.nids()-(WriteIDs-k), 0)
+	buf := make([]byte, 4, 5+WriteIDs*(len(wids[0])+9))
+	i := 0
+	for it := st.iter(); ; {
+		id, ok := it.next()
+		if !ok {
+			break
+		}
+		if skip > 0 {
+			skip--
+			continue
+		}
+		buf = appendIDElement(buf, i, id)
+		i++
+	}
+	for _, wid := range wids {
+		buf = appendIDElement(buf, i, []byte(wid))
+		i++
+	}
+	buf = append(buf, 0)
+	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
+
+	return bson.RawValue{Type: bson.TypeArray, Value: buf}
+}

@@ -1,0 +1,148 @@
+package versioned
+
+import (
+	"bytes"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+)
+
+// stateWith returns a document at version ver carrying the given write ids.
+func stateWith(t *testing.T, ver int64, inc string, ids ...string) *docState {
+	t.Helper()
+	a := make(bson.A, 0, len(ids))
+	for _, id := range ids {
+		a = append(a, id)
+	}
+	raw, err := bson.Marshal(bson.D{{Key: "_mc", Value: bson.D{{Key: "inc", Value: inc}, {Key: "ids", Value: a}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arr, _ := bson.Raw(raw).Lookup("_mc", "ids").ArrayOK()
+	return &docState{raw: raw, version: ver, inc: inc, ids: arr}
+}
+
+func idsOf(t *testing.T, v bson.RawValue) []string {
+	t.Helper()
+	vals, err := v.Array().Values()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(vals))
+	for i, x := range vals {
+		out[i] = x.StringValue()
+	}
+	return out
+}
+
+// TestExactIDsN: a write appending k ids keeps the last WriteIDs-k ids read,
+// so the list never holds more than WriteIDs.
+func TestExactIDsN(t *testing.T) {
+	read := make([]string, 0, WriteIDs)
+	for i := range WriteIDs {
+		read = append(read, "r"+string(rune('A'+i)))
+	}
+	for _, tc := range []struct{ have, k int }{{0, 1}, {3, 2}, {WriteIDs - 1, 1}, {WriteIDs, 1}, {WriteIDs, maxBatch}, {5, maxBatch}} {
+		st := stateWith(t, 10, "i", read[:tc.have]...)
+		wids := make([]string, 0, tc.k)
+		for j := range tc.k {
+			wids = append(wids, "w"+string(rune('a'+j)))
+		}
+		got := idsOf(t, exactIDsN(st, wids))
+		keep := min(tc.have, WriteIDs-tc.k)
+		want := append(append([]string{}, read[tc.have-keep:tc.have]...), wids...)
+		if len(got) != len(want) {
+			t.Fatalf("have %d, k %d: got %d ids %v, want %v", tc.have, tc.k, len(got), got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("have %d, k %d: got %v, want %v", tc.have, tc.k, got, want)
+			}
+		}
+		if one := idsOf(t, exactIDs(st, wids[0])); tc.k == 1 && len(one) != len(got) {
+			t.Fatalf("exactIDs and exactIDsN of one id differ: %v, %v", one, got)
+		}
+	}
+}
+
+// TestJudgeSpan: a combined write of k changes against version b, whose last
+// id is w, judged from a re-read.
+func TestJudgeSpan(t *testing.T) {
+	const b, k = 100, 3
+	w := &write{wid: "w3", base: b}
+	judge := judgeSpan(w, "i", true, k)
+	full := func(ver int64, last ...string) *docState {
+		ids := make([]string, 0, 8)
+		for i := range 8 - len(last) {
+			ids = append(ids, "x"+string(rune('a'+i)))
+		}
+		return stateWith(t, ver, "i", append(ids, last...)...)
+	}
+	for _, tc := range []struct {
+		name string
+		st   *docState
+		want verdict
+	}{
+		{"gone", nil, unknown},
+		{"landed", full(b+k, "w1", "w2", "w3"), landed},
+		{"landed, then more writes", full(b+k+2, "w1", "w2", "w3", "y1", "y2"), landed},
+		{"other incarnation", stateWith(t, b, "j"), unknown},
+		{"not yet", full(b), live},
+		{"another write won", full(b + 1), dead},
+		{"another write won, k-1 later", full(b + k - 1), dead},
+		// Had it landed, w3 (version b+k) would be among the last 8 ids
+		// while the version is at most b+k-1+8.
+		{"still covered", full(b + k - 1 + 8), dead},
+		{"too far", full(b + k + 8), unknown},
+		{"behind", full(b - 1), unknown},
+	} {
+		if got, _ := judge(tc.st); got != tc.want {
+			t.Errorf("%s: got verdict %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestPushIDEncoding: the $push document built by hand is the one the
+// driver marshals.
+func TestPushIDEncoding(t *testing.T) {
+	for _, path := range []string{"_mc.ids", "meta.ids"} {
+		want, err := bson.Marshal(bson.D{{Key: path, Value: bson.D{
+			{Key: "$each", Value: bson.A{"WID"}},
+			{Key: "$slice", Value: int32(-WriteIDs)},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pushID(path, "WID"); !bytes.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, bson.Raw(want))
+		}
+	}
+	if metaPath("meta", metaIDs) != "meta.ids" || metaPath(DefaultMetaField, metaH) != "_mc.h" {
+		t.Fatal("metaPath")
+	}
+}
+
+// TestAnchorAndWithMetaEncoding: the filter clause and the inserted
+// metadata built by hand are the ones the driver marshals.
+func TestAnchorAndWithMetaEncoding(t *testing.T) {
+	want, err := bson.Marshal(bson.D{{Key: "$eq", Value: "A"}, {Key: "$ne", Value: "W"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := anchorClause("A", "W"); !bytes.Equal(got, want) {
+		t.Fatalf("anchor: got %v, want %v", got, bson.Raw(want))
+	}
+	doc, err := bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err = bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}, {Key: "_mc", Value: bson.D{
+		{Key: metaInc, Value: "W"}, {Key: metaH, Value: int32(WriteIDs)}, {Key: metaIDs, Value: bson.A{"W"}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := withMeta(doc, "_mc", "W"); !bytes.Equal(got, want) {
+		t.Fatalf("withMeta: got %v, want %v", got, bson.Raw(want))
+	}
+}
