@@ -29,21 +29,35 @@ func spend(a *account, c credit) error {
 	return nil
 }
 
-// TestModifyOrEnqueueUnderAConflictStorm: 16 goroutines change one account
-// at once through a repository that gives up after 2 attempts. Calls whose
-// retries run out are queued and applied later, exactly once; the final
-// balance is the sum of every accepted change.
+// TestModifyOrEnqueueUnderAConflictStorm: 16 goroutines in 4 processes
+// (4 clients: versioned lines up the calls of one process, so conflicts
+// come from the others) change one account at once through repositories
+// that give up after 2 attempts. Calls whose retries run out are queued and
+// applied later, exactly once; the final balance is the sum of every
+// accepted change.
 func TestModifyOrEnqueueUnderAConflictStorm(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	impatient, err := versioned.New[account](b.db.Collection("accounts"), &versioned.Options{
-		Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond},
-	})
-	require.NoError(t, err)
-	q := b.queue(t, nil, nil)
-	change, err := deferred.NewChange(q, "spend", impatient, spend)
-	require.NoError(t, err)
-	require.NoError(t, impatient.Insert(b.ctx, &account{ID: "ana", Balance: 1000}))
+	const processes = 4
+	changes := make([]*deferred.Change[account, credit], processes)
+	var q *deferred.Queue
+	for i := range changes {
+		db := b.db.Database
+		if i > 0 {
+			db = b.db.Faulty(t, nil).Database
+		}
+		impatient, err := versioned.New[account](db.Collection("accounts"), &versioned.Options{
+			Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond},
+		})
+		require.NoError(t, err)
+		pq := b.queue(t, db, nil)
+		changes[i], err = deferred.NewChange(pq, "spend", impatient, spend)
+		require.NoError(t, err)
+		if i == 0 {
+			q = pq
+			require.NoError(t, impatient.Insert(b.ctx, &account{ID: "ana", Balance: 1000}))
+		}
+	}
 
 	const workers, each = 16, 10
 	var now, queued, failed atomic.Int64
@@ -58,7 +72,7 @@ func TestModifyOrEnqueueUnderAConflictStorm(t *testing.T) {
 				if i%3 == 0 {
 					amount = -amount
 				}
-				res, err := change.ModifyOrEnqueue(b.ctx, "ana", credit{Amount: amount})
+				res, err := changes[w%processes].ModifyOrEnqueue(b.ctx, "ana", credit{Amount: amount})
 				switch {
 				case errors.Is(err, errInsufficient):
 					failed.Add(1)
