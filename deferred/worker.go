@@ -116,7 +116,9 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	if free <= 0 {
 		return 0, nil
 	}
-	keys, err := q.candidates(ctx, int64(2*q.c.workers+exclude))
+	// Several times more candidates than free workers, shuffled: processes
+	// that look at once mostly pick different keys.
+	keys, err := q.candidates(ctx, int64(4*q.c.workers+exclude))
 	if err != nil {
 		return 0, err
 	}
