@@ -30,7 +30,7 @@ func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
 	var job Job
 	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil
+		return nil, nil //nolint:nilnil // no job is an answer, which the callers report
 	}
 	if err != nil {
 		return nil, err
@@ -151,7 +151,8 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	case cur == nil || cur.State == stateSkipped:
 		return &NotFoundError{ID: id}
 	case cur.State == StateCancelled && err != nil:
-		return nil // a lost reply; it landed
+		return nil //nolint:nilerr // the reply was lost, and the re-read shows the job cancelled
+
 	case err != nil:
 		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	}

@@ -262,7 +262,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 // counts as made.
 func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.IndexModel) error {
 	var last error
-	for try := 0; try < 3; try++ {
+	for range 3 {
 		names, err := coll.Indexes().ListSpecifications(ctx)
 		var se mongo.ServerError
 		if errors.As(err, &se) && se.HasErrorCode(26) { // NamespaceNotFound: no collection yet

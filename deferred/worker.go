@@ -381,7 +381,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			job.q = q
 			return &job, nil
 		case errors.Is(err, mongo.ErrNoDocuments):
-			return nil, nil
+			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
 		case !store.IsAmbiguous(err) || try >= 3:
 			return nil, err
 		}
@@ -475,19 +475,23 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	var push bson.D
 	inc := bson.D{}
 	var runAt time.Time
+	var to State
 	switch {
 	case o.snoozed:
-		runAt = now.Add(o.snooze)
-		set = bson.D{{Key: "state", Value: StateAvailable}, {Key: "runAt", Value: runAt}}
+		to, runAt = StateAvailable, now.Add(o.snooze)
+		set = bson.D{{Key: "runAt", Value: runAt}}
 		inc = bson.D{{Key: "attempt", Value: -1}, {Key: "snoozes", Value: 1}}
 	case o.err == nil:
-		set = bson.D{{Key: "state", Value: StateCompleted}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)}}
+		to = StateCompleted
+		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)}}
 	case o.dead:
-		set = bson.D{{Key: "state", Value: StateDead}, {Key: "finished", Value: now}}
+		to = StateDead
+		set = bson.D{{Key: "finished", Value: now}}
 	default:
-		runAt = now.Add(q.delay(job.Attempt))
-		set = bson.D{{Key: "state", Value: StateRetryable}, {Key: "runAt", Value: runAt}}
+		to, runAt = StateRetryable, now.Add(q.delay(job.Attempt))
+		set = bson.D{{Key: "runAt", Value: runAt}}
 	}
+	set = append(bson.D{{Key: "state", Value: to}}, set...)
 	if o.err != nil {
 		push = bson.D{{Key: "errors", Value: attemptError(job.Attempt, now, o.err)}}
 	}
@@ -498,7 +502,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	if len(inc) > 0 {
 		update = append(update, bson.E{Key: "$inc", Value: inc})
 	}
-	ok, err := c.updateJob(ctx, job, update, set[0].Value.(State))
+	ok, err := c.updateJob(ctx, job, update, to)
 	cancel()
 	if err != nil || !ok {
 		if err != nil {

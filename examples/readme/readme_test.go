@@ -343,7 +343,7 @@ func TestServeSpend(t *testing.T) {
 
 	rec := serve("ana", 10)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-	require.Contains(t, rec.Body.String(), `"Balance":90`)
+	require.JSONEq(t, `{"id":"ana","balance":90}`, rec.Body.String())
 
 	// Another instance spends 5 between this one's read and its write.
 	writes := mongotest.Writes("wallets")

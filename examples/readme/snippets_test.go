@@ -257,7 +257,13 @@ func ServeSpend(w http.ResponseWriter, r *http.Request, spend *deferred.Change[W
 		w.WriteHeader(http.StatusAccepted)
 	default:
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(res.Doc)
+		err := json.NewEncoder(w).Encode(struct {
+			ID      string `json:"id"`
+			Balance int64  `json:"balance"`
+		}{res.Doc.ID, res.Doc.Balance})
+		if err != nil {
+			slog.WarnContext(r.Context(), "spend: write the answer", "err", err)
+		}
 	}
 }
 

@@ -28,8 +28,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
@@ -268,7 +268,7 @@ func (w *queueingWallets) Outcome(ctx context.Context, job string) error {
 }
 
 // Close stops the queue's workers.
-func (w *queueingWallets) Close() error { w.stop(); return nil }
+func (w *queueingWallets) Close() { w.stop() }
 
 // events counts what the service's repository reports; the program prints
 // the counts under its table.

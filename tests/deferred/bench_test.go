@@ -27,6 +27,7 @@ func BenchmarkWorkerPool(b *testing.B) {
 	}
 }
 
+//nolint:thelper // the body of a benchmark, run once per key count
 func benchmarkPool(b *testing.B, keys int) {
 	bb := setup(b)
 	raw := rawUpdate(b, bb)

@@ -273,7 +273,7 @@ func TestOwnConditionalWrite(t *testing.T) {
 	})
 	require.NoError(t, err)
 	fault := b.f.ErrorAfterApply(mongotest.Writes("counters"), mongotest.NotWritablePrimary())
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 3)
 	for range 3 {
 		id, err := k.Enqueue(b.ctx, "c", 2)
 		require.NoError(t, err)

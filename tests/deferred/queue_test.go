@@ -35,7 +35,7 @@ func TestEnqueueAndRun(t *testing.T) {
 	q := b.queue(t, nil, nil)
 	credits := creditHandler(t, b, q)
 	b.insert(t, "ana", "bob")
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 10)
 	for i := range int64(5) {
 		for _, who := range []string{"ana", "bob"} {
 			id, err := credits.Enqueue(b.ctx, who, credit{Amount: 10 * (i + 1), Index: i + 1})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -303,8 +304,12 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 		if job == "" || outcomes[i] != nil {
 			continue
 		}
+		d, ok := svcs[i%len(svcs)].(Deferring)
+		if !ok {
+			continue
+		}
 		res.Queued++
-		outcomes[i] = svcs[i%len(svcs)].(Deferring).Outcome(ctx, job)
+		outcomes[i] = d.Outcome(ctx, job)
 		switch {
 		case outcomes[i] == nil:
 			res.QueuedApplied++
@@ -383,14 +388,14 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 
 // openInstances opens s's service on coll, or, for s.Instances > 1, that
 // many services, each on the same collection through a client of its own
-// connected to uri. The function returned closes the services that are
-// io.Closers (a queue's workers) and disconnects the clients.
+// connected to uri. The function returned closes the services that have a
+// Close method (a queue's workers) and disconnects the clients.
 func openInstances(ctx context.Context, db *mongo.Database, coll *mongo.Collection, s WalletStrategy, uri string) ([]Wallets, func(), error) {
 	var svcs []Wallets
 	var closers []func()
 	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
+		for _, c := range slices.Backward(closers) {
+			c()
 		}
 	}
 	open := func(c *mongo.Collection) error {
@@ -399,8 +404,8 @@ func openInstances(ctx context.Context, db *mongo.Database, coll *mongo.Collecti
 			return err
 		}
 		svcs = append(svcs, svc)
-		if cl, ok := svc.(io.Closer); ok {
-			closers = append(closers, func() { _ = cl.Close() })
+		if cl, ok := svc.(interface{ Close() }); ok {
+			closers = append(closers, cl.Close)
 		}
 		return nil
 	}
