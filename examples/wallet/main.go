@@ -66,18 +66,17 @@ type wallets struct {
 //
 // obs sees each call, version conflict, retry and lost reply (nil: none).
 func newWallets(coll *mongo.Collection, obs observe.Observer) (*wallets, error) {
+	// Many writers share few wallets: allow more attempts than the default
+	// (10 within 2s) before giving up with ErrConflict.
+	return openWallets(coll, obs, retry.Policy{MaxAttempts: 50, MaxElapsedTime: 20 * time.Second})
+}
+
+// openWallets returns the service on coll, whose Modify retries conflicts
+// under p, counting each retry.
+func openWallets(coll *mongo.Collection, obs observe.Observer, p retry.Policy) (*wallets, error) {
 	w := &wallets{client: coll.Database().Client()}
-	repo, err := versioned.New[Wallet](coll, &versioned.Options{
-		Observer: obs,
-		Retry: retry.Policy{
-			// Many writers share few wallets: allow more attempts than the
-			// default (10 within 2s) before giving up with ErrConflict,
-			// and count each retry.
-			MaxAttempts:    50,
-			MaxElapsedTime: 20 * time.Second,
-			OnRetry:        func(retry.Attempt) { w.conflicts.Add(1) },
-		},
-	})
+	p.OnRetry = func(retry.Attempt) { w.conflicts.Add(1) }
+	repo, err := versioned.New[Wallet](coll, &versioned.Options{Observer: obs, Retry: p})
 	if err != nil {
 		return nil, err // bad options, or a Wallet that versioned cannot use
 	}
@@ -180,20 +179,12 @@ type queueingWallets struct {
 // its queue in "<wallets>_jobs", and starts the queue's workers (every
 // instance of the service runs some; Close stops them).
 func newQueueingWallets(coll *mongo.Collection, obs observe.Observer) (*queueingWallets, error) {
-	w := &queueingWallets{wallets: &wallets{client: coll.Database().Client()}}
-	repo, err := versioned.New[Wallet](coll, &versioned.Options{
-		Observer: obs,
-		// Give up quickly on a busy wallet: the queue takes it from there.
-		Retry: retry.Policy{
-			MaxAttempts:    3,
-			MaxElapsedTime: 100 * time.Millisecond,
-			OnRetry:        func(retry.Attempt) { w.conflicts.Add(1) },
-		},
-	})
+	// Give up quickly on a busy wallet: the queue takes it from there.
+	base, err := openWallets(coll, obs, retry.Policy{MaxAttempts: 3, MaxElapsedTime: 100 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
-	w.repo = repo
+	w := &queueingWallets{wallets: base}
 	w.jobs, err = deferred.New(coll.Database().Collection(coll.Name()+"_jobs"), &deferred.Options{
 		Workers:      4,
 		PollInterval: 50 * time.Millisecond, // other instances' changes: look often
@@ -203,7 +194,7 @@ func newQueueingWallets(coll *mongo.Collection, obs observe.Observer) (*queueing
 	}
 	// The change, by name: the same function runs now (through Modify) or
 	// later (through the queue, fenced so that it applies once).
-	w.change, err = deferred.NewChange(w.jobs, "wallet.change", repo, func(wl *Wallet, delta int64) error {
+	w.change, err = deferred.NewChange(w.jobs, "wallet.change", base.repo, func(wl *Wallet, delta int64) error {
 		if wl.Balance+delta < 0 {
 			// Now: returned to the caller. Queued: the job is dead at once
 			// (retry.Permanent), not retried.
