@@ -94,6 +94,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		case job.State != StateDead && job.State != StateCancelled:
 			return &StateError{Op: "requeue", ID: id, State: job.State}
 		}
+		reserved := time.Now()
 		seq, err := q.reserve(ctx, job.Key, inTransaction(ctx))
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
@@ -114,8 +115,29 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
 		}
 		if res.MatchedCount == 1 {
-			q.notify()
-			return nil
+			late := false
+			if time.Since(reserved) >= q.c.holeTimeout/2 {
+				// As for a slow enqueue: the number may have been skipped.
+				// Then put the job back as it was, and requeue it again.
+				late, err = q.passed(ctx, job.Key, seq)
+				if err == nil && late {
+					late, err = q.takeBack(ctx, id, seq, bson.D{{Key: "$set", Value: bson.D{
+						{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt},
+						{Key: "finished", Value: job.FinishedAt},
+					}}})
+				}
+				if err != nil {
+					return fmt.Errorf("deferred: requeue job %s: check a slow update: %w", id.Hex(), err)
+				}
+			}
+			if !late {
+				q.notify()
+				return nil
+			}
+			if try >= 3 {
+				return fmt.Errorf("deferred: requeue job %s: its new place on the key was skipped each time (Options.HoleTimeout too short?)", id.Hex())
+			}
+			continue
 		}
 		// Changed meanwhile (requeued or cancelled by someone else): give
 		// the number up and look again.

@@ -431,6 +431,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 	id := bson.NewObjectID()
 	inTx := inTransaction(ctx)
 	for try := 1; ; try++ {
+		reserved := time.Now()
 		seq, err := q.reserve(ctx, raw, inTx)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
@@ -447,15 +448,65 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 				q.abandon(ctx, raw, seq)
 			}
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
+		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
+			// Slow enough that the number may have been skipped, and its
+			// tombstone deleted, before the insert landed: see passed.
+			late, err := q.passed(ctx, raw, seq)
+			if err == nil && late {
+				late, err = q.takeBack(ctx, id, seq, nil)
+			}
+			if err != nil {
+				return none, fmt.Errorf("deferred: enqueue %s on key %s: check a slow insert: %w", h.name, keyText(raw), err)
+			}
+			if !late {
+				q.notify()
+				return id, nil
+			}
 		case stored:
 			q.notify()
 			return id, nil
-		case try >= maxEnqueueTries:
+		}
+		if try >= maxEnqueueTries {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: the key skipped %d numbers reserved for this job (Options.HoleTimeout too short?)", h.name, keyText(raw), try)
 		}
 		// The number was skipped (a worker wrote its tombstone) before the
 		// insert landed: no copy of this job can land with it any more.
 	}
+}
+
+// passed reports whether the head of key has moved past seq. A job that
+// just landed at seq while the head has passed it landed late: its number
+// was skipped as a hole, and the tombstone deleted (after Retention), before
+// the write that put the job there arrived, so no worker would ever run it.
+// If the job is still available at seq it landed late (a worker that moved
+// the head past it while it was there would have run it first), and the
+// caller takes it back. Only a slow write can land late: a number is skipped
+// HoleTimeout after it was found missing at the earliest.
+func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
+	kd, found, err := q.readKey(ctx, raw)
+	return err == nil && found && kd.Off+kd.Done >= seq, err
+}
+
+// takeBack applies update to the job id if it is still available at seq,
+// and reports whether it did: how a write that landed late is undone.
+func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
+	var n int64
+	err := q.resend(ctx, func() error {
+		if update == nil {
+			res, err := q.jobs.DeleteOne(ctx, filter)
+			if err == nil {
+				n = res.DeletedCount
+			}
+			return err
+		}
+		res, err := q.jobs.UpdateOne(ctx, filter, update)
+		if err == nil {
+			n = res.ModifiedCount
+		}
+		return err
+	})
+	return n == 1, err
 }
 
 // insertJob inserts doc, whose _id is id. It reports stored false, with
@@ -572,12 +623,18 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 	}
 }
 
+// tombstoneRetention is the least time a tombstone is kept.
+const tombstoneRetention = time.Hour
+
 // tombstone inserts the tombstone of seq on key.
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
 	now := q.now(ctx)
 	doc := bson.D{
 		{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
-		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
+		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
+		// Kept at least an hour: while it is there, a copy of the skipped
+		// insert still in flight cannot land behind the key's head.
+		{Key: "expireAt", Value: now.Add(max(q.c.retention, tombstoneRetention))},
 	}
 	// A tombstone is an insert with a unique (key, seq): a copy sent again
 	// after a lost reply fails on the index, which means "there".

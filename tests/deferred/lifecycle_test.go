@@ -432,3 +432,63 @@ func TestStopPutsTheJobBack(t *testing.T) {
 	require.Equal(t, deferred.StateCompleted, job.State)
 	require.Equal(t, 1, job.Attempt)
 }
+
+// TestSlowEnqueue: the reply of an enqueue's reservation is delayed past
+// HoleTimeout: the workers skip its number (a tombstone). The insert then
+// fails on the tombstone and the enqueue takes the next number; or, when the
+// tombstone is gone by then (deleted after its retention), the insert lands
+// behind the key's head, and the enqueue sees it, takes the job back and
+// enqueues it again. Either way the job runs, once.
+func TestSlowEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, gone := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tombstone there", true: "tombstone gone"}[gone], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			f := b.db.Faulty(t, nil)
+			q := b.queue(t, nil, &deferred.Options{HoleTimeout: 300 * time.Millisecond})
+			fq := b.queue(t, f.Database, &deferred.Options{HoleTimeout: 300 * time.Millisecond})
+			var order recorder
+			for _, queue := range []*deferred.Queue{q, fq} {
+				_, err := deferred.Register(queue, "seq", func(_ context.Context, _ *deferred.Job, i int) error {
+					order.add(i)
+					return nil
+				})
+				require.NoError(t, err)
+			}
+			_, err := fq.EnsureIndexes(b.ctx)
+			require.NoError(t, err)
+			run(t, q)
+			stop := f.DelayReplies(3*time.Second, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
+			defer stop()
+			type result struct {
+				id  bson.ObjectID
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				id, err := fq.Enqueue(b.ctx, "seq", "x", 1)
+				done <- result{id, err}
+			}()
+			skipped := bson.D{{Key: "state", Value: "skipped"}}
+			waitFor(t, time.Minute, "the number to be skipped", func() bool {
+				n, err := b.jobs.CountDocuments(b.ctx, skipped)
+				return err == nil && n == 1
+			})
+			if gone {
+				_, err := b.jobs.DeleteOne(b.ctx, skipped)
+				require.NoError(t, err)
+			}
+			stop() // the replies flow again
+			r := <-done
+			require.NoError(t, r.err)
+			job := wait(t, q, r.id)
+			require.Equal(t, deferred.StateCompleted, job.State)
+			require.Equal(t, []int{1}, order.list())
+			kd := struct{ Off, Tail, Done, N int64 }{}
+			require.NoError(t, b.db.Collection("jobs_keys").FindOne(b.ctx, bson.D{}).Decode(&kd))
+			require.Equal(t, kd.Off+kd.Tail, job.Seq, "the job took the next number")
+			require.Zero(t, kd.N)
+		})
+	}
+}
