@@ -5,8 +5,9 @@
 //     oversells; versioned.Guarded never does);
 //   - wallet: concurrent debits and credits on a few balances (a naive $set of
 //     the computed balance creates or destroys money; versioned.Modify keeps
-//     every balance exact), and transfers in a transaction where the server
-//     has them;
+//     every balance exact; with four instances of the service, the changes
+//     whose retries run out are queued and applied later, exactly once), and
+//     transfers in a transaction where the server has them;
 //   - identity: switching a user's primary identity at a partner identity
 //     provider, two HTTP calls that must not interleave (no lock corrupts;
 //     the lease serializes them, answers a double click with ErrHeld and

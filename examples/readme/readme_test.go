@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,10 +19,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -72,7 +76,7 @@ func readmeBlocks(t *testing.T) []string {
 func TestREADMEMatches(t *testing.T) {
 	t.Parallel()
 	want := sections(t)
-	require.Len(t, want, 7, "snippets_test.go must mark seven README sections")
+	require.Len(t, want, 8, "snippets_test.go must mark eight README sections")
 	got := readmeBlocks(t)
 	require.Len(t, got, len(want), "README.md must have one ```go block per section of snippets_test.go")
 	for i := range want {
@@ -310,4 +314,69 @@ func ExampleChargeOnce() {
 	// 201 ch_1_order-1 true <nil>
 	// true
 	// 402 <nil> 1
+}
+
+// TestServeSpend: the change applies now (200); when another instance
+// changes the wallet between Modify's read and its write and the retries
+// (one attempt here) run out, it is queued (202 with the job) and applied
+// later, once; a change the balance does not cover is 402, an unknown
+// wallet 404.
+func TestServeSpend(t *testing.T) {
+	t.Parallel()
+	db := mongotest.New(t)
+	ctx := t.Context()
+	f := db.Faulty(t, nil) // this instance's client
+	wallets, err := versioned.New[Wallet](f.Collection("wallets"), &versioned.Options{Retry: retry.Policy{MaxAttempts: 1}})
+	require.NoError(t, err)
+	other, err := versioned.New[Wallet](db.Collection("wallets"), nil) // another instance's
+	require.NoError(t, err)
+	require.NoError(t, wallets.Insert(ctx, &Wallet{ID: "ana", Balance: 100}))
+	jobs, err := deferred.New(f.Collection("jobs"), &deferred.Options{PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	spend, err := NewSpendLater(jobs, wallets)
+	require.NoError(t, err)
+	serve := func(id string, amount int64) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		ServeSpend(rec, httptest.NewRequestWithContext(ctx, http.MethodPost, "/wallets/"+id+"/spend", nil), spend, id, amount)
+		return rec
+	}
+
+	rec := serve("ana", 10)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	require.JSONEq(t, `{"id":"ana","balance":90}`, rec.Body.String())
+
+	// Another instance spends 5 between this one's read and its write.
+	writes := mongotest.Writes("wallets")
+	var once sync.Once
+	f.ErrorBeforeApply(func(c *mongotest.Command) bool {
+		if writes(c) {
+			once.Do(func() {
+				_, err := other.Modify(ctx, "ana", func(w *Wallet) error { w.Balance -= 5; return nil })
+				require.NoError(t, err)
+			})
+		}
+		return false // the write goes on, and meets the other's version
+	}, mongotest.ServerError{})
+	rec = serve("ana", 20)
+	require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+	loc := rec.Header().Get("Location")
+	require.True(t, strings.HasPrefix(loc, "/jobs/"), loc)
+	id, err := bson.ObjectIDFromHex(strings.TrimPrefix(loc, "/jobs/"))
+	require.NoError(t, err)
+
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = jobs.Run(runCtx) })
+	defer func() { stop(); wg.Wait() }()
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	job, err := jobs.Wait(waitCtx, id, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	w, err := other.Get(ctx, "ana")
+	require.NoError(t, err)
+	require.Equal(t, int64(100-10-5-20), w.Balance, "the queued change applied once")
+
+	require.Equal(t, http.StatusPaymentRequired, serve("ana", 1000).Code)
+	require.Equal(t, http.StatusNotFound, serve("bob", 1).Code)
 }

@@ -6,6 +6,7 @@ package readme_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,10 +18,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -216,6 +219,52 @@ func NewWallets(coll *mongo.Collection, logger *slog.Logger, counts *observe.Cou
 	return versioned.New[Wallet](coll, &versioned.Options{
 		Observer: observe.Join(observe.Slog(logger), counts),
 	})
+}
+
+// README end
+
+// README: deferred changes
+
+// NewSpendLater registers, once at start-up in every instance, the change
+// "wallet.spend": applied now when Modify can, and queued, then applied
+// later, exactly once, when Modify's retries run out. Start the queue's
+// workers with go jobs.Run(ctx).
+func NewSpendLater(jobs *deferred.Queue, wallets *versioned.Repo[Wallet]) (*deferred.Change[Wallet, int64], error) {
+	return deferred.NewChange(jobs, "wallet.spend", wallets, func(w *Wallet, amount int64) error {
+		if w.Balance < amount {
+			return retry.Permanent(ErrDeclined) // when queued: dead at once, not retried
+		}
+		w.Balance -= amount
+		return nil
+	})
+}
+
+// ServeSpend answers 200 with the wallet when the change applied now, and
+// 202 with the job to poll when the wallet was too busy and it was queued.
+func ServeSpend(w http.ResponseWriter, r *http.Request, spend *deferred.Change[Wallet, int64], id string, amount int64) {
+	res, err := spend.ModifyOrEnqueue(r.Context(), id, amount)
+	switch {
+	case errors.Is(err, ErrDeclined):
+		http.Error(w, "declined", http.StatusPaymentRequired)
+	case errors.Is(err, versioned.ErrNotFound):
+		http.Error(w, "no such wallet", http.StatusNotFound)
+	case errors.Is(err, deferred.ErrInvalid):
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	case err != nil:
+		http.Error(w, "try again", http.StatusServiceUnavailable)
+	case res.Queued:
+		w.Header().Set("Location", "/jobs/"+res.JobID.Hex()) // GET: deferred.Queue.Job
+		w.WriteHeader(http.StatusAccepted)
+	default:
+		w.Header().Set("Content-Type", "application/json")
+		err := json.NewEncoder(w).Encode(struct {
+			ID      string `json:"id"`
+			Balance int64  `json:"balance"`
+		}{res.Doc.ID, res.Doc.Balance})
+		if err != nil {
+			slog.WarnContext(r.Context(), "spend: write the answer", "err", err)
+		}
+	}
 }
 
 // README end

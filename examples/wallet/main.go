@@ -2,9 +2,13 @@
 // first with a naive read-compute-$set (which loses updates, creating or
 // destroying money) and then with versioned.Modify (read-modify-write under
 // a version check, conflicts retried), and prints operations, conflicts
-// retried, and expected and actual totals. Where the server has
-// transactions it also moves money between wallets in transactions; where it
-// has not, it says so and skips them.
+// retried, and expected and actual totals. Then it runs four instances of
+// the service at once, each with a client of its own, whose Modify gives up
+// quickly on a busy wallet and queues the change instead (deferred): it
+// prints how many changes applied now, were queued and applied later, or
+// failed, and the final balances match the sum of the accepted changes.
+// Where the server has transactions it also moves money between wallets in
+// transactions; where it has not, it says so and skips them.
 //
 //	go run ./examples/wallet -wallets 2 -ops 1000
 //
@@ -17,12 +21,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/examples/internal/cli"
 	"github.com/mongocas/mongocas/examples/internal/scenario"
 	"github.com/mongocas/mongocas/observe"
@@ -60,18 +66,17 @@ type wallets struct {
 //
 // obs sees each call, version conflict, retry and lost reply (nil: none).
 func newWallets(coll *mongo.Collection, obs observe.Observer) (*wallets, error) {
+	// Many writers share few wallets: allow more attempts than the default
+	// (10 within 2s) before giving up with ErrConflict.
+	return openWallets(coll, obs, retry.Policy{MaxAttempts: 50, MaxElapsedTime: 20 * time.Second})
+}
+
+// openWallets returns the service on coll, whose Modify retries conflicts
+// under p, counting each retry.
+func openWallets(coll *mongo.Collection, obs observe.Observer, p retry.Policy) (*wallets, error) {
 	w := &wallets{client: coll.Database().Client()}
-	repo, err := versioned.New[Wallet](coll, &versioned.Options{
-		Observer: obs,
-		Retry: retry.Policy{
-			// Many writers share few wallets: allow more attempts than the
-			// default (10 within 2s) before giving up with ErrConflict,
-			// and count each retry.
-			MaxAttempts:    50,
-			MaxElapsedTime: 20 * time.Second,
-			OnRetry:        func(retry.Attempt) { w.conflicts.Add(1) },
-		},
-	})
+	p.OnRetry = func(retry.Attempt) { w.conflicts.Add(1) }
+	repo, err := versioned.New[Wallet](coll, &versioned.Options{Observer: obs, Retry: p})
 	if err != nil {
 		return nil, err // bad options, or a Wallet that versioned cannot use
 	}
@@ -158,6 +163,104 @@ func (w *wallets) Transfer(ctx context.Context, from, to string, amount int64) e
 // a transfer start again.
 func (w *wallets) ConflictsRetried() int64 { return w.conflicts.Load() }
 
+// queueingWallets is the wallet service with a fallback: a change that
+// cannot be made now, because other instances of the service keep changing
+// the wallet and the retries ran out, is queued and applied later, exactly
+// once, by the queue's workers. The caller hears "accepted" (202, with the
+// job to poll) instead of "busy, try again".
+type queueingWallets struct {
+	*wallets
+	jobs   *deferred.Queue
+	change *deferred.Change[Wallet, int64]
+	stop   func() // stops the queue's workers
+}
+
+// newQueueingWallets returns the service on the wallets collection, with
+// its queue in "<wallets>_jobs", and starts the queue's workers (every
+// instance of the service runs some; Close stops them).
+func newQueueingWallets(coll *mongo.Collection, obs observe.Observer) (*queueingWallets, error) {
+	// Give up quickly on a busy wallet: the queue takes it from there.
+	base, err := openWallets(coll, obs, retry.Policy{MaxAttempts: 3, MaxElapsedTime: 100 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	w := &queueingWallets{wallets: base}
+	w.jobs, err = deferred.New(coll.Database().Collection(coll.Name()+"_jobs"), &deferred.Options{
+		Workers:      4,
+		PollInterval: 50 * time.Millisecond, // other instances' changes: look often
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The change, by name: the same function runs now (through Modify) or
+	// later (through the queue, fenced so that it applies once).
+	w.change, err = deferred.NewChange(w.jobs, "wallet.change", base.repo, func(wl *Wallet, delta int64) error {
+		if wl.Balance+delta < 0 {
+			// Now: returned to the caller. Queued: the job is dead at once
+			// (retry.Permanent), not retried.
+			return retry.Permanent(errInsufficientFunds)
+		}
+		wl.Balance += delta
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.jobs.Run(ctx) // returns when ctx ends
+	}()
+	w.stop = func() { cancel(); <-done }
+	return w, nil
+}
+
+// ChangeLater credits or debits a wallet now if it can, and queues the
+// change if the wallet is too busy: it returns the queued job's id then
+// (an HTTP service answers 202 Accepted, Location: /jobs/<id>).
+func (w *queueingWallets) ChangeLater(ctx context.Context, id string, delta int64) (job string, err error) {
+	res, err := w.change.ModifyOrEnqueue(ctx, id, delta)
+	var unknown *versioned.UnknownOutcomeError
+	switch {
+	case err == nil && res.Queued:
+		return res.JobID.Hex(), nil
+	case err == nil, errors.Is(err, errInsufficientFunds):
+		return "", err
+	case errors.As(err, &unknown):
+		// Never queued: the change may have landed.
+		return "", fmt.Errorf("change of wallet %s pending (write %s): %w", id, unknown.WriteID, err)
+	case errors.Is(err, versioned.ErrNotFound):
+		return "", fmt.Errorf("no wallet %s: %w", id, err) // a 404
+	default:
+		return "", fmt.Errorf("change of wallet %s: %w", id, err) // bad input, the queue unreachable...
+	}
+}
+
+// Outcome waits for a queued change to end (what GET /jobs/<id> polls
+// for): nil when it was applied, errInsufficientFunds when the balance did
+// not cover it when its turn came.
+func (w *queueingWallets) Outcome(ctx context.Context, job string) error {
+	id, err := bson.ObjectIDFromHex(job)
+	if err != nil {
+		return err
+	}
+	j, err := w.jobs.Wait(ctx, id, 20*time.Millisecond)
+	switch {
+	case err != nil:
+		return err
+	case j.State == deferred.StateCompleted:
+		return nil
+	case j.State == deferred.StateDead && strings.Contains(j.Errors[len(j.Errors)-1].Error, errInsufficientFunds.Error()):
+		return fmt.Errorf("queued change of wallet %s: %w", j.Key, errInsufficientFunds)
+	default:
+		return fmt.Errorf("queued change %s ended %s", job, j.State)
+	}
+}
+
+// Close stops the queue's workers.
+func (w *queueingWallets) Close() { w.stop() }
+
 // events counts what the service's repository reports; the program prints
 // the counts under its table.
 var events observe.Counters
@@ -172,7 +275,18 @@ var service = scenario.WalletStrategy{
 	Insufficient: errInsufficientFunds,
 }
 
+// fallback is the service with the queue, run as 4 instances (each with a
+// client of its own) so that their changes to the same wallets conflict:
+// one instance lines up its own calls on a wallet instead.
+var fallback = scenario.WalletStrategy{
+	Name:         "Modify, or queue when retries run out",
+	Kind:         scenario.KindMongocas,
+	Open:         func(coll *mongo.Collection) (scenario.Wallets, error) { return newQueueingWallets(coll, &events) },
+	Insufficient: errInsufficientFunds,
+	Instances:    4,
+}
+
 func main() {
-	os.Exit(cli.Main("wallet", "Concurrent debits and credits: naive $set of the computed balance vs versioned.Modify.", os.Args[1:], os.Stdout, os.Stderr,
-		&scenario.Wallet{Mongocas: service}, &events))
+	os.Exit(cli.Main("wallet", "Concurrent debits and credits: naive $set of the computed balance vs versioned.Modify, and Modify with a queue to fall back on.", os.Args[1:], os.Stdout, os.Stderr,
+		&scenario.Wallet{Mongocas: service, Fallback: fallback}, &events))
 }

@@ -103,7 +103,7 @@ func Main(name, about string, args []string, stdout, stderr io.Writer, sc scenar
 		fmt.Fprintf(stdout, "%s on %s\n\n", name, r.db.Where)
 	}
 	rep := &scenario.Report{}
-	if err := sc.Run(r.ctx, scenario.Env{DB: r.db.Database, Caps: r.db.Caps, Seed: *opt.seed, Progress: stderr}, rep); err != nil {
+	if err := sc.Run(r.ctx, scenario.Env{DB: r.db.Database, Caps: r.db.Caps, Seed: *opt.seed, Progress: stderr, URI: r.db.URI}, rep); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
 	}

@@ -40,6 +40,10 @@ type Env struct {
 	Seed uint64
 	// Progress, if not nil, receives a line now and then during a long run.
 	Progress io.Writer
+	// URI is the server's connection string, for strategies that run
+	// several instances of a service, each with a client of its own. Never
+	// print it: it may hold a password.
+	URI string
 }
 
 // Report is what the scenarios found. The demo merges the reports of the

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Wallet (seed 004): many debits and credits at once on a few balances.
@@ -57,6 +60,25 @@ type WalletStrategy struct {
 	// They need multi-document transactions: where the server has none, the
 	// run is refused with ErrNoTransactions.
 	Transfers bool
+	// Instances runs the service as that many instances (a service's
+	// replicas), each opened on a client of its own (WalletConfig.URI), the
+	// operations spread over them. 0 or 1 means one, on the scenario's
+	// client.
+	Instances int
+}
+
+// Deferring is a wallet service that queues a change it cannot make now
+// (its conflict retries ran out) and applies it later, exactly once. When
+// a strategy's service implements it, the scenario calls ChangeLater
+// instead of Change, then waits for every queued change's Outcome.
+type Deferring interface {
+	// ChangeLater is Change, except that a change the service cannot make
+	// now is queued: it returns the queued job's id then, and nil.
+	ChangeLater(ctx context.Context, id string, delta int64) (job string, err error)
+	// Outcome waits for a queued change to end: nil when it was applied,
+	// an error matching the strategy's Insufficient when it was refused
+	// when its turn came, another error when it failed.
+	Outcome(ctx context.Context, job string) error
 }
 
 // String returns the strategy's name.
@@ -78,13 +100,17 @@ func WithTransfers(s WalletStrategy) WalletStrategy {
 }
 
 // Wallet is the wallet scenario: WalletNaive, then the program's service
-// with debits and credits only, then the same with transfers (where the
-// server has transactions).
+// with debits and credits only, then its fallback service (if any), then the
+// service with transfers (where the server has transactions).
 type Wallet struct {
 	// Config sizes the run; RegisterFlags binds it to flags.
 	Config WalletConfig
 	// Mongocas is the program's service.
 	Mongocas WalletStrategy
+	// Fallback, if its Open is set, is the program's service that queues
+	// the changes it cannot make now (a Deferring), run under a conflict
+	// storm of several instances.
+	Fallback WalletStrategy
 }
 
 // Name returns "wallet".
@@ -101,12 +127,16 @@ func (sc *Wallet) RegisterFlags(fs *flag.FlagSet) {
 // Run runs WalletNaive, sc.Mongocas and WithTransfers(sc.Mongocas).
 func (sc *Wallet) Run(ctx context.Context, env Env, rep *Report) error {
 	cfg := sc.Config
-	cfg.Progress = env.Progress
+	cfg.Progress, cfg.URI = env.Progress, env.URI
 	if env.Seed != 0 {
 		cfg.Seed = env.Seed
 	}
+	strategies := []WalletStrategy{WalletNaive, sc.Mongocas}
+	if sc.Fallback.Open != nil {
+		strategies = append(strategies, sc.Fallback)
+	}
 	return runEach(rep, sc.Name(), ", and a transfer is never faked with two independent writes",
-		[]WalletStrategy{WalletNaive, sc.Mongocas, WithTransfers(sc.Mongocas)},
+		append(strategies, WithTransfers(sc.Mongocas)),
 		func(s WalletStrategy) (*WalletResult, error) {
 			return RunWallet(ctx, env.DB, s, env.Caps.Transactions, cfg)
 		})
@@ -132,6 +162,9 @@ type WalletConfig struct {
 	Seed uint64
 	// Progress, if not nil, receives a line now and then during a long run.
 	Progress io.Writer
+	// URI is the server's connection string, for a strategy with
+	// Instances; never printed.
+	URI string
 }
 
 func (c WalletConfig) withDefaults() WalletConfig {
@@ -162,6 +195,10 @@ type WalletResult struct {
 	// Acknowledged is how many operations (and transfers) the caller was
 	// told succeeded; Declined how many were refused for insufficient funds.
 	Acknowledged, Declined int
+	// Queued is how many changes a Deferring service queued, of which
+	// QueuedApplied were applied later and QueuedDeclined refused when
+	// their turn came (both are also in Acknowledged and Declined).
+	Queued, QueuedApplied, QueuedDeclined int
 	// ConflictsRetried is how many times a version conflict made
 	// versioned.Modify (or a transaction) start again.
 	ConflictsRetried int64
@@ -206,10 +243,12 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 	if err := coll.Drop(ctx); err != nil {
 		return nil, fmt.Errorf("wallet: drop: %w", err)
 	}
-	svc, err := s.Open(coll)
+	svcs, closeAll, err := openInstances(ctx, db, coll, s, cfg.URI)
 	if err != nil {
 		return nil, err
 	}
+	defer closeAll()
+	svc := svcs[0]
 	ids := make([]string, cfg.Wallets)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("wallet-%02d", i+1)
@@ -235,9 +274,16 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 		}
 		rng.Shuffle(len(ops), func(i, j int) { ops[i], ops[j] = ops[j], ops[i] })
 	}
-	apply := func(ctx context.Context, op walletOp) error {
+	jobs := make([]string, len(ops)) // the queued changes' jobs, by op
+	apply := func(ctx context.Context, i int, op walletOp) error {
+		svc := svcs[i%len(svcs)]
 		if op.transfer {
 			return svc.Transfer(ctx, ids[op.wallet], ids[op.to], op.delta)
+		}
+		if d, ok := svc.(Deferring); ok {
+			job, err := d.ChangeLater(ctx, ids[op.wallet], op.delta)
+			jobs[i] = job
+			return err
 		}
 		return svc.Change(ctx, ids[op.wallet], op.delta)
 	}
@@ -249,11 +295,32 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 	start := time.Now()
 	p := startProgress(cfg.Progress, "wallet/"+s.Name, len(ops))
 	forEach(len(ops), cfg.Concurrency, p, func(i int) {
-		rec.time(func() { outcomes[i] = apply(ctx, ops[i]) })
+		rec.time(func() { outcomes[i] = apply(ctx, i, ops[i]) })
 	})
 	p.end()
+	// The queued changes end later: wait for each (the services' queue
+	// workers apply them meanwhile).
+	for i, job := range jobs {
+		if job == "" || outcomes[i] != nil {
+			continue
+		}
+		d, ok := svcs[i%len(svcs)].(Deferring)
+		if !ok {
+			continue
+		}
+		res.Queued++
+		outcomes[i] = d.Outcome(ctx, job)
+		switch {
+		case outcomes[i] == nil:
+			res.QueuedApplied++
+		case errors.Is(outcomes[i], s.Insufficient):
+			res.QueuedDeclined++
+		}
+	}
 	res.Elapsed, res.Latency = time.Since(start), rec.latency()
-	res.ConflictsRetried = svc.ConflictsRetried()
+	for _, svc := range svcs {
+		res.ConflictsRetried += svc.ConflictsRetried()
+	}
 
 	res.Expected = make([]int64, cfg.Wallets)
 	for i := range res.Expected {
@@ -306,10 +373,62 @@ func RunWallet(ctx context.Context, db *mongo.Database, s WalletStrategy, transa
 			len(ops), transfers, cfg.Wallets, res.Acknowledged, res.Declined, conflictsLine),
 		fmt.Sprintf("expected total %s, actual %s%s; %d of %d wallets wrong",
 			money(res.ExpectedTotal), money(res.ActualTotal), createdOrDestroyed(res.ActualTotal-res.ExpectedTotal), res.WrongWallets, cfg.Wallets))
+	if len(svcs) > 1 {
+		res.Details = append(res.Details, fmt.Sprintf("%d instances of the service, each with a client of its own, changing the same wallets at once", len(svcs)))
+	}
+	if _, ok := svc.(Deferring); ok {
+		res.Details = append(res.Details, fmt.Sprintf("applied now %d, queued and applied later %d, failed %d (declined now %d, declined when their turn came %d, errors %d)",
+			res.Acknowledged-res.QueuedApplied, res.QueuedApplied, res.Declined+res.Errors, res.Declined-res.QueuedDeclined, res.QueuedDeclined, res.Errors))
+	}
 	if firstErr != nil {
 		res.Details = append(res.Details, fmt.Sprintf("%d requests failed, first: %v", res.Errors, firstErr))
 	}
 	return res, nil
+}
+
+// openInstances opens s's service on coll, or, for s.Instances > 1, that
+// many services, each on the same collection through a client of its own
+// connected to uri. The function returned closes the services that have a
+// Close method (a queue's workers) and disconnects the clients.
+func openInstances(ctx context.Context, db *mongo.Database, coll *mongo.Collection, s WalletStrategy, uri string) ([]Wallets, func(), error) {
+	var svcs []Wallets
+	var closers []func()
+	closeAll := func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	open := func(c *mongo.Collection) error {
+		svc, err := s.Open(c)
+		if err != nil {
+			return err
+		}
+		svcs = append(svcs, svc)
+		if cl, ok := svc.(interface{ Close() }); ok {
+			closers = append(closers, cl.Close)
+		}
+		return nil
+	}
+	if err := open(coll); err != nil {
+		return nil, nil, err
+	}
+	for i := 1; i < s.Instances; i++ {
+		if uri == "" {
+			closeAll()
+			return nil, nil, fmt.Errorf("wallet: %s runs %d instances and needs the server's URI", s.Name, s.Instances)
+		}
+		st, err := store.Connect(ctx, uri, &store.Options{AppName: fmt.Sprintf("mongocas-examples-%d", i+1)})
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("wallet: connect instance %d: %w", i+1, err)
+		}
+		closers = append(closers, func() { _ = st.Close(context.WithoutCancel(ctx)) })
+		if err := open(st.Database(db.Name()).Collection(coll.Name())); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+	}
+	return svcs, closeAll, nil
 }
 
 // naiveWallets is seed 004's lost update: read, compute, $set.

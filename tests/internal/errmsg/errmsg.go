@@ -10,7 +10,7 @@ import (
 )
 
 // prefixes are the package prefixes of mongocas's error messages.
-var prefixes = []string{"lease: ", "versioned: ", "store: ", "retry: ", "mongotest: ", "idempotency: "}
+var prefixes = []string{"lease: ", "versioned: ", "store: ", "retry: ", "mongotest: ", "deferred: ", "idempotency: "}
 
 // RequireOnePrefix fails t unless err is non-nil and its message names each
 // package at most once: "versioned: get x: document not found", never

@@ -1,0 +1,141 @@
+package deferred
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// Change is a named change to the documents of one versioned repository,
+// made with NewChange: a function of the document and an argument A that
+// runs now through versioned's Modify or, when Modify's retries run out,
+// later from the queue, exactly once either way.
+type Change[T, A any] struct {
+	kind *Kind[A]
+	repo *versioned.Repo[T]
+	fn   func(doc *T, args A) error
+}
+
+// Result is what Change.ModifyOrEnqueue did: applied the change now (Doc),
+// or queued it (Queued, JobID) because Modify's retries or the retry budget
+// ran out on version conflicts.
+type Result[T any] struct {
+	// Doc is the document as stored after the change, when it was applied
+	// now.
+	Doc *T
+	// Queued is true when the change was enqueued instead: it runs later,
+	// exactly once. A service answers 202 Accepted with JobID as the
+	// location to poll (Queue.Job).
+	Queued bool
+	// JobID is the id of the queued job.
+	JobID bson.ObjectID
+	// Cause is Modify's error that made it queue (it matches
+	// versioned.ErrConflict and retry.ErrExhausted or
+	// retry.ErrBudgetExhausted).
+	Cause error
+}
+
+// NewChange registers, under name, the change fn to the documents of repo:
+// fn(doc, args) edits the document in place, as a versioned Modify
+// function does, and may run several times (on conflicts, on later
+// attempts), so it must have no side effects. The job's key is the
+// document's id. The handler applies fn with Modify (exactly once, through
+// the job's fence); fn's error fails the attempt, retry.Permanent(err)
+// makes the job dead at once. Errors are those of Register.
+func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func(doc *T, args A) error) (*Change[T, A], error) {
+	if repo == nil || fn == nil {
+		return nil, invalid("register", "change", "nil repository or function", nil)
+	}
+	idType, ok := idTypeOf(reflect.TypeFor[T]())
+	if !ok {
+		return nil, invalid("register", "change", fmt.Sprintf("%v maps no field to _id", reflect.TypeFor[T]()), nil)
+	}
+	k, err := Register(q, name, func(ctx context.Context, job *Job, args A) error {
+		id := reflect.New(idType)
+		if err := job.Key.Unmarshal(id.Interface()); err != nil {
+			return retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
+		}
+		_, err := Modify(ctx, job, repo, id.Elem().Interface(), func(doc *T) error { return fn(doc, args) })
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Change[T, A]{kind: k, repo: repo, fn: fn}, nil
+}
+
+// idTypeOf returns the type of the field of struct type t that the driver
+// maps to "_id" (its bson tag names it).
+func idTypeOf(t reflect.Type) (reflect.Type, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil, false
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if name, _, _ := strings.Cut(f.Tag.Get("bson"), ","); name == "_id" && f.IsExported() {
+			return f.Type, true
+		}
+	}
+	return nil, false
+}
+
+// Kind returns the change's Kind.
+func (c *Change[T, A]) Kind() *Kind[A] { return c.kind }
+
+// Enqueue queues the change to the document with id, without trying it
+// now.
+func (c *Change[T, A]) Enqueue(ctx context.Context, id any, args A) (bson.ObjectID, error) {
+	return c.kind.Enqueue(ctx, id, args)
+}
+
+// ModifyOrEnqueue applies the change to the document with id now, with
+// versioned.Repo.Modify (its retries and budget: the repository's
+// Options.Retry), and, when Modify gives up on version conflicts (its
+// error matches versioned.ErrConflict and retry.ErrExhausted or
+// retry.ErrBudgetExhausted: nothing was written), enqueues it on the
+// document's key instead. The Result says which. Any other error of Modify
+// (fn's own, ErrNotFound, an *UnknownOutcomeError after which the change
+// may have landed) is returned as it is, and nothing is queued. If the
+// enqueue fails too, the error matches both Modify's and the enqueue's.
+//
+// A change applied now does not wait for the changes queued on the same
+// document before it: order holds among queued changes. A caller that needs
+// every change in order after the first queued one calls Enqueue instead
+// while Queue.Counts (or its own flag) says the key has queued work.
+func (c *Change[T, A]) ModifyOrEnqueue(ctx context.Context, id any, args A) (*Result[T], error) {
+	if err := checkCtx(ctx, "modify or enqueue"); err != nil {
+		return nil, err
+	}
+	doc, err := c.repo.Modify(ctx, id, func(d *T) error { return c.fn(d, args) })
+	if err == nil {
+		return &Result[T]{Doc: doc}, nil
+	}
+	if !Exhausted(err) {
+		return nil, err
+	}
+	jobID, qerr := c.kind.Enqueue(ctx, id, args)
+	if qerr != nil {
+		return nil, fmt.Errorf("%w; and then: %w", err, qerr)
+	}
+	return &Result[T]{Queued: true, JobID: jobID, Cause: err}, nil
+}
+
+// Exhausted reports whether err is a versioned write that gave up on
+// version conflicts, with nothing written: it matches versioned.ErrConflict
+// and retry.ErrExhausted or retry.ErrBudgetExhausted. These are the errors
+// ModifyOrEnqueue answers by queueing the change.
+func Exhausted(err error) bool {
+	return errors.Is(err, versioned.ErrConflict) &&
+		(errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)) &&
+		!errors.Is(err, versioned.ErrUnknownOutcome)
+}

@@ -1,0 +1,108 @@
+// Package deferred is a durable queue of deferred changes in MongoDB: when a
+// change cannot be applied now (its retries ran out in a conflict storm),
+// hand it to the queue, answer the caller "accepted", and apply it later,
+// exactly once. It needs no infrastructure beyond the database the service
+// already uses.
+//
+//	q, err := deferred.New(db.Collection("jobs"), nil)
+//	// A named change to a versioned repository's documents:
+//	spend, err := deferred.NewChange(q, "spend", wallets, func(w *Wallet, amount int64) error {
+//		if w.Balance+amount < 0 {
+//			return retry.Permanent(ErrInsufficient) // queued: dead at once
+//		}
+//		w.Balance += amount
+//		return nil
+//	})
+//	go q.Run(ctx) // in every process that should work the queue
+//
+//	res, err := spend.ModifyOrEnqueue(ctx, "ana", -30)
+//	switch {
+//	case err != nil: // fn's error, not found, bad input: nothing queued
+//	case res.Queued: // 202 Accepted, Location: /jobs/<res.JobID.Hex()>
+//	default: // 200 OK with res.Doc
+//	}
+//
+// Register gives any handler a name and a typed argument (Kind.Enqueue);
+// NewChange is Register for a read-modify-write of a versioned document,
+// whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
+// inspect and manage jobs; Queue.Wait polls one.
+//
+// # How it works
+//
+// Each job has a key (usually the id of the document it changes). Enqueue
+// takes the key's next sequence number (a findOneAndUpdate on the key's
+// document) and inserts the job with it. A worker of Run claims a whole key,
+// with a lease of the lease package on the key's document (the visibility
+// timeout, renewed while its handlers run), and runs the key's jobs in
+// sequence order, moving the key's head past each finished one under the
+// lease's fence; so the jobs of one key run one at a time, in order, across
+// all workers and processes (as the messages of one group of an SQS FIFO
+// queue). A failed attempt is retried after a jittered backoff (the retry
+// package); after MaxAttempts, or at once for retry.Permanent, the job is
+// dead, with its errors recorded, and the key moves on. The protocol and why
+// it is safe are in DESIGN.md beside this file.
+//
+// Delivery is at least once: a worker that dies after its handler wrote and
+// before it recorded the job completed leaves the job to the next holder of
+// the key, which runs it again. The effect is exactly once when the handler's
+// write is conditioned on the job's fence and records its stamp in the same
+// statement (Job.Fence, Job.Stamp): a per-key sequence number on the target
+// document that only grows. Guarded, Modify and Change do that for you.
+//
+// # Guarantees
+//
+// Given MongoDB's single-document atomicity, unique indexes, and the lease
+// package's guarantees (see its documentation):
+//
+//   - Per-key order: a job starts only after every job enqueued on its key
+//     before it (whose Enqueue returned before its own began) has finished:
+//     completed, dead or cancelled. At most one handler of a key runs with a
+//     live context at any time; a worker that loses its claim has its
+//     handler's context ended before another worker can claim the key.
+//   - Exactly-once effect: a write made with Job.Fence and Job.Stamp (or by
+//     Guarded, Modify, Change) applies at most once per job, however often the
+//     job is delivered and however many other writes the document takes
+//     meanwhile, and never after a later job of the key has applied.
+//     Delivery itself is at least once: side effects outside such a write may
+//     repeat.
+//   - A job is stored at most once per Enqueue that returns its id, and an
+//     Enqueue that returns an error other than an *UnknownOutcomeError stored
+//     nothing. Inside a transaction (ctx carries a session with one in
+//     progress) Enqueue's writes take part in it: they commit or abort with
+//     the caller's writes.
+//   - A job is tried at most MaxAttempts times (an attempt whose worker was
+//     lost counts; snoozes and attempts interrupted by Run's stop do not),
+//     then dead with one recorded error per failed attempt.
+//   - A handler's panic fails its attempt; the worker lives on.
+//   - Bad input is refused before anything is written: keys are checked by
+//     store.CheckID and compared with $eq, handler names must be registered,
+//     arguments must be of the handler's type, encode, and hold no field name
+//     a server could read as an operator.
+//   - A Queue is safe for concurrent use. Run's goroutines end before it
+//     returns.
+//
+// The embedded test backend (FerretDB v1) provides single-document atomicity
+// only behind mongotest's serializing proxy, and has no TTL indexes (Run
+// sweeps instead) and no transactions; DocumentDB has TTL indexes but no
+// transactions. See the README for what each backend proves.
+//
+// # Errors
+//
+// Messages start with "deferred: "; errors of the versioned, lease and
+// driver packages are wrapped with %w. Match with errors.Is and errors.As:
+//
+//   - ErrInvalid, *InvalidError: bad input, nothing stored; ErrInvalidID too
+//     for a refused key. The same values as the store package's.
+//   - ErrNotFound, *NotFoundError: no job has the id (Job, Requeue, Cancel).
+//   - ErrState, *StateError: Requeue of a job that is not dead or cancelled,
+//     Cancel of a running or finished job.
+//   - ErrUnknownOutcome, *UnknownOutcomeError: an enqueue failed ambiguously
+//     and re-reading could not tell whether the job was stored; its JobID
+//     says what to look for later.
+//   - A context that ended: the context's error, wrapped, never ErrInvalid.
+//     A nil context is ErrInvalid.
+//   - From ModifyOrEnqueue: versioned's errors as Modify returns them (fn's
+//     own, versioned.ErrNotFound, ...) when the change was not queued.
+//   - In a job's recorded errors: the handler's error message, or a
+//     *PanicError's value and stack.
+package deferred

@@ -1,0 +1,172 @@
+package deferred
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/store"
+)
+
+// Sentinel errors. Match them with errors.Is; the typed errors below carry
+// the facts and match their sentinel.
+var (
+	// ErrInvalid is matched by every error that refuses a caller's input (a
+	// nil context, an unknown handler name, arguments of the wrong type or
+	// that do not encode, a bad option) before anything is stored. It is
+	// [store.ErrInvalid], the same value in every mongocas package.
+	ErrInvalid = store.ErrInvalid
+
+	// ErrInvalidID is matched by an error that refuses a key: nil, a zero
+	// value, or a value whose encoding could act as a query operator (a
+	// document with a $-prefixed key, a regular expression, an array). It
+	// also matches ErrInvalid. It is [store.ErrInvalidID].
+	ErrInvalidID = store.ErrInvalidID
+
+	// ErrUnknownOutcome is matched by an error that reports an enqueue whose
+	// outcome could not be settled: the job may or may not have been
+	// stored. It is [store.ErrUnknownOutcome].
+	ErrUnknownOutcome = store.ErrUnknownOutcome
+
+	// ErrNotFound is matched by *NotFoundError: no job has the id.
+	ErrNotFound = errors.New("deferred: job not found")
+
+	// ErrState is matched by *StateError: the job is not in a state that
+	// allows the operation (Requeue of a job that is not dead or cancelled,
+	// Cancel of a running or finished job).
+	ErrState = errors.New("deferred: job in the wrong state")
+)
+
+// InvalidError reports bad input refused before anything was stored: a nil
+// context, an unknown handler name, a key store.CheckID refuses, arguments
+// that do not encode or are not of the handler's type, a bad Options field.
+// It matches ErrInvalid (and ErrInvalidID for a key) and unwraps to the
+// underlying error, if any.
+type InvalidError struct {
+	// Op is the operation: "new", "register", "enqueue", ...
+	Op string
+	// Field names what was refused: "name", "key", "args", an Options field.
+	Field string
+	// Reason says what is wrong.
+	Reason string
+	// Err is the underlying error (an encoding error, the key's check), if
+	// any.
+	Err error
+}
+
+// Error returns a message with the operation, the field and the reason.
+func (e *InvalidError) Error() string {
+	msg := fmt.Sprintf("deferred: %s: invalid %s: %s", e.Op, e.Field, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrInvalid, or ErrInvalidID for a refused key.
+func (e *InvalidError) Is(target error) bool {
+	return target == ErrInvalid || (target == ErrInvalidID && e.Field == "key")
+}
+
+// Unwrap returns the underlying error.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// NotFoundError reports that no job has the id. It matches ErrNotFound.
+type NotFoundError struct {
+	// ID is the job id looked for.
+	ID bson.ObjectID
+}
+
+// Error returns a message with the id.
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("deferred: job %s not found", e.ID.Hex())
+}
+
+// Is reports whether target is ErrNotFound.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// StateError reports that a job is not in a state that allows the
+// operation. It matches ErrState.
+type StateError struct {
+	// Op is the operation: "requeue" or "cancel".
+	Op string
+	// ID is the job's id.
+	ID bson.ObjectID
+	// State is the job's state when read.
+	State State
+}
+
+// Error returns a message with the operation, the id and the state.
+func (e *StateError) Error() string {
+	return fmt.Sprintf("deferred: %s job %s: the job is %s", e.Op, e.ID.Hex(), e.State)
+}
+
+// Is reports whether target is ErrState.
+func (e *StateError) Is(target error) bool { return target == ErrState }
+
+// UnknownOutcomeError reports an enqueue whose insert failed ambiguously
+// (a network error, a timeout: see store.IsAmbiguous) and whose re-read
+// could not tell whether the job was stored. The job, if it was stored,
+// has the id in JobID: Queue.Job tells later. It matches ErrUnknownOutcome
+// and unwraps to the insert's error.
+type UnknownOutcomeError struct {
+	// Op is the operation.
+	Op string
+	// JobID is the id the job would have.
+	JobID bson.ObjectID
+	// Err is the error of the write, joined with the re-read's.
+	Err error
+}
+
+// Error returns a message with the job id and the cause.
+func (e *UnknownOutcomeError) Error() string {
+	return fmt.Sprintf("deferred: %s job %s: outcome unknown: %v", e.Op, e.JobID.Hex(), e.Err)
+}
+
+// Is reports whether target is ErrUnknownOutcome.
+func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrUnknownOutcome }
+
+// Unwrap returns the write's error.
+func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
+
+// Retryable reports false: enqueueing again could store the change twice.
+func (e *UnknownOutcomeError) Retryable() bool { return false }
+
+// PanicError is the error an attempt records when its handler panicked. The
+// worker recovers, fails the attempt, and lives on.
+type PanicError struct {
+	// Value is what the handler panicked with.
+	Value any
+	// Stack is the goroutine's stack at the panic, cut to a few kilobytes.
+	Stack string
+}
+
+// Error returns a message with the panic value.
+func (e *PanicError) Error() string { return fmt.Sprintf("deferred: handler panicked: %v", e.Value) }
+
+// snoozeError is what Snooze returns.
+type snoozeError struct{ d time.Duration }
+
+func (e *snoozeError) Error() string { return fmt.Sprintf("deferred: snooze for %v", e.d) }
+
+// Snooze returns an error that a handler returns to run its job again after
+// d without counting the attempt: the job goes back to the available state,
+// and its key waits (the jobs enqueued after it on the key wait too). A
+// negative d counts as 0.
+func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }
+
+// invalid is a shorthand for an *InvalidError.
+func invalid(op, field, reason string, err error) error {
+	return &InvalidError{Op: op, Field: field, Reason: reason, Err: err}
+}
+
+// keyText formats a key for a message, cut short: keys come from requests.
+func keyText(k bson.RawValue) string {
+	s := k.String()
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return s
+}

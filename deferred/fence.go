@@ -1,0 +1,283 @@
+package deferred
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// FenceField returns the path, in a target document, where Stamp records
+// the sequence number of the last job of this job's queue and key applied
+// to that document: "<Options.FenceField>.k<hash>", the hash being of the
+// queue's namespace and the key (so that field names never come from
+// input, and two queues or two keys never share one).
+func (j *Job) FenceField() string {
+	h := sha256.New()
+	h.Write([]byte(j.q.ns))
+	h.Write([]byte{0, byte(j.Key.Type)})
+	h.Write(j.Key.Value)
+	return j.q.c.fenceField + ".k" + hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// Fence returns the filter condition that holds on a target document while
+// this job's change has not been applied to it: the document's stamp for
+// the job's key is absent or below the job's sequence number. Add it to the
+// filter of the job's conditional write, and Stamp to its $set, in the same
+// statement: the write then applies at most once, however often the job is
+// delivered, and, since the jobs of a key run in sequence order, never
+// after a later job of the key.
+//
+//	filter := append(bson.D{{"_id", id}}, job.Fence()...)
+//	update := bson.D{{"$inc", bson.D{{"balance", amount}}}, {"$set", bson.D{job.Stamp()}}}
+//	res, err := coll.UpdateOne(ctx, filter, update)
+//	// res.MatchedCount == 0: applied before (or no such document).
+//
+// Unlike the versioned package's write ids, of which a document keeps the
+// last 32, the stamp is one number per key that only grows: it settles a
+// redelivery however many other writes the document took meanwhile.
+func (j *Job) Fence() bson.D {
+	return bson.D{{Key: j.FenceField(), Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: j.Seq}}}}}}
+}
+
+// Stamp returns the $set element that records this job as applied to a
+// target document: its sequence number at FenceField.
+func (j *Job) Stamp() bson.E { return bson.E{Key: j.FenceField(), Value: j.Seq} }
+
+// AppliedTo reports whether doc, a target document as read, carries the
+// stamp of this job or of a later job of its key.
+func (j *Job) AppliedTo(doc bson.Raw) bool {
+	v, err := doc.LookupErr(strings.Split(j.FenceField(), ".")...)
+	if err != nil {
+		return false
+	}
+	n, ok := v.AsInt64OK()
+	return ok && n >= j.Seq
+}
+
+// errApplied is the WhereErr error of the fence: the job's change is on the
+// document already.
+var errApplied = errors.New("deferred: applied by an earlier attempt")
+
+// Guarded applies the job's change to the document of repo with id, once:
+// versioned's Guarded (cond and update in one statement; see
+// versioned.Repo.Guarded) with the job's Fence added to the filter and its
+// Stamp to the $set. When an earlier delivery of the job applied it
+// already, it changes nothing and returns the document as stored, with a
+// nil error, so a handler can return Guarded's error as its own.
+//
+// update is a document of update operators as versioned.Repo.Guarded takes
+// them; a path under Options.FenceField in it is an *InvalidError. A cond
+// that does not hold is versioned's *GuardError (matching
+// versioned.ErrGuardFailed): return retry.Permanent(err) to make the job
+// dead at once, or err to try again later.
+func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
+	if job == nil || job.q == nil || repo == nil {
+		return nil, invalid("guarded", "job", "nil job or repository, or a job not from a Queue", nil)
+	}
+	upd, err := job.withStamp(update)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
+	if errors.Is(err, errApplied) {
+		return repo.Get(ctx, id)
+	}
+	return doc, err
+}
+
+// withStamp returns update with the job's Stamp added to its $set.
+func (j *Job) withStamp(update any) (bson.D, error) {
+	raw, err := bson.Marshal(update)
+	if update == nil || err != nil {
+		return nil, invalid("guarded", "update", "not a document of update operators", err)
+	}
+	elems, err := bson.Raw(raw).Elements()
+	if err != nil {
+		return nil, invalid("guarded", "update", "not a document of update operators", err)
+	}
+	fence := j.q.c.fenceField
+	out := bson.D{}
+	stamped := false
+	for _, e := range elems {
+		v := e.Value()
+		if doc, ok := v.DocumentOK(); ok {
+			paths, _ := doc.Elements()
+			for _, p := range paths {
+				if p.Key() == fence || strings.HasPrefix(p.Key(), fence+".") {
+					return nil, invalid("guarded", "update", fmt.Sprintf("%s writes %q, the queue's fence field", e.Key(), p.Key()), nil)
+				}
+			}
+			if e.Key() == "$set" {
+				set := bson.D{}
+				for _, p := range paths {
+					set = append(set, bson.E{Key: p.Key(), Value: p.Value()})
+				}
+				out = append(out, bson.E{Key: "$set", Value: append(set, j.Stamp())})
+				stamped = true
+				continue
+			}
+		}
+		out = append(out, bson.E{Key: e.Key(), Value: v})
+	}
+	if !stamped {
+		out = append(out, bson.E{Key: "$set", Value: bson.D{j.Stamp()}})
+	}
+	return out, nil
+}
+
+// fnError carries the error of a Modify function out of the retry loop.
+type fnError struct{ err error }
+
+func (e *fnError) Error() string { return e.err.Error() }
+func (e *fnError) Unwrap() error { return e.err }
+
+// conflictError is a version conflict inside Modify; the retry loop retries
+// it.
+type conflictError struct{ err error }
+
+func (e *conflictError) Error() string   { return e.err.Error() }
+func (e *conflictError) Unwrap() error   { return e.err }
+func (e *conflictError) Retryable() bool { return true }
+
+// Modify applies fn's change to the document of repo with id, once:
+// read-modify-write like versioned.Repo.Modify (fn gets a fresh copy; its
+// changes to top-level fields are written with $set and $unset; a version
+// conflict reads again and calls fn again, under Options.Retry), with the
+// job's Fence in the write's filter and its Stamp in its $set, through
+// versioned.Repo.Guarded (conditioned on the version read,
+// Options.VersionField). When an earlier delivery applied the job already,
+// fn is not called and the document is returned as stored, with a nil
+// error.
+//
+// fn's error ends Modify without a write and is returned as it is: the
+// attempt fails and is tried again later, unless fn returned
+// retry.Permanent(err), which makes the job dead at once. fn must not
+// change the id (an *InvalidError); its changes to the version field are
+// ignored. When the conflict retries run out the error matches
+// versioned.ErrConflict and retry.ErrExhausted: the attempt fails, and the
+// next one starts again from a fresh read.
+func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, fn func(doc *T) error) (*T, error) {
+	if job == nil || job.q == nil || repo == nil || fn == nil {
+		return nil, invalid("modify", "job", "nil job, repository or function, or a job not from a Queue", nil)
+	}
+	rawID, err := store.CheckID(id)
+	if err != nil {
+		return nil, invalid("modify", "id", "refused", err)
+	}
+	vf := job.q.c.versionField
+	doc, err := retry.DoValue(ctx, job.q.c.retry, func(ctx context.Context) (*T, error) {
+		var cur bson.Raw
+		err := repo.Collection().FindOne(ctx, store.IDFilter(rawID)).Decode(&cur)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return nil, retry.Permanent(&fnError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), versioned.ErrNotFound)})
+		}
+		if err != nil {
+			return nil, err
+		}
+		var before, after T
+		if err := bson.Unmarshal(cur, &before); err != nil {
+			return nil, retry.Permanent(&fnError{fmt.Errorf("deferred: modify %s: decode: %w", keyText(rawID), err)})
+		}
+		if job.AppliedTo(cur) {
+			return &before, nil
+		}
+		_ = bson.Unmarshal(cur, &after)
+		if err := fn(&after); err != nil {
+			return nil, retry.Permanent(&fnError{err})
+		}
+		update, err := diff(&before, &after, vf)
+		if err != nil {
+			return nil, retry.Permanent(&fnError{err})
+		}
+		if len(update) == 0 {
+			return &after, nil
+		}
+		cond := bson.D{{Key: vf, Value: bson.D{{Key: "$exists", Value: false}}}}
+		if v, err := cur.LookupErr(vf); err == nil {
+			cond = bson.D{{Key: vf, Value: bson.D{{Key: "$eq", Value: v}}}}
+		}
+		upd, err := job.withStamp(update)
+		if err != nil {
+			return nil, retry.Permanent(&fnError{err})
+		}
+		out, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
+		switch {
+		case errors.Is(err, errApplied):
+			return nil, retry.Permanent(&fnError{errApplied})
+		case errors.Is(err, versioned.ErrGuardFailed):
+			return nil, &conflictError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), &versioned.ConflictError{Op: "modify", ID: id, Current: -1})}
+		case err != nil && retry.IsRetryable(err) && !store.IsAmbiguous(err):
+			return nil, err // not sent: send it again
+		case err != nil:
+			return nil, retry.Permanent(&fnError{err})
+		}
+		return out, nil
+	})
+	var fe *fnError
+	switch {
+	case errors.As(err, &fe) && errors.Is(fe.err, errApplied):
+		return repo.Get(ctx, id)
+	case errors.As(err, &fe):
+		return nil, fe.err
+	}
+	return doc, err
+}
+
+// diff returns the $set and $unset of the top-level fields that differ
+// between before and after, leaving out the version field; a changed _id is
+// an *InvalidError.
+func diff(before, after any, versionField string) (bson.D, error) {
+	b, err := bson.Marshal(before)
+	if err != nil {
+		return nil, fmt.Errorf("deferred: modify: encode: %w", err)
+	}
+	a, err := bson.Marshal(after)
+	if err != nil {
+		return nil, fmt.Errorf("deferred: modify: encode: %w", err)
+	}
+	old, _ := bson.Raw(b).Elements()
+	seen := map[string]bool{}
+	var set, unset bson.D
+	newElems, _ := bson.Raw(a).Elements()
+	for _, e := range newElems {
+		k := e.Key()
+		seen[k] = true
+		if k == versionField {
+			continue
+		}
+		ov, err := bson.Raw(b).LookupErr(k)
+		if err == nil && ov.Equal(e.Value()) {
+			continue
+		}
+		if k == "_id" {
+			return nil, invalid("modify", "id", "the function changed the document's _id", nil)
+		}
+		set = append(set, bson.E{Key: k, Value: e.Value()})
+	}
+	for _, e := range old {
+		if k := e.Key(); !seen[k] && k != versionField {
+			if k == "_id" {
+				return nil, invalid("modify", "id", "the function removed the document's _id", nil)
+			}
+			unset = append(unset, bson.E{Key: k, Value: ""})
+		}
+	}
+	var update bson.D
+	if len(set) > 0 {
+		update = append(update, bson.E{Key: "$set", Value: set})
+	}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	return update, nil
+}

@@ -1,0 +1,207 @@
+package deferred
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// Job reads the job with id. It returns a *NotFoundError when there is none
+// (never enqueued, or deleted after its retention).
+func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
+	if err := checkCtx(ctx, "job"); err != nil {
+		return nil, err
+	}
+	job, err := q.readJob(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("deferred: job %s: %w", id.Hex(), err)
+	}
+	if job == nil || job.State == stateSkipped {
+		return nil, &NotFoundError{ID: id}
+	}
+	return job, nil
+}
+
+func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
+	var job Job
+	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil //nolint:nilnil // no job is an answer, which the callers report
+	}
+	if err != nil {
+		return nil, err
+	}
+	job.q = q
+	return &job, nil
+}
+
+// Counts returns how many jobs are in each state (every state is present,
+// zero or not): one aggregation that groups the jobs by state. Completed
+// and cancelled jobs are counted until their retention ends.
+func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
+	if err := checkCtx(ctx, "counts"); err != nil {
+		return nil, err
+	}
+	states := bson.A{}
+	out := make(map[State]int64, len(States()))
+	for _, s := range States() {
+		states = append(states, s)
+		out[s] = 0
+	}
+	cur, err := q.jobs.Aggregate(ctx, mongo.Pipeline{
+		{{Key: "$match", Value: bson.D{{Key: "state", Value: bson.D{{Key: "$in", Value: states}}}}}},
+		{{Key: "$group", Value: bson.D{{Key: "_id", Value: "$state"}, {Key: "n", Value: bson.D{{Key: "$sum", Value: 1}}}}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deferred: counts: %w", err)
+	}
+	var groups []struct {
+		State State `bson:"_id"`
+		N     int64 `bson:"n"`
+	}
+	if err := cur.All(ctx, &groups); err != nil {
+		return nil, fmt.Errorf("deferred: counts: %w", err)
+	}
+	for _, g := range groups {
+		out[g.State] = g.N
+	}
+	return out, nil
+}
+
+// Requeue puts a dead or cancelled job back in the queue, with its attempts
+// counted from zero again and its errors kept: it takes a new sequence
+// number at the tail of its key, so it runs after the jobs enqueued on the
+// key before the requeue. Any other state is a *StateError (matching
+// ErrState); an unknown id a *NotFoundError.
+func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
+	if err := checkCtx(ctx, "requeue"); err != nil {
+		return err
+	}
+	if _, err := q.EnsureIndexes(ctx); err != nil {
+		return err
+	}
+	for try := 1; ; try++ {
+		job, err := q.readJob(ctx, id)
+		switch {
+		case err != nil:
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		case job == nil || job.State == stateSkipped:
+			return &NotFoundError{ID: id}
+		case job.State != StateDead && job.State != StateCancelled:
+			return &StateError{Op: "requeue", ID: id, State: job.State}
+		}
+		reserved := time.Now()
+		seq, err := q.reserve(ctx, job.Key, inTransaction(ctx))
+		if err != nil {
+			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
+		}
+		filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: job.State}, {Key: "s", Value: job.Seq}}
+		update := bson.D{
+			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
+			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
+		}
+		res, err := q.jobs.UpdateOne(ctx, filter, update)
+		if err != nil {
+			// A lost reply: the job shows its new number if it landed.
+			if cur, rerr := q.readJob(ctx, id); rerr == nil && cur != nil && cur.Seq == seq {
+				q.notify()
+				return nil
+			}
+			q.abandon(ctx, job.Key, seq)
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		}
+		if res.MatchedCount == 1 {
+			late := false
+			if time.Since(reserved) >= q.c.holeTimeout/2 {
+				// As for a slow enqueue: the number may have been skipped.
+				// Then put the job back as it was, and requeue it again.
+				late, err = q.passed(ctx, job.Key, seq)
+				if err == nil && late {
+					late, err = q.takeBack(ctx, id, seq, bson.D{{Key: "$set", Value: bson.D{
+						{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt},
+						{Key: "finished", Value: job.FinishedAt},
+					}}})
+				}
+				if err != nil {
+					return fmt.Errorf("deferred: requeue job %s: check a slow update: %w", id.Hex(), err)
+				}
+			}
+			if !late {
+				q.notify()
+				return nil
+			}
+			if try >= 3 {
+				return fmt.Errorf("deferred: requeue job %s: its new place on the key was skipped each time (Options.HoleTimeout too short?)", id.Hex())
+			}
+			continue
+		}
+		// Changed meanwhile (requeued or cancelled by someone else): give
+		// the number up and look again.
+		q.abandon(ctx, job.Key, seq)
+		if try >= 3 {
+			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
+		}
+	}
+}
+
+// Cancel takes a job that is waiting (available or retryable) or dead out
+// of the queue for good: it is marked cancelled, its key moves on without
+// it, and it is deleted after the retention. A running job cannot be
+// cancelled (its handler may be writing): a *StateError, as for a finished
+// job; an unknown id is a *NotFoundError.
+func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
+	if err := checkCtx(ctx, "cancel"); err != nil {
+		return err
+	}
+	now := q.now(ctx)
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateDead}}}}}
+	update := bson.D{{Key: "$set", Value: bson.D{
+		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
+	}}}
+	res, err := q.jobs.UpdateOne(ctx, filter, update)
+	cur, rerr := q.readJob(ctx, id)
+	switch {
+	case err == nil && res.MatchedCount == 1:
+		q.notify()
+		return nil
+	case rerr != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), errors.Join(err, rerr))
+	case cur == nil || cur.State == stateSkipped:
+		return &NotFoundError{ID: id}
+	case cur.State == StateCancelled && err != nil:
+		return nil //nolint:nilerr // the reply was lost, and the re-read shows the job cancelled
+
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
+	}
+	return &StateError{Op: "cancel", ID: id, State: cur.State}
+}
+
+// Wait polls the job with id every interval until it is completed, dead or
+// cancelled, or ctx ends, and returns it as last read. Reads that fail with
+// an error other than ErrNotFound or ErrInvalid (the server unreachable a
+// while, a connection pool cleared) are tried again at the next poll.
+// It is for tests, demos and tools; a service answers 202 and lets its
+// client poll.
+func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
+	var job *Job
+	for {
+		cur, err := q.Job(ctx, id)
+		switch {
+		case err != nil && (errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) || ctx.Err() != nil):
+			return job, err
+		case err == nil && finished(cur.State):
+			return cur, nil
+		case err == nil:
+			job = cur
+		}
+		sleep(ctx, interval)
+		if err := ctx.Err(); err != nil {
+			return job, fmt.Errorf("deferred: wait for job %s: %w", id.Hex(), err)
+		}
+	}
+}

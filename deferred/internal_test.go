@@ -1,0 +1,165 @@
+package deferred
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/retry"
+)
+
+// queue returns a Queue on a collection of a client that never connects:
+// enough for the code that sends nothing.
+func queue(t *testing.T, opts *Options) *Queue {
+	t.Helper()
+	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://127.0.0.1:1"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(t.Context()) })
+	q, err := New(client.Database("db").Collection("jobs"), opts)
+	require.NoError(t, err)
+	return q
+}
+
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	c, err := (*Options)(nil).config()
+	require.NoError(t, err)
+	require.Equal(t, DefaultWorkers, c.workers)
+	require.Equal(t, DefaultVisibilityTimeout, c.visibility)
+	require.Equal(t, DefaultMaxAttempts, c.maxAttempts)
+	require.Equal(t, time.Second, c.backoff.InitialInterval)
+	require.Equal(t, DefaultFenceField, c.fenceField)
+	for _, bad := range []Options{
+		{Workers: -1}, {MaxAttempts: -1}, {Batch: -1}, {VisibilityTimeout: -1}, {PollInterval: -1},
+		{HoleTimeout: -1}, {Retention: -1}, {ResolveTimeout: -1}, {FenceField: "$x"}, {FenceField: "a.b"},
+		{VersionField: "$v"}, {Owner: "  "}, {Backoff: retry.Policy{Multiplier: 0.5}}, {Retry: retry.Policy{MaxInterval: -1}},
+	} {
+		_, err := bad.config()
+		require.ErrorIs(t, err, ErrInvalid, "%+v", bad)
+		require.True(t, strings.HasPrefix(err.Error(), "deferred: new: invalid "), err.Error())
+	}
+}
+
+func TestCheckArgs(t *testing.T) {
+	t.Parallel()
+	enc := func(v any) bson.RawValue {
+		typ, b, err := bson.MarshalValue(v)
+		require.NoError(t, err)
+		return bson.RawValue{Type: typ, Value: b}
+	}
+	for _, ok := range []any{1, "x", bson.D{{Key: "a", Value: 1}}, bson.A{bson.D{{Key: "b", Value: "$c"}}}, struct{ A int }{1}} {
+		require.NoError(t, checkArgs(enc(ok)), "%v", ok)
+	}
+	for _, bad := range []any{
+		bson.D{{Key: "$set", Value: 1}},
+		bson.D{{Key: "a", Value: bson.D{{Key: "$gt", Value: 1}}}},
+		bson.A{bson.D{{Key: "a.b", Value: 1}}},
+		map[string]int{"$where": 1},
+	} {
+		require.Error(t, checkArgs(enc(bad)), "%v", bad)
+	}
+	deep := bson.D{{Key: "a", Value: 1}}
+	for range 120 {
+		deep = bson.D{{Key: "a", Value: deep}}
+	}
+	require.Error(t, checkArgs(enc(deep)))
+}
+
+type doc struct {
+	ID      string `bson:"_id"`
+	A       int    `bson:"a"`
+	B       string `bson:"b,omitempty"`
+	Version int64  `bson:"version"`
+}
+
+func TestDiff(t *testing.T) {
+	t.Parallel()
+	before := doc{ID: "x", A: 1, B: "b", Version: 7}
+	after := before
+	after.A, after.B, after.Version = 2, "", 99
+	update, err := diff(&before, &after, "version")
+	require.NoError(t, err)
+	require.Equal(t, bson.D{
+		{Key: "$set", Value: bson.D{{Key: "a", Value: bson.RawValue{Type: bson.TypeInt32, Value: []byte{2, 0, 0, 0}}}}},
+		{Key: "$unset", Value: bson.D{{Key: "b", Value: ""}}},
+	}, update, "the version is left to versioned")
+	same, err := diff(&before, &before, "version")
+	require.NoError(t, err)
+	require.Empty(t, same)
+	moved := before
+	moved.ID = "y"
+	_, err = diff(&before, &moved, "version")
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestFenceAndStamp(t *testing.T) {
+	t.Parallel()
+	q := queue(t, nil)
+	key := func(v any) bson.RawValue {
+		typ, b, err := bson.MarshalValue(v)
+		require.NoError(t, err)
+		return bson.RawValue{Type: typ, Value: b}
+	}
+	j := &Job{Key: key("ana"), Seq: 42, q: q}
+	f := j.FenceField()
+	require.True(t, strings.HasPrefix(f, "_deferred.k"), f)
+	require.NotContains(t, strings.TrimPrefix(f, "_deferred."), ".")
+	require.Equal(t, f, (&Job{Key: key("ana"), Seq: 1, q: q}).FenceField(), "one field per key")
+	require.NotEqual(t, f, (&Job{Key: key("bob"), q: q}).FenceField())
+	require.NotEqual(t, f, (&Job{Key: key(bson.D{{Key: "s", Value: "ana"}}), q: q}).FenceField(), "the type counts")
+	require.Equal(t, bson.E{Key: f, Value: int64(42)}, j.Stamp())
+	require.Equal(t, bson.D{{Key: f, Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: int64(42)}}}}}}, j.Fence())
+
+	stamped := func(n int64) bson.Raw {
+		raw, err := bson.Marshal(bson.D{{Key: "_id", Value: "ana"}, {Key: "_deferred", Value: bson.D{{Key: strings.TrimPrefix(f, "_deferred."), Value: n}}}})
+		require.NoError(t, err)
+		return raw
+	}
+	require.True(t, j.AppliedTo(stamped(42)))
+	require.True(t, j.AppliedTo(stamped(43)), "a later job of the key applied")
+	require.False(t, j.AppliedTo(stamped(41)))
+	require.False(t, j.AppliedTo(stamped(0)[:0]))
+
+	upd, err := j.withStamp(bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}})
+	require.NoError(t, err)
+	require.Len(t, upd, 2)
+	require.Equal(t, "$set", upd[1].Key)
+	upd, err = j.withStamp(bson.M{"$set": bson.M{"a": 1}})
+	require.NoError(t, err)
+	require.Len(t, upd, 1)
+	require.Len(t, upd[0].Value, 2, "the stamp joins the caller's $set")
+	_, err = j.withStamp(bson.D{{Key: "$set", Value: bson.D{{Key: f, Value: 0}}}})
+	require.ErrorIs(t, err, ErrInvalid, "the fence is not the caller's to write")
+	_, err = j.withStamp(nil)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	id := bson.NewObjectID()
+	require.ErrorIs(t, &NotFoundError{ID: id}, ErrNotFound)
+	require.ErrorIs(t, &StateError{Op: "cancel", ID: id, State: StateRunning}, ErrState)
+	ue := &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.New("eof")}
+	require.ErrorIs(t, ue, ErrUnknownOutcome)
+	require.False(t, retry.IsRetryable(ue))
+	ie := invalid("enqueue", "key", "refused", nil)
+	require.ErrorIs(t, ie, ErrInvalidID)
+	require.NotErrorIs(t, invalid("enqueue", "args", "x", nil), ErrInvalidID)
+	for _, err := range []error{&NotFoundError{ID: id}, &StateError{Op: "cancel", ID: id}, ue, ie, &PanicError{Value: 1}} {
+		require.Equal(t, 1, strings.Count(err.Error(), "deferred: "), err.Error())
+	}
+}
+
+func TestDelay(t *testing.T) {
+	t.Parallel()
+	q := queue(t, &Options{Backoff: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: time.Second, Jitter: retry.NoJitter}})
+	require.Equal(t, 10*time.Millisecond, q.delay(1))
+	require.Equal(t, 20*time.Millisecond, q.delay(2))
+	require.Equal(t, time.Second, q.delay(20))
+}

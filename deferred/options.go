@@ -1,0 +1,220 @@
+package deferred
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Defaults of the Options fields.
+const (
+	// DefaultWorkers is how many keys one Run works on at once.
+	DefaultWorkers = 4
+	// DefaultVisibilityTimeout is the TTL of a worker's claim on a key.
+	DefaultVisibilityTimeout = 30 * time.Second
+	// DefaultMaxAttempts is how many times a job is tried before it is dead.
+	DefaultMaxAttempts = 10
+	// DefaultJobTimeout bounds one attempt of a handler.
+	DefaultJobTimeout = time.Minute
+	// DefaultPollInterval is how often an idle Run looks for work that
+	// another process enqueued.
+	DefaultPollInterval = time.Second
+	// DefaultHoleTimeout is how long a key waits for a sequence number that
+	// was reserved but whose job was never inserted, before skipping it.
+	DefaultHoleTimeout = 10 * time.Second
+	// DefaultRetention is how long completed and cancelled jobs are kept.
+	DefaultRetention = 24 * time.Hour
+	// DefaultBatch is how many jobs of one key a worker runs per claim.
+	DefaultBatch = 100
+	// DefaultFenceField is the subdocument of a target document in which
+	// Job.Stamp records the last job applied to it, per key.
+	DefaultFenceField = "_deferred"
+	// DefaultVersionField is the version field the Modify helper expects,
+	// the versioned package's default.
+	DefaultVersionField = "version"
+	// DefaultResolveTimeout bounds the re-reads that settle an ambiguous
+	// write, and the bookkeeping after a handler once Run's context ended.
+	DefaultResolveTimeout = 5 * time.Second
+)
+
+// Options configures a Queue. A nil *Options means all defaults; each zero
+// field takes its default.
+type Options struct {
+	// Workers is how many keys one Run works on at once: each worker holds
+	// one key's claim and runs that key's jobs in order. Default 4.
+	Workers int
+
+	// VisibilityTimeout is the TTL of a worker's claim (a lease of the
+	// lease package on the key's document). The worker renews it every
+	// third of it while a handler runs; a worker that stops renewing
+	// (killed, paused, cut off) loses the key after it, its handler's
+	// context ends first, and another worker takes the job over. Default 30s.
+	VisibilityTimeout time.Duration
+
+	// MaxAttempts is how many times a job is tried before it is moved to the
+	// dead state with its errors recorded. Default 10.
+	MaxAttempts int
+
+	// Backoff spaces the attempts of a failing job: the delay before
+	// attempt n+1 is the n-th delay of Backoff.NewBackoff (full jitter
+	// by default). Only its intervals, Multiplier, Jitter and Rand are
+	// used. The zero Policy means InitialInterval 1s, MaxInterval 5m.
+	Backoff retry.Policy
+
+	// Retry is the policy of the version-conflict retries inside the
+	// Modify helper, within one attempt. The zero Policy means the retry
+	// package's defaults.
+	Retry retry.Policy
+
+	// JobTimeout bounds one attempt of a handler; the handler's context
+	// ends then and the attempt fails. Default 1m. Negative means none
+	// (the claim's renewals still bound nothing: a handler that never
+	// returns holds its key).
+	JobTimeout time.Duration
+
+	// PollInterval is how often an idle Run looks for jobs enqueued by
+	// other processes (jobs enqueued through this Queue wake it at once).
+	// Default 1s.
+	PollInterval time.Duration
+
+	// HoleTimeout is how long a key waits for a job whose sequence number
+	// was reserved but which was never inserted (its enqueuer died between
+	// the two writes), before it skips that number. An enqueue still in
+	// flight when its number is skipped reserves another: nothing is lost
+	// or reordered, so this bounds only a stall. Default 10s.
+	HoleTimeout time.Duration
+
+	// Retention is how long completed and cancelled jobs are kept after
+	// they finished, for inspection, before a TTL index (or Sweep, where
+	// the server has none) deletes them. Dead jobs are kept until they are
+	// requeued or cancelled. Default 24h.
+	Retention time.Duration
+
+	// Batch is how many jobs of one key a worker runs while it holds the
+	// key's claim, before it gives the key up so that other keys get their
+	// turn. Default 100.
+	Batch int
+
+	// FenceField is the subdocument of a target document where Job.Stamp
+	// records, per queue and key, the sequence number of the last job
+	// applied to it. It must not start with "$" or contain ".". Default
+	// "_deferred".
+	FenceField string
+
+	// VersionField is the version field of the documents the Modify helper
+	// and Change write: the versioned repository's Options.VersionField.
+	// Default "version".
+	VersionField string
+
+	// Owner identifies this Queue's workers in claims (the lease owner). It
+	// must be unique among the processes that run the queue. Default: a
+	// fresh "host/pid/random" string.
+	Owner string
+
+	// LeaseMode is how claims judge expiry (see lease.Mode): ModeAuto, the
+	// default, uses the server's $$NOW where it has it.
+	LeaseMode lease.Mode
+
+	// Clock estimates the server's clock: claims in lease.ModeEstimated,
+	// and the times of retries and of clean-up everywhere. Default: a Clock
+	// of the Queue's own.
+	Clock *store.Clock
+
+	// ResolveTimeout bounds the re-reads that settle an ambiguous write, and
+	// the bookkeeping a worker finishes after Run's context ended. Default
+	// 5s.
+	ResolveTimeout time.Duration
+
+	// Logger receives what the workers cannot return to anyone: failed
+	// polls, lost claims, failed bookkeeping. Nil means none.
+	Logger *slog.Logger
+}
+
+// config is Options with the defaults filled in.
+type config struct {
+	workers      int
+	visibility   time.Duration
+	maxAttempts  int
+	backoff      retry.Policy
+	retry        retry.Policy
+	jobTimeout   time.Duration
+	poll         time.Duration
+	holeTimeout  time.Duration
+	retention    time.Duration
+	batch        int
+	fenceField   string
+	versionField string
+	owner        string
+	mode         lease.Mode
+	clock        *store.Clock
+	resolve      time.Duration
+	logger       *slog.Logger
+}
+
+func (o *Options) config() (config, error) {
+	var opts Options
+	if o != nil {
+		opts = *o
+	}
+	bad := func(field, reason string) (config, error) {
+		return config{}, invalid("new", field, reason, nil)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"VisibilityTimeout", opts.VisibilityTimeout}, {"PollInterval", opts.PollInterval},
+		{"HoleTimeout", opts.HoleTimeout}, {"Retention", opts.Retention}, {"ResolveTimeout", opts.ResolveTimeout},
+	} {
+		if d.v < 0 {
+			return bad(d.name, fmt.Sprintf("negative duration %v", d.v))
+		}
+	}
+	if opts.Workers < 0 || opts.MaxAttempts < 0 || opts.Batch < 0 {
+		return bad("Workers, MaxAttempts or Batch", "negative")
+	}
+	if err := opts.Backoff.Validate(); err != nil {
+		return config{}, invalid("new", "Backoff", "invalid policy", err)
+	}
+	if err := opts.Retry.Validate(); err != nil {
+		return config{}, invalid("new", "Retry", "invalid policy", err)
+	}
+	for _, f := range []struct{ name, v string }{{"FenceField", opts.FenceField}, {"VersionField", opts.VersionField}} {
+		if strings.HasPrefix(f.v, "$") || strings.Contains(f.v, ".") {
+			return bad(f.name, fmt.Sprintf("%q starts with '$' or contains '.'", f.v))
+		}
+	}
+	if opts.Owner != "" && strings.TrimSpace(opts.Owner) == "" {
+		return bad("Owner", "only spaces")
+	}
+	c := config{
+		workers: or(opts.Workers, DefaultWorkers), visibility: or(opts.VisibilityTimeout, DefaultVisibilityTimeout),
+		maxAttempts: or(opts.MaxAttempts, DefaultMaxAttempts), backoff: opts.Backoff, retry: opts.Retry,
+		jobTimeout: or(opts.JobTimeout, DefaultJobTimeout), poll: or(opts.PollInterval, DefaultPollInterval),
+		holeTimeout: or(opts.HoleTimeout, DefaultHoleTimeout), retention: or(opts.Retention, DefaultRetention),
+		batch: or(opts.Batch, DefaultBatch), fenceField: or(opts.FenceField, DefaultFenceField),
+		versionField: or(opts.VersionField, DefaultVersionField), owner: opts.Owner, mode: opts.LeaseMode,
+		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), logger: opts.Logger,
+	}
+	if c.backoff.InitialInterval == 0 && c.backoff.MaxInterval == 0 {
+		c.backoff.InitialInterval, c.backoff.MaxInterval = time.Second, 5*time.Minute
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// or returns v, or def when v is the zero value.
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,786 @@
+package deferred
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// State is the state of a job.
+type State string
+
+// The states of a job. A job is enqueued available; a worker makes it
+// running; it ends completed, dead or cancelled, or goes back to retryable
+// (failed, waiting for its next attempt) or available (snoozed, or its worker
+// was stopped).
+const (
+	// StateAvailable: waiting for its turn on its key.
+	StateAvailable State = "available"
+	// StateRunning: a worker claimed it and runs its handler (or did, and
+	// was lost: the next holder of the key takes it over).
+	StateRunning State = "running"
+	// StateRetryable: an attempt failed; it runs again after a backoff.
+	StateRetryable State = "retryable"
+	// StateCompleted: its handler returned nil.
+	StateCompleted State = "completed"
+	// StateDead: it failed MaxAttempts times, or with a permanent error
+	// (retry.Permanent). Its errors are recorded. Requeue or Cancel it.
+	StateDead State = "dead"
+	// StateCancelled: Cancel took it out of the queue; it never runs again.
+	StateCancelled State = "cancelled"
+)
+
+// stateSkipped marks a tombstone: a sequence number that was reserved but
+// whose job was never inserted. It is not a job; Counts does not count it.
+const stateSkipped State = "skipped"
+
+// States lists the states of a job, in the order of a job's life.
+func States() []State {
+	return []State{StateAvailable, StateRunning, StateRetryable, StateCompleted, StateDead, StateCancelled}
+}
+
+// finished reports whether a job in state s no longer holds its key.
+func finished(s State) bool {
+	return s == StateCompleted || s == StateDead || s == StateCancelled || s == stateSkipped
+}
+
+// AttemptError is the record of a failed attempt.
+type AttemptError struct {
+	// Attempt is the attempt's number, from 1.
+	Attempt int `bson:"attempt"`
+	// At is when it failed, on the server's clock as estimated.
+	At time.Time `bson:"at"`
+	// Error is the error's message (cut to 2 KiB).
+	Error string `bson:"error"`
+	// Panic is true when the handler panicked; Error then holds the value
+	// and the stack.
+	Panic bool `bson:"panic,omitempty"`
+}
+
+// Job is a deferred change: what a handler receives, and what Queue.Job
+// reports. Its fields are as stored when it was read.
+type Job struct {
+	// ID is the job's id, stable across attempts: a handler may use it as
+	// an idempotency key, and a service as the location to poll.
+	ID bson.ObjectID `bson:"_id"`
+	// Key is the key the job was enqueued with (its BSON value). Jobs of
+	// one key run one at a time, in enqueue order.
+	Key bson.RawValue `bson:"k"`
+	// Seq is the job's sequence number on its key: later jobs of the key
+	// have larger ones. Stamp records it in target documents.
+	Seq int64 `bson:"s"`
+	// Name is the name of the job's handler.
+	Name string `bson:"name"`
+	// Args is the encoded argument.
+	Args bson.RawValue `bson:"args"`
+	// State is the job's state.
+	State State `bson:"state"`
+	// Attempt is the number of the current (or last) attempt, from 1.
+	// Snoozes and interrupted attempts are not counted.
+	Attempt int `bson:"attempt"`
+	// MaxAttempts is the number of attempts after which the job is dead.
+	MaxAttempts int `bson:"max"`
+	// EnqueuedAt is when the job was enqueued (local time of the enqueuer).
+	EnqueuedAt time.Time `bson:"enqueued"`
+	// RunAt, if set, is when the job may run next (after a failed attempt
+	// or a snooze).
+	RunAt time.Time `bson:"runAt,omitempty"`
+	// StartedAt is when the last attempt started.
+	StartedAt time.Time `bson:"started,omitempty"`
+	// FinishedAt is when the job was completed, died or was cancelled.
+	FinishedAt time.Time `bson:"finished,omitempty"`
+	// Owner is the worker (Options.Owner) that ran the last attempt.
+	Owner string `bson:"owner,omitempty"`
+	// Epoch is the fencing token of that worker's claim on the key.
+	Epoch int64 `bson:"epoch,omitempty"`
+	// Errors holds the failed attempts, oldest first.
+	Errors []AttemptError `bson:"errors,omitempty"`
+
+	q *Queue
+}
+
+// keyDoc is a key's document in the keys collection: its sequence counter
+// and the position of its head. The sequence number of the i-th reservation
+// is Off+i; Done counts the finished ones, so the head is Off+Done+1 and
+// N = Tail-Done jobs (or reserved numbers) wait.
+type keyDoc struct {
+	Off  int64         `bson:"off"`
+	Tail int64         `bson:"tail"`
+	Done int64         `bson:"done"`
+	N    int64         `bson:"n"`
+	Due  time.Time     `bson:"due,omitempty"`
+	Hole *hole         `bson:"hole,omitempty"`
+	R    bson.ObjectID `bson:"r"`
+}
+
+// hole is a reserved sequence number found without its job.
+type hole struct {
+	Seq   int64     `bson:"s"`
+	Since time.Time `bson:"since"`
+}
+
+// handler is a registered handler.
+type handler struct {
+	name string
+	typ  reflect.Type
+	run  func(ctx context.Context, job *Job) error
+}
+
+// Queue is a durable queue of deferred changes in two collections of one
+// database: the jobs collection given to New, and a keys collection beside
+// it ("<jobs>_keys") holding one small document per key ever used. Make it
+// with New, register handlers with Register or NewChange, enqueue from any
+// process, and call Run in as many processes as needed. A Queue is safe for
+// concurrent use.
+type Queue struct {
+	jobs, keys *mongo.Collection
+	c          config
+	leases     *lease.Manager
+	clock      *store.Clock
+	ns         string
+
+	mu       sync.RWMutex
+	handlers map[string]*handler
+
+	wake chan struct{}
+
+	readyMu sync.Mutex
+	isReady bool
+	ttl     bool
+}
+
+// New returns a Queue whose jobs live in jobs and whose keys live in the
+// collection "<jobs>_keys" of the same database. It does no I/O: the
+// indexes are made by EnsureIndexes, which Run and the first Enqueue call.
+// A nil collection or a bad Options field is an *InvalidError.
+func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
+	if jobs == nil {
+		return nil, invalid("new", "jobs", "nil collection", nil)
+	}
+	c, err := opts.config()
+	if err != nil {
+		return nil, err
+	}
+	if c.owner == "" {
+		host, _ := os.Hostname()
+		c.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), rand.Text()[:8])
+	}
+	keys := jobs.Database().Collection(jobs.Name() + "_keys")
+	leases, err := lease.New(keys, &lease.Options{
+		TTL: c.visibility, Owner: c.owner, Mode: c.mode, Clock: c.clock, ResolveTimeout: c.resolve,
+	})
+	if err != nil {
+		return nil, invalid("new", "lease options", "refused by the lease package", err)
+	}
+	q := &Queue{
+		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(),
+		ns:       jobs.Database().Name() + "." + jobs.Name(),
+		handlers: map[string]*handler{}, wake: make(chan struct{}, 1),
+	}
+	return q, nil
+}
+
+// Jobs returns the jobs collection.
+func (q *Queue) Jobs() *mongo.Collection { return q.jobs }
+
+// Keys returns the keys collection.
+func (q *Queue) Keys() *mongo.Collection { return q.keys }
+
+// Owner returns the owner string this Queue's workers write in their claims.
+func (q *Queue) Owner() string { return q.c.owner }
+
+// Index names EnsureIndexes creates.
+const (
+	indexKeySeq  = "deferred_key_seq"
+	indexState   = "deferred_state"
+	indexExpire  = "deferred_expire"
+	indexPending = "deferred_pending"
+)
+
+// EnsureIndexes creates the indexes the queue needs: a unique index on a
+// job's key and sequence number (what keeps two jobs, or a job and the
+// tombstone of its number, from sharing a place on a key), one on the state
+// (Counts), one on the keys' pending count (the workers' search), and, where
+// store.Probe finds TTL indexes, a TTL index that deletes completed and
+// cancelled jobs Retention after they finished; it reports whether it made
+// that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
+// and the first Enqueue of a Queue call it.
+func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
+	if err := checkCtx(ctx, "ensure indexes"); err != nil {
+		return false, err
+	}
+	q.readyMu.Lock()
+	defer q.readyMu.Unlock()
+	if q.isReady {
+		return q.ttl, nil
+	}
+	ctx = noSession(ctx)
+	caps, err := store.Probe(ctx, q.jobs.Database())
+	if err != nil {
+		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
+	}
+	expire := options.Index().SetName(indexExpire)
+	if caps.TTLIndexes {
+		expire.SetExpireAfterSeconds(0)
+	}
+	err = createIndexes(ctx, q.jobs, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
+		{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
+		{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
+	})
+	if err != nil {
+		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.jobs.Name(), err)
+	}
+	err = createIndexes(ctx, q.keys, []mongo.IndexModel{
+		{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)},
+	})
+	if err != nil {
+		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.keys.Name(), err)
+	}
+	q.isReady, q.ttl = true, caps.TTLIndexes
+	return q.ttl, nil
+}
+
+// createIndexes creates those of models (each named) that coll lacks. It
+// lists the indexes first, since FerretDB v1 drops the connection when asked
+// to create an index that exists; an index another process made meanwhile
+// counts as made.
+func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.IndexModel) error {
+	var last error
+	for range 3 {
+		names, err := coll.Indexes().ListSpecifications(ctx)
+		var se mongo.ServerError
+		if errors.As(err, &se) && se.HasErrorCode(26) { // NamespaceNotFound: no collection yet
+			names, err = nil, nil
+		}
+		if err != nil {
+			last = err
+			continue
+		}
+		have := map[string]bool{}
+		for _, n := range names {
+			have[n.Name] = true
+		}
+		last = nil
+		for _, m := range models {
+			var o options.IndexOptions
+			for _, set := range m.Options.List() {
+				_ = set(&o)
+			}
+			if o.Name != nil && have[*o.Name] {
+				continue
+			}
+			if _, err := coll.Indexes().CreateOne(ctx, m); err != nil {
+				last = err
+				break
+			}
+		}
+		if last == nil {
+			return nil
+		}
+	}
+	return last
+}
+
+// Register registers fn as the handler of the jobs named name, whose
+// argument is an A, and returns the Kind to enqueue them with. Register
+// them before Run, in every process that enqueues or runs them, under the
+// same name with the same argument type. A nil Queue or fn, an empty name
+// (or one over 100 bytes), or a name registered already is an
+// *InvalidError.
+//
+// fn runs once per attempt, on the worker that holds the job's key, with a
+// context that ends when the attempt's time is up (Options.JobTimeout), when
+// the worker loses its claim on the key, or when Run's context ends. Since a
+// job may be delivered more than once (a worker that dies after the change
+// and before its acknowledgment), fn's writes must apply once: use Guarded or
+// Modify, or add Job.Fence and Job.Stamp to your own conditional write. fn
+// returns nil when done, an error to fail the attempt (retried with backoff
+// until MaxAttempts), retry.Permanent(err) to make the job dead at once, or
+// Snooze(d) to run it again later without counting the attempt. A panic
+// fails the attempt; the worker lives on.
+func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error) (*Kind[A], error) {
+	if q == nil || fn == nil {
+		return nil, invalid("register", "handler", "nil Queue or function", nil)
+	}
+	h := &handler{name: name, typ: reflect.TypeFor[A](), run: func(ctx context.Context, job *Job) error {
+		var a A
+		if err := job.Args.Unmarshal(&a); err != nil {
+			return fmt.Errorf("deferred: job %s: decode the %s argument: %w", job.ID.Hex(), job.Name, err)
+		}
+		return fn(ctx, job, a)
+	}}
+	if err := q.register(h); err != nil {
+		return nil, err
+	}
+	return &Kind[A]{q: q, h: h}, nil
+}
+
+func (q *Queue) register(h *handler) error {
+	if h.name == "" || len(h.name) > 100 || strings.TrimSpace(h.name) != h.name {
+		return invalid("register", "name", fmt.Sprintf("%q: want 1 to 100 bytes, no surrounding spaces", h.name), nil)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.handlers[h.name]; ok {
+		return invalid("register", "name", fmt.Sprintf("%q is registered already", h.name), nil)
+	}
+	q.handlers[h.name] = h
+	return nil
+}
+
+func (q *Queue) handler(name string) *handler {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	return q.handlers[name]
+}
+
+// Kind is a registered handler, with the type of its argument: enqueue its
+// jobs with Enqueue.
+type Kind[A any] struct {
+	q *Queue
+	h *handler
+}
+
+// Name returns the handler's name.
+func (k *Kind[A]) Name() string { return k.h.name }
+
+// Enqueue stores a job of this kind on key with args and returns its id.
+// See Queue.Enqueue.
+func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, error) {
+	return k.q.enqueue(ctx, k.h, key, args)
+}
+
+// Enqueue stores a job for the handler registered as name, on key, with
+// args, and returns its id. args must be of the handler's argument type.
+// Jobs with the same key run one at a time, in the order their Enqueue calls
+// returned (two calls that overlap may run in either order).
+//
+// It makes two writes: one findOneAndUpdate (an upsert) on the key's document
+// reserves the next sequence number of the key, and one insert stores the
+// job with it. When ctx carries a session with a transaction in progress,
+// both take part in it (the transactional outbox: "write my part and queue
+// the rest" commits or aborts as one); outside a transaction, an enqueuer
+// that dies between the two leaves a reserved number without a job, which the
+// key skips after Options.HoleTimeout. A lost reply is settled by re-reading
+// the job by its id, which is chosen before the first write: the job is
+// stored at most once.
+//
+// Bad input is refused before anything is written, with an *InvalidError: a
+// nil ctx, a name no handler is registered under, args that are not of the
+// handler's type, that do not encode, hold a field name starting with '$' or
+// containing '.', or exceed 15 MiB, and a key that store.CheckID refuses (nil,
+// zero, operator-shaped; that error matches ErrInvalidID).
+func (q *Queue) Enqueue(ctx context.Context, name string, key any, args any) (bson.ObjectID, error) {
+	h := q.handler(name)
+	if h == nil {
+		if err := checkCtx(ctx, "enqueue"); err != nil {
+			return bson.ObjectID{}, err
+		}
+		return bson.ObjectID{}, invalid("enqueue", "name", fmt.Sprintf("no handler is registered as %q", shorten(name)), nil)
+	}
+	if args != nil && reflect.TypeOf(args) != h.typ {
+		return bson.ObjectID{}, invalid("enqueue", "args", fmt.Sprintf("%s takes a %v, not a %T", h.name, h.typ, args), nil)
+	}
+	return q.enqueue(ctx, h, key, args)
+}
+
+// maxArgs bounds the encoded argument, below MongoDB's 16 MiB document
+// limit with room for the job's own fields.
+const maxArgs = 15 << 20
+
+// maxEnqueueTries bounds the reservations of one Enqueue whose numbers were
+// skipped meanwhile.
+const maxEnqueueTries = 5
+
+func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bson.ObjectID, error) {
+	var none bson.ObjectID
+	if err := checkCtx(ctx, "enqueue"); err != nil {
+		return none, err
+	}
+	raw, err := store.CheckID(key)
+	if err != nil {
+		return none, invalid("enqueue", "key", "refused", err)
+	}
+	t, b, err := bson.MarshalValue(args)
+	if err != nil {
+		return none, invalid("enqueue", "args", "they do not encode to BSON", err)
+	}
+	arg := bson.RawValue{Type: t, Value: b}
+	if err := checkArgs(arg); err != nil {
+		return none, invalid("enqueue", "args", err.Error(), nil)
+	}
+	if _, err := q.EnsureIndexes(ctx); err != nil {
+		return none, err
+	}
+	id := bson.NewObjectID()
+	inTx := inTransaction(ctx)
+	for try := 1; ; try++ {
+		reserved := time.Now()
+		seq, err := q.reserve(ctx, raw, inTx)
+		if err != nil {
+			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
+		}
+		doc := bson.D{
+			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "name", Value: h.name},
+			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
+			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: time.Now()},
+		}
+		stored, err := q.insertJob(ctx, doc, id, inTx)
+		switch {
+		case err != nil:
+			if !store.IsAmbiguous(err) && !inTx && !errors.Is(err, ErrUnknownOutcome) {
+				q.abandon(ctx, raw, seq)
+			}
+			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
+		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
+			// Slow enough that the number may have been skipped, and its
+			// tombstone deleted, before the insert landed: see passed.
+			late, err := q.passed(ctx, raw, seq)
+			if err == nil && late {
+				late, err = q.takeBack(ctx, id, seq, nil)
+			}
+			if err != nil {
+				return none, fmt.Errorf("deferred: enqueue %s on key %s: check a slow insert: %w", h.name, keyText(raw), err)
+			}
+			if !late {
+				q.notify()
+				return id, nil
+			}
+		case stored:
+			q.notify()
+			return id, nil
+		}
+		if try >= maxEnqueueTries {
+			return none, fmt.Errorf("deferred: enqueue %s on key %s: the key skipped %d numbers reserved for this job (Options.HoleTimeout too short?)", h.name, keyText(raw), try)
+		}
+		// The number was skipped (a worker wrote its tombstone) before the
+		// insert landed: no copy of this job can land with it any more.
+	}
+}
+
+// passed reports whether the head of key has moved past seq. A job that
+// just landed at seq while the head has passed it landed late: its number
+// was skipped as a hole, and the tombstone deleted (after Retention), before
+// the write that put the job there arrived, so no worker would ever run it.
+// If the job is still available at seq it landed late (a worker that moved
+// the head past it while it was there would have run it first), and the
+// caller takes it back. Only a slow write can land late: a number is skipped
+// HoleTimeout after it was found missing at the earliest.
+func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
+	kd, found, err := q.readKey(ctx, raw)
+	return err == nil && found && kd.Off+kd.Done >= seq, err
+}
+
+// takeBack applies update to the job id if it is still available at seq,
+// and reports whether it did: how a write that landed late is undone.
+func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
+	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
+	var n int64
+	err := q.resend(ctx, func() error {
+		if update == nil {
+			res, err := q.jobs.DeleteOne(ctx, filter)
+			if err == nil {
+				n = res.DeletedCount
+			}
+			return err
+		}
+		res, err := q.jobs.UpdateOne(ctx, filter, update)
+		if err == nil {
+			n = res.ModifiedCount
+		}
+		return err
+	})
+	return n == 1, err
+}
+
+// insertJob inserts doc, whose _id is id. It reports stored false, with
+// no error, when the insert lost its sequence number to a tombstone. After
+// an ambiguous failure it re-reads by id and sends the insert again while
+// the job is not there: every copy has the same _id and the same sequence
+// number, so at most one lands.
+func (q *Queue) insertJob(ctx context.Context, doc bson.D, id bson.ObjectID, inTx bool) (stored bool, err error) {
+	var first error
+	for resends := 0; ; resends++ {
+		err := q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+		switch {
+		case err == nil:
+			return true, nil
+		case inTx:
+			return false, err
+		case store.IsDuplicateKey(err), store.IsAmbiguous(err):
+			if first == nil && !store.IsDuplicateKey(err) {
+				first = err
+			}
+			found, rerr := q.jobExists(ctx, id)
+			switch {
+			case rerr != nil:
+				return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(err, rerr)}
+			case found:
+				return true, nil
+			case store.IsDuplicateKey(err):
+				// Not ours: the (key, sequence) place is taken.
+				return false, nil
+			case resends >= 3 || ctx.Err() != nil:
+				return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(first, store.ContextError(ctx))}
+			}
+		default:
+			return false, err
+		}
+	}
+}
+
+// jobExists reads, at majority, whether a job with id is stored, for up to
+// ResolveTimeout even after ctx ended.
+func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.c.resolve)
+	defer cancel()
+	coll := q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
+	var last error
+	for ctx.Err() == nil {
+		err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return false, nil
+		}
+		last = err
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return false, errors.Join(last, ctx.Err())
+}
+
+// reserve takes the next sequence number of key: one findOneAndUpdate that
+// creates the key's document if needed. After an ambiguous failure it
+// re-reads the document: the reservation id it sets says whether the number
+// on it is this reservation's. When it cannot tell, it reserves again (the
+// number it may have taken is skipped later: a hole).
+func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int64, error) {
+	var last error
+	for try := 1; try <= 5; try++ {
+		rid := bson.NewObjectID()
+		update := bson.D{
+			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
+			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
+			// A key document made again after a deletion restarts above the
+			// numbers of the old one: see DESIGN.md.
+			{Key: "$setOnInsert", Value: bson.D{{Key: "off", Value: time.Now().UnixMicro()}, {Key: "done", Value: int64(0)}}},
+		}
+		var kd keyDoc
+		err := q.resend(ctx, func() error {
+			return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
+				options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&kd)
+		})
+		switch {
+		case err == nil:
+			return kd.Off + kd.Tail, nil
+		case inTx:
+			return 0, err
+		case store.IsDuplicateKey(err):
+			// Two first reservations of the key raced to create it.
+			last = err
+			continue
+		case store.IsAmbiguous(err):
+			last = err
+			kd, found, rerr := q.readKey(ctx, raw)
+			if rerr == nil && found && kd.R == rid {
+				return kd.Off + kd.Tail, nil
+			}
+			if cerr := store.ContextError(ctx); cerr != nil {
+				return 0, errors.Join(err, cerr)
+			}
+		default:
+			return 0, err
+		}
+	}
+	return 0, last
+}
+
+// abandon writes the tombstone of a sequence number reserved by an enqueue
+// whose insert surely failed, so that the key need not wait HoleTimeout
+// for it. It is best effort: a failure leaves the hole to the workers.
+func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	defer cancel()
+	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
+		q.c.logger.Warn("deferred: could not skip an abandoned sequence number", "key", keyText(raw), "seq", seq, "err", err)
+	}
+}
+
+// tombstoneRetention is the least time a tombstone is kept.
+const tombstoneRetention = time.Hour
+
+// tombstone inserts the tombstone of seq on key.
+func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
+	now := q.now(ctx)
+	doc := bson.D{
+		{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
+		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
+		// Kept at least an hour: while it is there, a copy of the skipped
+		// insert still in flight cannot land behind the key's head.
+		{Key: "expireAt", Value: now.Add(max(q.c.retention, tombstoneRetention))},
+	}
+	// A tombstone is an insert with a unique (key, seq): a copy sent again
+	// after a lost reply fails on the index, which means "there".
+	return q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+}
+
+// readKey reads a key's document.
+func (q *Queue) readKey(ctx context.Context, raw bson.RawValue) (keyDoc, bool, error) {
+	var kd keyDoc
+	err := q.resend(ctx, func() error { return q.keys.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) })
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return kd, false, nil
+	}
+	return kd, err == nil, err
+}
+
+func (q *Queue) notify() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// now returns the server's time as the Clock estimates it, or the local
+// time when the Clock has no estimate. It dates retries, holes and clean-up,
+// where an error of the estimate moves a time a little, never a decision of
+// safety.
+func (q *Queue) now(ctx context.Context) time.Time {
+	est, err := q.clock.Now(ctx)
+	if err != nil || est.Time.IsZero() {
+		return time.Now()
+	}
+	return est.Time
+}
+
+// checkArgs refuses an encoded argument that a server could read as an
+// operator, or that is too large.
+func checkArgs(v bson.RawValue) error {
+	if len(v.Value) > maxArgs {
+		return fmt.Errorf("%d bytes encoded, over %d", len(v.Value), maxArgs)
+	}
+	var walk func(v bson.RawValue, depth int) error
+	walk = func(v bson.RawValue, depth int) error {
+		if depth > 100 {
+			return errors.New("nested more than 100 levels deep")
+		}
+		var elems []bson.RawElement
+		switch v.Type {
+		case bson.TypeEmbeddedDocument:
+			elems, _ = v.Document().Elements()
+			for _, e := range elems {
+				if k := e.Key(); strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
+					return fmt.Errorf("field name %q starts with '$' or contains '.'", shorten(k))
+				}
+			}
+		case bson.TypeArray:
+			vals, _ := v.Array().Values()
+			for _, x := range vals {
+				if err := walk(x, depth+1); err != nil {
+					return err
+				}
+			}
+			return nil
+		default:
+			return nil
+		}
+		for _, e := range elems {
+			if err := walk(e.Value(), depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(v, 0)
+}
+
+// checkCtx refuses a nil ctx with an *InvalidError and returns an ended
+// ctx's error, wrapped.
+func checkCtx(ctx context.Context, op string) error {
+	if err := store.CheckContext(ctx); err != nil {
+		if ctx == nil {
+			return invalid(op, "context", "nil", err)
+		}
+		return fmt.Errorf("deferred: %s: %w", op, err)
+	}
+	return nil
+}
+
+// inTransaction reports whether ctx carries a session with a transaction
+// in progress.
+func inTransaction(ctx context.Context) bool {
+	s := mongo.SessionFromContext(ctx)
+	return s != nil && s.TransactionRunning()
+}
+
+// noSession returns ctx without the session it may carry.
+func noSession(ctx context.Context) context.Context {
+	if mongo.SessionFromContext(ctx) != nil {
+		return mongo.NewSessionContext(ctx, nil)
+	}
+	return ctx
+}
+
+func shorten(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// resend runs op until it succeeds or fails with an error that is not
+// retryable (retry.IsRetryable), or that is ambiguous (which its caller
+// settles by re-reading: such a write may have been applied), sleeping a
+// backoff of Options.Retry between tries, for up to ResolveTimeout: the
+// failures it waits out are those of an operation that was not sent (a
+// connection pool cleared by another operation's network error, no server
+// selectable for a moment). Inside a transaction it runs op once: the
+// transaction is the unit its owner retries.
+func (q *Queue) resend(ctx context.Context, op func() error) error {
+	if inTransaction(ctx) {
+		return op()
+	}
+	var b interface{ Next() time.Duration }
+	deadline := time.Now().Add(q.c.resolve)
+	for {
+		err := op()
+		// retry.IsRetryable, not store.IsTransient: the driver's "connection
+		// pool cleared" error, which a write fails with before it is sent
+		// when another operation's connection broke, says so only through its
+		// Retryable method.
+		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		if b == nil {
+			b = q.c.retry.NewBackoff()
+		}
+		sleep(ctx, b.Next())
+	}
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,660 @@
+package deferred
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+)
+
+// Run works the queue until ctx ends: it finds keys with jobs ready to run,
+// claims each (a lease on the key's document, renewed while its handlers
+// run), runs the key's jobs in sequence order through their handlers, and
+// records each outcome. At most Options.Workers keys are worked on at once.
+// Any number of processes may call Run on the same collections; within a
+// process, call it once per Queue.
+//
+// When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
+// an interrupted job back without counting its attempt, releases its claims
+// and returns nil once every worker has stopped. It returns an error only
+// when it cannot start: a nil ctx, no handler registered, indexes it could
+// not make.
+func (q *Queue) Run(ctx context.Context) error {
+	if err := checkCtx(ctx, "run"); err != nil {
+		return err
+	}
+	q.mu.RLock()
+	n := len(q.handlers)
+	q.mu.RUnlock()
+	if n == 0 {
+		return invalid("run", "handlers", "none registered", nil)
+	}
+	ttl, err := q.EnsureIndexes(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r := &runner{q: q, busy: map[string]bool{}, skip: map[string]time.Time{}, freed: make(chan struct{}, 1)}
+	defer r.wg.Wait()
+	nextSweep := time.Now()
+	var lastLook time.Time
+	for ctx.Err() == nil {
+		// Local enqueues wake Run at once; still, look for work at most ten
+		// times per PollInterval, so that a burst of them costs few queries.
+		if gap := q.c.poll/10 - time.Since(lastLook); gap > 0 {
+			sleep(ctx, gap)
+		}
+		lastLook = time.Now()
+		if !ttl && time.Now().After(nextSweep) {
+			if _, err := q.Sweep(ctx); err != nil && ctx.Err() == nil {
+				q.c.logger.Warn("deferred: sweep", "err", err)
+			}
+			nextSweep = time.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
+		}
+		started, err := r.dispatch(ctx)
+		if err != nil && ctx.Err() == nil {
+			q.c.logger.Warn("deferred: look for work", "err", err)
+		}
+		if started > 0 {
+			continue
+		}
+		wait := time.NewTimer(jitter(q.c.poll))
+		select {
+		case <-ctx.Done():
+		case <-q.wake:
+		case <-r.freed:
+		case <-wait.C:
+		}
+		wait.Stop()
+	}
+	return nil
+}
+
+// jitter returns d scaled by a random factor in [0.5, 1.5), so that the
+// polls of many processes spread out.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
+}
+
+// runner is one Run: the keys its workers hold, and those it skips a while.
+type runner struct {
+	q     *Queue
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	busy  map[string]bool      // keys a worker of this Run works on
+	skip  map[string]time.Time // keys to leave alone until then
+	freed chan struct{}
+}
+
+// dispatch starts a worker on each ready key it finds, up to the free
+// workers, and returns how many it started.
+func (r *runner) dispatch(ctx context.Context) (int, error) {
+	q := r.q
+	r.mu.Lock()
+	free := q.c.workers - len(r.busy)
+	exclude := len(r.busy) + len(r.skip)
+	now := time.Now()
+	for k, until := range r.skip {
+		if now.After(until) {
+			delete(r.skip, k)
+		}
+	}
+	r.mu.Unlock()
+	if free <= 0 {
+		return 0, nil
+	}
+	// Several times more candidates than free workers, shuffled: processes
+	// that look at once mostly pick different keys.
+	keys, err := q.candidates(ctx, int64(4*q.c.workers+exclude))
+	if err != nil {
+		return 0, err
+	}
+	rand.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	started := 0
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		if started == free {
+			break
+		}
+		id := string(k.Value) + string(rune(k.Type))
+		if r.busy[id] || !r.skip[id].IsZero() {
+			continue
+		}
+		r.busy[id] = true
+		started++
+		r.wg.Go(func() {
+			claimed := q.work(ctx, k)
+			r.mu.Lock()
+			delete(r.busy, id)
+			if !claimed {
+				r.skip[id] = time.Now().Add(q.c.poll)
+			}
+			r.mu.Unlock()
+			select {
+			case r.freed <- struct{}{}:
+			default:
+			}
+		})
+	}
+	return started, nil
+}
+
+// candidates returns up to limit keys that have jobs waiting, whose head is
+// due, and whose claim looks free or expired. The claim decides; this only
+// keeps workers from claiming keys that are surely held.
+func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, error) {
+	now := q.now(ctx)
+	filter := bson.D{
+		{Key: "n", Value: bson.D{{Key: "$gt", Value: 0}}},
+		{Key: "$and", Value: bson.A{
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: false}}}},
+				bson.D{{Key: "due", Value: bson.D{{Key: "$lte", Value: now}}}},
+			}}},
+			// The lease record's owner and expiry (see lease.Manager.Field):
+			// free, or expired by this estimate.
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
+				bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
+			}}},
+		}},
+	}
+	cur, err := q.keys.Find(ctx, filter, options.Find().
+		SetProjection(bson.D{{Key: "_id", Value: 1}}).SetSort(bson.D{{Key: "t", Value: 1}}).SetLimit(limit))
+	if err != nil {
+		return nil, err
+	}
+	var docs []bson.Raw
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	keys := make([]bson.RawValue, 0, len(docs))
+	for _, d := range docs {
+		keys = append(keys, d.Lookup("_id"))
+	}
+	return keys, nil
+}
+
+// claim is a worker's hold on one key: the lease, the context its handlers
+// run under, and the context of its bookkeeping writes.
+type claim struct {
+	q    *Queue
+	key  bson.RawValue
+	l    *lease.Lease
+	run  context.Context // Run's context
+	jobs context.Context // ends with the lease or with Run's context
+}
+
+// book returns a context for one bookkeeping write: it outlives Run's
+// context by ResolveTimeout, so that an outcome is recorded after a stop.
+func (c *claim) book() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(c.run), c.q.c.resolve)
+}
+
+// lost reports whether the claim is known to be lost.
+func (c *claim) lost() bool { return c.l.Err() != nil }
+
+// work claims key and runs its jobs. It reports whether it got the claim.
+func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
+	l, err := q.leases.TryAcquire(ctx, key)
+	if err != nil {
+		if !errors.Is(err, lease.ErrHeld) && ctx.Err() == nil {
+			q.c.logger.Warn("deferred: claim a key", "key", keyText(key), "err", err)
+		}
+		return false
+	}
+	jobs, cancel := context.WithCancel(l.Context())
+	stop := context.AfterFunc(ctx, cancel)
+	c := &claim{q: q, key: key, l: l, run: ctx, jobs: jobs}
+	var renewing sync.WaitGroup
+	renewing.Go(func() { c.renew() })
+	defer func() {
+		stop()
+		cancel()
+		bctx, done := c.book()
+		if err := l.Release(bctx); err != nil && !errors.Is(err, lease.ErrLost) {
+			q.c.logger.Warn("deferred: release a key", "key", keyText(key), "err", err)
+		}
+		done()
+		renewing.Wait()
+	}()
+	c.loop()
+	return true
+}
+
+// renew renews the claim every third of the visibility timeout until it
+// ends.
+func (c *claim) renew() {
+	t := time.NewTicker(c.q.c.visibility / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.jobs.Done():
+			return
+		case <-t.C:
+			ctx, cancel := c.book()
+			err := c.l.Renew(ctx)
+			cancel()
+			if errors.Is(err, lease.ErrLost) || errors.Is(err, lease.ErrReleased) {
+				return
+			}
+			if err != nil {
+				c.q.c.logger.Warn("deferred: renew a claim", "key", keyText(c.key), "err", err)
+			}
+		}
+	}
+}
+
+// loop runs the key's jobs in order, at most Batch of them, while the claim
+// holds and Run's context lives.
+func (c *claim) loop() {
+	q := c.q
+	ctx, cancel := c.book()
+	kd, found, err := q.readKey(ctx, c.key)
+	cancel()
+	if err != nil || !found {
+		return
+	}
+	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; i++ {
+		next, ok := c.step(kd)
+		if !ok {
+			return
+		}
+		kd = next
+	}
+}
+
+// step runs the head job of the key as kd shows it and moves the head on.
+// It returns the key's document after the step, and false when the worker
+// should give the key up (the head must wait, the claim is lost, a write
+// failed).
+func (c *claim) step(kd keyDoc) (keyDoc, bool) {
+	q := c.q
+	seq := kd.Off + kd.Done + 1
+	job, err := c.claimJob(seq)
+	if err != nil {
+		c.warn("claim a job", seq, err)
+		return kd, false
+	}
+	if job == nil {
+		return c.noHead(kd, seq)
+	}
+	if job.Attempt > job.MaxAttempts {
+		// The worker of the last attempt was lost while it ran.
+		return c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
+	}
+	h := q.handler(job.Name)
+	if h == nil {
+		// Another process has this handler: put the job back and let the
+		// key go to it.
+		c.putBack(job)
+		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "job", job.ID.Hex())
+		return kd, false
+	}
+	err = c.call(h, job)
+	switch {
+	case c.lost():
+		// Another worker has (or will have) the key and retakes the job.
+		q.c.logger.Warn("deferred: lost the claim on a key while its job ran", "key", keyText(c.key), "job", job.ID.Hex(), "err", err)
+		return kd, false
+	case err == nil:
+		return c.finish(kd, job, outcome{})
+	case c.run.Err() != nil:
+		// Run is stopping: not the job's fault.
+		c.putBack(job)
+		return kd, false
+	}
+	var snooze *snoozeError
+	if errors.As(err, &snooze) {
+		return c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d})
+	}
+	dead := retry.IsPermanent(err) || job.Attempt >= job.MaxAttempts
+	return c.finish(kd, job, outcome{dead: dead, err: err})
+}
+
+// call runs the handler with the attempt's context, and turns a panic into
+// a *PanicError.
+func (c *claim) call(h *handler, job *Job) (err error) {
+	ctx, cancel := c.jobs, context.CancelFunc(func() {})
+	if c.q.c.jobTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.q.c.jobTimeout)
+	}
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			stack := debug.Stack()
+			if len(stack) > 4096 {
+				stack = stack[:4096]
+			}
+			err = &PanicError{Value: r, Stack: string(stack)}
+		}
+	}()
+	return h.run(ctx, job)
+}
+
+// claimJob claims the job at seq on the key for this attempt: one
+// findOneAndUpdate that matches it while it waits (or was left running by
+// a lost worker) and is due, makes it running under this claim's epoch and
+// counts the attempt. It returns nil when no such job is there.
+func (c *claim) claimJob(seq int64) (*Job, error) {
+	q := c.q
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
+	filter := bson.D{
+		{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
+		{Key: "s", Value: seq},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "$or", Value: bson.A{
+			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
+		}},
+	}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.owner},
+			{Key: "epoch", Value: c.l.Epoch()}, {Key: "started", Value: now},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+	}
+	for try := 0; ; try++ {
+		var job Job
+		err := q.resend(ctx, func() error {
+			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&job)
+		})
+		switch {
+		case err == nil:
+			job.q = q
+			return &job, nil
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
+		case !store.IsAmbiguous(err) || try >= 3:
+			return nil, err
+		}
+		// Lost reply: if the claim landed, the job is running under this
+		// epoch (and the resend below matches nothing).
+		var cur Job
+		rerr := q.resend(ctx, func() error {
+			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
+		})
+		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
+			cur.q = q
+			return &cur, nil
+		}
+	}
+}
+
+// noHead handles a key whose head seq has no job to claim: the job is
+// finished already (a worker died between recording it and moving the
+// head), not due yet, or not there at all (a hole).
+func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	defer cancel()
+	var job Job
+	err := q.resend(ctx, func() error {
+		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
+	})
+	now := q.now(ctx)
+	switch {
+	case err == nil && finished(job.State):
+		return c.advance(kd)
+	case err == nil:
+		// Not due yet: wait for it.
+		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
+		return kd, false
+	case !errors.Is(err, mongo.ErrNoDocuments):
+		c.warn("read the head job", seq, err)
+		return kd, false
+	}
+	// No job has the number yet. Most often its enqueuer is between its two
+	// writes: look again a few times, holding the key, before giving it up.
+	since := now
+	if kd.Hole != nil && kd.Hole.Seq == seq {
+		since = kd.Hole.Since
+	} else {
+		c.setKey(bson.D{{Key: "hole", Value: hole{Seq: seq, Since: now}}})
+	}
+	if now.Sub(since) < q.c.holeTimeout {
+		for d := 5 * time.Millisecond; d <= 80*time.Millisecond; d *= 2 {
+			sleep(c.jobs, d)
+			if c.lost() || c.run.Err() != nil {
+				return kd, false
+			}
+			if n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}); err == nil && n > 0 {
+				return kd, true // it landed: step again
+			}
+		}
+		// Look again after a while that grows with the hole's age, up to
+		// when it may be skipped.
+		wait := min(max(now.Sub(since), q.c.poll/10), since.Add(q.c.holeTimeout).Sub(now))
+		c.setKey(bson.D{{Key: "due", Value: now.Add(wait)}})
+		return kd, false
+	}
+	// The number was reserved HoleTimeout ago (as this key's workers saw
+	// it) and its job is not there: skip it. If its enqueuer is still trying,
+	// its insert now fails on the unique index and it reserves another
+	// number.
+	if err := q.tombstone(ctx, c.key, seq); err != nil && !store.IsDuplicateKey(err) {
+		c.warn("skip a hole", seq, err)
+		return kd, false
+	}
+	// Either the tombstone or the job is there now: step again.
+	return kd, true
+}
+
+// outcome is what an attempt came to.
+type outcome struct {
+	err     error         // nil: completed (or snoozed)
+	dead    bool          // failed for good
+	snoozed bool          // snoozed, for snooze
+	snooze  time.Duration //
+}
+
+// finish records the outcome of job's attempt and, when the job no longer
+// holds the key (completed, dead), moves the key's head on.
+func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	now := q.now(ctx)
+	var set bson.D
+	var push bson.D
+	inc := bson.D{}
+	var runAt time.Time
+	var to State
+	switch {
+	case o.snoozed:
+		to, runAt = StateAvailable, now.Add(o.snooze)
+		set = bson.D{{Key: "runAt", Value: runAt}}
+		inc = bson.D{{Key: "attempt", Value: -1}, {Key: "snoozes", Value: 1}}
+	case o.err == nil:
+		to = StateCompleted
+		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)}}
+	case o.dead:
+		to = StateDead
+		set = bson.D{{Key: "finished", Value: now}}
+	default:
+		to, runAt = StateRetryable, now.Add(q.delay(job.Attempt))
+		set = bson.D{{Key: "runAt", Value: runAt}}
+	}
+	set = append(bson.D{{Key: "state", Value: to}}, set...)
+	if o.err != nil {
+		push = bson.D{{Key: "errors", Value: attemptError(job.Attempt, now, o.err)}}
+	}
+	update := bson.D{{Key: "$set", Value: set}}
+	if len(push) > 0 {
+		update = append(update, bson.E{Key: "$push", Value: push})
+	}
+	if len(inc) > 0 {
+		update = append(update, bson.E{Key: "$inc", Value: inc})
+	}
+	ok, err := c.updateJob(ctx, job, update, to)
+	cancel()
+	if err != nil || !ok {
+		if err != nil {
+			c.warn("record an attempt", job.Seq, err)
+		}
+		return kd, false
+	}
+	if !runAt.IsZero() {
+		c.setKey(bson.D{{Key: "due", Value: runAt}})
+		return kd, false
+	}
+	return c.advance(kd)
+}
+
+// delay returns the backoff before the attempt after attempt n.
+func (q *Queue) delay(n int) time.Duration {
+	b := q.c.backoff.NewBackoff()
+	var d time.Duration
+	for range max(n, 1) {
+		d = b.Next()
+	}
+	return d
+}
+
+// attemptError is the record of a failed attempt.
+func attemptError(n int, at time.Time, err error) AttemptError {
+	msg := err.Error()
+	var p *PanicError
+	isPanic := errors.As(err, &p)
+	if isPanic {
+		msg += "\n" + p.Stack
+	}
+	if len(msg) > 2048 {
+		msg = msg[:2048] + "…"
+	}
+	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
+}
+
+// updateJob applies update to job while it is running under this claim,
+// and reports whether it did (false: another worker took the job over).
+// A lost reply is settled by re-reading: the state it sets says whether it
+// landed, and a copy sent again matches nothing once one landed.
+func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State) (bool, error) {
+	q := c.q
+	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
+	for try := 0; ; try++ {
+		var res *mongo.UpdateResult
+		err := q.resend(ctx, func() (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
+		if err == nil && res.MatchedCount == 1 {
+			return true, nil
+		}
+		if err != nil && (!store.IsAmbiguous(err) || try >= 3) {
+			return false, err
+		}
+		var cur Job
+		if rerr := q.resend(ctx, func() error { return q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: job.ID}}).Decode(&cur) }); rerr != nil {
+			if err == nil {
+				return false, rerr
+			}
+			continue
+		}
+		if cur.State == StateRunning && cur.Epoch == c.l.Epoch() {
+			continue // not applied yet
+		}
+		// Applied by an earlier copy, or the job was taken over.
+		return cur.Epoch == c.l.Epoch() && cur.State == to, nil
+	}
+}
+
+// putBack returns a claimed job to the available state without counting
+// its attempt: Run is stopping, or this process has no handler for it.
+func (c *claim) putBack(job *Job) {
+	ctx, cancel := c.book()
+	defer cancel()
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: StateAvailable}}}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
+	if _, err := c.updateJob(ctx, job, update, StateAvailable); err != nil {
+		c.warn("put a job back", job.Seq, err)
+	}
+}
+
+// advance moves the key's head past its current one: one findOneAndUpdate
+// fenced on this claim and on the head's position, so that a copy sent
+// again after a lost reply, or a worker that lost the key, moves nothing.
+func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
+	filter := append(append(store.IDFilter(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
+	update := bson.D{
+		{Key: "$inc", Value: bson.D{{Key: "done", Value: int64(1)}, {Key: "n", Value: int64(-1)}}},
+		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
+		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}}},
+	}
+	for try := 0; ; try++ {
+		var next keyDoc
+		err := q.resend(ctx, func() error {
+			return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
+		})
+		if err == nil {
+			return next, true
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) && (!store.IsAmbiguous(err) || try >= 3) {
+			c.warn("move the head", kd.Off+kd.Done+1, err)
+			return kd, false
+		}
+		cur, found, rerr := q.readKey(ctx, c.key)
+		switch {
+		case rerr != nil || !found:
+			return kd, false
+		case cur.Done > kd.Done:
+			return cur, !c.lost() // an earlier copy moved it
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return kd, false // the fence failed: the claim is lost
+		}
+	}
+}
+
+// setKey sets fields of the key's document under this claim's fence.
+func (c *claim) setKey(set bson.D) {
+	ctx, cancel := c.book()
+	defer cancel()
+	filter := append(store.IDFilter(c.key), c.l.Fence()...)
+	set = append(set, bson.E{Key: "t", Value: c.q.now(ctx)})
+	// $set is idempotent: a copy sent again does no harm.
+	err := c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
+	if err != nil && store.IsAmbiguous(err) {
+		err = c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
+	}
+	if err != nil {
+		c.warn("update the key", 0, err)
+	}
+}
+
+func (c *claim) warn(what string, seq int64, err error) {
+	if c.run.Err() == nil {
+		c.q.c.logger.Warn("deferred: "+what, "key", keyText(c.key), "seq", seq, "err", err)
+	}
+}
+
+// Sweep deletes the completed and cancelled jobs (and the tombstones of
+// skipped numbers) whose retention has passed, and returns how many it
+// deleted: one deleteMany. It is the clean-up for servers without TTL
+// indexes; Run calls it from time to time where EnsureIndexes made no TTL
+// index.
+func (q *Queue) Sweep(ctx context.Context) (int64, error) {
+	if err := checkCtx(ctx, "sweep"); err != nil {
+		return 0, err
+	}
+	res, err := q.jobs.DeleteMany(ctx, bson.D{{Key: "expireAt", Value: bson.D{{Key: "$lt", Value: q.now(ctx)}}}})
+	if err != nil {
+		return 0, fmt.Errorf("deferred: sweep: %w", err)
+	}
+	return res.DeletedCount, nil
+}

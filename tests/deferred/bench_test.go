@@ -1,0 +1,98 @@
+package deferred_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/deferred"
+)
+
+// BenchmarkWorkerPool measures how fast one Run of 10 workers works through
+// b.N jobs enqueued beforehand, on one key (one at a time, in order) and
+// spread over 50 keys. Each job is a Guarded $inc of its key's account,
+// exactly once. jobs/s is the throughput; x-raw is the time per job over
+// the time of one plain updateOne by _id on the same server, measured in the
+// same run: what the queue's bookkeeping costs, in round trips' worth.
+//
+//	go test -run '^$' -bench WorkerPool -benchtime 400x ./tests/deferred
+func BenchmarkWorkerPool(b *testing.B) {
+	for _, keys := range []int{1, 50} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchmarkPool(b, keys) })
+	}
+}
+
+//nolint:thelper // the body of a benchmark, run once per key count
+func benchmarkPool(b *testing.B, keys int) {
+	bb := setup(b)
+	raw := rawUpdate(b, bb)
+	q := bb.queue(b, nil, &deferred.Options{Workers: 10, Retention: time.Minute})
+	var done atomic.Int64
+	k, err := deferred.Register(q, "inc", func(ctx context.Context, job *deferred.Job, c credit) error {
+		var id string
+		if err := job.Key.Unmarshal(&id); err != nil {
+			return err
+		}
+		_, err := deferred.Guarded(ctx, job, bb.accounts, id, nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}})
+		if err == nil {
+			done.Add(1)
+		}
+		return err
+	})
+	require.NoError(b, err)
+	ids := make([]string, keys)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%02d", i)
+		bb.insert(b, ids[i])
+	}
+	for i := range b.N {
+		_, err := k.Enqueue(bb.ctx, ids[i%keys], credit{Amount: 1})
+		require.NoError(b, err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	stop := run(b, q)
+	keysColl := bb.db.Collection("jobs_keys")
+	for {
+		if done.Load() >= int64(b.N) {
+			n, err := keysColl.CountDocuments(bb.ctx, bson.D{{Key: "n", Value: bson.D{{Key: "$ne", Value: 0}}}})
+			require.NoError(b, err)
+			if n == 0 {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	stop()
+	perJob := elapsed / time.Duration(b.N)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "jobs/s")
+	b.ReportMetric(float64(perJob)/float64(raw), "x-raw")
+	var total int64
+	for _, id := range ids {
+		total += bb.get(b, id).Balance
+	}
+	require.Equal(b, int64(b.N), total, "every job applied once")
+}
+
+// rawUpdate returns the mean time of a plain updateOne by _id ($inc) on
+// the bundle's server.
+func rawUpdate(b *testing.B, bb *bundle) time.Duration {
+	b.Helper()
+	coll := bb.db.Collection("raw")
+	_, err := coll.InsertOne(bb.ctx, bson.D{{Key: "_id", Value: 1}})
+	require.NoError(b, err)
+	const n = 200
+	start := time.Now()
+	for range n {
+		_, err := coll.UpdateOne(bb.ctx, bson.D{{Key: "_id", Value: 1}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}})
+		require.NoError(b, err)
+	}
+	return time.Since(start) / n
+}
