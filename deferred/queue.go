@@ -371,9 +371,9 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 // Jobs with the same key run one at a time, in the order their Enqueue calls
 // returned (two calls that overlap may run in either order).
 //
-// It makes two writes: one findOneAndUpdate (an upsert) on the key's document
-// reserves the next sequence number of the key, and one insert stores the
-// job with it. When ctx carries a session with a transaction in progress,
+// It makes two writes: one findOneAndUpdate on the key's document reserves
+// the next sequence number of the key (the key's first Enqueue inserts that
+// document first), and one insert stores the job with it. When ctx carries a session with a transaction in progress,
 // both take part in it (the transactional outbox: "write my part and queue
 // the rest" commits or aborts as one); outside a transaction, an enqueuer
 // that dies between the two leaves a reserved number without a job, which the
@@ -566,36 +566,38 @@ func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
 	return false, errors.Join(last, ctx.Err())
 }
 
-// reserve takes the next sequence number of key: one findOneAndUpdate that
-// creates the key's document if needed. After an ambiguous failure it
-// re-reads the document: the reservation id it sets says whether the number
-// on it is this reservation's. When it cannot tell, it reserves again (the
+// reserve takes the next sequence number of key: one findOneAndUpdate of
+// the key's document. The key's first reservation makes the document first
+// (createKey) and reserves again. After an ambiguous failure it re-reads
+// the document: the reservation id it sets says whether the number on it
+// is this reservation's. When it cannot tell, it reserves again (the
 // number it may have taken is skipped later: a hole).
 func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int64, error) {
 	var last error
-	for try := 1; try <= 5; try++ {
+	for try, creates := 1, 0; try <= 5; try++ {
 		rid := bson.NewObjectID()
 		update := bson.D{
 			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
-			// A key document made again after a deletion restarts above the
-			// numbers of the old one: see DESIGN.md.
-			{Key: "$setOnInsert", Value: bson.D{{Key: "off", Value: time.Now().UnixMicro()}, {Key: "done", Value: int64(0)}}},
 		}
 		var kd keyDoc
 		err := q.resend(ctx, func() error {
 			return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
-				options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)).Decode(&kd)
+				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&kd)
 		})
 		switch {
 		case err == nil:
 			return kd.Off + kd.Tail, nil
+		case errors.Is(err, mongo.ErrNoDocuments) && creates < 3:
+			// Nothing was reserved: make the key's document and reserve
+			// again.
+			creates++
+			try--
+			if err := q.createKey(ctx, raw); err != nil {
+				return 0, err
+			}
 		case inTx:
 			return 0, err
-		case store.IsDuplicateKey(err):
-			// Two first reservations of the key raced to create it.
-			last = err
-			continue
 		case store.IsAmbiguous(err):
 			last = err
 			kd, found, rerr := q.readKey(ctx, raw)
@@ -610,6 +612,31 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 		}
 	}
 	return 0, last
+}
+
+// createKey inserts the document of a key that has none, with no number
+// reserved; it is there afterwards, whoever made it. An insert, not an
+// upsert of the reservation: the unique _id lets exactly one of two first
+// reservations make the document, while a server may run two concurrent
+// upserts of one _id as two inserts and answer both with the document each
+// would have made: FerretDB v2 on DocumentDB does (one of 8 concurrent
+// upserts of a new _id returns a document that is not the one stored, and
+// an $inc is lost), which gave two jobs of a key numbers off two different
+// offsets, behind the head.
+func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
+	doc := bson.D{
+		{Key: "_id", Value: raw},
+		// A key document made again after a deletion restarts above the
+		// numbers of the old one: see DESIGN.md.
+		{Key: "off", Value: time.Now().UnixMicro()},
+		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
+	}
+	err := q.resend(ctx, func() error { _, err := q.keys.InsertOne(ctx, doc); return err })
+	if err == nil || store.IsDuplicateKey(err) || store.IsAmbiguous(err) {
+		// There, or perhaps there: the next reservation tells.
+		return nil
+	}
+	return err
 }
 
 // abandon writes the tombstone of a sequence number reserved by an enqueue

@@ -270,16 +270,22 @@ func (k *Keys) detached(ctx context.Context) (context.Context, context.CancelFun
 // an ambiguous attempt was not applied.
 const maxSends = 3
 
-// open finds the key's record, making it if there is none, with one
-// findOneAndUpdate: an upsert whose $setOnInsert writes the record id, the
-// fingerprint and the retention time. It returns the record as it is after
-// that write, whoever made it.
+// open finds the key's record, making it if there is none: an insert of
+// the record (its id, the fingerprint, the retention time) and, when one is
+// there already, a read. It returns the record as it is after that write,
+// whoever made it. An insert, not an upsert with $setOnInsert: the unique
+// _id lets exactly one of two concurrent first requests make the record,
+// while a server may run two concurrent upserts of one new _id as two
+// inserts and answer each with the record it would have made (FerretDB v2
+// on DocumentDB does), so that a request with another payload would not see
+// the fingerprint it must be refused for.
 func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) {
 	now, err := k.estimate(ctx)
 	if err != nil {
 		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 	}
-	ins := bson.D{
+	doc := bson.D{
+		{Key: "_id", Value: ref.id},
 		{Key: "rid", Value: bson.NewObjectID()},
 		{Key: "key", Value: ref.key},
 		{Key: "scope", Value: ref.scope},
@@ -287,23 +293,21 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	update := bson.D{{Key: "$setOnInsert", Value: ins}}
-	opts := options.FindOneAndUpdate().SetUpsert(true).SetReturnDocument(options.After)
 	for try := 1; ; try++ {
-		raw, err := k.coll.FindOneAndUpdate(ctx, idFilter(ref.id), update, opts).Raw()
+		_, err := k.coll.InsertOne(ctx, doc)
 		if err == nil {
-			rec, err := decode(raw)
+			raw, err := bson.Marshal(doc)
 			if err != nil {
 				return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 			}
-			return rec, nil
+			return decode(raw)
 		}
 		dup := store.IsDuplicateKey(err)
 		if !dup && !store.IsAmbiguous(err) {
 			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 		}
-		// Another request's upsert made it first (a duplicate key), or the
-		// reply was lost: the record tells.
+		// Another request made it first (a duplicate key), or the reply was
+		// lost: the record tells.
 		rec, found, rerr := k.read(ctx, ref.id, !dup)
 		switch {
 		case rerr != nil && dup:
@@ -317,7 +321,8 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		case try >= maxSends:
 			return record{}, &UnknownOutcomeError{Op: "open", Key: ref.key, Err: err}
 		}
-		// Not there: the upsert is idempotent, send it again.
+		// Not there: send the insert again (a copy that lands after another
+		// fails on the _id, which the read then settles).
 	}
 }
 

@@ -140,6 +140,41 @@ func wait(t testing.TB, q *deferred.Queue, id bson.ObjectID) *deferred.Job {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	job, err := q.Wait(ctx, id, 20*time.Millisecond)
+	if err != nil {
+		dumpQueue(t, q)
+	}
 	require.NoError(t, err)
 	return job
+}
+
+// dumpQueue logs the queue's keys and its unfinished jobs: what a test that
+// waited in vain needs to tell why.
+func dumpQueue(t testing.TB, q *deferred.Queue) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		coll   *mongo.Collection
+		filter bson.D
+	}{
+		{q.Keys(), bson.D{}},
+		{q.Jobs(), bson.D{{Key: "state", Value: bson.D{{Key: "$nin", Value: bson.A{deferred.StateCompleted}}}}}},
+	} {
+		cur, err := c.coll.Find(ctx, c.filter)
+		if err != nil {
+			t.Logf("dump %s: %v", c.coll.Name(), err)
+			continue
+		}
+		var docs []bson.Raw
+		if err := cur.All(ctx, &docs); err != nil {
+			t.Logf("dump %s: %v", c.coll.Name(), err)
+		}
+		for i, d := range docs {
+			if i == 40 {
+				t.Logf("dump %s: %d more", c.coll.Name(), len(docs)-i)
+				break
+			}
+			t.Logf("dump %s: %s", c.coll.Name(), d.String())
+		}
+	}
 }

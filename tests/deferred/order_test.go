@@ -177,6 +177,11 @@ func TestManyWorkersInOrderExactlyOnce(t *testing.T) {
 	opts := deferred.Options{Workers: 5, VisibilityTimeout: ttl, MaxAttempts: 25, Retention: 2 * time.Second}
 	pa := newProcess(t, b, tr, "A", opts)
 	pb := newProcess(t, b, tr, "B", opts)
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpQueue(t, pa.q)
+		}
+	})
 	ids := make([]string, keys)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("k%02d", i)

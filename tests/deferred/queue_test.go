@@ -2,8 +2,11 @@ package deferred_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -58,4 +61,98 @@ func TestEnqueueAndRun(t *testing.T) {
 	counts, err := q.Counts(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(10), counts[deferred.StateCompleted])
+}
+
+// TestFirstEnqueuesOfAKeyRace: the first enqueues of fresh keys race from
+// four clients at once (8 per key). Every job gets its own number among the
+// key's reserved ones (off+1 .. off+tail), so all of them run. On FerretDB
+// v2 + DocumentDB, whose concurrent upserts of one new _id can each answer
+// with the document it would have made, numbering by upsert gave jobs
+// numbers off another offset, which no worker ever reached.
+func TestFirstEnqueuesOfAKeyRace(t *testing.T) {
+	b := setup(t)
+	const clients, keys, perKey = 4, 20, 8
+	kinds := make([]*deferred.Kind[credit], clients)
+	var q *deferred.Queue
+	for i := range kinds {
+		db := b.db.Database
+		if i > 0 {
+			db = b.db.Faulty(t, nil).Database
+		}
+		pq := b.queue(t, db, nil)
+		var err error
+		kinds[i], err = deferred.Register(pq, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
+			var id string
+			if err := job.Key.Unmarshal(&id); err != nil {
+				return err
+			}
+			_, err := deferred.Guarded(ctx, job, b.accounts, id, bson.D{},
+				bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
+			return err
+		})
+		require.NoError(t, err)
+		if i == 0 {
+			q = pq
+		}
+	}
+	var ids []bson.ObjectID
+	var mu sync.Mutex
+	for k := range keys {
+		id := fmt.Sprintf("fresh%02d", k)
+		b.insert(t, id)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for j := range perKey {
+			wg.Go(func() {
+				<-start
+				jid, err := kinds[j%clients].Enqueue(b.ctx, id, credit{Amount: int64(j + 1)})
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				ids = append(ids, jid)
+				mu.Unlock()
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	require.Len(t, ids, keys*perKey)
+
+	// Every key's jobs hold distinct numbers within the key's reserved ones.
+	cur, err := q.Keys().Find(b.ctx, bson.D{})
+	require.NoError(t, err)
+	var kds []struct {
+		ID   string `bson:"_id"`
+		Off  int64  `bson:"off"`
+		Tail int64  `bson:"tail"`
+	}
+	require.NoError(t, cur.All(b.ctx, &kds))
+	require.Len(t, kds, keys)
+	for _, kd := range kds {
+		require.Equal(t, int64(perKey), kd.Tail, "%s: numbers reserved", kd.ID)
+		cur, err := q.Jobs().Find(b.ctx, bson.D{{Key: "k", Value: kd.ID}})
+		require.NoError(t, err)
+		var jobs []struct {
+			S int64 `bson:"s"`
+		}
+		require.NoError(t, cur.All(b.ctx, &jobs))
+		seen := map[int64]bool{}
+		for _, j := range jobs {
+			require.True(t, j.S > kd.Off && j.S <= kd.Off+kd.Tail, "%s: job number %d outside %d+1..%d", kd.ID, j.S, kd.Off, kd.Tail)
+			require.False(t, seen[j.S], "%s: number %d twice", kd.ID, j.S)
+			seen[j.S] = true
+		}
+		require.Len(t, seen, perKey, "%s: jobs", kd.ID)
+	}
+
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
+	}
+	for k := range keys {
+		a := b.get(t, fmt.Sprintf("fresh%02d", k))
+		require.Equal(t, int64(perKey), a.Applied)
+		require.Equal(t, int64(perKey*(perKey+1)/2), a.Balance)
+	}
 }

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -102,4 +103,60 @@ func TestFiftyRequestsOneKey(t *testing.T) {
 	}
 	require.Equal(t, int32(n-1), inProgress.Load())
 	require.Equal(t, 1, load(t, b.coll, "one-key").Attempts)
+}
+
+// TestFirstRequestsOfAKeyRace: two payloads race with one fresh key, from
+// four processes at once (8 requests per key, 30 keys). Exactly one request
+// per key runs, and no request is answered with a result made for the other
+// payload: it is refused with ErrMismatch (or told ErrInProgress). On
+// FerretDB v2 + DocumentDB, whose concurrent upserts of one new _id can each
+// answer with the document it would have made, opening the record by upsert
+// let a request see its own fingerprint instead of the stored one.
+func TestFirstRequestsOfAKeyRace(t *testing.T) {
+	const processes, perKey, keys = 4, 8, 30
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	procs := make([]*idempotency.Keys, processes)
+	for i := range procs {
+		procs[i] = b.keys(t, nil, fmt.Sprintf("process-%d", i), nil)
+	}
+	var mismatched, inProgress, replays atomic.Int32
+	for k := range keys {
+		key := fmt.Sprintf("fresh-%02d", k)
+		var runs atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range perKey {
+			body := []byte{'a' + byte(i%2)}
+			wg.Go(func() {
+				<-start
+				res, err := procs[i%processes].Do(ctx, key, body, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+					runs.Add(1)
+					time.Sleep(5 * time.Millisecond)
+					return idempotency.Result{Status: 201, Body: body}, nil
+				})
+				switch {
+				case errors.Is(err, idempotency.ErrMismatch):
+					mismatched.Add(1)
+				case errors.Is(err, idempotency.ErrInProgress):
+					inProgress.Add(1)
+				case err != nil:
+					t.Errorf("%s: %v", key, err)
+				default:
+					if res.Replayed {
+						replays.Add(1)
+					}
+					if string(res.Body) != string(body) {
+						t.Errorf("%s: a request with payload %q was answered with the result of payload %q", key, body, res.Body)
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int32(1), runs.Load(), "%s: requests that ran", key)
+	}
+	t.Logf("%d keys: %d refused for another payload, %d told in progress, %d replays", keys, mismatched.Load(), inProgress.Load(), replays.Load())
+	require.Positive(t, mismatched.Load(), "no request met the other payload's record: no race")
 }

@@ -123,7 +123,7 @@ func writeOf(coll, kind string) mongotest.Match {
 		s := commandText(c)
 		switch kind {
 		case "open":
-			return c.Name == "findAndModify" && strings.Contains(s, "$setOnInsert")
+			return c.Name == "insert" && strings.Contains(s, `"fp"`)
 		case "claim":
 			return c.Name == "findAndModify" && strings.Contains(s, "_lease.acquiredAt")
 		case "begin":
