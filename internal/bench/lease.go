@@ -143,6 +143,11 @@ func printLease(lr leaseRun, cs time.Duration) {
 			percentile(r.waits, 0.5).Round(100*time.Microsecond), percentile(r.waits, 0.99).Round(100*time.Microsecond),
 			percentile(r.gaps, 0.99).Round(100*time.Microsecond), spread)
 	}
-	fmt.Printf("\nTarget for the hand-over (2 x critical section + one round trip): %v. With %d workers in line, a call waits for the %d ahead of it, so its wait is about %d x (critical section + hand-over).\n\n",
+	fmt.Printf("\nTarget for the hand-over (2 x critical section + one round trip): %v. With %d workers in line, a call waits for the %d ahead of it, so its wait is about %d x (critical section + hand-over).\n",
 		(2*cs + lr.rtt).Round(100*time.Microsecond), eight.workers, eight.workers-1, eight.workers-1)
+	// Little's law: W callers always in the system at throughput X spend
+	// W/X each in it, on average, whatever the order they are served in.
+	inSystem := time.Duration(float64(eight.workers) / rate(eight) * float64(time.Second))
+	fmt.Printf("Floor for any lock (Little's law): %d workers always asking, at %.0f acquisitions/s, spend %v per call in all, so they wait that less their hold (at least the %v critical section) on average; at any throughput, at least %v (%d x the critical section), whatever the order they are served in.\n\n",
+		eight.workers, rate(eight), inSystem.Round(100*time.Microsecond), cs, time.Duration(eight.workers-1)*cs, eight.workers-1)
 }
