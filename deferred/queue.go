@@ -372,8 +372,9 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 // returned (two calls that overlap may run in either order).
 //
 // It makes two writes: one findOneAndUpdate on the key's document reserves
-// the next sequence number of the key (the key's first Enqueue inserts that
-// document first), and one insert stores the job with it. When ctx carries a session with a transaction in progress,
+// the next sequence number of the key, and one insert stores the job with
+// it. (The key's first Enqueue finds no document to reserve on, inserts it
+// and reserves again: four round trips.) When ctx carries a session with a transaction in progress,
 // both take part in it (the transactional outbox: "write my part and queue
 // the rest" commits or aborts as one); outside a transaction, an enqueuer
 // that dies between the two leaves a reserved number without a job, which the
@@ -593,9 +594,11 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 			// again.
 			creates++
 			try--
-			if err := q.createKey(ctx, raw); err != nil {
+			if err := q.createKey(ctx, raw, inTx); err != nil {
 				return 0, err
 			}
+		case errors.Is(err, mongo.ErrNoDocuments):
+			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?): %w", creates, err)
 		case inTx:
 			return 0, err
 		case store.IsAmbiguous(err):
@@ -623,7 +626,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 // upserts of a new _id returns a document that is not the one stored, and
 // an $inc is lost), which gave two jobs of a key numbers off two different
 // offsets, behind the head.
-func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
+func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) error {
 	doc := bson.D{
 		{Key: "_id", Value: raw},
 		// A key document made again after a deletion restarts above the
@@ -632,7 +635,13 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
 	err := q.resend(ctx, func() error { _, err := q.keys.InsertOne(ctx, doc); return err })
-	if err == nil || store.IsDuplicateKey(err) || store.IsAmbiguous(err) {
+	switch {
+	case err == nil:
+		return nil
+	case inTx:
+		// A failed write ends the transaction: its owner retries it whole.
+		return err
+	case store.IsDuplicateKey(err) || store.IsAmbiguous(err):
 		// There, or perhaps there: the next reservation tells.
 		return nil
 	}

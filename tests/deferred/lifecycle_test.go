@@ -303,8 +303,10 @@ func TestHoleIsSkipped(t *testing.T) {
 	require.Equal(t, int64(1), n, "one tombstone")
 }
 
-// TestEnqueueReplyLost: the insert of a job lands and its reply is lost;
-// the enqueuer re-reads, finds it, and reports it stored, once.
+// TestEnqueueReplyLost: each write of an enqueue lands and its reply is
+// lost (the job's insert, the reservation, the insert of a new key's
+// document); the enqueuer re-reads, finds it, and reports the job stored,
+// once.
 func TestEnqueueReplyLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -312,18 +314,27 @@ func TestEnqueueReplyLost(t *testing.T) {
 	q := b.queue(t, f.Database, nil)
 	k, err := deferred.Register(q, "n", func(context.Context, *deferred.Job, int) error { return nil })
 	require.NoError(t, err)
-	for _, cmd := range []string{"insert", "findAndModify"} {
-		fault := f.DropNextReply(mongotest.Commands([]string{cmd}, "jobs", "jobs_keys"))
-		id, err := k.Enqueue(b.ctx, "x", 1)
-		require.NoError(t, err, cmd)
-		require.True(t, fault.HasFired())
+	for _, c := range []struct{ cmd, coll, key string }{
+		{"insert", "jobs", "x"},             // the job (x's document is made first, its reply kept)
+		{"findAndModify", "jobs_keys", "x"}, // the reservation
+		{"insert", "jobs_keys", "y"},        // the document of a key's first enqueue
+	} {
+		fault := f.DropNextReply(mongotest.Commands([]string{c.cmd}, c.coll))
+		id, err := k.Enqueue(b.ctx, c.key, 1)
+		require.NoError(t, err, "%s %s", c.cmd, c.coll)
+		require.Len(t, fault.Dropped(), 1, "%s %s", c.cmd, c.coll)
 		job, err := q.Job(b.ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, deferred.StateAvailable, job.State)
 	}
 	n, err := b.jobs.CountDocuments(b.ctx, bson.D{})
 	require.NoError(t, err)
-	require.Equal(t, int64(2), n)
+	require.Equal(t, int64(3), n)
+	for _, key := range []string{"x", "y"} {
+		var kd struct{ Tail, N int64 }
+		require.NoError(t, q.Keys().FindOne(b.ctx, bson.D{{Key: "_id", Value: key}}).Decode(&kd))
+		require.Equal(t, kd.Tail, kd.N, "%s: every number reserved waits", key)
+	}
 }
 
 // TestSweepAndTTL: completed jobs are deleted after Retention: by the TTL
