@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -106,7 +105,8 @@ func TestFirstEnqueuesOfAKeyRace(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				jid, err := kinds[j%clients].Enqueue(b.ctx, id, credit{Amount: int64(j + 1)})
-				if !assert.NoError(t, err) {
+				if err != nil {
+					t.Errorf("enqueue on %s: %v", id, err)
 					return
 				}
 				mu.Lock()
