@@ -123,16 +123,24 @@ func TestModifyOrEnqueueUnderAConflictStorm(t *testing.T) {
 	require.Equal(t, now.Load()+queued.Load()-int64(declined), a.Applied)
 }
 
-// TestModifyOrEnqueueOtherErrors: fn's own error and a missing document are
-// returned as they are; nothing is queued.
-func TestModifyOrEnqueueOtherErrors(t *testing.T) {
-	t.Parallel()
+// setupSpend is a bundle with the change "spend" registered on a queue of
+// its own (through its repository) and the account "ana".
+func setupSpend(t testing.TB) (*bundle, *deferred.Queue, *deferred.Change[account, credit]) {
+	t.Helper()
 	b := setup(t)
 	q := b.queue(t, nil, nil)
 	change, err := deferred.NewChange(q, "spend", b.accounts, spend)
 	require.NoError(t, err)
 	b.insert(t, "ana")
-	_, err = change.ModifyOrEnqueue(b.ctx, "ana", credit{Amount: -5})
+	return b, q, change
+}
+
+// TestModifyOrEnqueueOtherErrors: fn's own error and a missing document are
+// returned as they are; nothing is queued.
+func TestModifyOrEnqueueOtherErrors(t *testing.T) {
+	t.Parallel()
+	b, _, change := setupSpend(t)
+	_, err := change.ModifyOrEnqueue(b.ctx, "ana", credit{Amount: -5})
 	require.ErrorIs(t, err, errInsufficient)
 	_, err = change.ModifyOrEnqueue(b.ctx, "bob", credit{Amount: 5})
 	require.ErrorIs(t, err, versioned.ErrNotFound)
@@ -162,10 +170,8 @@ func TestChangeAppliesOnceAcrossLostReplies(t *testing.T) {
 		return spend(a, c)
 	})
 	require.NoError(t, err)
-	id1, err := change.Enqueue(b.ctx, "ana", credit{Amount: 7})
-	require.NoError(t, err)
-	id2, err := counted.Enqueue(b.ctx, "ana", credit{Amount: 100})
-	require.NoError(t, err)
+	id1 := enqueue(t, b.ctx, change, "ana", credit{Amount: 7})
+	id2 := enqueue(t, b.ctx, counted, "ana", credit{Amount: 100})
 	// The first write to the accounts lands and its reply is lost
 	// (versioned settles it by its write id); the second lands and its
 	// reply says it failed (the attempt fails; the next finds the stamp and
@@ -181,9 +187,7 @@ func TestChangeAppliesOnceAcrossLostReplies(t *testing.T) {
 	require.Equal(t, deferred.StateCompleted, job.State)
 	require.Equal(t, 2, job.Attempt)
 	require.Equal(t, int64(1), calls.Load(), "the second attempt found the change applied")
-	a := b.get(t, "ana")
-	require.Equal(t, int64(107), a.Balance)
-	require.Equal(t, int64(2), a.Applied)
+	b.requireAccount(t, "ana", int64(107), int64(2))
 }
 
 // TestChangeSeesFreshState: a queued change's function runs on the state
@@ -191,17 +195,10 @@ func TestChangeAppliesOnceAcrossLostReplies(t *testing.T) {
 // dead at once (retry.Permanent), the key moving on.
 func TestChangeSeesFreshState(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	q := b.queue(t, nil, nil)
-	change, err := deferred.NewChange(q, "spend", b.accounts, spend)
-	require.NoError(t, err)
-	b.insert(t, "ana")
-	debit, err := change.Enqueue(b.ctx, "ana", credit{Amount: -50})
-	require.NoError(t, err)
-	credit1, err := change.Enqueue(b.ctx, "ana", credit{Amount: 100})
-	require.NoError(t, err)
-	debit2, err := change.Enqueue(b.ctx, "ana", credit{Amount: -50})
-	require.NoError(t, err)
+	b, q, change := setupSpend(t)
+	debit := enqueue(t, b.ctx, change, "ana", credit{Amount: -50})
+	credit1 := enqueue(t, b.ctx, change, "ana", credit{Amount: 100})
+	debit2 := enqueue(t, b.ctx, change, "ana", credit{Amount: -50})
 	run(t, q)
 	require.Equal(t, deferred.StateDead, wait(t, q, debit).State, "nothing to debit yet")
 	require.Equal(t, deferred.StateCompleted, wait(t, q, credit1).State)

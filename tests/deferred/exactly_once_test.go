@@ -51,6 +51,18 @@ func registerCredit(t testing.TB, q *deferred.Queue, repo *versioned.Repo[accoun
 	return k
 }
 
+// setupCredit is setupFaulty with "credit" registered on its queue
+// (applied through its repository; calls counts the handler's calls) and
+// the account "ana".
+func setupCredit(t testing.TB) (b *faultyBundle, k *deferred.Kind[credit], calls *atomic.Int64) {
+	t.Helper()
+	b = setupFaulty(t, nil)
+	calls = new(atomic.Int64)
+	k = registerCredit(t, b.fqueue, b.frepo, calls)
+	b.insert(t, "ana")
+	return b, k, calls
+}
+
 // TestAckLostAfterWrite: the handler's write lands and the worker never
 // learns it (the server's reply is replaced by an error that says nothing
 // was written, so versioned does not re-read: the worker believes it
@@ -58,12 +70,8 @@ func registerCredit(t testing.TB, q *deferred.Queue, repo *versioned.Repo[accoun
 // document and completes without applying it again.
 func TestAckLostAfterWrite(t *testing.T) {
 	t.Parallel()
-	b := setupFaulty(t, nil)
-	var calls atomic.Int64
-	k := registerCredit(t, b.fqueue, b.frepo, &calls)
-	b.insert(t, "ana")
-	id, err := k.Enqueue(b.ctx, "ana", credit{Amount: 7})
-	require.NoError(t, err)
+	b, k, calls := setupCredit(t)
+	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 7})
 	fault := b.f.ErrorAfterApply(mongotest.Writes("accounts"), mongotest.ServerError{Code: 2, CodeName: "BadValue"})
 	run(t, b.fqueue)
 	job := wait(t, b.fqueue, id)
@@ -72,9 +80,7 @@ func TestAckLostAfterWrite(t *testing.T) {
 	require.Equal(t, 2, job.Attempt, "the first attempt failed on the lost acknowledgment")
 	require.Len(t, job.Errors, 1)
 	require.Equal(t, int64(2), calls.Load())
-	a := b.get(t, "ana")
-	require.Equal(t, int64(7), a.Balance, "applied once")
-	require.Equal(t, int64(1), a.Applied)
+	b.requireAccount(t, "ana", int64(7), int64(1), "applied once")
 }
 
 // TestDiesAfterWrite: the handler writes and then dies (panics) before it
@@ -94,17 +100,14 @@ func TestDiesAfterWrite(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	id, err := k.Enqueue(b.ctx, "ana", credit{Amount: 7})
-	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 7})
 	run(t, q)
 	job := wait(t, q, id)
 	require.Equal(t, deferred.StateCompleted, job.State)
 	require.Equal(t, 2, job.Attempt)
 	require.True(t, job.Errors[0].Panic)
 	require.Contains(t, job.Errors[0].Error, "killed after the write")
-	a := b.get(t, "ana")
-	require.Equal(t, int64(7), a.Balance)
-	require.Equal(t, int64(1), a.Applied)
+	b.requireAccount(t, "ana", int64(7), int64(1))
 }
 
 // TestStampOutlivesWriteIDs: the handler's write lands, its reply is lost,
@@ -114,12 +117,8 @@ func TestDiesAfterWrite(t *testing.T) {
 // key, and it is on the document.
 func TestStampOutlivesWriteIDs(t *testing.T) {
 	t.Parallel()
-	b := setupFaulty(t, nil)
-	var calls atomic.Int64
-	k := registerCredit(t, b.fqueue, b.frepo, &calls)
-	b.insert(t, "ana")
-	id, err := k.Enqueue(b.ctx, "ana", credit{Amount: 1000})
-	require.NoError(t, err)
+	b, k, _ := setupCredit(t)
+	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 1000})
 	var once sync.Once
 	writes := mongotest.Writes("accounts")
 	fault := b.f.DropNextReply(func(c *mongotest.Command) bool {
@@ -140,9 +139,7 @@ func TestStampOutlivesWriteIDs(t *testing.T) {
 	require.Equal(t, deferred.StateCompleted, job.State)
 	require.Equal(t, 2, job.Attempt)
 	require.Contains(t, job.Errors[0].Error, "unknown", "versioned could not settle it")
-	a := b.get(t, "ana")
-	require.Equal(t, int64(1000+versioned.WriteIDs+5), a.Balance, "the credit applied once")
-	require.Equal(t, int64(1), a.Applied)
+	b.requireAccount(t, "ana", int64(1000+versioned.WriteIDs+5), int64(1), "the credit applied once")
 }
 
 // TestCompletionReplyLost: the write that records the job completed lands
@@ -150,14 +147,9 @@ func TestStampOutlivesWriteIDs(t *testing.T) {
 // runs once.
 func TestCompletionReplyLost(t *testing.T) {
 	t.Parallel()
-	b := setupFaulty(t, nil)
-	var calls atomic.Int64
-	k := registerCredit(t, b.fqueue, b.frepo, &calls)
-	b.insert(t, "ana")
-	id1, err := k.Enqueue(b.ctx, "ana", credit{Amount: 1})
-	require.NoError(t, err)
-	id2, err := k.Enqueue(b.ctx, "ana", credit{Amount: 2})
-	require.NoError(t, err)
+	b, k, calls := setupCredit(t)
+	id1 := enqueue(t, b.ctx, k, "ana", credit{Amount: 1})
+	id2 := enqueue(t, b.ctx, k, "ana", credit{Amount: 2})
 	jobs := mongotest.Commands([]string{"update"}, "jobs")
 	keys := mongotest.Commands([]string{"findAndModify"}, "jobs_keys")
 	f1 := b.f.DropNextReply(jobs)
@@ -206,10 +198,8 @@ func TestWorkerPausedPastItsClaim(t *testing.T) {
 	require.NoError(t, err)
 	kb := registerCredit(t, qb, b.accounts, &bCalls)
 
-	id1, err := kb.Enqueue(b.ctx, "ana", credit{Amount: 5})
-	require.NoError(t, err)
-	id2, err := kb.Enqueue(b.ctx, "ana", credit{Amount: 100})
-	require.NoError(t, err)
+	id1 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 5})
+	id2 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 100})
 	run(t, b.fqueue)
 	<-applied
 	run(t, qb)
@@ -222,9 +212,7 @@ func TestWorkerPausedPastItsClaim(t *testing.T) {
 	require.Equal(t, int64(1), aCalls.Load())
 	require.Equal(t, int64(2), bCalls.Load(), "B ran job 1 again (it found it applied) and job 2")
 	time.Sleep(2 * ttl) // A's traffic flows again: whatever it sends now is fenced off
-	a := b.get(t, "ana")
-	require.Equal(t, int64(105), a.Balance)
-	require.Equal(t, int64(2), a.Applied)
+	b.requireAccount(t, "ana", int64(105), int64(2))
 	job1, err = qb.Job(b.ctx, id1)
 	require.NoError(t, err)
 	require.Equal(t, "B", job1.Owner)
@@ -237,13 +225,9 @@ func TestWorkerPausedPastItsClaim(t *testing.T) {
 // done, and matches nothing.
 func TestLateCopyOfTheWrite(t *testing.T) {
 	t.Parallel()
-	b := setupFaulty(t, nil)
-	var calls atomic.Int64
-	k := registerCredit(t, b.fqueue, b.frepo, &calls)
-	b.insert(t, "ana")
+	b, k, _ := setupCredit(t)
 	fault := b.f.HoldNext(mongotest.Writes("accounts"))
-	id, err := k.Enqueue(b.ctx, "ana", credit{Amount: 9})
-	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 9})
 	run(t, b.fqueue)
 	job := wait(t, b.fqueue, id)
 	require.Equal(t, deferred.StateCompleted, job.State)
@@ -252,9 +236,7 @@ func TestLateCopyOfTheWrite(t *testing.T) {
 	require.NoError(t, err)
 	n, _ := reply.Lookup("n").AsInt64OK()
 	require.Zero(t, n, "the late copy matched nothing: %v", reply)
-	a := b.get(t, "ana")
-	require.Equal(t, int64(9), a.Balance)
-	require.Equal(t, int64(1), a.Applied)
+	b.requireAccount(t, "ana", int64(9), int64(1))
 }
 
 // TestOwnConditionalWrite: a handler that writes with the driver directly,
@@ -275,8 +257,7 @@ func TestOwnConditionalWrite(t *testing.T) {
 	fault := b.f.ErrorAfterApply(mongotest.Writes("counters"), mongotest.NotWritablePrimary())
 	ids := make([]bson.ObjectID, 0, 3)
 	for range 3 {
-		id, err := k.Enqueue(b.ctx, "c", 2)
-		require.NoError(t, err)
+		id := enqueue(t, b.ctx, k, "c", 2)
 		ids = append(ids, id)
 	}
 	run(t, b.fqueue)

@@ -99,6 +99,29 @@ func (b *bundle) insert(t testing.TB, ids ...string) {
 	}
 }
 
+// enqueuer is a Kind or a Change: what enqueues an A on a key.
+type enqueuer[A any] interface {
+	Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, error)
+}
+
+// enqueue enqueues args on key through k and returns the job's id; the
+// enqueue must succeed.
+func enqueue[A any](t testing.TB, ctx context.Context, k enqueuer[A], key any, args A) bson.ObjectID {
+	t.Helper()
+	id, err := k.Enqueue(ctx, key, args)
+	require.NoError(t, err)
+	return id
+}
+
+// requireAccount requires the account id to hold balance after applied
+// changes.
+func (b *bundle) requireAccount(t testing.TB, id string, balance, applied int64, msgAndArgs ...any) {
+	t.Helper()
+	a := b.get(t, id)
+	require.Equal(t, balance, a.Balance, msgAndArgs...)
+	require.Equal(t, applied, a.Applied, msgAndArgs...)
+}
+
 func (b *bundle) get(t testing.TB, id string) *account {
 	t.Helper()
 	a, err := b.accounts.Get(b.ctx, id)

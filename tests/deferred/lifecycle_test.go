@@ -128,10 +128,8 @@ func TestDeadAfterMaxAttempts(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	doomed, err := k.Enqueue(b.ctx, "ana", credit{Amount: 1, Index: 1})
-	require.NoError(t, err)
-	next, err := k.Enqueue(b.ctx, "ana", credit{Amount: 10, Index: 2})
-	require.NoError(t, err)
+	doomed := enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: 1})
+	next := enqueue(t, b.ctx, k, "ana", credit{Amount: 10, Index: 2})
 	run(t, q)
 
 	job := wait(t, q, doomed)
@@ -163,8 +161,7 @@ func TestDeadAfterMaxAttempts(t *testing.T) {
 
 	// Cancel a dead job.
 	failing.Store(true)
-	again, err := k.Enqueue(b.ctx, "ana", credit{Amount: 100, Index: 1})
-	require.NoError(t, err)
+	again := enqueue(t, b.ctx, k, "ana", credit{Amount: 100, Index: 1})
 	require.Equal(t, deferred.StateDead, wait(t, q, again).State)
 	require.NoError(t, q.Cancel(b.ctx, again))
 	job, err = q.Job(b.ctx, again)
@@ -184,8 +181,7 @@ func TestPermanentErrorDiesAtOnce(t *testing.T) {
 		return retry.Permanent(errors.New("declined"))
 	})
 	require.NoError(t, err)
-	id, err := k.Enqueue(b.ctx, "x", 1)
-	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "x", 1)
 	run(t, q)
 	job := wait(t, q, id)
 	require.Equal(t, deferred.StateDead, job.State)
@@ -207,10 +203,8 @@ func TestPanicFailsTheAttempt(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	first, err := k.Enqueue(b.ctx, "x", 1)
-	require.NoError(t, err)
-	other, err := k.Enqueue(b.ctx, "y", 2)
-	require.NoError(t, err)
+	first := enqueue(t, b.ctx, k, "x", 1)
+	other := enqueue(t, b.ctx, k, "y", 2)
 	run(t, q)
 	job := wait(t, q, first)
 	require.Equal(t, deferred.StateCompleted, job.State)
@@ -255,10 +249,8 @@ func TestSnooze(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	id1, err := k.Enqueue(b.ctx, "x", 1)
-	require.NoError(t, err)
-	id2, err := k.Enqueue(b.ctx, "x", 2)
-	require.NoError(t, err)
+	id1 := enqueue(t, b.ctx, k, "x", 1)
+	id2 := enqueue(t, b.ctx, k, "x", 2)
 	run(t, q)
 	job := wait(t, q, id1)
 	require.Equal(t, deferred.StateCompleted, job.State, "snoozes are not attempts (MaxAttempts 1)")
@@ -348,8 +340,7 @@ func TestSweepAndTTL(t *testing.T) {
 	ttl, err := q.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, b.db.Caps().TTLIndexes, ttl)
-	id, err := k.Enqueue(b.ctx, "x", 1)
-	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "x", 1)
 	run(t, q)
 	require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
 	if ttl {
@@ -428,8 +419,7 @@ func TestStopPutsTheJobBack(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	id, err := k.Enqueue(b.ctx, "x", 1)
-	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "x", 1)
 	stop := run(t, q)
 	<-started
 	stop()

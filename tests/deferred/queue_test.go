@@ -40,8 +40,7 @@ func TestEnqueueAndRun(t *testing.T) {
 	ids := make([]bson.ObjectID, 0, 10)
 	for i := range int64(5) {
 		for _, who := range []string{"ana", "bob"} {
-			id, err := credits.Enqueue(b.ctx, who, credit{Amount: 10 * (i + 1), Index: i + 1})
-			require.NoError(t, err)
+			id := enqueue(t, b.ctx, credits, who, credit{Amount: 10 * (i + 1), Index: i + 1})
 			ids = append(ids, id)
 		}
 	}
@@ -52,10 +51,8 @@ func TestEnqueueAndRun(t *testing.T) {
 		require.Equal(t, 1, job.Attempt)
 	}
 	for _, who := range []string{"ana", "bob"} {
-		a := b.get(t, who)
-		require.Equal(t, int64(150), a.Balance)
-		require.Equal(t, int64(5), a.Applied)
-		require.Equal(t, int64(5), a.Last)
+		b.requireAccount(t, who, 150, 5)
+		require.Equal(t, int64(5), b.get(t, who).Last)
 	}
 	counts, err := q.Counts(b.ctx)
 	require.NoError(t, err)
@@ -151,8 +148,6 @@ func TestFirstEnqueuesOfAKeyRace(t *testing.T) {
 		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
 	}
 	for k := range keys {
-		a := b.get(t, fmt.Sprintf("fresh%02d", k))
-		require.Equal(t, int64(perKey), a.Applied)
-		require.Equal(t, int64(perKey*(perKey+1)/2), a.Balance)
+		b.requireAccount(t, fmt.Sprintf("fresh%02d", k), perKey*(perKey+1)/2, perKey)
 	}
 }

@@ -14,20 +14,29 @@ import (
 	"github.com/mongocas/mongocas/idempotency"
 )
 
+// setupProcesses returns the bundle, n Keys on its collection, each with an
+// owner of its own as n processes would have, and a context that ends after
+// two minutes.
+func setupProcesses(t *testing.T, n int) (*bundle, []*idempotency.Keys, context.Context) {
+	t.Helper()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	procs := make([]*idempotency.Keys, n)
+	for i := range procs {
+		procs[i] = b.keys(t, nil, fmt.Sprintf("process-%d", i), nil)
+	}
+	return b, procs, ctx
+}
+
 // TestFiftyRequestsOneKey: 50 requests with one key, from five processes
 // (Keys with five owners) of ten goroutines each. Exactly one runs; it
 // holds on until every other one has been told ErrInProgress; then each of
 // those retries and gets the replay of the one result.
 func TestFiftyRequestsOneKey(t *testing.T) {
-	const processes, perProcess = 5, 10
-	const n = processes * perProcess
-	b := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	procs := make([]*idempotency.Keys, processes)
-	for i := range procs {
-		procs[i] = b.keys(t, nil, fmt.Sprintf("process-%d", i), nil)
-	}
+	const nProcs, perProcess = 5, 10
+	const n = nProcs * perProcess
+	b, procs, ctx := setupProcesses(t, nProcs)
 	var (
 		runs       atomic.Int32
 		inProgress atomic.Int32
@@ -53,7 +62,7 @@ func TestFiftyRequestsOneKey(t *testing.T) {
 	var wg sync.WaitGroup
 	var once sync.Once
 	for i := range n {
-		k := procs[i%processes]
+		k := procs[i%nProcs]
 		wg.Go(func() {
 			<-start
 			a := &answers[i]
@@ -113,14 +122,8 @@ func TestFiftyRequestsOneKey(t *testing.T) {
 // answer with the document it would have made, opening the record by upsert
 // let a request see its own fingerprint instead of the stored one.
 func TestFirstRequestsOfAKeyRace(t *testing.T) {
-	const processes, perKey, keys = 4, 8, 30
-	b := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	procs := make([]*idempotency.Keys, processes)
-	for i := range procs {
-		procs[i] = b.keys(t, nil, fmt.Sprintf("process-%d", i), nil)
-	}
+	const nProcs, perKey, keys = 4, 8, 30
+	_, procs, ctx := setupProcesses(t, nProcs)
 	var mismatched, inProgress, replays atomic.Int32
 	for k := range keys {
 		key := fmt.Sprintf("fresh-%02d", k)
@@ -131,7 +134,7 @@ func TestFirstRequestsOfAKeyRace(t *testing.T) {
 			body := []byte{'a' + byte(i%2)}
 			wg.Go(func() {
 				<-start
-				res, err := procs[i%processes].Do(ctx, key, body, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
+				res, err := procs[i%nProcs].Do(ctx, key, body, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
 					runs.Add(1)
 					time.Sleep(5 * time.Millisecond)
 					return idempotency.Result{Status: 201, Body: body}, nil

@@ -109,6 +109,18 @@ func (ty *tally) ok(start int64, a *account) {
 	}
 }
 
+// increment adds 1 to the balance of "hot" through repo and records the
+// outcome; it reports whether the call succeeded.
+func (ty *tally) increment(ctx context.Context, repo *versioned.Repo[account], start int64) bool {
+	a, err := repo.Modify(ctx, "hot", func(a *account) error { a.Balance++; return nil })
+	if err != nil {
+		ty.fail(err)
+		return false
+	}
+	ty.ok(start, a)
+	return true
+}
+
 func (ty *tally) fail(err error) {
 	ty.mu.Lock()
 	defer ty.mu.Unlock()
@@ -230,12 +242,9 @@ func TestCombinedModifyManyRepos(t *testing.T) {
 		for range workers {
 			wg.Go(func() {
 				for range each {
-					a, err := repo.Modify(b.ctx, "hot", func(a *account) error { a.Balance++; return nil })
-					if err != nil {
-						ty.fail(err)
+					if !ty.increment(b.ctx, repo, hot.Version) {
 						return
 					}
-					ty.ok(hot.Version, a)
 				}
 			})
 		}
@@ -272,12 +281,9 @@ func TestModifyAcrossProcessesDefaultPolicy(t *testing.T) {
 		for range workers {
 			wg.Go(func() {
 				for range each {
-					a, err := repo.Modify(b.ctx, "hot", func(a *account) error { a.Balance++; return nil })
-					if err != nil {
-						ty.fail(err)
+					if !ty.increment(b.ctx, repo, start) {
 						return
 					}
-					ty.ok(start, a)
 				}
 			})
 		}
@@ -382,12 +388,7 @@ func TestCombinedModifyPanickingFn(t *testing.T) {
 					}()
 					continue
 				}
-				a, err := repo.Modify(b.ctx, "hot", func(a *account) error { a.Balance++; return nil })
-				if err != nil {
-					ty.fail(err)
-					continue
-				}
-				ty.ok(hot.Version, a)
+				ty.increment(b.ctx, repo, hot.Version)
 			}
 		})
 	}
