@@ -163,6 +163,28 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
+// Immediately wraps a retryable err so that Do makes its next attempt at
+// once: no sleep, and the backoff sequence does not advance (the retry after
+// that one waits as long as it would have without it). Everything else about
+// the retry is as usual: MaxAttempts and MaxElapsedTime are checked, a
+// Budget token is taken, OnRetry and the Observer see it (Delay 0), and an
+// error Do returns holds err, not the wrapper. Use it when the failure itself
+// brought what the next attempt needs, such as the current document with a
+// version conflict, which a wait would make stale. Only the outermost error
+// fn returns is looked at; a non-retryable err is returned as such.
+// Immediately(nil) returns nil.
+func Immediately(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &immediateError{err: err}
+}
+
+type immediateError struct{ err error }
+
+func (e *immediateError) Error() string { return e.err.Error() }
+func (e *immediateError) Unwrap() error { return e.err }
+
 // Retryable is implemented by error types that know whether the operation
 // that failed may be tried again, such as a version conflict of an optimistic
 // write (true) or an error that needs a re-read rather than a blind retry

@@ -80,7 +80,7 @@ func (t realTimer) Stop() bool          { return t.t.Stop() }
 //
 // Before each retry Do computes the delay (see Policy), checks MaxAttempts and
 // MaxElapsedTime, takes a Budget token, calls OnRetry, and sleeps on the
-// Policy's Clock. A call that succeeds at once makes no allocation.
+// Policy's Clock (not after an error made by Immediately). A call that succeeds at once makes no allocation.
 func Do(ctx context.Context, p Policy, fn func(ctx context.Context) error) error {
 	if err := p.Validate(); err != nil {
 		return err
@@ -116,6 +116,10 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		if err == nil {
 			return nil
 		}
+		now := false
+		if ie, ok := err.(*immediateError); ok { //nolint:errorlint // only fn's own outermost wrapper
+			err, now = ie.err, true
+		}
 		live := ctx.Err() == nil
 		if !classify(err, live) {
 			for {
@@ -133,10 +137,13 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		if s.maxAttempts > 0 && attempt >= s.maxAttempts {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}
-		if seq == nil {
-			seq = newSequence(s)
+		var delay time.Duration
+		if !now {
+			if seq == nil {
+				seq = newSequence(s)
+			}
+			delay = seq.Next()
 		}
-		delay := seq.Next()
 		if s.maxElapsed > 0 && elapsed+delay > s.maxElapsed {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}

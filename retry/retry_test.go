@@ -406,3 +406,54 @@ func TestDoFirstTrySuccessDoesNotAllocate(t *testing.T) {
 	okValue := func(context.Context) (int, error) { return 1, nil }
 	require.Zero(t, testing.AllocsPerRun(200, func() { _, _ = retry.DoValue(ctx, p, okValue) }))
 }
+
+func TestDoImmediately(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, retry.Immediately(nil))
+
+	// No sleep after an Immediately, and the backoff sequence does not
+	// advance: the next retry waits the first delay.
+	clock := newFakeClock()
+	p := fast(clock)
+	var got []retry.Attempt
+	p.OnRetry = func(a retry.Attempt) { got = append(got, a) }
+	err1, err2, err3 := fmt.Errorf("1: %w", errConflict), fmt.Errorf("2: %w", errConflict), fmt.Errorf("3: %w", errConflict)
+	fn, calls := counter(retry.Immediately(err1), err2, retry.Immediately(err3), nil)
+	require.NoError(t, retry.Do(context.Background(), p, fn))
+	require.Equal(t, 4, calls())
+	require.Equal(t, []time.Duration{10 * ms}, clock.Sleeps())
+	require.Equal(t, []retry.Attempt{
+		{Number: 1, Err: err1, Delay: 0, Elapsed: 0},
+		{Number: 2, Err: err2, Delay: 10 * ms, Elapsed: 0},
+		{Number: 3, Err: err3, Delay: 0, Elapsed: 10 * ms},
+	}, got)
+
+	// It takes a budget token like any retry, and what Do returns holds the
+	// error, not the wrapper.
+	clock = newFakeClock()
+	p = fast(clock)
+	p.Budget = retry.NewBudget(1, 1)
+	fn, calls = counter(retry.Immediately(err1), retry.Immediately(err2), nil)
+	err := retry.Do(context.Background(), p, fn)
+	require.Equal(t, 2, calls())
+	var be *retry.BudgetExhaustedError
+	require.ErrorAs(t, err, &be)
+	require.Same(t, err2, be.Last)
+	require.Empty(t, clock.Sleeps())
+
+	// MaxAttempts counts it.
+	p = fast(newFakeClock())
+	p.MaxAttempts = 2
+	fn, calls = counter(retry.Immediately(err1), retry.Immediately(err2), nil)
+	err = retry.Do(context.Background(), p, fn)
+	require.Equal(t, 2, calls())
+	var ex *retry.ExhaustedError
+	require.ErrorAs(t, err, &ex)
+	require.Same(t, err2, ex.Last)
+
+	// A non-retryable error stays one, and comes back as is.
+	fn, calls = counter(retry.Immediately(errBoom), nil)
+	err = retry.Do(context.Background(), fast(newFakeClock()), fn)
+	require.Equal(t, 1, calls())
+	require.Same(t, errBoom, err)
+}

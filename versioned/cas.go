@@ -43,8 +43,8 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// findOneAndUpdate filtered on the id (and shard key) alone, whose
 	// pipeline applies the change only if the version and incarnation are
 	// the ones read, and which returns the document either way: a conflict
-	// then costs one round trip, since the next attempt starts from the
-	// document it returned.
+	// then costs one round trip, since the retry starts from the document
+	// it returned (Modify's first conflict; see batch.attempt).
 	var pipe mongo.Pipeline
 	usePipe := len(cfg.guards) == 0 && r.usePipelines(ctx)
 	if usePipe {

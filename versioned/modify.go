@@ -25,8 +25,9 @@ import (
 // the server runs update pipelines (MongoDB, DocumentDB) the write is a
 // findOneAndUpdate filtered on the id whose pipeline applies the same change
 // only if the version is still the one read, and which returns the current
-// document when it is not: a conflict then costs one round trip, since the
-// retry starts from that document instead of reading again.
+// document when it is not: the first conflict of a call then costs one round
+// trip, since it is retried at once from that document instead of reading
+// again (later ones back off, then read).
 //
 // Calls on one document in one process wait in line instead of racing each
 // other through the server (every Repo on the same collection of the same
@@ -224,6 +225,10 @@ type batch[T any] struct {
 	lines *collLines   // nil outside a line (in a transaction)
 	io    context.Context
 	pre   *docState // the current document, as a failed CAS write returned it
+	// quick is set once the batch has retried a conflict at once, on the
+	// document the failed write returned (see attempt).
+	quick bool
+	once  bool // one attempt, not under retry.Do
 
 	mbuf [maxBatch]*member[T] // what ms starts in
 	wbuf [maxBatch]*waiter
@@ -245,6 +250,7 @@ func (b *batch[T]) run(once bool) []*waiter {
 		defer cancel()
 	}
 	var err error
+	b.once = once
 	if once {
 		err = b.attempt()
 	} else {
@@ -477,14 +483,22 @@ func (b *batch[T]) attempt() error {
 			i++
 		}
 		return nil
-	case out.current != nil:
-		// The write returned the document it found: the next attempt
-		// starts from it, with no read.
-		b.pre = out.current
-		if !inTransaction(b.io) {
-			return b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version})
-		}
+	case out.current != nil && inTransaction(b.io):
 		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))
+	case out.current != nil:
+		// The write returned the document it found, as of now: the batch's
+		// first conflict is retried at once from it, with no read and no
+		// backoff, so that it costs one round trip. Only once: a document
+		// kept through a backoff is stale whenever writers of other
+		// processes keep the document busy, and an attempt made from it
+		// would lose again and again (a call starved for seconds while the
+		// others went on). Later conflicts back off and read again.
+		err := b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version})
+		if b.quick || b.once {
+			return err
+		}
+		b.quick, b.pre = true, out.current
+		return retry.Immediately(err)
 	case !out.read && !inTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read

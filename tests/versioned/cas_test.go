@@ -56,3 +56,47 @@ func TestConflictCostsOneRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, got.Balance, stored.Balance)
 }
+
+// TestSecondConflictReadsAgain: only a Modify's first conflict is retried
+// from the document its write returned, at once. The retry after a second
+// conflict waits out its backoff and reads again: a document kept through
+// a backoff is stale whenever another process keeps writing, and attempts
+// made from it would lose again and again.
+func TestSecondConflictReadsAgain(t *testing.T) {
+	t.Parallel()
+	_, b := setup[account](t, nil)
+	counter := &commandCounter{n: map[string]int{}}
+	repo, err := versioned.New[account](client(t, b, counter), nil)
+	require.NoError(t, err)
+	other, err := versioned.New[account](client(t, b, nil), nil)
+	require.NoError(t, err)
+	doc := &account{ID: "a", Balance: 10}
+	require.NoError(t, other.Insert(b.ctx, doc))
+	// Learn whether the server runs update pipelines outside the count.
+	_, err = repo.Modify(b.ctx, "a", func(a *account) error { a.Balance++; return nil })
+	require.NoError(t, err)
+	base := counter.snapshot()
+
+	calls := 0
+	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
+		calls++
+		if calls <= 2 {
+			// Another process writes between each of the first two reads
+			// (or returned documents) and the write made from it.
+			_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
+			require.NoError(t, err)
+		}
+		a.Balance *= 2
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, calls)
+	require.Equal(t, int64((11+200)*2), got.Balance)
+	require.Equal(t, doc.Version+4, got.Version)
+	sent := counter.since(base)
+	if b.db.Server.Caps.UpdatePipelines {
+		require.Equal(t, map[string]int{"find": 2, "findAndModify": 3}, sent, "read, write, write from the returned document, read again, write")
+	} else {
+		require.Equal(t, map[string]int{"find": 3, "update": 3}, sent, "without update pipelines: a read before each write")
+	}
+}
