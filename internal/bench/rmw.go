@@ -215,26 +215,34 @@ func runRMW(ctx context.Context, srv *server, strategies []strategy, counts []in
 			}
 		}
 	}
+	// The runs of a cell alternate with those of the other strategies at
+	// the same N and topology (run 1 of each, then run 2 of each, ...): this
+	// machine's speed drifts over seconds, and strategies compared side by
+	// side should meet the same drift.
 	res := rmwResults{}
 	for _, topo := range []string{oneProc, fourProcs} {
 		res[topo] = map[string]map[int]cellResult{}
 		for _, s := range strategies {
 			res[topo][s.name] = map[int]cellResult{}
-			for _, n := range counts {
-				cs := clients[:1]
-				if topo == fourProcs {
-					cs = clients[1 : 1+min(4, n)]
-				}
-				var rs []cellResult
-				for range runs {
+		}
+		for _, n := range counts {
+			cs := clients[:1]
+			if topo == fourProcs {
+				cs = clients[1 : 1+min(4, n)]
+			}
+			rs := make([][]cellResult, len(strategies))
+			for range runs {
+				for i, s := range strategies {
 					r, err := runCell(ctx, s, cs, n, cell)
 					if err != nil {
 						return nil, fmt.Errorf("%s, %s, N=%d: %w", topo, s.name, n, err)
 					}
-					rs = append(rs, r)
+					rs[i] = append(rs[i], r)
 				}
-				slices.SortFunc(rs, func(a, b cellResult) int { return cmp.Compare(a.goodput(), b.goodput()) })
-				r := rs[len(rs)/2] // the median run, by goodput
+			}
+			for i, s := range strategies {
+				slices.SortFunc(rs[i], func(a, b cellResult) int { return cmp.Compare(a.goodput(), b.goodput()) })
+				r := rs[i][len(rs[i])/2] // the median run, by goodput
 				res[topo][s.name][n] = r
 				fmt.Fprintf(stderr, "%-11s %-15s N=%-2d %6.0f/s %5.2f rt/success p99 %-8v gave up %d\n", topo, s.name, n, r.goodput(), r.rtt(), r.p99.Round(time.Millisecond), r.gaveUp)
 			}
@@ -330,8 +338,8 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-// printRMW prints one table per topology, and the summary of each strategy
-// at N=16 and N=32.
+// printRMW prints one table per topology, each followed by Modify's goodput
+// as a ratio of docstore's at each N.
 func printRMW(res rmwResults, strategies []strategy, counts []int) {
 	for _, topo := range []string{oneProc, fourProcs} {
 		fmt.Printf("Read-modify-write of one document, %s (4 processes: min(4, N) clients of N/4 writers)\n\n", topo)
@@ -346,5 +354,13 @@ func printRMW(res rmwResults, strategies []strategy, counts []int) {
 			}
 		}
 		fmt.Println()
+		mod, ds := res[topo]["Modify"], res[topo]["docstore-style"]
+		if mod != nil && ds != nil {
+			fmt.Printf("Modify's goodput / docstore's, %s:", topo)
+			for _, n := range counts {
+				fmt.Printf(" N=%d %.2fx", n, mod[n].goodput()/ds[n].goodput())
+			}
+			fmt.Print(" (each from runs alternating with the other's)\n\n")
+		}
 	}
 }
