@@ -38,7 +38,10 @@
 // timeouts, write conflicts, the RetryableWriteError and
 // TransientTransactionError labels). Do adds one refinement: a deadline error
 // while the caller's context is still live is a per-attempt timeout and is
-// retried.
+// retried. An fn whose failure brought what its next attempt needs (a
+// conflict reply that carries the current document) returns its error
+// wrapped by [Immediately]: the retry comes without a sleep, and counts
+// like any other.
 //
 // Retrying is only safe for operations that are idempotent or that detect
 // their own earlier success: after a network error or a timeout a write may
@@ -75,7 +78,8 @@
 //     error. Do returns it before calling fn.
 //   - The error of fn itself, when it is not retryable, so errors.Is and
 //     errors.As on it behave as if Do were not there. An error wrapped by
-//     [Permanent] is returned as the error given to Permanent.
+//     [Permanent] is returned as the error given to Permanent, and so is one
+//     wrapped by [Immediately].
 //   - [*ExhaustedError], which matches [ErrExhausted]: fn failed with a retryable
 //     error and MaxAttempts or MaxElapsedTime leaves no room for another
 //     attempt. It carries the number of attempts, the time spent and the last
