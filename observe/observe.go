@@ -267,7 +267,8 @@ type Event struct {
 	// BudgetRefused), or the attempts made (OpEnd).
 	Attempt int
 	// Delay (Retry) is how long the operation waits before the next
-	// attempt.
+	// attempt: 0 for a retry made at once (retry.Immediately; Modify's
+	// first conflict where the failed write returned the document).
 	Delay time.Duration
 
 	// Expected and Current (Conflict) are the version the write expected

@@ -59,8 +59,8 @@ func (t realTimer) Stop() bool          { return t.t.Stop() }
 //   - a *ConfigError (errors.Is ErrInvalidPolicy) if p is invalid, without
 //     calling fn;
 //   - fn's error itself if it is not retryable (see IsRetryable); an error
-//     that Permanent made is returned unwrapped, as the error given to
-//     Permanent;
+//     that Permanent or Immediately made is returned unwrapped, as the error
+//     given to it;
 //   - an *ExhaustedError (errors.Is ErrExhausted) when another attempt would
 //     exceed MaxAttempts, or its sleep would end after MaxElapsedTime;
 //   - a *BudgetExhaustedError (errors.Is ErrBudgetExhausted) when the
@@ -117,18 +117,16 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 			return nil
 		}
 		now := false
-		if ie, ok := err.(*immediateError); ok { //nolint:errorlint // only fn's own outermost wrapper
+		for {
+			ie, ok := err.(*immediateError) //nolint:errorlint // only fn's own outer wrappers
+			if !ok {
+				break
+			}
 			err, now = ie.err, true
 		}
 		live := ctx.Err() == nil
 		if !classify(err, live) {
-			for {
-				pe, ok := err.(*permanentError) //nolint:errorlint // strip only our own outer wrappers, keep the caller's chain
-				if !ok {
-					return err
-				}
-				err = pe.err
-			}
+			return unwrapOurs(err)
 		}
 		if !live {
 			return newStoppedError(ctx, attempt, err)
@@ -181,5 +179,20 @@ func sleep(ctx context.Context, clock Clock, d time.Duration) bool {
 func (s *settings) observe(ctx context.Context, k observe.Kind, attempt int, delay time.Duration, err error) {
 	if s.observer != nil {
 		s.observer.Observe(ctx, observe.Event{Kind: k, Attempt: attempt, Delay: delay, Err: err})
+	}
+}
+
+// unwrapOurs strips the wrappers Permanent and Immediately made from the
+// outside of err, and keeps the caller's chain below them.
+func unwrapOurs(err error) error {
+	for {
+		switch e := err.(type) { //nolint:errorlint // strip only our own outer wrappers, keep the caller's chain
+		case *permanentError:
+			err = e.err
+		case *immediateError:
+			err = e.err
+		default:
+			return err
+		}
 	}
 }

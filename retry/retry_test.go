@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -451,9 +452,69 @@ func TestDoImmediately(t *testing.T) {
 	require.ErrorAs(t, err, &ex)
 	require.Same(t, err2, ex.Last)
 
-	// A non-retryable error stays one, and comes back as is.
-	fn, calls = counter(retry.Immediately(errBoom), nil)
-	err = retry.Do(context.Background(), fast(newFakeClock()), fn)
-	require.Equal(t, 1, calls())
-	require.Same(t, errBoom, err)
+	// A non-retryable error stays one, and comes back as is, whatever
+	// wrappers of this package hold it.
+	for _, e := range []error{retry.Immediately(errBoom), retry.Permanent(retry.Immediately(errConflict)), retry.Immediately(retry.Permanent(errConflict))} {
+		fn, calls = counter(e, nil)
+		err = retry.Do(context.Background(), fast(newFakeClock()), fn)
+		require.Equal(t, 1, calls())
+		require.NotContains(t, chainTypes(err), "*retry.immediateError")
+		require.NotContains(t, chainTypes(err), "*retry.permanentError")
+	}
+	fn, _ = counter(retry.Immediately(retry.Immediately(err1)), err2, nil)
+	got = nil
+	p = fast(newFakeClock())
+	p.OnRetry = func(a retry.Attempt) { got = append(got, a) }
+	require.NoError(t, retry.Do(context.Background(), p, fn))
+	require.Same(t, err1, got[0].Err)
+	require.Equal(t, time.Duration(0), got[0].Delay)
+
+	// The Observer sees the retry, with Delay 0.
+	var delays []time.Duration
+	p = fast(newFakeClock())
+	p.Observer = observerFunc(func(_ context.Context, e observe.Event) {
+		if e.Kind == observe.Retry {
+			delays = append(delays, e.Delay)
+		}
+	})
+	fn, _ = counter(retry.Immediately(err1), err2, nil)
+	require.NoError(t, retry.Do(context.Background(), p, fn))
+	require.Equal(t, []time.Duration{0, 10 * ms}, delays)
+
+	// A context that ends during the attempt stops Do; the error holds fn's
+	// error and the context's, not the wrapper.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls2 := 0
+	err = retry.Do(ctx, fast(newFakeClock()), func(context.Context) error {
+		calls2++
+		cancel()
+		return retry.Immediately(err1)
+	})
+	require.Equal(t, 1, calls2)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, errConflict)
+	require.NotContains(t, chainTypes(err), "*retry.immediateError")
+}
+
+// chainTypes lists the types of err and of every error it wraps.
+func chainTypes(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		out = append(out, fmt.Sprintf("%T", e))
+		switch u := e.(type) { //nolint:errorlint // walks the chain by hand
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return out
 }

@@ -57,11 +57,13 @@ import (
 // (see the observe package).
 //
 // On a conflict (another process wrote the document in between) Modify
-// reads again and calls fn again on the new state, with jittered backoff,
-// under the repository's retry policy (Options.Retry, or WithRetry for this
-// call): by default it keeps retrying for up to 10 seconds, within the
-// repository's retry budget. So fn may run several times, each time on a
-// freshly read copy; it must not have side effects that cannot be repeated.
+// calls fn again on the new state, under the repository's retry policy
+// (Options.Retry, or WithRetry for this call): by default it keeps retrying for up to 10 seconds, within the
+// repository's retry budget. The first conflict of a batch is retried at
+// once from the document the failed write returned, where the server runs
+// update pipelines; every other retry waits a jittered backoff and reads
+// again. So fn may run several times, each time on a fresh copy of the
+// current state; it must not have side effects that cannot be repeated.
 // When the retries run out the error matches ErrConflict and
 // retry.ErrExhausted (or retry.ErrBudgetExhausted).
 //

@@ -2,10 +2,12 @@ package versioned_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -78,6 +80,8 @@ func TestSecondConflictReadsAgain(t *testing.T) {
 	base := counter.snapshot()
 
 	calls := 0
+	var delays []time.Duration
+	record := versioned.WithRetry(retry.Policy{OnRetry: func(a retry.Attempt) { delays = append(delays, a.Delay) }})
 	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
 		calls++
 		if calls <= 2 {
@@ -88,15 +92,19 @@ func TestSecondConflictReadsAgain(t *testing.T) {
 		}
 		a.Balance *= 2
 		return nil
-	})
+	}, record)
 	require.NoError(t, err)
 	require.Equal(t, 3, calls)
+	require.Len(t, delays, 2)
+	require.Positive(t, delays[1], "the second retry waits its backoff")
 	require.Equal(t, int64((11+200)*2), got.Balance)
 	require.Equal(t, doc.Version+4, got.Version)
 	sent := counter.since(base)
 	if b.db.Server.Caps.UpdatePipelines {
 		require.Equal(t, map[string]int{"find": 2, "findAndModify": 3}, sent, "read, write, write from the returned document, read again, write")
+		require.Zero(t, delays[0], "the first retry, from the returned document, comes at once")
 	} else {
 		require.Equal(t, map[string]int{"find": 3, "update": 3}, sent, "without update pipelines: a read before each write")
+		require.Positive(t, delays[0], "without a returned document, every retry waits its backoff")
 	}
 }

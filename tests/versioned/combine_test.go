@@ -258,13 +258,20 @@ func TestCombinedModifyManyRepos(t *testing.T) {
 // TestModifyAcrossProcessesDefaultPolicy: 16 writers in 4 processes (4
 // clients of their own, 4 goroutines each) × 40 increments of one document,
 // with the default policy: the version check arbitrates between the
-// processes, and every call completes, with the exact invariants.
+// processes, and every call completes, with the exact invariants. Where the
+// server runs update pipelines, first conflicts are retried at once from
+// the document the failed write returned, combined batches included.
 func TestModifyAcrossProcessesDefaultPolicy(t *testing.T) {
 	t.Parallel()
 	const procs, workers, each = 4, 4, 40
 	_, b := setup[account](t, nil)
-	var retries atomic.Int64
-	p := retry.Policy{OnRetry: func(retry.Attempt) { retries.Add(1) }}
+	var retries, atOnce atomic.Int64
+	p := retry.Policy{OnRetry: func(a retry.Attempt) {
+		retries.Add(1)
+		if a.Delay == 0 {
+			atOnce.Add(1)
+		}
+	}}
 	var (
 		ty    tally
 		wg    sync.WaitGroup
@@ -292,8 +299,15 @@ func TestModifyAcrossProcessesDefaultPolicy(t *testing.T) {
 	repo, err := versioned.New[account](b.coll, nil)
 	require.NoError(t, err)
 	ty.check(t, repo, b, start)
-	t.Logf("%d increments, %d retries", ty.acked, retries.Load())
+	t.Logf("%d increments, %d retries, %d of them at once", ty.acked, retries.Load(), atOnce.Load())
 	require.Equal(t, int64(procs*workers*each), ty.acked, "every call completed")
+	if b.db.Server.Caps.UpdatePipelines {
+		// Combined batches went through the retry from the returned
+		// document, and the invariants above still hold.
+		require.Positive(t, atOnce.Load(), "first conflicts retried at once")
+	} else {
+		require.Zero(t, atOnce.Load(), "no returned document, no retry at once")
+	}
 }
 
 // TestCombinedModifyCallersLeave: 16 goroutines increment one document,
