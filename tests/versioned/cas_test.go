@@ -20,18 +20,8 @@ import (
 // two updates. Either way the result is exact.
 func TestConflictCostsOneRoundTrip(t *testing.T) {
 	t.Parallel()
-	_, b := setup[account](t, nil)
-	counter := &commandCounter{n: map[string]int{}}
-	repo, err := versioned.New[account](client(t, b, counter), nil)
-	require.NoError(t, err)
-	other, err := versioned.New[account](client(t, b, nil), nil)
-	require.NoError(t, err)
-	doc := &account{ID: "a", Balance: 10}
-	require.NoError(t, other.Insert(b.ctx, doc))
-	// Learn whether the server runs update pipelines outside the count.
-	_, err = repo.Modify(b.ctx, "a", func(a *account) error { a.Balance++; return nil })
-	require.NoError(t, err)
-	base := counter.snapshot()
+	f := newConflictFixture(t)
+	b, repo, other, doc, counter, base := f.b, f.repo, f.other, f.doc, f.counter, f.base
 
 	calls := 0
 	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
@@ -66,18 +56,8 @@ func TestConflictCostsOneRoundTrip(t *testing.T) {
 // made from it would lose again and again.
 func TestSecondConflictReadsAgain(t *testing.T) {
 	t.Parallel()
-	_, b := setup[account](t, nil)
-	counter := &commandCounter{n: map[string]int{}}
-	repo, err := versioned.New[account](client(t, b, counter), nil)
-	require.NoError(t, err)
-	other, err := versioned.New[account](client(t, b, nil), nil)
-	require.NoError(t, err)
-	doc := &account{ID: "a", Balance: 10}
-	require.NoError(t, other.Insert(b.ctx, doc))
-	// Learn whether the server runs update pipelines outside the count.
-	_, err = repo.Modify(b.ctx, "a", func(a *account) error { a.Balance++; return nil })
-	require.NoError(t, err)
-	base := counter.snapshot()
+	f := newConflictFixture(t)
+	b, repo, other, doc, counter, base := f.b, f.repo, f.other, f.doc, f.counter, f.base
 
 	calls := 0
 	var delays []time.Duration
@@ -107,4 +87,33 @@ func TestSecondConflictReadsAgain(t *testing.T) {
 		require.Equal(t, map[string]int{"find": 3, "update": 3}, sent, "without update pipelines: a read before each write")
 		require.Positive(t, delays[0], "without a returned document, every retry waits its backoff")
 	}
+}
+
+// conflictFixture is a document "a" (balance 11, after one Modify) that
+// repo, through a client whose commands counter counts, and other, through
+// a client of its own (another process), both write. base is counter's
+// state after that first Modify, which taught repo whether the server runs
+// update pipelines.
+type conflictFixture struct {
+	b           *bundle
+	repo, other *versioned.Repo[account]
+	doc         *account // as inserted
+	counter     *commandCounter
+	base        map[string]int
+}
+
+func newConflictFixture(t *testing.T) conflictFixture {
+	t.Helper()
+	_, b := setup[account](t, nil)
+	f := conflictFixture{b: b, counter: &commandCounter{n: map[string]int{}}, doc: &account{ID: "a", Balance: 10}}
+	var err error
+	f.repo, err = versioned.New[account](client(t, b, f.counter), nil)
+	require.NoError(t, err)
+	f.other, err = versioned.New[account](client(t, b, nil), nil)
+	require.NoError(t, err)
+	require.NoError(t, f.other.Insert(b.ctx, f.doc))
+	_, err = f.repo.Modify(b.ctx, "a", func(a *account) error { a.Balance++; return nil })
+	require.NoError(t, err)
+	f.base = f.counter.snapshot()
+	return f
 }
