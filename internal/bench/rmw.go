@@ -179,7 +179,8 @@ type cellResult struct {
 	elapsed    time.Duration
 	sent       int64
 	p99        time.Duration
-	final      int64 // the counter at the end
+	max        time.Duration // the longest call: a starved caller shows here, not in p99
+	final      int64         // the counter at the end
 }
 
 func (r cellResult) goodput() float64 { return float64(r.ok) / r.elapsed.Seconds() }
@@ -244,7 +245,7 @@ func runRMW(ctx context.Context, srv *server, strategies []strategy, counts []in
 				slices.SortFunc(rs[i], func(a, b cellResult) int { return cmp.Compare(a.goodput(), b.goodput()) })
 				r := rs[i][len(rs[i])/2] // the median run, by goodput
 				res[topo][s.name][n] = r
-				fmt.Fprintf(stderr, "%-11s %-15s N=%-2d %6.0f/s %5.2f rt/success p99 %-8v gave up %d\n", topo, s.name, n, r.goodput(), r.rtt(), r.p99.Round(time.Millisecond), r.gaveUp)
+				fmt.Fprintf(stderr, "%-11s %-15s N=%-2d %6.0f/s %5.2f rt/success p99 %-8v max %-8v gave up %d\n", topo, s.name, n, r.goodput(), r.rtt(), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond), r.gaveUp)
 			}
 		}
 	}
@@ -312,7 +313,7 @@ func runCell(ctx context.Context, s strategy, cs []*client, n int, d time.Durati
 	if firstErr != nil {
 		return cellResult{}, firstErr
 	}
-	r := cellResult{ok: ok.Load(), gaveUp: gaveUp.Load(), elapsed: elapsed, p99: percentile(lat, 0.99)}
+	r := cellResult{ok: ok.Load(), gaveUp: gaveUp.Load(), elapsed: elapsed, p99: percentile(lat, 0.99), max: percentile(lat, 1)}
 	for _, c := range cs {
 		r.sent += c.sent.Load()
 	}
@@ -343,14 +344,14 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 func printRMW(res rmwResults, strategies []strategy, counts []int) {
 	for _, topo := range []string{oneProc, fourProcs} {
 		fmt.Printf("Read-modify-write of one document, %s (4 processes: min(4, N) clients of N/4 writers)\n\n", topo)
-		fmt.Println("| strategy | N | goodput /s | vs 1 writer | round trips per success | p99 latency | gave up |")
-		fmt.Println("| --- | --- | --- | --- | --- | --- | --- |")
+		fmt.Println("| strategy | N | goodput /s | vs 1 writer | round trips per success | p99 latency | longest call | gave up |")
+		fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- |")
 		for _, s := range strategies {
 			cells := res[topo][s.name]
 			base := res[oneProc][s.name][counts[0]].goodput()
 			for _, n := range counts {
 				r := cells[n]
-				fmt.Printf("| %s | %d | %.0f | %.2fx | %.2f | %v | %d |\n", s.name, n, r.goodput(), r.goodput()/base, r.rtt(), r.p99.Round(100*time.Microsecond), r.gaveUp)
+				fmt.Printf("| %s | %d | %.0f | %.2fx | %.2f | %v | %v | %d |\n", s.name, n, r.goodput(), r.goodput()/base, r.rtt(), r.p99.Round(100*time.Microsecond), r.max.Round(100*time.Microsecond), r.gaveUp)
 			}
 		}
 		fmt.Println()
