@@ -35,7 +35,8 @@ var (
 
 	// ErrState is matched by *StateError: the job is not in a state that
 	// allows the operation (Requeue of a job that is not dead or cancelled,
-	// Cancel of a running or finished job).
+	// or that may have applied its change; Cancel of a running or finished
+	// job).
 	ErrState = errors.New("deferred: job in the wrong state")
 )
 
@@ -96,10 +97,19 @@ type StateError struct {
 	ID bson.ObjectID
 	// State is the job's state when read.
 	State State
+	// MayHaveApplied is true when Requeue refused a dead or cancelled job
+	// because an attempt's write may have landed (Job.MayHaveApplied):
+	// running it again under a new sequence number could apply its change
+	// twice. Check its target documents; then Cancel it, or enqueue what is
+	// missing as a new job.
+	MayHaveApplied bool
 }
 
 // Error returns a message with the operation, the id and the state.
 func (e *StateError) Error() string {
+	if e.MayHaveApplied {
+		return fmt.Sprintf("deferred: %s job %s: the job is %s and may have applied its change (an attempt's write landed, or its outcome is unknown): running it again could apply it twice; check its target documents, then cancel it or enqueue what is missing as a new job", e.Op, e.ID.Hex(), e.State)
+	}
 	return fmt.Sprintf("deferred: %s job %s: the job is %s", e.Op, e.ID.Hex(), e.State)
 }
 

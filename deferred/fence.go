@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
+	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -20,13 +23,40 @@ import (
 // the sequence number of the last job of this job's queue and key applied
 // to that document: "<Options.FenceField>.k<hash>", the hash being of the
 // queue's namespace and the key (so that field names never come from
-// input, and two queues or two keys never share one).
+// input, and two queues or two keys never share one). Numeric keys that
+// the server compares as equal (1, int64(1), 1.0) are one key, with one
+// sequence and one field.
 func (j *Job) FenceField() string {
 	h := sha256.New()
 	h.Write([]byte(j.q.ns))
-	h.Write([]byte{0, byte(j.Key.Type)})
-	h.Write(j.Key.Value)
+	k := canonicalKey(j.Key)
+	h.Write([]byte{0, byte(k.Type)})
+	h.Write(k.Value)
 	return j.q.c.fenceField + ".k" + hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// canonicalKey returns the form of a numeric key that the fence hashes: the
+// server matches 1, int64(1) and 1.0 as one _id and one (k, s) place, so
+// they must share a fence field too. A 32- or 64-bit integer, and a double
+// that holds an integer in the int64 range, hash as an int64; other doubles
+// and every other type hash as they are.
+func canonicalKey(k bson.RawValue) bson.RawValue {
+	var n int64
+	switch k.Type {
+	case bson.TypeInt32:
+		n = int64(k.Int32())
+	case bson.TypeInt64:
+		return k
+	case bson.TypeDouble:
+		f := k.Double()
+		if f != math.Trunc(f) || f < -(1<<63) || f >= 1<<63 {
+			return k
+		}
+		n = int64(f)
+	default:
+		return k
+	}
+	return bson.RawValue{Type: bson.TypeInt64, Value: bsoncore.AppendInt64(nil, n)}
 }
 
 // Fence returns the filter condition that holds on a target document while
@@ -50,8 +80,81 @@ func (j *Job) Fence() bson.D {
 }
 
 // Stamp returns the $set element that records this job as applied to a
-// target document: its sequence number at FenceField.
-func (j *Job) Stamp() bson.E { return bson.E{Key: j.FenceField(), Value: j.Seq} }
+// target document: its sequence number at FenceField. A handler that calls
+// it is taken to write with it: the job is marked as one that may have
+// applied its change (Job.MayHaveApplied), which Requeue refuses.
+func (j *Job) Stamp() bson.E {
+	j.att.mayHaveWritten()
+	return j.stamp()
+}
+
+// stamp is Stamp without the mark: the helpers mark only writes that may
+// have landed.
+func (j *Job) stamp() bson.E { return bson.E{Key: j.FenceField(), Value: j.Seq} }
+
+// attempt is what one delivery of a job to its handler did: the target
+// documents written through Guarded and Modify, and whether any write may
+// have landed. The worker records the latter with the attempt's outcome.
+type attempt struct {
+	mu      sync.Mutex
+	targets map[string]bool
+	may     bool
+}
+
+// mayHaveWritten marks the attempt as one whose write may have landed. A
+// nil attempt (a Job not handed out by a worker) marks nothing.
+func (a *attempt) mayHaveWritten() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.may = true
+	a.mu.Unlock()
+}
+
+// wrote reports whether the attempt may have written.
+func (a *attempt) wrote() bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.may
+}
+
+// target reserves the write of the attempt to the document with rawID in
+// coll, and refuses a second one while the first may have landed: the
+// fence lets one write per job and target document through (a second one
+// would find the first one's stamp and change nothing, silently). The
+// returned done releases the reservation when the write surely did not
+// land (err is neither nil nor an unknown outcome), and otherwise marks the
+// attempt as one that may have written.
+func (j *Job) target(op string, coll *mongo.Collection, rawID bson.RawValue) (done func(err error), err error) {
+	a := j.att
+	if a == nil {
+		return func(error) {}, nil
+	}
+	id := canonicalKey(rawID)
+	t := coll.Database().Name() + "." + coll.Name() + "\x00" + string(rune(id.Type)) + string(id.Value)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.targets[t] {
+		return nil, retry.Permanent(invalid(op, "target", fmt.Sprintf("job %s wrote the document %s of %s already: a job changes a document in one write (combine the updates into one)", j.ID.Hex(), keyText(rawID), coll.Name()), nil))
+	}
+	if a.targets == nil {
+		a.targets = map[string]bool{}
+	}
+	a.targets[t] = true
+	return func(err error) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if err == nil || errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err) {
+			a.may = true
+			return
+		}
+		delete(a.targets, t)
+	}, nil
+}
 
 // AppliedTo reports whether doc, a target document as read, carries the
 // stamp of this job or of a later job of its key.
@@ -88,10 +191,20 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 	if err != nil {
 		return nil, err
 	}
+	rawID, err := store.CheckID(id)
+	if err != nil {
+		return nil, invalid("guarded", "id", "refused", err)
+	}
+	done, err := job.target("guarded", repo.Collection(), rawID)
+	if err != nil {
+		return nil, err
+	}
 	doc, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
 	if errors.Is(err, errApplied) {
+		done(nil)
 		return repo.Get(ctx, id)
 	}
+	done(err)
 	return doc, err
 }
 
@@ -122,7 +235,7 @@ func (j *Job) withStamp(update any) (bson.D, error) {
 				for _, p := range paths {
 					set = append(set, bson.E{Key: p.Key(), Value: p.Value()})
 				}
-				out = append(out, bson.E{Key: "$set", Value: append(set, j.Stamp())})
+				out = append(out, bson.E{Key: "$set", Value: append(set, j.stamp())})
 				stamped = true
 				continue
 			}
@@ -130,7 +243,7 @@ func (j *Job) withStamp(update any) (bson.D, error) {
 		out = append(out, bson.E{Key: e.Key(), Value: v})
 	}
 	if !stamped {
-		out = append(out, bson.E{Key: "$set", Value: bson.D{j.Stamp()}})
+		out = append(out, bson.E{Key: "$set", Value: bson.D{j.stamp()}})
 	}
 	return out, nil
 }
@@ -173,6 +286,10 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 	rawID, err := store.CheckID(id)
 	if err != nil {
 		return nil, invalid("modify", "id", "refused", err)
+	}
+	done, err := job.target("modify", repo.Collection(), rawID)
+	if err != nil {
+		return nil, err
 	}
 	vf := job.q.c.versionField
 	doc, err := retry.DoValue(ctx, job.q.c.retry, func(ctx context.Context) (*T, error) {
@@ -226,10 +343,13 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 	var fe *fnError
 	switch {
 	case errors.As(err, &fe) && errors.Is(fe.err, errApplied):
+		done(nil)
 		return repo.Get(ctx, id)
 	case errors.As(err, &fe):
+		done(fe.err)
 		return nil, fe.err
 	}
+	done(err)
 	return doc, err
 }
 

@@ -77,6 +77,13 @@ func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 // number at the tail of its key, so it runs after the jobs enqueued on the
 // key before the requeue. Any other state is a *StateError (matching
 // ErrState); an unknown id a *NotFoundError.
+//
+// A job that may have applied its change (Job.MayHaveApplied: a write of an
+// attempt landed, or its outcome is unknown, or its worker was lost) is
+// refused with a *StateError whose MayHaveApplied is true: the job's fence
+// is its sequence number, so under a new one a write that landed before
+// would apply again. Check the job's target documents; then Cancel it, or
+// enqueue what is missing as a new job.
 func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "requeue"); err != nil {
 		return err
@@ -93,6 +100,10 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return &NotFoundError{ID: id}
 		case job.State != StateDead && job.State != StateCancelled:
 			return &StateError{Op: "requeue", ID: id, State: job.State}
+		case job.MayHaveApplied:
+			// Its fence is its sequence number: under a new one, a write
+			// that landed before would apply again.
+			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := time.Now()
 		seq, err := q.reserve(ctx, job.Key, inTransaction(ctx))

@@ -108,11 +108,24 @@ type Job struct {
 	Owner string `bson:"owner,omitempty"`
 	// Epoch is the fencing token of that worker's claim on the key.
 	Epoch int64 `bson:"epoch,omitempty"`
-	// Errors holds the failed attempts, oldest first.
+	// Errors holds the failed attempts, oldest first: the last MaxErrors of
+	// them.
 	Errors []AttemptError `bson:"errors,omitempty"`
+	// MayHaveApplied is true when an attempt's write to a target document
+	// may have landed: a Guarded or Modify call that applied the change (or
+	// found it applied), or whose outcome is unknown; a handler that called
+	// Stamp; an attempt whose worker was lost. Requeue refuses such a job
+	// once it is dead or cancelled: running it again under a new sequence
+	// number could apply its change twice.
+	MayHaveApplied bool `bson:"mw,omitempty"`
 
-	q *Queue
+	q   *Queue
+	att *attempt // this delivery's writes, for a job handed to a handler
 }
+
+// MaxErrors is how many failed attempts a job keeps in Job.Errors: the
+// newest ones, so that a job tried again and again (Requeue) stays small.
+const MaxErrors = 20
 
 // keyDoc is a key's document in the keys collection: its sequence counter
 // and the position of its head. The sequence number of the i-th reservation

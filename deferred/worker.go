@@ -294,7 +294,9 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 		return c.noHead(kd, seq)
 	}
 	if job.Attempt > job.MaxAttempts {
-		// The worker of the last attempt was lost while it ran.
+		// The worker of the last attempt was lost while it ran: its
+		// handler may have written.
+		job.att.mayHaveWritten()
 		return c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
 	}
 	h := q.handler(job.Name)
@@ -322,7 +324,9 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	if errors.As(err, &snooze) {
 		return c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d})
 	}
-	dead := retry.IsPermanent(err) || job.Attempt >= job.MaxAttempts
+	// Bad input (a second write to one document, an update that writes the
+	// fence field, a refused id) fails every attempt alike: dead at once.
+	dead := retry.IsPermanent(err) || errors.Is(err, ErrInvalid) || job.Attempt >= job.MaxAttempts
 	return c.finish(kd, job, outcome{dead: dead, err: err})
 }
 
@@ -378,7 +382,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		})
 		switch {
 		case err == nil:
-			job.q = q
+			job.q, job.att = q, &attempt{}
 			return &job, nil
 		case errors.Is(err, mongo.ErrNoDocuments):
 			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
@@ -392,7 +396,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
 		})
 		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
-			cur.q = q
+			cur.q, cur.att = q, &attempt{}
 			return &cur, nil
 		}
 	}
@@ -492,8 +496,18 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		set = bson.D{{Key: "runAt", Value: runAt}}
 	}
 	set = append(bson.D{{Key: "state", Value: to}}, set...)
+	if job.att.wrote() {
+		set = append(set, bson.E{Key: "mw", Value: true})
+	}
 	if o.err != nil {
-		push = bson.D{{Key: "errors", Value: attemptError(job.Attempt, now, o.err)}}
+		e := attemptError(job.Attempt, now, o.err)
+		if n := len(job.Errors); n >= MaxErrors {
+			// Keep the newest: the job's document is fenced to this
+			// claim, so the list read with the claim is the one stored.
+			set = append(set, bson.E{Key: "errors", Value: append(job.Errors[n-MaxErrors+1:n:n], e)})
+		} else {
+			push = bson.D{{Key: "errors", Value: e}}
+		}
 	}
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(push) > 0 {
@@ -577,7 +591,11 @@ func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State
 func (c *claim) putBack(job *Job) {
 	ctx, cancel := c.book()
 	defer cancel()
-	update := bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: StateAvailable}}}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
+	set := bson.D{{Key: "state", Value: StateAvailable}}
+	if job.att.wrote() {
+		set = append(set, bson.E{Key: "mw", Value: true})
+	}
+	update := bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
 	if _, err := c.updateJob(ctx, job, update, StateAvailable); err != nil {
 		c.warn("put a job back", job.Seq, err)
 	}
