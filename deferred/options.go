@@ -91,8 +91,9 @@ type Options struct {
 
 	// Retention is how long completed and cancelled jobs are kept after
 	// they finished, for inspection, before a TTL index (or Sweep, where
-	// the server has none) deletes them. Dead jobs are kept until they are
-	// requeued or cancelled. Default 24h.
+	// the server has none) deletes them, and how long a key with nothing to
+	// run keeps its document in the keys collection before Sweep deletes it.
+	// Dead jobs are kept until they are requeued or cancelled. Default 24h.
 	Retention time.Duration
 
 	// Batch is how many jobs of one key a worker runs while it holds the

@@ -642,9 +642,10 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) error {
 	doc := bson.D{
 		{Key: "_id", Value: raw},
-		// A key document made again after a deletion restarts above the
-		// numbers of the old one: see DESIGN.md.
-		{Key: "off", Value: time.Now().UnixMicro()},
+		// A key document made again after a deletion (Sweep deletes idle
+		// ones) restarts above the numbers of the old one: the server's
+		// time in microseconds, as the Clock estimates it. See DESIGN.md.
+		{Key: "off", Value: q.now(ctx).UnixMicro()},
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
 	err := q.resend(ctx, func() error { _, err := q.keys.InsertOne(ctx, doc); return err })

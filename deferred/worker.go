@@ -58,8 +58,10 @@ func (q *Queue) Run(ctx context.Context) error {
 			sleep(ctx, gap)
 		}
 		lastLook = time.Now()
-		if !ttl && time.Now().After(nextSweep) {
-			if _, err := q.Sweep(ctx); err != nil && ctx.Err() == nil {
+		if time.Now().After(nextSweep) {
+			// A TTL index deletes finished jobs where there is one; idle
+			// keys are this sweep's everywhere.
+			if _, err := q.sweep(ctx, !ttl); err != nil && ctx.Err() == nil {
 				q.c.logger.Warn("deferred: sweep", "err", err)
 			}
 			nextSweep = time.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
@@ -662,17 +664,51 @@ func (c *claim) warn(what string, seq int64, err error) {
 }
 
 // Sweep deletes the completed and cancelled jobs (and the tombstones of
-// skipped numbers) whose retention has passed, and returns how many it
-// deleted: one deleteMany. It is the clean-up for servers without TTL
-// indexes; Run calls it from time to time where EnsureIndexes made no TTL
-// index.
+// skipped numbers) whose retention has passed, and the documents of keys
+// that have had nothing to run for Retention, and returns how many jobs it
+// deleted: two deleteMany. Run calls it from time to time (where
+// EnsureIndexes made a TTL index, that index deletes the jobs, and Run's
+// sweep deletes only idle keys). A key whose document was deleted starts
+// again, at its next Enqueue, from a new document whose sequence numbers
+// are above the old ones.
 func (q *Queue) Sweep(ctx context.Context) (int64, error) {
 	if err := checkCtx(ctx, "sweep"); err != nil {
 		return 0, err
 	}
-	res, err := q.jobs.DeleteMany(ctx, bson.D{{Key: "expireAt", Value: bson.D{{Key: "$lt", Value: q.now(ctx)}}}})
-	if err != nil {
-		return 0, fmt.Errorf("deferred: sweep: %w", err)
+	return q.sweep(ctx, true)
+}
+
+func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
+	now := q.now(ctx)
+	var n int64
+	if jobs {
+		res, err := q.jobs.DeleteMany(ctx, bson.D{{Key: "expireAt", Value: bson.D{{Key: "$lt", Value: now}}}})
+		if err != nil {
+			return 0, fmt.Errorf("deferred: sweep: %w", err)
+		}
+		n = res.DeletedCount
 	}
-	return res.DeletedCount, nil
+	// A key with nothing waiting (n: 0), worked last (t) or made (off, in
+	// microseconds) over Retention ago, and not held. A reservation racing
+	// with the delete either lands first (n: 1, not deleted) or finds no
+	// document and makes a new one, whose numbers start above the old ones.
+	idle := now.Add(-q.c.retention)
+	field := q.leases.Field()
+	_, err := q.keys.DeleteMany(ctx, bson.D{
+		{Key: "n", Value: int64(0)},
+		{Key: "$and", Value: bson.A{
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: "t", Value: bson.D{{Key: "$lt", Value: idle}}}},
+				bson.D{{Key: "t", Value: bson.D{{Key: "$exists", Value: false}}}, {Key: "off", Value: bson.D{{Key: "$lt", Value: idle.UnixMicro()}}}},
+			}}},
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: field + ".owner", Value: nil}},
+				bson.D{{Key: field + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
+			}}},
+		}},
+	})
+	if err != nil {
+		return n, fmt.Errorf("deferred: sweep keys: %w", err)
+	}
+	return n, nil
 }

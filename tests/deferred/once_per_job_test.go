@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -237,4 +238,37 @@ func TestErrorsAreBounded(t *testing.T) {
 		require.NoError(t, q.Requeue(b.ctx, id))
 	}
 	require.Greater(t, n.Load(), int64(deferred.MaxErrors), "more failures than are kept")
+}
+
+// TestIdleKeysAreDeleted: the keys collection holds a document per key
+// only while the key has work or was worked within Retention; Run's sweep
+// deletes the others, on every server (TTL indexes or not). A key used
+// again afterwards starts a new document whose numbers are above the old
+// ones, so its jobs pass the fence of the stamps the old ones left.
+func TestIdleKeysAreDeleted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, &deferred.Options{Retention: time.Second})
+	b.insert(t, "ana", "bob", "eve")
+	k := registerCredit(t, q, b.accounts, new(atomic.Int64))
+	var ids []bson.ObjectID
+	for _, id := range []string{"ana", "bob", "eve"} {
+		ids = append(ids, enqueue(t, b.ctx, k, id, credit{Amount: 1}))
+	}
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
+	}
+	var first bson.M
+	require.NoError(t, q.Keys().FindOne(b.ctx, bson.D{{Key: "_id", Value: "ana"}}).Decode(&first))
+	waitFor(t, time.Minute, "the idle keys' documents to be deleted", func() bool {
+		n, err := q.Keys().CountDocuments(b.ctx, bson.D{})
+		require.NoError(t, err)
+		return n == 0
+	})
+	again := enqueue(t, b.ctx, k, "ana", credit{Amount: 10})
+	job := wait(t, q, again)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Greater(t, job.Seq, first["off"].(int64)+first["tail"].(int64), "numbered above the old key's")
+	b.requireAccount(t, "ana", 11, 2, "the new job passed the old stamp's fence")
 }
