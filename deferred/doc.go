@@ -62,7 +62,12 @@
 //   - Exactly-once effect: a write made with Job.Fence and Job.Stamp (or by
 //     Guarded, Modify, Change) applies at most once per job, however often the
 //     job is delivered and however many other writes the document takes
-//     meanwhile, and never after a later job of the key has applied.
+//     meanwhile, and never after a later job of the key has applied. A job
+//     changes each target document in one such write: a second Guarded or
+//     Modify of the same document in one attempt is refused (ErrInvalid,
+//     and the job is dead at once), never reported as applied. Requeue
+//     refuses a job that may have applied its change (Job.MayHaveApplied),
+//     since under a new sequence number it would apply again.
 //     Delivery itself is at least once: side effects outside such a write may
 //     repeat.
 //   - A job is stored at most once per Enqueue that returns its id, and an
@@ -72,7 +77,14 @@
 //     the caller's writes.
 //   - A job is tried at most MaxAttempts times (an attempt whose worker was
 //     lost counts; snoozes and attempts interrupted by Run's stop do not),
-//     then dead with one recorded error per failed attempt.
+//     then dead with one recorded error per failed attempt (the newest
+//     MaxErrors of them). A handler's error matching ErrInvalid makes the
+//     job dead at once, as retry.Permanent does.
+//   - Bounded storage: a job keeps at most MaxErrors errors; the keys
+//     collection holds a document per key only while the key has jobs or
+//     was worked within Retention (Sweep deletes the others); a target
+//     document carries one stamp (about 40 bytes) per queue and key whose
+//     jobs wrote it (NewChange keys jobs by their document, so one).
 //   - A handler's panic fails its attempt; the worker lives on.
 //   - Bad input is refused before anything is written: keys are checked by
 //     store.CheckID and compared with $eq, handler names must be registered,
@@ -95,6 +107,8 @@
 //     for a refused key. The same values as the store package's.
 //   - ErrNotFound, *NotFoundError: no job has the id (Job, Requeue, Cancel).
 //   - ErrState, *StateError: Requeue of a job that is not dead or cancelled,
+//     or that may have applied its change (StateError.MayHaveApplied: check
+//     its target documents, then Cancel it or enqueue what is missing);
 //     Cancel of a running or finished job.
 //   - ErrUnknownOutcome, *UnknownOutcomeError: an enqueue failed ambiguously
 //     and re-reading could not tell whether the job was stored; its JobID
