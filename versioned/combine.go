@@ -70,8 +70,8 @@ type wstate uint8
 const (
 	wQueued  wstate = iota // waiting, not in a batch
 	wLeading               // at the head of the line, promoted to lead the next batch
-	wTaken                 // in a batch, between attempts: it may leave
-	wBusy                  // in a batch, during an attempt: fn may be running or its change in flight
+	wTaken                 // in a batch, its fn not started in this attempt (or between attempts): it may leave
+	wBusy                  // in a batch, its fn started in this attempt (fn may be running or its change in flight), or the attempt is being reported
 	wDone                  // settled, or withdrawn because its context ended
 )
 
@@ -83,7 +83,8 @@ type waiter struct {
 	wake  chan struct{} // 1-buffered: the state changed
 	state wstate
 	// withdrawn: the call's context ended while it was in a batch and
-	// nothing of it was in flight; it returned, and the batch drops it.
+	// before its fn started in the attempt; it returned, and the batch
+	// drops it without calling its fn.
 	withdrawn bool
 }
 
@@ -172,7 +173,8 @@ func (c *collLines) take(dk cacheID, lead *waiter, limit int, batch []*waiter) [
 }
 
 // withdraw takes w out of its line or batch because its context ended, if
-// nothing of it is in flight, and reports whether it did. A call that
+// its fn has not started in the current attempt, and reports whether it
+// did. A call that
 // withdrew returns its context's error: nothing of it was written.
 func (c *collLines) withdraw(dk cacheID, w *waiter) bool {
 	c.mu.Lock()

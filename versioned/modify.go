@@ -37,7 +37,11 @@ import (
 // left (fn's changes, or the state as read), and writes all their changes in
 // one updateOne. Each call gets a version of its own, one above the state
 // its fn saw (a combined write of k changes raises the version by k), its
-// own write id, and the document as its fn left it. An fn that returns an
+// own write id, and the document as its fn left it. A call whose ctx ends
+// before its fn's turn (waiting in line, or in the batch while an earlier
+// fn runs) returns ctx's error, wrapped, having written nothing: its fn is
+// not called. Once its fn has started, it waits for the outcome of that
+// attempt. An fn that returns an
 // error, or changes nothing, adds nothing to the write; the next fn sees the
 // state it was given. A call whose fn saw a state another fn of the write
 // left succeeds, or fails with fn's error, only if that write lands:
@@ -128,6 +132,7 @@ type member[T any] struct {
 	err      error    // why its change cannot be written (*InvalidError)
 	real     bool     // fn saw the state as read, not one another fn left
 	deferred bool     // left for the next batch
+	left     bool     // gone before its fn's turn: withdrawn, or its context ended (see commit)
 	// set and unset are its change as a write against the state read (when
 	// real).
 	set, unset bson.D
@@ -165,7 +170,7 @@ func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key docKey, cfg
 			if q.withdraw(dk, m.w) {
 				return nil, wrapErr(op, id, store.ContextError(ctx))
 			}
-			<-m.w.wake // its change is in flight, or it was settled: wait for that
+			<-m.w.wake // its fn has started in this attempt, or it was settled: wait for that
 		}
 	}
 }
@@ -186,7 +191,7 @@ func (r *Repo[T]) lead(op string, id any, key docKey, cfg *writeConfig, dk cache
 		// The leader's goroutine is unwinding (a panic outside fn, or
 		// runtime.Goexit in fn): settle the others and hand the line on.
 		for _, x := range append([]*member[T](nil), b.ms...) {
-			if x != m {
+			if x != m && !x.done && !x.left {
 				b.settle(x, nil, wrapErr(op, id, errLeaderGone))
 			}
 		}
@@ -348,9 +353,84 @@ func (b *batch[T]) alone() bool {
 	return b.lines == nil || (len(b.ms) == 1 && b.ms[0] == b.lead)
 }
 
-// busy marks the batch's calls in progress (they cannot leave) and drops
-// those that left since the last attempt.
-func (b *batch[T]) busy() {
+// join starts an attempt: it drops the calls that left the batch since the
+// last one and counts the attempt for the others. They stay free to leave
+// until their fn starts (see commit).
+func (b *batch[T]) join() {
+	if b.alone() {
+		for _, m := range b.ms {
+			m.ob.attempts++
+		}
+		return
+	}
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := b.ms[:0]
+	for _, m := range b.ms {
+		if m.w.withdrawn || m.w.state == wDone {
+			continue
+		}
+		if m.w.state == wBusy { // an attempt retried at once: no idle in between
+			m.w.state = wTaken
+			m.w.signal()
+		}
+		m.ob.attempts++ // under the lock: the call reads it once it has left
+		ms = append(ms, m)
+	}
+	b.ms = ms
+}
+
+// commit is called as m's fn is about to run. It marks m in progress, so
+// that it can no longer leave the batch, and reports true. It reports false
+// if m has left the batch (it returned its context's error), or if m's
+// context has ended, in which case m is settled with its context's error:
+// either way its fn does not run and m takes no part in the write.
+func (b *batch[T]) commit(m *member[T]) bool {
+	ended := func() {
+		m.out, m.err2, m.done = nil, wrapErr(b.op, b.id, store.ContextError(m.ctx)), true
+	}
+	if b.lines == nil || m.w == nil {
+		if m.ctx.Err() != nil {
+			ended()
+			return false
+		}
+		return true
+	}
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case m.w.withdrawn || m.w.state == wDone:
+		return false
+	case m.ctx.Err() != nil:
+		ended()
+		m.w.state = wDone
+		m.w.signal()
+		return false
+	}
+	m.w.state = wBusy
+	return true
+}
+
+// dropLeft takes out of the batch the calls apply found gone before their
+// fn's turn: nothing of them is written, and no event of the attempt
+// reaches them.
+func (b *batch[T]) dropLeft() {
+	ms := b.ms[:0]
+	for _, m := range b.ms {
+		if !m.left {
+			ms = append(ms, m)
+		}
+	}
+	clear(b.ms[len(ms):])
+	b.ms = ms
+}
+
+// seal ends an attempt: it drops the calls that left the batch during it
+// and marks the others in progress until idle, so that none leaves while
+// the retry loop reports the attempt to the calls.
+func (b *batch[T]) seal() {
 	if b.alone() {
 		return
 	}
@@ -365,6 +445,7 @@ func (b *batch[T]) busy() {
 		m.w.state = wBusy
 		ms = append(ms, m)
 	}
+	clear(b.ms[len(ms):])
 	b.ms = ms
 }
 
@@ -419,14 +500,19 @@ func (b *batch[T]) settleOwn(m *member[T]) {
 // the batch is settled, and otherwise the error of the attempt, which is
 // every unsettled call's unless the retry loop tries again.
 func (b *batch[T]) attempt() error {
-	r, op, id := b.r, b.op, b.id
-	b.busy()
+	b.join()
 	if len(b.ms) == 0 {
 		return retry.Permanent(errBatchEmpty)
 	}
-	for _, m := range b.ms {
-		m.ob.attempts++
-	}
+	err := b.try()
+	b.seal()
+	return err
+}
+
+// try is the body of attempt: the read, the fns of the calls still in the
+// batch as each one's turn comes, and the write.
+func (b *batch[T]) try() error {
+	r, op, id := b.r, b.op, b.id
 	st := b.pre
 	b.pre = nil
 	if st == nil {
@@ -439,6 +525,7 @@ func (b *batch[T]) attempt() error {
 		return err
 	}
 	k, last, raw := b.apply(st)
+	b.dropLeft()
 	// A call whose fn saw the state as read and wrote nothing is settled:
 	// its outcome does not depend on the write.
 	for i := 0; i < len(b.ms); {
@@ -577,7 +664,9 @@ func (b *batch[T]) read() (*docState, error) {
 
 // apply calls each member's fn in turn, each on a fresh copy of the state
 // the one before left, and returns how many changed the document, the last
-// that did, and its encoding.
+// that did, and its encoding. A member that left the batch, or whose
+// context ended, before its turn is dropped from the batch, its fn not
+// called (see commit).
 func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	r, op, id := b.r, b.op, b.id
 	var cur reflect.Value // the state the last change left; invalid: the state read
@@ -588,6 +677,10 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 		m.real = k == 0
 		if ver == lastVersion {
 			m.deferred = true // the next batch reads the document and refuses it
+			continue
+		}
+		if !b.commit(m) {
+			m.left = true
 			continue
 		}
 		var doc *T
