@@ -120,6 +120,10 @@
 //   - *UnknownOutcomeError, matching ErrUnknownOutcome: a write's reply was
 //     lost and re-reading could not settle it. After the Func ran ("complete"),
 //     its result may or may not be stored: a retry replays it, or runs again.
+//   - *RecordGoneError, matching ErrUnknownOutcome (and lease.ErrNotFound):
+//     the key's record was deleted between its open and its claim each of
+//     the three times Do opened it. Nothing ran; a retry opens it afresh.
+//     HTTP 503, as for any other store failure.
 //   - The Func's own error, as it returned it (wrapped in a *lease.LostError
 //     when the claim was lost while it ran).
 //   - An error wrapping context.Canceled or context.DeadlineExceeded: the
