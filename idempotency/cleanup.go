@@ -19,7 +19,8 @@ const TTLIndexName = "mongocas_idempotency_expire"
 // Where store.Probe finds that the server deletes documents with TTL
 // indexes (MongoDB, DocumentDB), it creates one on the records' expireAt
 // (each record's retention time, moved forward each time its request
-// starts, records a checkpoint or completes) and reports true: the server
+// starts, renews its claim, records a checkpoint or completes) and reports
+// true: the server
 // deletes a record some time after Retention has passed (MongoDB's TTL
 // monitor runs every minute). Elsewhere (FerretDB v1, which accepts TTL
 // indexes but never deletes with them) it creates nothing and reports
@@ -50,7 +51,8 @@ func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 // server's clock ($$NOW where the server has $expr, the earliest the
 // Clock's estimate allows elsewhere), and returns how many it deleted. It is
 // one deleteMany: the server checks the filter on each record as it deletes
-// it, so a record whose request started meanwhile is kept. It is the
+// it, so a record whose request started meanwhile is kept, and a record
+// whose request is running is never past its retention time. It is the
 // clean-up for servers without TTL indexes; see EnsureIndexes.
 func (k *Keys) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {

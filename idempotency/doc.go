@@ -29,7 +29,9 @@
 // next retry claims the key and runs the function again, resuming after the
 // last checkpoint it recorded ([Call.Checkpoint], [Call.Step]: Stripe's
 // atomic phases and recovery points). The record, and the checkpoints, are
-// kept for Options.Retention (24 h) after the request last ran
+// kept for Options.Retention (24 h) after the request last ran: the
+// renewals of a running request's claim move its retention time forward
+// too, so a request may run longer than Retention
 // ([Keys.EnsureIndexes], [Keys.Sweep]). A first request costs five round
 // trips around the function (seven where the server lacks $expr), a replay
 // one.
@@ -65,6 +67,12 @@
 //   - A stored result is never replaced, and every later call with the key
 //     and its fingerprint gets it (Replayed), until the record is deleted
 //     after Retention.
+//   - A record is not deleted while a claim on it holds, however long its
+//     request runs: each renewal of the claim (every TTL/3) sets the
+//     record's retention time to the renewal's time plus Retention, in the
+//     renewal's own write, and Retention is longer than TTL. Once the claim
+//     ends, the record is kept for Retention after the last of its
+//     request's writes (start, renewal, checkpoint, result), at least.
 //   - The Func runs again only after the claim that ran it ended without a
 //     result: the Func returned an error, its result was not final, or its
 //     claim expired (the process died, or could not renew in time). The new
@@ -112,6 +120,10 @@
 //   - *UnknownOutcomeError, matching ErrUnknownOutcome: a write's reply was
 //     lost and re-reading could not settle it. After the Func ran ("complete"),
 //     its result may or may not be stored: a retry replays it, or runs again.
+//   - *RecordGoneError, matching ErrUnknownOutcome (and lease.ErrNotFound):
+//     the key's record was deleted between its open and its claim each of
+//     the three times Do opened it. Nothing ran; a retry opens it afresh.
+//     HTTP 503, as for any other store failure.
 //   - The Func's own error, as it returned it (wrapped in a *lease.LostError
 //     when the claim was lost while it ran).
 //   - An error wrapping context.Canceled or context.DeadlineExceeded: the

@@ -41,9 +41,12 @@ var (
 	// checkpoint.
 	ErrLost = lease.ErrLost
 
-	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: a write of the key
-	// record failed ambiguously and re-reading it (for up to
-	// Options.ResolveTimeout) could not tell whether it was applied.
+	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: the key's record could
+	// not be settled. A write of it failed ambiguously and re-reading it (for
+	// up to Options.ResolveTimeout) could not tell whether it was applied
+	// (*UnknownOutcomeError), or it was deleted between its open and its
+	// claim each time Do opened it (*RecordGoneError: the function did not
+	// run).
 	ErrUnknownOutcome = store.ErrUnknownOutcome
 )
 
@@ -159,6 +162,30 @@ func (e *UnknownOutcomeError) Unwrap() []error {
 	}
 	return errs
 }
+
+// RecordGoneError reports that the key's record was deleted between its
+// open and its claim each of the Opens times Do opened it (the retention
+// clean-up deleting an expiring record that open had found, or another
+// client deleting records). The function did not run and nothing of this
+// call is left on the key: a retry opens the record afresh. It matches
+// ErrUnknownOutcome, and unwraps to it and to the claim's error (which
+// matches lease.ErrNotFound).
+type RecordGoneError struct {
+	// Key is the idempotency key, as the caller gave it.
+	Key string
+	// Opens is how often Do opened the record.
+	Opens int
+	// Err is the error of the last claim.
+	Err error
+}
+
+// Error names the key, the number of opens and the claim's error.
+func (e *RecordGoneError) Error() string {
+	return fmt.Sprintf("idempotency: key %s: the record was deleted between its open and its claim %d times; nothing ran: %v", quoteKey(e.Key), e.Opens, e.Err)
+}
+
+// Unwrap returns ErrUnknownOutcome and the claim's error.
+func (e *RecordGoneError) Unwrap() []error { return []error{store.ErrUnknownOutcome, e.Err} }
 
 // quoteKey quotes a key for a message, shortened if long.
 func quoteKey(k string) string {

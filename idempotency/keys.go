@@ -159,14 +159,14 @@ func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, 
 // stored, others only returned.
 type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err error)
 
-// errGone is returned by run when the record disappeared between open and
-// claim (the retention clean-up deleted it): do opens it again.
-var errGone = errors.New("record gone")
+// maxOpens bounds how often do opens a key's record that keeps
+// disappearing between open and claim.
+const maxOpens = 3
 
 // do opens the key's record, answers from it when it can (replay,
 // mismatch), and runs fn under a claim otherwise.
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
-	for reopen := 0; ; reopen++ {
+	for opens := 1; ; opens++ {
 		rec, err := k.open(ctx, ref, fp)
 		if err != nil {
 			return Result{}, err
@@ -178,8 +178,14 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 			return rec.Result.replay(), nil
 		}
 		res, err := k.run(ctx, ref, fp, fn)
-		if errors.Is(err, errGone) && reopen < 2 {
-			continue
+		var gone *RecordGoneError
+		if errors.As(err, &gone) {
+			// Deleted between open and claim (the retention clean-up
+			// took an expiring record open had found): open it again.
+			if opens < maxOpens {
+				continue
+			}
+			gone.Opens = opens
 		}
 		return res, err
 	}
@@ -243,7 +249,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 	case !entered && errors.As(err, &held):
 		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
 	case !entered && errors.Is(err, lease.ErrNotFound):
-		return Result{}, errGone
+		return Result{}, &RecordGoneError{Key: ref.key, Err: err}
 	case err != nil && !entered:
 		return Result{}, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
 	}

@@ -28,11 +28,13 @@ type Options struct {
 	TTL time.Duration
 
 	// Retention is how long a key's record is kept, counted from the last
-	// time a request with it started, recorded a checkpoint or completed (on
-	// the server's clock, as store.Clock estimates it): a retry within
-	// Retention is replayed or resumed, a request after it runs as new.
-	// It must be longer than TTL, and longer than any request runs. Default
-	// 24h.
+	// time a request with it started, renewed its claim, recorded a
+	// checkpoint or completed (on the server's clock: $$NOW for a renewal in
+	// lease.ModeServer, store.Clock's estimate otherwise): a retry within
+	// Retention is replayed or resumed, a request after it runs as new. A
+	// request that runs longer than Retention keeps its record, since each
+	// renewal of its claim (every TTL/3) moves the retention time forward.
+	// It must be longer than TTL. Default 24h.
 	Retention time.Duration
 
 	// Owner identifies these Keys in claims (see lease.Options.Owner):
@@ -115,6 +117,11 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 		Clock:          c.clock,
 		ResolveTimeout: c.resolve,
 		Retry:          p,
+		// Each renewal of a running request's claim moves the record's
+		// retention time forward, in the renewal's write: the record
+		// outlives its claim, however long the request runs.
+		Retain:    "expireAt",
+		RetainFor: c.retention,
 	}
 	return c, lo, nil
 }

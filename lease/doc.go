@@ -87,6 +87,12 @@
 //     deadline, before the lease's context ended and before anyone else
 //     claimed (or stamped), still applies, ordered before every write of
 //     any later holder.
+//   - With Options.Retain, each applied renewal of a document lease has set
+//     that field of the document to at least the server's time of the
+//     renewal plus RetainFor, in the renewal's own write: a clean-up that
+//     deletes the document once the field has passed (a TTL index, a
+//     sweep) cannot delete it while the lease holds, since RetainFor is
+//     longer than TTL.
 //   - Bad input (options, ids, a nil context) and an ended context are
 //     reported before anything is sent. Ids are checked by [store.CheckID]
 //     and compared with $eq: an id such as {"$gt": ""} is refused.

@@ -273,11 +273,18 @@ func (l *Lease) renewServer(ctx context.Context) error {
 	m := l.m
 	a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: true}
 	newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}
-	update := mongo.Pipeline{{{Key: "$set", Value: bson.D{
+	set := bson.D{
 		{Key: m.pExpires, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.pExpires, newExpiry}}}},
 		{Key: m.pRenewed, Value: "$$NOW"},
 		{Key: m.pRenewal, Value: bson.D{{Key: "$literal", Value: a.claim}}},
-	}}}}
+	}
+	if m.c.retain != "" {
+		// Retain's time moves with the renewal, in the same write; $max
+		// keeps a later time the document's own writes put there.
+		until := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.retainFor.Milliseconds()}}}
+		set = append(set, bson.E{Key: m.c.retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.retain, until}}}})
+	}
+	update := mongo.Pipeline{{{Key: "$set", Value: set}}}
 	doc, err := m.findAndModify(ctx, l.filter(), update)
 	var s snapshot
 	switch {
@@ -338,6 +345,12 @@ func (l *Lease) renewEstimated(ctx context.Context) error {
 
 	filter := append(l.filter(), bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
+	if m.c.retain != "" {
+		// Retain's time moves with the renewal, in the same write; $max
+		// keeps a later time the document's own writes put there.
+		until := a.est.Time.Add(m.c.retainFor).Truncate(time.Millisecond)
+		update = append(update, bson.E{Key: "$max", Value: bson.D{{Key: m.c.retain, Value: until}}})
+	}
 	res, err := m.coll.UpdateOne(ctx, filter, update)
 	switch {
 	case err == nil && res.MatchedCount == 1:

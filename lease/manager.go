@@ -75,6 +75,9 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	if err != nil {
 		return nil, err
 	}
+	if named && c.retain != "" {
+		return nil, &OptionsError{Field: "Retain", Reason: "applies to document leases only: a named lease's lock document is not the one it protects"}
+	}
 	f := c.field
 	m := &Manager{
 		coll:      coll,

@@ -157,6 +157,23 @@ type Options struct {
 	// 24h. Negative is an error.
 	CleanupAfter time.Duration
 
+	// Retain, if not empty, names a date field of the leased document that
+	// each renewal of a document lease moves forward, in the renewal's own
+	// write (no round trip of its own), to the server's time plus RetainFor,
+	// unless the field already holds a later time: in ModeServer $$NOW, in
+	// ModeEstimated the Clock's estimate. A document deleted some time after
+	// that field has passed (a TTL index on it, or a sweep) is then kept for
+	// as long as a lease on it is renewed, and for RetainFor after its last
+	// renewal. Claims do not write it: set it with the first write made
+	// under the lease. It is a top-level field named by Field's rules, not
+	// Field or FenceField. Document leases only: NewNamed refuses it.
+	Retain string
+
+	// RetainFor is how far past each renewal Retain is set. Required when
+	// Retain is set, and it must then be longer than TTL: the document must
+	// outlive the lease on it. Ignored without Retain.
+	RetainFor time.Duration
+
 	// ShardKey names the fields of the shard key, as dotted paths, of the
 	// collection whose documents the Manager's leases protect, when it is
 	// sharded on a key other than _id: for a Manager made by New, the
@@ -201,7 +218,9 @@ type config struct {
 	clock          *store.Clock
 	now            func() time.Time
 	cleanupAfter   time.Duration
-	shard          shard.Spec // ShardKey, checked
+	retain         string        // Retain, checked; "" for none
+	retainFor      time.Duration // RetainFor, when retain is set
+	shard          shard.Spec    // ShardKey, checked
 	observer       observe.Observer
 }
 
@@ -238,6 +257,18 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	}
 	if c.fenceField == c.field {
 		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.fenceField)}
+	}
+	if o.Retain != "" {
+		if err := checkField(o.Retain); err != "" {
+			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q %s", o.Retain, err)}
+		}
+		if o.Retain == c.field || o.Retain == c.fenceField {
+			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q is also Field or FenceField", o.Retain)}
+		}
+		if o.RetainFor <= o.TTL {
+			return c, &OptionsError{Field: "RetainFor", Reason: fmt.Sprintf("%v is not longer than TTL %v: the document must outlive the lease on it", o.RetainFor, o.TTL)}
+		}
+		c.retain, c.retainFor = o.Retain, o.RetainFor
 	}
 	var err error
 	if c.shard, err = parseShardKey(o.ShardKey, &c); err != nil {

@@ -2,10 +2,13 @@ package idempotency_test
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
@@ -142,4 +145,54 @@ func requireDone(t *testing.T, b *bundle, key, body string) {
 	require.Equal(t, 1, rec.Attempts)
 	require.LessOrEqual(t, len(rec.Points), 1)
 	require.Empty(t, rec.Lease.Owner, "released")
+}
+
+// TestRecordGoneAtEveryOpen: the key's record is deleted (by another
+// client) each time right after open made it, before the claim. Do opens it
+// again twice, then gives up with a *RecordGoneError (the package's
+// prefix, matching ErrUnknownOutcome): nothing ran, nothing of the key is left, and
+// a retry runs as the first request.
+func TestRecordGoneAtEveryOpen(t *testing.T) { eachMode(t, testRecordGoneAtEveryOpen) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testRecordGoneAtEveryOpen(t *testing.T, mode lease.Mode) {
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	ctx := context.Background()
+	k := b.keys(t, f.Collection(b.coll.Name()), "a", &idempotency.Options{TTL: time.Minute, Mode: mode, Clock: b.clock})
+	open := writeOf(b.coll.Name(), "open")
+	var deleting atomic.Bool
+	var deletes atomic.Int32
+	deleting.Store(true)
+	// A hook, never a fault: it runs after the server applied each write
+	// through f, before its reply goes back.
+	f.DropNextReply(func(c *mongotest.Command) bool {
+		if deleting.Load() && open(c) {
+			// Counted only if it deleted the record (the proxy's goroutine
+			// must not fail the test): the count is checked below.
+			if res, err := b.coll.DeleteOne(ctx, bson.D{{Key: "_id", Value: "gone"}}); err == nil && res.DeletedCount == 1 {
+				deletes.Add(1)
+			}
+		}
+		return false
+	})
+	var runs atomic.Int32
+	_, err := k.Do(ctx, "gone", []byte("fp"), counting(&runs, idempotency.Result{Status: 201}))
+	t.Logf("Do: %v", err)
+	require.ErrorIs(t, err, idempotency.ErrUnknownOutcome)
+	require.True(t, strings.HasPrefix(err.Error(), "idempotency: "), "%v", err)
+	require.ErrorIs(t, err, lease.ErrNotFound, "the claim's own error is kept")
+	var gone *idempotency.RecordGoneError
+	require.ErrorAs(t, err, &gone)
+	require.Equal(t, "gone", gone.Key)
+	require.Equal(t, 3, gone.Opens)
+	require.Equal(t, int32(3), deletes.Load(), "opened three times, deleted after each")
+	require.Zero(t, runs.Load())
+	require.Zero(t, count(t, b.coll))
+
+	deleting.Store(false)
+	res, err := k.Do(ctx, "gone", []byte("fp"), counting(&runs, idempotency.Result{Status: 201}))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, int32(1), runs.Load())
 }

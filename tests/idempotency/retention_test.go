@@ -3,6 +3,8 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/idempotency"
+	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 )
 
@@ -97,4 +100,103 @@ func TestTTLIndexDeletes(t *testing.T) {
 		n, err := b.coll.CountDocuments(ctx, bson.D{})
 		return err == nil && n == 0
 	}, 3*time.Minute, time.Second)
+}
+
+// TestRecordKeptWhileItsRequestRuns: a request that runs for longer than
+// Retention keeps its record, because each renewal of its claim moves the
+// record's retention time forward. The clean-up runs all along (Sweep every
+// 50ms, the TTL index too where the server has one); a second request with
+// the key, made when Retention has passed twice since the first one began,
+// is told ErrInProgress and does not run; once the first completes, a retry
+// gets its stored result. The function runs exactly once.
+func TestRecordKeptWhileItsRequestRuns(t *testing.T) { eachMode(t, testRecordKeptWhileRunning) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testRecordKeptWhileRunning(t *testing.T, mode lease.Mode) {
+	const (
+		ttl       = 900 * time.Millisecond
+		retention = 1500 * time.Millisecond
+	)
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := b.keys(t, nil, "a", &idempotency.Options{TTL: ttl, Retention: retention, Mode: mode})
+	_, err := k.EnsureIndexes(ctx)
+	require.NoError(t, err)
+
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	swept := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := k.Sweep(sweepCtx); err != nil {
+				if sweepCtx.Err() != nil {
+					err = nil
+				}
+				swept <- err
+				return
+			}
+			select {
+			case <-sweepCtx.Done():
+				swept <- nil
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() {
+		stopSweep()
+		require.NoError(t, <-swept)
+	}()
+
+	var runs atomic.Int32
+	started, release := make(chan struct{}), make(chan struct{})
+	fn := func(ctx context.Context, _ *idempotency.Call) (idempotency.Result, error) {
+		n := runs.Add(1)
+		if n == 1 {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return idempotency.Result{}, context.Cause(ctx)
+			}
+		}
+		return idempotency.Result{Status: 201, Body: fmt.Appendf(nil, "run %d", n)}, nil
+	}
+	type answer struct {
+		res idempotency.Result
+		err error
+	}
+	first := make(chan answer, 1)
+	begun := time.Now()
+	go func() {
+		res, err := k.Do(ctx, "long", []byte("fp"), fn)
+		first <- answer{res, err}
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "the first request did not start its function")
+	}
+
+	time.Sleep(time.Until(begun.Add(2 * retention)))
+	_, err = k.Do(ctx, "long", []byte("fp"), fn)
+	require.ErrorIs(t, err, idempotency.ErrInProgress, "the record of the running request was kept: the retry waits for it")
+	require.Equal(t, int32(1), runs.Load())
+
+	close(release)
+	var a answer
+	select {
+	case a = <-first:
+	case <-time.After(30 * time.Second):
+		require.FailNow(t, "the first request did not end")
+	}
+	require.NoError(t, a.err)
+	require.False(t, a.res.Replayed)
+	require.Equal(t, "run 1", string(a.res.Body))
+
+	again, err := k.Do(ctx, "long", []byte("fp"), fn)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, "run 1", string(again.Body))
+	require.Equal(t, int32(1), runs.Load(), "the function ran once")
 }

@@ -410,6 +410,11 @@ func testBadInput(t *testing.T, mode lease.Mode) {
 			{"DriftRate", lease.Options{TTL: time.Second, DriftRate: -1}},
 			{"Retry", lease.Options{TTL: time.Second, Retry: retry.Policy{Multiplier: 0.5}}},
 			{"CleanupAfter", lease.Options{TTL: time.Second, CleanupAfter: -1}},
+			{"Retain", lease.Options{TTL: time.Second, Retain: "$until", RetainFor: time.Minute}},
+			{"Retain", lease.Options{TTL: time.Second, Retain: "a.b", RetainFor: time.Minute}},
+			{"Retain", lease.Options{TTL: time.Second, Retain: "_lease", RetainFor: time.Minute}},
+			{"RetainFor", lease.Options{TTL: time.Second, Retain: "until"}},
+			{"RetainFor", lease.Options{TTL: time.Second, Retain: "until", RetainFor: time.Second}},
 		} {
 			for _, newFn := range []func(*mongo.Collection, *lease.Options) (*lease.Manager, error){lease.New, lease.NewNamed} {
 				m, err := newFn(coll, &tc.opts)
@@ -420,9 +425,14 @@ func testBadInput(t *testing.T, mode lease.Mode) {
 				require.Equal(t, tc.field, oe.Field, "%v", err)
 			}
 		}
-		_, err := lease.New(nil, nil)
+		m, err := lease.NewNamed(coll, &lease.Options{TTL: time.Second, Retain: "until", RetainFor: time.Minute})
+		require.Nil(t, m)
+		var oe *lease.OptionsError
+		require.ErrorAs(t, err, &oe, "Retain is for document leases only")
+		require.Equal(t, "Retain", oe.Field)
+		_, err = lease.New(nil, nil)
 		require.ErrorIs(t, err, lease.ErrInvalid)
-		m, err := lease.New(coll, nil)
+		m, err = lease.New(coll, nil)
 		require.NoError(t, err, "nil options are the defaults")
 		require.Equal(t, lease.DefaultTTL, m.TTL())
 		require.Equal(t, lease.DefaultField, m.Field())
