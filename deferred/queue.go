@@ -159,9 +159,11 @@ type Queue struct {
 
 	wake chan struct{}
 
-	readyMu sync.Mutex
-	isReady bool
-	ttl     bool
+	// ready is a 1-slot semaphore that EnsureIndexes holds across its
+	// round trips; a caller waits for it with its context, never longer.
+	ready   chan struct{}
+	isReady bool // guarded by ready
+	ttl     bool // guarded by ready
 }
 
 // New returns a Queue whose jobs live in jobs and whose keys live in the
@@ -190,7 +192,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 	q := &Queue{
 		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(),
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
-		handlers: map[string]*handler{}, wake: make(chan struct{}, 1),
+		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
 	return q, nil
 }
@@ -219,13 +221,19 @@ const (
 // store.Probe finds TTL indexes, a TTL index that deletes completed and
 // cancelled jobs Retention after they finished; it reports whether it made
 // that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
-// and the first Enqueue of a Queue call it.
+// and the first Enqueue of a Queue call it. A call that waits for another
+// one's round trips ends with its own context (the context's error,
+// wrapped).
 func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := checkCtx(ctx, "ensure indexes"); err != nil {
 		return false, err
 	}
-	q.readyMu.Lock()
-	defer q.readyMu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	case <-ctx.Done():
+		return false, fmt.Errorf("deferred: ensure indexes: %w", store.ContextError(ctx))
+	}
+	defer func() { <-q.ready }()
 	if q.isReady {
 		return q.ttl, nil
 	}
