@@ -388,7 +388,11 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 // that dies between the two leaves a reserved number without a job, which the
 // key skips after Options.HoleTimeout. A lost reply is settled by re-reading
 // the job by its id, which is chosen before the first write: the job is
-// stored at most once.
+// stored at most once. When re-reading cannot tell, the tombstone of its
+// number settles it: once that lands, no copy of the insert can. An error
+// other than an *UnknownOutcomeError means the job is not stored and will
+// not be; after a write that may have landed, the answer is the id or an
+// *UnknownOutcomeError with the id, also when ctx ended meanwhile.
 //
 // Bad input is refused before anything is written, with an *InvalidError: a
 // nil ctx, a name no handler is registered under, args that are not of the
