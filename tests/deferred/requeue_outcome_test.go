@@ -125,10 +125,7 @@ func TestRequeueTakenBackKeepsItsExpiry(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- fq.Requeue(b.ctx, id) }()
 	skipped := bson.D{{Key: "state", Value: "skipped"}}
-	waitFor(t, time.Minute, "the new number to be skipped", func() bool {
-		n, err := b.jobs.CountDocuments(b.ctx, skipped)
-		return err == nil && n == 1
-	})
+	skippedPast(t, b, skipped)
 	_, err = b.jobs.DeleteOne(b.ctx, skipped)
 	require.NoError(t, err)
 	stop()
