@@ -70,9 +70,14 @@
 //     since under a new sequence number it would apply again.
 //     Delivery itself is at least once: side effects outside such a write may
 //     repeat.
-//   - A job is stored at most once per Enqueue that returns its id, and an
-//     Enqueue that returns an error other than an *UnknownOutcomeError stored
-//     nothing. Inside a transaction (ctx carries a session with one in
+//   - A job is stored at most once per Enqueue that returns its id, where a
+//     worker will run it, and an Enqueue that returns an error other than an
+//     *UnknownOutcomeError stored nothing, nor can a copy of its writes still
+//     in flight store it later: once a write may have landed, the answer is
+//     the job's id or an *UnknownOutcomeError naming it. Likewise a Requeue
+//     that returns nil put the job back in the queue, and one that returns
+//     another error than an *UnknownOutcomeError changed nothing. Inside a
+//     transaction (ctx carries a session with one in
 //     progress) Enqueue's writes take part in it: they commit or abort with
 //     the caller's writes.
 //   - A job is tried at most MaxAttempts times (an attempt whose worker was
@@ -110,11 +115,14 @@
 //     or that may have applied its change (StateError.MayHaveApplied: check
 //     its target documents, then Cancel it or enqueue what is missing);
 //     Cancel of a running or finished job.
-//   - ErrUnknownOutcome, *UnknownOutcomeError: an enqueue failed ambiguously
-//     and re-reading could not tell whether the job was stored; its JobID
-//     says what to look for later.
-//   - A context that ended: the context's error, wrapped, never ErrInvalid.
-//     A nil context is ErrInvalid.
+//   - ErrUnknownOutcome, *UnknownOutcomeError: an enqueue or a requeue
+//     failed ambiguously and settling it (re-reading, or writing the
+//     tombstone of its number, for up to ResolveTimeout) could not tell
+//     whether the job was stored, or put back, where a worker will run it;
+//     its JobID says what to look for later.
+//   - A context that ended: the context's error, wrapped, never ErrInvalid,
+//     and promptly, also while another call makes the indexes. A nil context
+//     is ErrInvalid.
 //   - From ModifyOrEnqueue: versioned's errors as Modify returns them (fn's
 //     own, versioned.ErrNotFound, ...) when the change was not queued.
 //   - In a job's recorded errors: the handler's error message, or a

@@ -116,13 +116,18 @@ func (e *StateError) Error() string {
 // Is reports whether target is ErrState.
 func (e *StateError) Is(target error) bool { return target == ErrState }
 
-// UnknownOutcomeError reports an enqueue whose insert failed ambiguously
-// (a network error, a timeout: see store.IsAmbiguous) and whose re-read
-// could not tell whether the job was stored. The job, if it was stored,
-// has the id in JobID: Queue.Job tells later. It matches ErrUnknownOutcome
-// and unwraps to the insert's error.
+// UnknownOutcomeError reports an enqueue (or a requeue) whose write failed
+// ambiguously (a network error, a timeout: see store.IsAmbiguous), or was
+// refused after an ambiguous send, and which settling could not decide: the
+// re-reads failed for ResolveTimeout, or the tombstone of the job's number,
+// which would have made "not stored" final, was refused too. It also
+// reports a slow write that landed when the check of whether it landed
+// behind its key's head (where no worker runs it) could not finish. The
+// job, if it was stored, has the id in JobID: Queue.Job tells later. It
+// matches ErrUnknownOutcome and unwraps to the write's error, joined with
+// the settling's.
 type UnknownOutcomeError struct {
-	// Op is the operation.
+	// Op is the operation: "enqueue" or "requeue".
 	Op string
 	// JobID is the id the job would have.
 	JobID bson.ObjectID

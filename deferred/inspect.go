@@ -84,6 +84,12 @@ func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 // is its sequence number, so under a new one a write that landed before
 // would apply again. Check the job's target documents; then Cancel it, or
 // enqueue what is missing as a new job.
+//
+// A Requeue that returns nil put the job back in the queue; one that
+// returns an error other than an *UnknownOutcomeError (Op "requeue") changed
+// nothing: the job is as it was, and no copy of its write can change it
+// later. A lost reply is settled as Enqueue's is: by re-reading the job, or
+// by the tombstone of the new number, which the update can no longer take.
 func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "requeue"); err != nil {
 		return err
@@ -91,8 +97,9 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if _, err := q.EnsureIndexes(ctx); err != nil {
 		return err
 	}
+	inTx := inTransaction(ctx)
 	for try := 1; ; try++ {
-		job, err := q.readJob(ctx, id)
+		job, doc, err := q.readJobDoc(ctx, id)
 		switch {
 		case err != nil:
 			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
@@ -106,7 +113,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := time.Now()
-		seq, err := q.reserve(ctx, job.Key, inTransaction(ctx))
+		seq, err := q.reserve(ctx, job.Key, inTx)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
 		}
@@ -116,39 +123,40 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
 		res, err := q.jobs.UpdateOne(ctx, filter, update)
-		if err != nil {
-			// A lost reply: the job shows its new number if it landed.
-			if cur, rerr := q.readJob(ctx, id); rerr == nil && cur != nil && cur.Seq == seq {
-				q.notify()
-				return nil
-			}
-			q.abandon(ctx, job.Key, seq)
+		matched := err == nil && res.MatchedCount == 1
+		switch {
+		case err != nil && inTx:
+			// A failed write ends the transaction: its owner retries it whole.
 			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		case err != nil:
+			// Failed, or its reply lost: the job at the new number says it
+			// landed; the number's tombstone, that it never will.
+			landed, serr := q.settle(ctx, job.Key, seq, id)
+			if serr != nil {
+				return &UnknownOutcomeError{Op: "requeue", JobID: id, Err: errors.Join(err, serr)}
+			}
+			if !landed {
+				return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+			}
+			matched = true
 		}
-		if res.MatchedCount == 1 {
-			late := false
-			if time.Since(reserved) >= q.c.holeTimeout/2 {
+		if matched {
+			if !inTx && time.Since(reserved) >= q.c.holeTimeout/2 {
 				// As for a slow enqueue: the number may have been skipped.
 				// Then put the job back as it was, and requeue it again.
-				late, err = q.passed(ctx, job.Key, seq)
-				if err == nil && late {
-					late, err = q.takeBack(ctx, id, seq, bson.D{{Key: "$set", Value: bson.D{
-						{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt},
-						{Key: "finished", Value: job.FinishedAt},
-					}}})
-				}
+				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
 				if err != nil {
-					return fmt.Errorf("deferred: requeue job %s: check a slow update: %w", id.Hex(), err)
+					return &UnknownOutcomeError{Op: "requeue", JobID: id, Err: fmt.Errorf("check a slow update: %w", err)}
+				}
+				if late {
+					if try >= 3 {
+						return fmt.Errorf("deferred: requeue job %s: its new place on the key was skipped each time (Options.HoleTimeout too short?)", id.Hex())
+					}
+					continue
 				}
 			}
-			if !late {
-				q.notify()
-				return nil
-			}
-			if try >= 3 {
-				return fmt.Errorf("deferred: requeue job %s: its new place on the key was skipped each time (Options.HoleTimeout too short?)", id.Hex())
-			}
-			continue
+			q.notify()
+			return nil
 		}
 		// Changed meanwhile (requeued or cancelled by someone else): give
 		// the number up and look again.
@@ -157,6 +165,46 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
 		}
 	}
+}
+
+// readJobDoc reads the job with id, decoded and as stored; nil when there
+// is none.
+func (q *Queue) readJobDoc(ctx context.Context, id bson.ObjectID) (*Job, bson.Raw, error) {
+	var doc bson.Raw
+	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var job Job
+	if err := bson.Unmarshal(doc, &job); err != nil {
+		return nil, nil, err
+	}
+	job.q = q
+	return &job, doc, nil
+}
+
+// restoreOf is the update that puts job, stored as doc, back as it was
+// before Requeue's update: its number, state and attempt, and the fields
+// that update unset (finished; expireAt, without which a cancelled job is
+// never deleted; runAt) set again or left unset as they were.
+func restoreOf(job *Job, doc bson.Raw) bson.D {
+	set := bson.D{{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
+	unset := bson.D{}
+	for _, f := range []string{"finished", "expireAt", "runAt"} {
+		if v, err := doc.LookupErr(f); err == nil {
+			set = append(set, bson.E{Key: f, Value: v})
+		} else {
+			unset = append(unset, bson.E{Key: f, Value: ""})
+		}
+	}
+	update := bson.D{{Key: "$set", Value: set}}
+	if len(unset) > 0 {
+		update = append(update, bson.E{Key: "$unset", Value: unset})
+	}
+	return update
 }
 
 // Cancel takes a job that is waiting (available or retryable) or dead out

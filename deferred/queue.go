@@ -172,9 +172,11 @@ type Queue struct {
 
 	wake chan struct{}
 
-	readyMu sync.Mutex
-	isReady bool
-	ttl     bool
+	// ready is a 1-slot semaphore that EnsureIndexes holds across its
+	// round trips; a caller waits for it with its context, never longer.
+	ready   chan struct{}
+	isReady bool // guarded by ready
+	ttl     bool // guarded by ready
 }
 
 // New returns a Queue whose jobs live in jobs and whose keys live in the
@@ -203,7 +205,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 	q := &Queue{
 		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(),
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
-		handlers: map[string]*handler{}, wake: make(chan struct{}, 1),
+		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
 	return q, nil
 }
@@ -232,13 +234,19 @@ const (
 // store.Probe finds TTL indexes, a TTL index that deletes completed and
 // cancelled jobs Retention after they finished; it reports whether it made
 // that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
-// and the first Enqueue of a Queue call it.
+// and the first Enqueue of a Queue call it. A call that waits for another
+// one's round trips ends with its own context (the context's error,
+// wrapped).
 func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := checkCtx(ctx, "ensure indexes"); err != nil {
 		return false, err
 	}
-	q.readyMu.Lock()
-	defer q.readyMu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	case <-ctx.Done():
+		return false, fmt.Errorf("deferred: ensure indexes: %w", store.ContextError(ctx))
+	}
+	defer func() { <-q.ready }()
 	if q.isReady {
 		return q.ttl, nil
 	}
@@ -393,7 +401,11 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 // that dies between the two leaves a reserved number without a job, which the
 // key skips after Options.HoleTimeout. A lost reply is settled by re-reading
 // the job by its id, which is chosen before the first write: the job is
-// stored at most once.
+// stored at most once. When re-reading cannot tell, the tombstone of its
+// number settles it: once that lands, no copy of the insert can. An error
+// other than an *UnknownOutcomeError means the job is not stored and will
+// not be; after a write that may have landed, the answer is the id or an
+// *UnknownOutcomeError with the id, also when ctx ended meanwhile.
 //
 // Bad input is refused before anything is written, with an *InvalidError: a
 // nil ctx, a name no handler is registered under, args that are not of the
@@ -455,22 +467,22 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
 			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: time.Now()},
 		}
-		stored, err := q.insertJob(ctx, doc, id, inTx)
+		stored, err := q.insertJob(ctx, doc, raw, seq, id, inTx)
+		var unknown *UnknownOutcomeError
 		switch {
+		case errors.As(err, &unknown):
+			return none, err // it names the job and the operation
 		case err != nil:
-			if !store.IsAmbiguous(err) && !inTx && !errors.Is(err, ErrUnknownOutcome) {
-				q.abandon(ctx, raw, seq)
-			}
+			// Not stored, and no copy of the insert can land: see insertJob.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
 		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
 			// Slow enough that the number may have been skipped, and its
-			// tombstone deleted, before the insert landed: see passed.
-			late, err := q.passed(ctx, raw, seq)
-			if err == nil && late {
-				late, err = q.takeBack(ctx, id, seq, nil)
-			}
+			// tombstone deleted, before the insert landed: see landedLate.
+			// The job is stored: from here the answer is its id, or an
+			// unknown outcome that names it.
+			late, err := q.landedLate(ctx, raw, id, seq, nil)
 			if err != nil {
-				return none, fmt.Errorf("deferred: enqueue %s on key %s: check a slow insert: %w", h.name, keyText(raw), err)
+				return none, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: fmt.Errorf("check a slow insert: %w", err)}
 			}
 			if !late {
 				q.notify()
@@ -484,8 +496,38 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: the key skipped %d numbers reserved for this job (Options.HoleTimeout too short?)", h.name, keyText(raw), try)
 		}
 		// The number was skipped (a worker wrote its tombstone) before the
-		// insert landed: no copy of this job can land with it any more.
+		// insert landed, or the job landed behind the head and was taken
+		// back: no copy of this job can land with that number any more.
 	}
+}
+
+// landedLate reports whether the job id, whose slow write (an insert, or
+// Requeue's update) put it at seq on key, landed behind the key's head, and
+// then takes it back: it deletes the job (restore nil) or applies restore to
+// it, and writes the number's tombstone, so that no copy of the write still
+// in flight can put it there again. It settles what it does with reads and
+// writes of its own for up to ResolveTimeout, even after ctx ended (the
+// write landed: the caller's deadline must not leave the job stranded). An
+// error means it could not tell whether the job is behind the head.
+func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.ObjectID, seq int64, restore bson.D) (bool, error) {
+	ctx, cancel := q.settling(ctx)
+	defer cancel()
+	late, err := q.passed(ctx, raw, seq)
+	if err == nil && late {
+		late, err = q.takeBack(ctx, id, seq, restore)
+	}
+	if err != nil || !late {
+		return false, err
+	}
+	q.abandon(ctx, raw, seq)
+	return true, nil
+}
+
+// settling returns a context for settling a write whose outcome matters to
+// the caller's answer: ctx's values without its session, its cancellation
+// or its deadline, ended after ResolveTimeout.
+func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
 }
 
 // passed reports whether the head of key has moved past seq. A job that
@@ -495,68 +537,189 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 // If the job is still available at seq it landed late (a worker that moved
 // the head past it while it was there would have run it first), and the
 // caller takes it back. Only a slow write can land late: a number is skipped
-// HoleTimeout after it was found missing at the earliest.
+// HoleTimeout after it was found missing at the earliest. It reads the key
+// from the primary (the latest head, which a majority read may not show
+// yet), again after a failure, until ctx ends.
 func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
-	kd, found, err := q.readKey(ctx, raw)
-	return err == nil && found && kd.Off+kd.Done >= seq, err
+	var last error
+	for ctx.Err() == nil {
+		kd, found, err := q.readKey(ctx, raw)
+		if err == nil {
+			return found && kd.Off+kd.Done >= seq, nil
+		}
+		last = err
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return false, errors.Join(last, ctx.Err())
 }
 
-// takeBack applies update to the job id if it is still available at seq,
-// and reports whether it did: how a write that landed late is undone.
+// takeBack deletes the job id (update nil), or applies update to it, if it
+// is still available at seq, and reports whether it did: how a write that
+// landed late is undone. A write that failed, or whose reply was lost, is
+// settled by re-reading the job at majority: gone, or moved off seq (update
+// restores the job's old number), it was taken back; still available at
+// seq, the write is sent again; at seq in another state, a worker or Cancel
+// has it, and it was not taken back. It tries until ctx ends, and returns an
+// error only when it could not tell.
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
-	var n int64
-	err := q.resend(ctx, func() error {
-		if update == nil {
-			res, err := q.jobs.DeleteOne(ctx, filter)
+	var last error
+	for ctx.Err() == nil {
+		var n int64
+		err := q.resend(ctx, func() error {
+			if update == nil {
+				res, err := q.jobs.DeleteOne(ctx, filter)
+				if err == nil {
+					n = res.DeletedCount
+				}
+				return err
+			}
+			res, err := q.jobs.UpdateOne(ctx, filter, update)
 			if err == nil {
-				n = res.DeletedCount
+				n = res.ModifiedCount
 			}
 			return err
+		})
+		if err == nil && n == 1 {
+			return true, nil
 		}
-		res, err := q.jobs.UpdateOne(ctx, filter, update)
-		if err == nil {
-			n = res.ModifiedCount
+		// Failed, lost, or matched nothing (an earlier copy applied, or the
+		// job is not available at seq): the job's state tells.
+		job, rerr := q.settledJob(ctx, id)
+		switch {
+		case rerr != nil:
+			last = errors.Join(err, rerr)
+		case job == nil || job.Seq != seq:
+			return true, nil
+		case job.State != StateAvailable:
+			return false, nil
+		default:
+			last = err // still there: send it again
 		}
-		return err
-	})
-	return n == 1, err
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return false, errors.Join(last, ctx.Err())
 }
 
-// insertJob inserts doc, whose _id is id. It reports stored false, with
-// no error, when the insert lost its sequence number to a tombstone. After
-// an ambiguous failure it re-reads by id and sends the insert again while
-// the job is not there: every copy has the same _id and the same sequence
-// number, so at most one lands.
-func (q *Queue) insertJob(ctx context.Context, doc bson.D, id bson.ObjectID, inTx bool) (stored bool, err error) {
-	var first error
+// settledJob reads the job id at majority: nil when there is none.
+func (q *Queue) settledJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
+	var job Job
+	err := q.majority().FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil //nolint:nilnil // no job is an answer
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &job, nil
+}
+
+// majority returns the jobs collection with read concern majority: what
+// settles an outcome reads only writes that cannot roll back.
+func (q *Queue) majority() *mongo.Collection {
+	return q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
+}
+
+// insertJob inserts doc, the job id at seq on key raw. It reports stored
+// false, with no error, when the insert lost its number to a tombstone. After
+// an ambiguous failure it re-reads by id and sends the insert again while the
+// job is not there: every copy has the same _id and the same sequence number,
+// so at most one lands.
+//
+// Its answers are honest: stored true means the job is stored; an error
+// other than an *UnknownOutcomeError means it is not, and that no copy of
+// the insert can land later. A first send that failed for sure left nothing
+// in flight (its number gets a tombstone, best effort, so the key need not
+// wait). Once a send was ambiguous, every other answer is settled first
+// (settle): the job found at seq is stored; a tombstone there means no copy
+// can land; when settling cannot tell, the answer is an
+// *UnknownOutcomeError.
+func (q *Queue) insertJob(ctx context.Context, doc bson.D, raw bson.RawValue, seq int64, id bson.ObjectID, inTx bool) (stored bool, err error) {
+	var first error // the first ambiguous send's error
 	for resends := 0; ; resends++ {
 		err := q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
-		switch {
-		case err == nil:
+		if err == nil {
 			return true, nil
-		case inTx:
-			return false, err
-		case store.IsDuplicateKey(err), store.IsAmbiguous(err):
-			if first == nil && !store.IsDuplicateKey(err) {
-				first = err
-			}
-			found, rerr := q.jobExists(ctx, id)
-			switch {
-			case rerr != nil:
-				return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(err, rerr)}
-			case found:
-				return true, nil
-			case store.IsDuplicateKey(err):
-				// Not ours: the (key, sequence) place is taken.
-				return false, nil
-			case resends >= 3 || ctx.Err() != nil:
-				return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(first, store.ContextError(ctx))}
-			}
-		default:
+		}
+		if inTx {
 			return false, err
 		}
+		dup, ambiguous := store.IsDuplicateKey(err), store.IsAmbiguous(err)
+		if first == nil && !dup && !ambiguous {
+			q.abandon(ctx, raw, seq)
+			return false, err
+		}
+		cause := err
+		if first == nil && ambiguous {
+			first = err
+		} else if first != nil {
+			cause = errors.Join(first, err)
+		}
+		if dup || ambiguous {
+			found, rerr := q.jobExists(ctx, id)
+			switch {
+			case rerr == nil && found:
+				return true, nil
+			case rerr == nil && dup && first == nil:
+				// Refused, and no copy in flight: the (key, sequence)
+				// place is taken by a tombstone.
+				return false, nil
+			case rerr == nil && !dup && resends < 3 && ctx.Err() == nil:
+				continue // not there: send it again
+			}
+			cause = errors.Join(cause, rerr, store.ContextError(ctx))
+		}
+		// A copy may be in flight, and no answer is true yet: settle.
+		landed, serr := q.settle(ctx, raw, seq, id)
+		switch {
+		case serr != nil:
+			return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(cause, serr)}
+		case landed:
+			return true, nil
+		case dup:
+			return false, nil // the place is taken: enqueue again
+		}
+		return false, cause
 	}
+}
+
+// settle decides whether the write that puts the job id at seq on key raw
+// (Enqueue's insert, Requeue's update), sent with an unknown outcome,
+// landed. It reads at majority what holds (key, seq): the job means it
+// landed; a tombstone means it did not and cannot any more (every copy of
+// the write carries seq, and the unique (k, s) index refuses it). When
+// nothing holds the place, it inserts the tombstone itself: once that
+// lands, "not landed" is final; refused for a reason other than a duplicate
+// or an ambiguity, it returns the refusal (the outcome stays unknown). It
+// reads again after a failure, for up to ResolveTimeout, even after ctx
+// ended.
+func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
+	ctx, cancel := q.settling(ctx)
+	defer cancel()
+	filter := bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
+	var last error
+	for ctx.Err() == nil {
+		var holder struct {
+			ID bson.ObjectID `bson:"_id"`
+		}
+		err := q.majority().FindOne(ctx, filter, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&holder)
+		switch {
+		case err == nil:
+			return holder.ID == id, nil
+		case errors.Is(err, mongo.ErrNoDocuments):
+			err = q.tombstone(ctx, raw, seq)
+			if err == nil {
+				return false, nil
+			}
+			if !store.IsDuplicateKey(err) && !store.IsAmbiguous(err) && !retry.IsRetryable(err) {
+				return false, fmt.Errorf("write the tombstone of its number: %w", err)
+			}
+			// Taken meanwhile, or perhaps ours: read again.
+		}
+		last = err
+		sleep(ctx, 20*time.Millisecond)
+	}
+	return false, errors.Join(last, ctx.Err())
 }
 
 // jobExists reads, at majority, whether a job with id is stored, for up to
