@@ -171,6 +171,33 @@ func (j *Job) AppliedTo(doc bson.Raw) bool {
 // document already.
 var errApplied = errors.New("deferred: applied by an earlier attempt")
 
+// errStamps is the WhereErr error of the stamps' bound: the document
+// carries Options.MaxStamps stamps, none of them this job's key's.
+var errStamps = errors.New("deferred: too many stamps")
+
+// where returns the conditions of a fenced write: the job's Fence and, where
+// the server evaluates $expr, the bound on the stamps the document carries
+// (the key's own stamp is there already, or there are fewer than MaxStamps).
+func (j *Job) where() []versioned.WriteOption {
+	opts := []versioned.WriteOption{versioned.WhereErr(j.Fence(), errApplied)}
+	if j.q.expr.Load() {
+		room := bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: j.FenceField(), Value: bson.D{{Key: "$exists", Value: true}}}},
+			bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{
+				bson.D{{Key: "$size", Value: bson.D{{Key: "$objectToArray", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + j.q.c.fenceField, bson.D{}}}}}}}},
+				j.q.c.maxStamps,
+			}}}}},
+		}}}
+		opts = append(opts, versioned.WhereErr(room, errStamps))
+	}
+	return opts
+}
+
+// stampsError is the error of a fenced write refused by the stamps' bound.
+func (j *Job) stampsError(op string, rawID bson.RawValue) error {
+	return retry.Permanent(invalid(op, "target", fmt.Sprintf("the document %s carries %d stamps of this queue's keys (Options.MaxStamps): key the jobs that change one shared document by that document", keyText(rawID), j.q.c.maxStamps), errStamps))
+}
+
 // Guarded applies the job's change to the document of repo with id, once:
 // versioned's Guarded (cond and update in one statement; see
 // versioned.Repo.Guarded) with the job's Fence added to the filter and its
@@ -199,10 +226,13 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 	if err != nil {
 		return nil, err
 	}
-	doc, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
-	if errors.Is(err, errApplied) {
+	doc, err := repo.Guarded(ctx, id, cond, upd, job.where()...)
+	switch {
+	case errors.Is(err, errApplied):
 		done(nil)
 		return repo.Get(ctx, id)
+	case errors.Is(err, errStamps):
+		err = job.stampsError("guarded", rawID)
 	}
 	done(err)
 	return doc, err
@@ -327,10 +357,12 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 		if err != nil {
 			return nil, retry.Permanent(&fnError{err})
 		}
-		out, err := repo.Guarded(ctx, id, cond, upd, versioned.WhereErr(job.Fence(), errApplied))
+		out, err := repo.Guarded(ctx, id, cond, upd, job.where()...)
 		switch {
 		case errors.Is(err, errApplied):
 			return nil, retry.Permanent(&fnError{errApplied})
+		case errors.Is(err, errStamps):
+			return nil, &fnError{job.stampsError("modify", rawID)}
 		case errors.Is(err, versioned.ErrGuardFailed):
 			return nil, &conflictError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), &versioned.ConflictError{Op: "modify", ID: id, Current: -1})}
 		case err != nil && retry.IsRetryable(err) && !store.IsAmbiguous(err):

@@ -36,7 +36,7 @@ func TestOptions(t *testing.T) {
 	require.Equal(t, time.Second, c.backoff.InitialInterval)
 	require.Equal(t, DefaultFenceField, c.fenceField)
 	for _, bad := range []Options{
-		{Workers: -1}, {MaxAttempts: -1}, {Batch: -1}, {VisibilityTimeout: -1}, {PollInterval: -1},
+		{Workers: -1}, {MaxAttempts: -1}, {Batch: -1}, {MaxStamps: -1}, {VisibilityTimeout: -1}, {PollInterval: -1},
 		{HoleTimeout: -1}, {Retention: -1}, {ResolveTimeout: -1}, {FenceField: "$x"}, {FenceField: "a.b"},
 		{VersionField: "$v"}, {Owner: "  "}, {Backoff: retry.Policy{Multiplier: 0.5}}, {Retry: retry.Policy{MaxInterval: -1}},
 	} {

@@ -31,6 +31,8 @@ const (
 	DefaultRetention = 24 * time.Hour
 	// DefaultBatch is how many jobs of one key a worker runs per claim.
 	DefaultBatch = 100
+	// DefaultMaxStamps is how many stamps a target document may carry.
+	DefaultMaxStamps = 10000
 	// DefaultFenceField is the subdocument of a target document in which
 	// Job.Stamp records the last job applied to it, per key.
 	DefaultFenceField = "_deferred"
@@ -107,6 +109,16 @@ type Options struct {
 	// "_deferred".
 	FenceField string
 
+	// MaxStamps is how many stamps (one per queue and key whose jobs wrote
+	// it, about 40 bytes each) a target document may carry under
+	// FenceField. A fenced write of Guarded or Modify that would add one
+	// more is refused (ErrInvalid: the job is dead at once): the document
+	// stays far below MongoDB's 16 MiB. Where the server has no $expr
+	// (FerretDB v1) the bound is not enforced. Key the jobs that change one
+	// shared document by that document (NewChange does), and it carries one
+	// stamp per queue. Default 10,000 (about 400 KB).
+	MaxStamps int
+
 	// VersionField is the version field of the documents the Modify helper
 	// and Change write: the versioned repository's Options.VersionField.
 	// Default "version".
@@ -149,6 +161,7 @@ type config struct {
 	retention    time.Duration
 	batch        int
 	fenceField   string
+	maxStamps    int
 	versionField string
 	owner        string
 	mode         lease.Mode
@@ -176,8 +189,8 @@ func (o *Options) config() (config, error) {
 			return bad(d.name, fmt.Sprintf("negative duration %v", d.v))
 		}
 	}
-	if opts.Workers < 0 || opts.MaxAttempts < 0 || opts.Batch < 0 {
-		return bad("Workers, MaxAttempts or Batch", "negative")
+	if opts.Workers < 0 || opts.MaxAttempts < 0 || opts.Batch < 0 || opts.MaxStamps < 0 {
+		return bad("Workers, MaxAttempts, Batch or MaxStamps", "negative")
 	}
 	if err := opts.Backoff.Validate(); err != nil {
 		return config{}, invalid("new", "Backoff", "invalid policy", err)
@@ -199,6 +212,7 @@ func (o *Options) config() (config, error) {
 		jobTimeout: or(opts.JobTimeout, DefaultJobTimeout), poll: or(opts.PollInterval, DefaultPollInterval),
 		holeTimeout: or(opts.HoleTimeout, DefaultHoleTimeout), retention: or(opts.Retention, DefaultRetention),
 		batch: or(opts.Batch, DefaultBatch), fenceField: or(opts.FenceField, DefaultFenceField),
+		maxStamps:    or(opts.MaxStamps, DefaultMaxStamps),
 		versionField: or(opts.VersionField, DefaultVersionField), owner: opts.Owner, mode: opts.LeaseMode,
 		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), logger: opts.Logger,
 	}

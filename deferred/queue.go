@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -177,6 +178,10 @@ type Queue struct {
 	ready   chan struct{}
 	isReady bool // guarded by ready
 	ttl     bool // guarded by ready
+	// expr is whether the server evaluates $expr in a write's filter
+	// (store.Probe): where it does, the fence also bounds the stamps a
+	// target document carries (Options.MaxStamps).
+	expr atomic.Bool
 }
 
 // New returns a Queue whose jobs live in jobs and whose keys live in the
@@ -274,6 +279,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.keys.Name(), err)
 	}
 	q.isReady, q.ttl = true, caps.TTLIndexes
+	q.expr.Store(caps.Expr)
 	return q.ttl, nil
 }
 

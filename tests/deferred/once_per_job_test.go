@@ -272,3 +272,46 @@ func TestIdleKeysAreDeleted(t *testing.T) {
 	require.Greater(t, job.Seq, first["off"].(int64)+first["tail"].(int64), "numbered above the old key's")
 	b.requireAccount(t, "ana", 11, 2, "the new job passed the old stamp's fence")
 }
+
+// TestStampsPerDocumentAreBounded: a target document carries one stamp per
+// key whose jobs wrote it; Options.MaxStamps bounds them. A fenced write
+// that would add one more is refused, typed (ErrInvalid), and its job is
+// dead at once; jobs of keys whose stamp is there already go on writing.
+// The bound needs $expr in a write's filter: proven where the server has
+// it (DocumentDB, MongoDB).
+func TestStampsPerDocumentAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if !b.db.Caps().Expr {
+		t.Skip("this server has no $expr in write filters (FerretDB v1): the stamps' bound is not enforced here; run with MONGODB_URI set to a server that has it")
+	}
+	q := b.queue(t, nil, &deferred.Options{MaxStamps: 3})
+	b.insert(t, "shared")
+	k, err := deferred.Register(q, "add", func(ctx context.Context, job *deferred.Job, c credit) error {
+		if c.Index == 0 {
+			_, err := deferred.Modify(ctx, job, b.accounts, "shared", func(a *account) error { a.Balance += c.Amount; return nil })
+			return err
+		}
+		_, err := deferred.Guarded(ctx, job, b.accounts, "shared", nil,
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
+		return err
+	})
+	require.NoError(t, err)
+	run(t, q)
+	for _, key := range []string{"a", "b", "c"} {
+		require.Equal(t, deferred.StateCompleted, wait(t, q, enqueue(t, b.ctx, k, key, credit{Amount: 1, Index: 1})).State)
+	}
+	for i, key := range []string{"d", "e"} {
+		job := wait(t, q, enqueue(t, b.ctx, k, key, credit{Amount: 100, Index: int64(i)})) // Modify, then Guarded
+		require.Equal(t, deferred.StateDead, job.State, "a fourth key's stamp is refused")
+		require.Equal(t, 1, job.Attempt, "dead at once")
+		require.Contains(t, job.Errors[0].Error, "MaxStamps")
+	}
+	require.Equal(t, deferred.StateCompleted, wait(t, q, enqueue(t, b.ctx, k, "b", credit{Amount: 10, Index: 1})).State, "a key with a stamp writes on")
+	b.requireAccount(t, "shared", 13, 4)
+	var raw bson.Raw
+	require.NoError(t, b.accounts.Collection().FindOne(b.ctx, bson.D{{Key: "_id", Value: "shared"}}).Decode(&raw))
+	stamps, err := raw.Lookup(deferred.DefaultFenceField).Document().Elements()
+	require.NoError(t, err)
+	require.Len(t, stamps, 3)
+}
