@@ -72,7 +72,9 @@
 //     the caller's writes.
 //   - A job is tried at most MaxAttempts times (an attempt whose worker was
 //     lost counts; snoozes and attempts interrupted by Run's stop do not),
-//     then dead with one recorded error per failed attempt.
+//     then dead with one recorded error per failed attempt. A worker's claim
+//     of a job is fenced on its lease of the key: a copy of it that arrives
+//     after a newer holder of the key claimed the job changes nothing.
 //   - A handler's panic fails its attempt; the worker lives on.
 //   - Bad input is refused before anything is written: keys are checked by
 //     store.CheckID and compared with $eq, handler names must be registered,

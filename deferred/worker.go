@@ -350,6 +350,12 @@ func (c *claim) call(h *handler, job *Job) (err error) {
 // findOneAndUpdate that matches it while it waits (or was left running by
 // a lost worker) and is due, makes it running under this claim's epoch and
 // counts the attempt. It returns nil when no such job is there.
+//
+// The claim is fenced on the key's lease: it refuses a job whose recorded
+// epoch is greater than this claim's. Lease epochs of a key's document only
+// grow, so a copy of this write that arrives late (held in the network, or
+// sent by a worker paused past its lease), after a newer holder of the key
+// claimed the job, neither takes the job back nor burns an attempt.
 func (c *claim) claimJob(seq int64) (*Job, error) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -359,6 +365,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
 		{Key: "s", Value: seq},
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
 		{Key: "$or", Value: bson.A{
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
@@ -400,7 +407,8 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 
 // noHead handles a key whose head seq has no job to claim: the job is
 // finished already (a worker died between recording it and moving the
-// head), not due yet, or not there at all (a hole).
+// head), claimed under a newer lease of the key (this claim is lost), not
+// due yet, or not there at all (a hole).
 func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -413,6 +421,9 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	switch {
 	case err == nil && finished(job.State):
 		return c.advance(kd)
+	case err == nil && job.Epoch > c.l.Epoch():
+		// A newer holder of the key claimed the job: this claim is lost.
+		return kd, false
 	case err == nil:
 		// Not due yet: wait for it.
 		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
