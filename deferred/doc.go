@@ -33,7 +33,8 @@
 // takes the key's next sequence number (a findOneAndUpdate on the key's
 // document) and inserts the job with it. A worker of Run claims a whole key,
 // with a lease of the lease package on the key's document (the visibility
-// timeout, renewed while its handlers run), and runs the key's jobs in
+// timeout, renewed while its handlers run; a renewal that fails for a
+// transient reason is retried soon), and runs the key's jobs in
 // sequence order, moving the key's head past each finished one under the
 // lease's fence; so the jobs of one key run one at a time, in order, across
 // all workers and processes (as the messages of one group of an SQS FIFO

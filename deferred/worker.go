@@ -236,27 +236,13 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
 	return true
 }
 
-// renew renews the claim every third of the visibility timeout until it
-// ends.
+// renew keeps the claim alive until its jobs' context ends: the lease
+// package's renewal loop (lease.Lease.KeepAlive), every third of the
+// visibility timeout, with a transient failure retried soon within the
+// lease's remaining time, so that a few failed renewals in a row do not lose
+// the key.
 func (c *claim) renew() {
-	t := time.NewTicker(c.q.c.visibility / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.jobs.Done():
-			return
-		case <-t.C:
-			ctx, cancel := c.book()
-			err := c.l.Renew(ctx)
-			cancel()
-			if errors.Is(err, lease.ErrLost) || errors.Is(err, lease.ErrReleased) {
-				return
-			}
-			if err != nil {
-				c.q.c.logger.Warn("deferred: renew a claim", "key", keyText(c.key), "err", err)
-			}
-		}
-	}
+	c.l.KeepAlive(c.jobs)
 }
 
 // loop runs the key's jobs in order, at most Batch of them, while the claim

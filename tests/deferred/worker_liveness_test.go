@@ -80,3 +80,64 @@ func TestLateJobClaimCannotRetakeAJob(t *testing.T) {
 	require.Equal(t, int64(1), bCalls.Load())
 	require.Zero(t, aCalls.Load())
 }
+
+// TestTransientRenewalFailuresKeepTheKey: three renewals of a worker's
+// claim in a row fail with a retryable server error (a primary shutting
+// down) while its handler runs longer than the visibility timeout. The
+// worker retries them soon instead of waiting a third of the timeout each,
+// so the claim holds: the handler's context is not cancelled, and the job
+// completes with one attempt. (Each shutdown error also makes the driver
+// forget the server until its next heartbeat, about 500 ms: hence a
+// visibility timeout of 6 s, whose claim lapses 5.4 s after the last
+// renewal, two failed renewals later when they are not retried.)
+func TestTransientRenewalFailuresKeepTheKey(t *testing.T) {
+	t.Parallel()
+	const ttl = 6 * time.Second
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	q := b.queue(t, f.Database, &deferred.Options{VisibilityTimeout: ttl})
+	var calls atomic.Int64
+	var cancelled atomic.Bool
+	started := make(chan struct{})
+	k, err := deferred.Register(q, "long", func(ctx context.Context, _ *deferred.Job, _ int) error {
+		if calls.Add(1) == 1 {
+			close(started)
+		}
+		select {
+		case <-time.After(ttl + ttl/3):
+			return nil
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return context.Cause(ctx)
+		}
+	})
+	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "x", 1)
+	run(t, q)
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatal("the handler was not called within a minute")
+	}
+	// From now on, only renewals write the keys collection (the first one
+	// ttl/3 after the claim).
+	renewals := mongotest.Commands([]string{"findAndModify", "update"}, b.jobs.Name()+"_keys")
+	// What a server shutting down answers a write: labelled retryable.
+	shutdown := func(code int32, name string) mongotest.ServerError {
+		return mongotest.ServerError{Code: code, CodeName: name, ErrorLabels: []string{"RetryableWriteError"}}
+	}
+	faults := []*mongotest.Fault{
+		f.ErrorBeforeApply(renewals, shutdown(91, "ShutdownInProgress")),
+		f.ErrorBeforeApply(renewals, shutdown(11600, "InterruptedAtShutdown")),
+		f.ErrorBeforeApply(renewals, shutdown(91, "ShutdownInProgress")),
+	}
+	job := wait(t, q, id)
+	for i, fault := range faults {
+		require.True(t, fault.HasFired(), "renewal fault %d did not fire", i)
+	}
+	require.False(t, cancelled.Load(), "the handler's context ended: the claim was lost")
+	require.Empty(t, job.Errors)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Equal(t, 1, job.Attempt, "the claim was lost and the job taken over")
+	require.Equal(t, int64(1), calls.Load())
+}
