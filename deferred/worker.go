@@ -306,10 +306,46 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	}
 	var snooze *snoozeError
 	if errors.As(err, &snooze) {
-		return c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d})
+		if next, ok := c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d}); ok || c.lost() {
+			return next, ok
+		}
+		return c.recheck(kd, job.Seq) // finish set the key's due
 	}
 	dead := retry.IsPermanent(err) || job.Attempt >= job.MaxAttempts
-	return c.finish(kd, job, outcome{dead: dead, err: err})
+	next, ok := c.finish(kd, job, outcome{dead: dead, err: err})
+	if dead || ok || c.lost() {
+		return next, ok
+	}
+	return c.recheck(kd, job.Seq) // finish set the key's due
+}
+
+// postpone gives the key up until runAt, when its head job at seq may run:
+// it sets the key's due (the candidate search skips the key until then),
+// then rechecks the head.
+func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
+	c.setKey(bson.D{{Key: "due", Value: runAt}})
+	return c.recheck(kd, seq)
+}
+
+// recheck reads the head job at seq again after this claim set the key's
+// due, and moves the head on if the job is finished now. Cancel cancels a
+// waiting job and then clears the key's due; when it cancelled the head
+// before this claim's due landed, its clearing may have come first, and the
+// key's next jobs would wait until the cancelled job's run time. This read
+// comes after the due was written: if it does not see the job cancelled,
+// Cancel's clearing comes after the due too.
+func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	var job Job
+	err := q.resend(ctx, func() error {
+		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
+	})
+	cancel()
+	if err == nil && finished(job.State) && !c.lost() {
+		return c.advance(kd)
+	}
+	return kd, false
 }
 
 // call runs the handler with the attempt's context, and turns a panic into
@@ -412,8 +448,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 		return kd, false
 	case err == nil:
 		// Not due yet: wait for it.
-		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
-		return kd, false
+		return c.postpone(kd, seq, job.RunAt)
 	case !errors.Is(err, mongo.ErrNoDocuments):
 		c.warn("read the head job", seq, err)
 		return kd, false

@@ -7,10 +7,53 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
 )
+
+// TestCancelledHeadFreesItsKey: Cancel's doc says a cancelled
+// job is taken "out of the queue for good: it is marked cancelled, its key
+// moves on without it". A head job that snoozed (or failed with a backoff)
+// left the key document's "due" at its runAt; Cancel does not touch the
+// key, and the workers' search skips keys whose due has not passed, so the
+// jobs behind the cancelled one wait for the cancelled job's runAt (here an
+// hour).
+func TestCancelledHeadFreesItsKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, nil)
+	var ran atomic.Int64
+	k, err := deferred.Register(q, "s", func(_ context.Context, _ *deferred.Job, i int) error {
+		if i == 1 {
+			return deferred.Snooze(time.Hour)
+		}
+		ran.Add(1)
+		return nil
+	})
+	require.NoError(t, err)
+	first := enqueue(t, b.ctx, k, "x", 1)
+	run(t, q)
+	waitFor(t, time.Minute, "the first job to snooze", func() bool {
+		j, err := q.Job(b.ctx, first)
+		return err == nil && j.State == deferred.StateAvailable && !j.RunAt.IsZero()
+	})
+	require.NoError(t, q.Cancel(b.ctx, first))
+	second := enqueue(t, b.ctx, k, "x", 2)
+	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+	defer cancel()
+	job, err := q.Wait(ctx, second, 50*time.Millisecond)
+	var kd bson.M
+	_ = q.Keys().FindOne(b.ctx, bson.D{}).Decode(&kd)
+	t.Logf("key document: %v", kd)
+	require.NoError(t, err, "the job behind the cancelled head did not run within 15s (state %v)", job)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Equal(t, int64(1), ran.Load())
+	cancelled, err := q.Job(b.ctx, first)
+	require.NoError(t, err)
+	require.Equal(t, deferred.StateCancelled, cancelled.State)
+}
 
 // TestLateJobClaimCannotRetakeAJob: worker A's claim of a job is held in
 // the network (A hears a network error, re-reads, and its second copy is
