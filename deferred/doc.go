@@ -27,6 +27,14 @@
 // whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
 // inspect and manage jobs; Queue.Wait polls one.
 //
+// Processes may register different handlers (during a rolling deploy that
+// adds one, say): a Run works only the jobs whose handlers it has. When a
+// key's next job has a handler it lacks, it logs a warning (Options.Logger)
+// with the handler's name and the key, marks the key, and leaves it to the
+// processes that have the handler, without looking at it again until that
+// job is finished or cancelled. Cancel frees a cancelled job's key at once
+// for the jobs behind it.
+//
 // # How it works
 //
 // Each job has a key (usually the id of the document it changes). Enqueue

@@ -158,7 +158,8 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 //
 // A cancelled job no longer holds its key back: Cancel clears the hints on
 // the key's document that keep workers away from it (when to look again,
-// set by a head job that failed or snoozed), and wakes this process's Run. Clearing them is best effort: when that
+// set by a head job that failed or snoozed; the name of its handler, set by
+// a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
 // write fails, Cancel still returns nil (the job is cancelled) and logs it,
 // and the key's next jobs may wait until the cancelled job's run time.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
@@ -195,16 +196,20 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
 }
 
-// freeKey clears the hint on key's document that keeps workers away from it
-// (due, when its head may run) after its head may have been cancelled, and
-// wakes this process's Run. The hint only says when to look: a worker that
-// claims the key derives it again from its head. It is best effort: a
-// failure is logged.
+// freeKey clears the hints on key's document that keep workers away from
+// it (due, when its head may run; the head's handler, which some processes
+// lack) after its head may have been cancelled, and wakes this process's
+// Run. The hints only say when and where to look: a worker that claims the
+// key derives them again from its head. It is best effort: a failure is
+// logged.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
 	defer cancel()
-	filter := append(store.IDFilter(key), bson.E{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}})
-	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}}}}
+	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
+		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
+	}})
+	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
 	// $unset is idempotent: a copy sent again after a lost reply does no harm.
 	var err error
 	for range 2 {

@@ -23,7 +23,9 @@ import (
 // run), runs the key's jobs in sequence order through their handlers, and
 // records each outcome. At most Options.Workers keys are worked on at once.
 // Any number of processes may call Run on the same collections; within a
-// process, call it once per Queue.
+// process, call it once per Queue. Run works only the jobs of the handlers
+// registered on q: a key whose next job has another handler is left to the
+// processes that have it (see the package doc).
 //
 // When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
 // an interrupted job back without counting its attempt, releases its claims
@@ -137,10 +139,10 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 		r.busy[id] = true
 		started++
 		r.wg.Go(func() {
-			claimed := q.work(ctx, k)
+			skip := q.work(ctx, k)
 			r.mu.Lock()
 			delete(r.busy, id)
-			if !claimed {
+			if skip {
 				r.skip[id] = time.Now().Add(q.c.poll)
 			}
 			r.mu.Unlock()
@@ -153,9 +155,27 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	return started, nil
 }
 
+// keyHandler is the field of a key's document that names the handler of
+// its head job, set by a worker whose process has no such handler, so that
+// the candidate search of such processes skips the key until its head moves
+// on (advance unsets it) or is cancelled (Cancel unsets it).
+const keyHandler = "h"
+
+// handlerNames returns the names of the handlers registered on q.
+func (q *Queue) handlerNames() bson.A {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	names := make(bson.A, 0, len(q.handlers))
+	for name := range q.handlers {
+		names = append(names, name)
+	}
+	return names
+}
+
 // candidates returns up to limit keys that have jobs waiting, whose head is
-// due, and whose claim looks free or expired. The claim decides; this only
-// keeps workers from claiming keys that are surely held.
+// due, whose head's handler is not known to be missing here, and whose
+// claim looks free or expired. The claim decides; this only keeps workers
+// from claiming keys that are surely held or that they could not work.
 func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, error) {
 	now := q.now(ctx)
 	filter := bson.D{
@@ -164,6 +184,10 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 			bson.D{{Key: "$or", Value: bson.A{
 				bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: false}}}},
 				bson.D{{Key: "due", Value: bson.D{{Key: "$lte", Value: now}}}},
+			}}},
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: false}}}},
+				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$in", Value: q.handlerNames()}}}},
 			}}},
 			// The lease record's owner and expiry (see lease.Manager.Field):
 			// free, or expired by this estimate.
@@ -197,6 +221,7 @@ type claim struct {
 	l    *lease.Lease
 	run  context.Context // Run's context
 	jobs context.Context // ends with the lease or with Run's context
+	skip bool            // this Run should leave the key alone a while
 }
 
 // book returns a context for one bookkeeping write: it outlives Run's
@@ -208,14 +233,16 @@ func (c *claim) book() (context.Context, context.CancelFunc) {
 // lost reports whether the claim is known to be lost.
 func (c *claim) lost() bool { return c.l.Err() != nil }
 
-// work claims key and runs its jobs. It reports whether it got the claim.
-func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
+// work claims key and runs its jobs. It reports whether this Run should
+// leave the key alone for a poll interval: it did not get the claim, or the
+// key's head job has no handler here.
+func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	l, err := q.leases.TryAcquire(ctx, key)
 	if err != nil {
 		if !errors.Is(err, lease.ErrHeld) && ctx.Err() == nil {
 			q.c.logger.Warn("deferred: claim a key", "key", keyText(key), "err", err)
 		}
-		return false
+		return true
 	}
 	jobs, cancel := context.WithCancel(l.Context())
 	stop := context.AfterFunc(ctx, cancel)
@@ -233,7 +260,7 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
 		renewing.Wait()
 	}()
 	c.loop()
-	return true
+	return c.skip
 }
 
 // renew keeps the claim alive until its jobs' context ends: the lease
@@ -285,10 +312,12 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	}
 	h := q.handler(job.Name)
 	if h == nil {
-		// Another process has this handler: put the job back and let the
-		// key go to it.
+		// claimJob claims only jobs of the handlers registered here, and
+		// handlers are never removed: this does not happen. Should it, put
+		// the job back and leave the key to another process.
 		c.putBack(job)
-		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "job", job.ID.Hex())
+		c.skip = true
+		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
 		return kd, false
 	}
 	err = c.call(h, job)
@@ -317,6 +346,21 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 		return next, ok
 	}
 	return c.recheck(kd, job.Seq) // finish set the key's due
+}
+
+// noHandler gives up a key whose head job has a handler this process does
+// not have (a rolling deploy that adds a handler): another process runs it.
+// It records the handler's name on the key's document, where the candidate
+// search of every process without it skips the key until its head moves on
+// or is cancelled, so that such a process neither claims the key nor looks
+// at it again; and this Run skips the key a poll interval anyway, should
+// that write fail.
+func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
+	c.skip = true
+	c.q.c.logger.Warn("deferred: no handler here for a key's head job: skipping the key until its head moves on (another process must run it)",
+		"name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
+	c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
+	return kd, false
 }
 
 // postpone gives the key up until runAt, when its head job at seq may run:
@@ -373,6 +417,9 @@ func (c *claim) call(h *handler, job *Job) (err error) {
 // a lost worker) and is due, makes it running under this claim's epoch and
 // counts the attempt. It returns nil when no such job is there.
 //
+// It claims only a job whose handler is registered here: a job of another
+// handler is left alone (noHead tells the key so), not claimed and put back.
+//
 // The claim is fenced on the key's lease: it refuses a job whose recorded
 // epoch is greater than this claim's. Lease epochs of a key's document only
 // grow, so a copy of this write that arrives late (held in the network, or
@@ -388,6 +435,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		{Key: "s", Value: seq},
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
 		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
+		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
 		{Key: "$or", Value: bson.A{
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
@@ -429,8 +477,9 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 
 // noHead handles a key whose head seq has no job to claim: the job is
 // finished already (a worker died between recording it and moving the
-// head), claimed under a newer lease of the key (this claim is lost), not
-// due yet, or not there at all (a hole).
+// head), claimed under a newer lease of the key (this claim is lost), of a
+// handler this process does not have, not due yet, or not there at all (a
+// hole).
 func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -446,6 +495,8 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	case err == nil && job.Epoch > c.l.Epoch():
 		// A newer holder of the key claimed the job: this claim is lost.
 		return kd, false
+	case err == nil && q.handler(job.Name) == nil:
+		return c.noHandler(kd, &job)
 	case err == nil:
 		// Not due yet: wait for it.
 		return c.postpone(kd, seq, job.RunAt)
@@ -627,7 +678,7 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 	update := bson.D{
 		{Key: "$inc", Value: bson.D{{Key: "done", Value: int64(1)}, {Key: "n", Value: int64(-1)}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
-		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
 	for try := 0; ; try++ {
 		var next keyDoc

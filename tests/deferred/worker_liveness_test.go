@@ -2,6 +2,9 @@ package deferred_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,6 +56,130 @@ func TestCancelledHeadFreesItsKey(t *testing.T) {
 	cancelled, err := q.Job(b.ctx, first)
 	require.NoError(t, err)
 	require.Equal(t, deferred.StateCancelled, cancelled.State)
+}
+
+// TestMissingHandlerDoesNotSpin: a Run without the handler of a key's head
+// job (a rolling deploy that adds a handler) used to claim the key, put the
+// job back, release the key, and, since it did claim, claim it again after
+// PollInterval/10, forever. Count the requests of such a Run over 3 s
+// against an idle one; it must say once why it leaves the key alone, and a
+// Run that has the handler must then run the job at once.
+func TestMissingHandlerDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	opts := &deferred.Options{PollInterval: time.Second}
+	q := b.queue(t, nil, opts)
+	kb, err := deferred.Register(q, "b", func(context.Context, *deferred.Job, int) error { return nil })
+	require.NoError(t, err)
+	logs := &warnings{}
+	fq := b.queue(t, f.Database, &deferred.Options{PollInterval: time.Second, Logger: slog.New(logs)})
+	_, err = deferred.Register(fq, "a", func(context.Context, *deferred.Job, int) error { return nil })
+	require.NoError(t, err)
+	run(t, fq)
+	time.Sleep(2 * time.Second)
+	idle0 := f.Requests()
+	time.Sleep(3 * time.Second)
+	idle := f.Requests() - idle0
+	id := enqueue(t, b.ctx, kb, "x", 1)
+	// The Run without the handler claims the key once (about a dozen
+	// requests, its first claim probing the server too) and says why it
+	// leaves it; count what it does afterwards.
+	waitFor(t, time.Minute, "the Run without the handler to skip the key", func() bool {
+		return len(logs.with("no handler here")) > 0
+	})
+	time.Sleep(500 * time.Millisecond)
+	busy0 := f.Requests()
+	time.Sleep(3 * time.Second)
+	busy := f.Requests() - busy0
+	job, err := q.Job(b.ctx, id)
+	require.NoError(t, err)
+	t.Logf("requests in 3s: idle %d, with one job it has no handler for %d; job state %s, attempt %d", idle, busy, job.State, job.Attempt)
+	require.Less(t, busy, 3*idle+10, "a Run with no handler for a job spins on its key")
+	require.Equal(t, deferred.StateAvailable, job.State)
+	require.Zero(t, job.Attempt, "the Run without the handler counted an attempt")
+	skips := logs.with("no handler here")
+	require.Len(t, skips, 1, "one warning for the one key skipped")
+	require.Equal(t, "b", skips[0]["name"])
+	require.Equal(t, `"x"`, skips[0]["key"])
+
+	start := time.Now()
+	run(t, q)
+	job = wait(t, q, id)
+	t.Logf("the Run with the handler completed the job in %v", time.Since(start))
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Equal(t, 1, job.Attempt)
+}
+
+// TestCancelledHeadWithoutHandlerFreesItsKey: a Run without the handler of
+// a key's head job leaves the key to the processes that have it; once that
+// head is cancelled, the Run must work the key's next job, whose handler it
+// has.
+func TestCancelledHeadWithoutHandlerFreesItsKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, nil)
+	kb, err := deferred.Register(q, "b", func(context.Context, *deferred.Job, int) error { return nil })
+	require.NoError(t, err)
+	ka, err := deferred.Register(q, "a", func(context.Context, *deferred.Job, int) error { return nil })
+	require.NoError(t, err)
+	logs := &warnings{}
+	qa := b.queue(t, nil, &deferred.Options{Logger: slog.New(logs)})
+	var ran atomic.Int64
+	_, err = deferred.Register(qa, "a", func(context.Context, *deferred.Job, int) error { ran.Add(1); return nil })
+	require.NoError(t, err)
+	head := enqueue(t, b.ctx, kb, "x", 1)
+	next := enqueue(t, b.ctx, ka, "x", 2)
+	run(t, qa)
+	waitFor(t, time.Minute, "the Run without the head's handler to skip the key", func() bool {
+		return len(logs.with("no handler here")) > 0
+	})
+	require.NoError(t, q.Cancel(b.ctx, head))
+	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+	defer cancel()
+	job, err := qa.Wait(ctx, next, 20*time.Millisecond)
+	require.NoError(t, err, "the job behind the cancelled head did not run within 15s (state %v)", job)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	require.Equal(t, int64(1), ran.Load())
+}
+
+// warnings is a slog.Handler that keeps the attributes of the records it
+// handles, by message.
+type warnings struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (w *warnings) Enabled(context.Context, slog.Level) bool { return true }
+
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.records = append(w.records, r.Clone())
+	return nil
+}
+
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+
+func (w *warnings) WithGroup(string) slog.Handler { return w }
+
+// with returns the attributes of the records whose message contains msg.
+func (w *warnings) with(msg string) []map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []map[string]string
+	for _, r := range w.records {
+		if !strings.Contains(r.Message, msg) {
+			continue
+		}
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool {
+			attrs[a.Key] = a.Value.String()
+			return true
+		})
+		out = append(out, attrs)
+	}
+	return out
 }
 
 // TestLateJobClaimCannotRetakeAJob: worker A's claim of a job is held in
