@@ -27,13 +27,22 @@
 // whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
 // inspect and manage jobs; Queue.Wait polls one.
 //
+// Processes may register different handlers (during a rolling deploy that
+// adds one, say): a Run works only the jobs whose handlers it has. When a
+// key's next job has a handler it lacks, it logs a warning (Options.Logger)
+// with the handler's name and the key, marks the key, and leaves it to the
+// processes that have the handler, without looking at it again until that
+// job is finished or cancelled. Cancel frees a cancelled job's key at once
+// for the jobs behind it.
+//
 // # How it works
 //
 // Each job has a key (usually the id of the document it changes). Enqueue
 // takes the key's next sequence number (a findOneAndUpdate on the key's
 // document) and inserts the job with it. A worker of Run claims a whole key,
 // with a lease of the lease package on the key's document (the visibility
-// timeout, renewed while its handlers run), and runs the key's jobs in
+// timeout, renewed while its handlers run; a renewal that fails for a
+// transient reason is retried soon), and runs the key's jobs in
 // sequence order, moving the key's head past each finished one under the
 // lease's fence; so the jobs of one key run one at a time, in order, across
 // all workers and processes (as the messages of one group of an SQS FIFO
@@ -84,7 +93,9 @@
 //     lost counts; snoozes and attempts interrupted by Run's stop do not),
 //     then dead with one recorded error per failed attempt (the newest
 //     MaxErrors of them). A handler's error matching ErrInvalid makes the
-//     job dead at once, as retry.Permanent does.
+//     job dead at once, as retry.Permanent does. A worker's claim of a job
+//     is fenced on its lease of the key: a copy of it that arrives after a
+//     newer holder of the key claimed the job changes nothing.
 //   - Bounded storage: a job keeps at most MaxErrors errors; the keys
 //     collection holds a document per key only while the key has jobs or
 //     was worked within Retention (Sweep deletes the others); a target

@@ -8,6 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Job reads the job with id. It returns a *NotFoundError when there is none
@@ -212,6 +214,13 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 // it, and it is deleted after the retention. A running job cannot be
 // cancelled (its handler may be writing): a *StateError, as for a finished
 // job; an unknown id is a *NotFoundError.
+//
+// A cancelled job no longer holds its key back: Cancel clears the hints on
+// the key's document that keep workers away from it (when to look again,
+// set by a head job that failed or snoozed; the name of its handler, set by
+// a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
+// write fails, Cancel still returns nil (the job is cancelled) and logs it,
+// and the key's next jobs may wait until the cancelled job's run time.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -221,23 +230,57 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	update := bson.D{{Key: "$set", Value: bson.D{
 		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
 	}}}
-	res, err := q.jobs.UpdateOne(ctx, filter, update)
-	cur, rerr := q.readJob(ctx, id)
-	switch {
-	case err == nil && res.MatchedCount == 1:
-		q.notify()
+	var job Job
+	err := q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job)
+	if err == nil {
+		q.freeKey(ctx, job.Key)
 		return nil
+	}
+	cur, rerr := q.readJob(ctx, id)
+	missed := errors.Is(err, mongo.ErrNoDocuments)
+	switch {
+	case rerr != nil && missed:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), rerr)
 	case rerr != nil:
 		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), errors.Join(err, rerr))
 	case cur == nil || cur.State == stateSkipped:
 		return &NotFoundError{ID: id}
-	case cur.State == StateCancelled && err != nil:
-		return nil //nolint:nilerr // the reply was lost, and the re-read shows the job cancelled
-
-	case err != nil:
+	case cur.State == StateCancelled && !missed:
+		// The reply was lost, and the re-read shows the job cancelled.
+		q.freeKey(ctx, cur.Key)
+		return nil
+	case !missed:
 		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	}
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
+}
+
+// freeKey clears the hints on key's document that keep workers away from
+// it (due, when its head may run; the head's handler, which some processes
+// lack) after its head may have been cancelled, and wakes this process's
+// Run. The hints only say when and where to look: a worker that claims the
+// key derives them again from its head. It is best effort: a failure is
+// logged.
+func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	defer cancel()
+	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
+		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
+		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
+	}})
+	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
+	// $unset is idempotent: a copy sent again after a lost reply does no harm.
+	var err error
+	for range 2 {
+		err = q.resend(ctx, func() error { _, err := q.keys.UpdateOne(ctx, filter, update); return err })
+		if err == nil || !store.IsAmbiguous(err) {
+			break
+		}
+	}
+	if err != nil {
+		q.c.logger.Warn("deferred: cancel: could not free the key of a cancelled job (its next jobs may wait until its run time)", "key", keyText(key), "err", err)
+	}
+	q.notify()
 }
 
 // Wait polls the job with id every interval until it is completed, dead or

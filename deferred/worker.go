@@ -23,7 +23,9 @@ import (
 // run), runs the key's jobs in sequence order through their handlers, and
 // records each outcome. At most Options.Workers keys are worked on at once.
 // Any number of processes may call Run on the same collections; within a
-// process, call it once per Queue.
+// process, call it once per Queue. Run works only the jobs of the handlers
+// registered on q: a key whose next job has another handler is left to the
+// processes that have it (see the package doc).
 //
 // When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
 // an interrupted job back without counting its attempt, releases its claims
@@ -139,10 +141,10 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 		r.busy[id] = true
 		started++
 		r.wg.Go(func() {
-			claimed := q.work(ctx, k)
+			skip := q.work(ctx, k)
 			r.mu.Lock()
 			delete(r.busy, id)
-			if !claimed {
+			if skip {
 				r.skip[id] = time.Now().Add(q.c.poll)
 			}
 			r.mu.Unlock()
@@ -155,9 +157,27 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	return started, nil
 }
 
+// keyHandler is the field of a key's document that names the handler of
+// its head job, set by a worker whose process has no such handler, so that
+// the candidate search of such processes skips the key until its head moves
+// on (advance unsets it) or is cancelled (Cancel unsets it).
+const keyHandler = "h"
+
+// handlerNames returns the names of the handlers registered on q.
+func (q *Queue) handlerNames() bson.A {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	names := make(bson.A, 0, len(q.handlers))
+	for name := range q.handlers {
+		names = append(names, name)
+	}
+	return names
+}
+
 // candidates returns up to limit keys that have jobs waiting, whose head is
-// due, and whose claim looks free or expired. The claim decides; this only
-// keeps workers from claiming keys that are surely held.
+// due, whose head's handler is not known to be missing here, and whose
+// claim looks free or expired. The claim decides; this only keeps workers
+// from claiming keys that are surely held or that they could not work.
 func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, error) {
 	now := q.now(ctx)
 	filter := bson.D{
@@ -166,6 +186,10 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 			bson.D{{Key: "$or", Value: bson.A{
 				bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: false}}}},
 				bson.D{{Key: "due", Value: bson.D{{Key: "$lte", Value: now}}}},
+			}}},
+			bson.D{{Key: "$or", Value: bson.A{
+				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: false}}}},
+				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$in", Value: q.handlerNames()}}}},
 			}}},
 			// The lease record's owner and expiry (see lease.Manager.Field):
 			// free, or expired by this estimate.
@@ -199,6 +223,7 @@ type claim struct {
 	l    *lease.Lease
 	run  context.Context // Run's context
 	jobs context.Context // ends with the lease or with Run's context
+	skip bool            // this Run should leave the key alone a while
 }
 
 // book returns a context for one bookkeeping write: it outlives Run's
@@ -210,14 +235,16 @@ func (c *claim) book() (context.Context, context.CancelFunc) {
 // lost reports whether the claim is known to be lost.
 func (c *claim) lost() bool { return c.l.Err() != nil }
 
-// work claims key and runs its jobs. It reports whether it got the claim.
-func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
+// work claims key and runs its jobs. It reports whether this Run should
+// leave the key alone for a poll interval: it did not get the claim, or the
+// key's head job has no handler here.
+func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	l, err := q.leases.TryAcquire(ctx, key)
 	if err != nil {
 		if !errors.Is(err, lease.ErrHeld) && ctx.Err() == nil {
 			q.c.logger.Warn("deferred: claim a key", "key", keyText(key), "err", err)
 		}
-		return false
+		return true
 	}
 	jobs, cancel := context.WithCancel(l.Context())
 	stop := context.AfterFunc(ctx, cancel)
@@ -235,30 +262,16 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) bool {
 		renewing.Wait()
 	}()
 	c.loop()
-	return true
+	return c.skip
 }
 
-// renew renews the claim every third of the visibility timeout until it
-// ends.
+// renew keeps the claim alive until its jobs' context ends: the lease
+// package's renewal loop (lease.Lease.KeepAlive), every third of the
+// visibility timeout, with a transient failure retried soon within the
+// lease's remaining time, so that a few failed renewals in a row do not lose
+// the key.
 func (c *claim) renew() {
-	t := time.NewTicker(c.q.c.visibility / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.jobs.Done():
-			return
-		case <-t.C:
-			ctx, cancel := c.book()
-			err := c.l.Renew(ctx)
-			cancel()
-			if errors.Is(err, lease.ErrLost) || errors.Is(err, lease.ErrReleased) {
-				return
-			}
-			if err != nil {
-				c.q.c.logger.Warn("deferred: renew a claim", "key", keyText(c.key), "err", err)
-			}
-		}
-	}
+	c.l.KeepAlive(c.jobs)
 }
 
 // loop runs the key's jobs in order, at most Batch of them, while the claim
@@ -303,10 +316,12 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	}
 	h := q.handler(job.Name)
 	if h == nil {
-		// Another process has this handler: put the job back and let the
-		// key go to it.
+		// claimJob claims only jobs of the handlers registered here, and
+		// handlers are never removed: this does not happen. Should it, put
+		// the job back and leave the key to another process.
 		c.putBack(job)
-		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "job", job.ID.Hex())
+		c.skip = true
+		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
 		return kd, false
 	}
 	err = c.call(h, job)
@@ -324,12 +339,63 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	}
 	var snooze *snoozeError
 	if errors.As(err, &snooze) {
-		return c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d})
+		if next, ok := c.finish(kd, job, outcome{snoozed: true, snooze: snooze.d}); ok || c.lost() {
+			return next, ok
+		}
+		return c.recheck(kd, job.Seq) // finish set the key's due
 	}
 	// Bad input (a second write to one document, an update that writes the
 	// fence field, a refused id) fails every attempt alike: dead at once.
 	dead := retry.IsPermanent(err) || errors.Is(err, ErrInvalid) || job.Attempt >= job.MaxAttempts
-	return c.finish(kd, job, outcome{dead: dead, err: err})
+	next, ok := c.finish(kd, job, outcome{dead: dead, err: err})
+	if dead || ok || c.lost() {
+		return next, ok
+	}
+	return c.recheck(kd, job.Seq) // finish set the key's due
+}
+
+// noHandler gives up a key whose head job has a handler this process does
+// not have (a rolling deploy that adds a handler): another process runs it.
+// It records the handler's name on the key's document, where the candidate
+// search of every process without it skips the key until its head moves on
+// or is cancelled, so that such a process neither claims the key nor looks
+// at it again; and this Run skips the key a poll interval anyway, should
+// that write fail.
+func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
+	c.skip = true
+	c.q.c.logger.Warn("deferred: no handler here for a key's head job: skipping the key until its head moves on (another process must run it)",
+		"name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
+	c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
+	return kd, false
+}
+
+// postpone gives the key up until runAt, when its head job at seq may run:
+// it sets the key's due (the candidate search skips the key until then),
+// then rechecks the head.
+func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
+	c.setKey(bson.D{{Key: "due", Value: runAt}})
+	return c.recheck(kd, seq)
+}
+
+// recheck reads the head job at seq again after this claim set the key's
+// due, and moves the head on if the job is finished now. Cancel cancels a
+// waiting job and then clears the key's due; when it cancelled the head
+// before this claim's due landed, its clearing may have come first, and the
+// key's next jobs would wait until the cancelled job's run time. This read
+// comes after the due was written: if it does not see the job cancelled,
+// Cancel's clearing comes after the due too.
+func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	var job Job
+	err := q.resend(ctx, func() error {
+		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
+	})
+	cancel()
+	if err == nil && finished(job.State) && !c.lost() {
+		return c.advance(kd)
+	}
+	return kd, false
 }
 
 // call runs the handler with the attempt's context, and turns a panic into
@@ -356,6 +422,15 @@ func (c *claim) call(h *handler, job *Job) (err error) {
 // findOneAndUpdate that matches it while it waits (or was left running by
 // a lost worker) and is due, makes it running under this claim's epoch and
 // counts the attempt. It returns nil when no such job is there.
+//
+// It claims only a job whose handler is registered here: a job of another
+// handler is left alone (noHead tells the key so), not claimed and put back.
+//
+// The claim is fenced on the key's lease: it refuses a job whose recorded
+// epoch is greater than this claim's. Lease epochs of a key's document only
+// grow, so a copy of this write that arrives late (held in the network, or
+// sent by a worker paused past its lease), after a newer holder of the key
+// claimed the job, neither takes the job back nor burns an attempt.
 func (c *claim) claimJob(seq int64) (*Job, error) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -365,6 +440,8 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
 		{Key: "s", Value: seq},
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
+		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
 		{Key: "$or", Value: bson.A{
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
@@ -406,7 +483,9 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 
 // noHead handles a key whose head seq has no job to claim: the job is
 // finished already (a worker died between recording it and moving the
-// head), not due yet, or not there at all (a hole).
+// head), claimed under a newer lease of the key (this claim is lost), of a
+// handler this process does not have, not due yet, or not there at all (a
+// hole).
 func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -419,10 +498,14 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	switch {
 	case err == nil && finished(job.State):
 		return c.advance(kd)
+	case err == nil && job.Epoch > c.l.Epoch():
+		// A newer holder of the key claimed the job: this claim is lost.
+		return kd, false
+	case err == nil && q.handler(job.Name) == nil:
+		return c.noHandler(kd, &job)
 	case err == nil:
 		// Not due yet: wait for it.
-		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
-		return kd, false
+		return c.postpone(kd, seq, job.RunAt)
 	case !errors.Is(err, mongo.ErrNoDocuments):
 		c.warn("read the head job", seq, err)
 		return kd, false
@@ -615,7 +698,7 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 	update := bson.D{
 		{Key: "$inc", Value: bson.D{{Key: "done", Value: int64(1)}, {Key: "n", Value: int64(-1)}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
-		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}}},
+		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
 	for try := 0; ; try++ {
 		var next keyDoc

@@ -75,6 +75,26 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	return nil // replaced by the deferred function
 }
 
+// KeepAlive renews l every Options.RenewEvery, as Do does for its lease,
+// until ctx ends or the lease ends (released, lost or expired). A renewal
+// that fails with a transient error (store's classifiers, retry.IsRetryable)
+// is retried soon with retry.Do's backoff (Options.Retry's Budget, OnRetry and
+// Clock; delays from RenewEvery/20 up to RenewEvery/4) while the lease's local
+// deadline allows, so that a few failures in a row do not lose the lease; a
+// renewal that finds the lease lost ends it at once. It is for a lease of
+// TryAcquire or Acquire: run it in a goroutine of its own, and end ctx (or
+// Release the lease) when the lease is no longer needed.
+func (l *Lease) KeepAlive(ctx context.Context) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(l.ctx, cancel)
+	defer stop()
+	l.keepAlive(ctx)
+}
+
 // keepAlive renews l every RenewEvery until ctx ends. A failed renewal is retried with retry.Do (Options.Retry's
 // Budget, OnRetry and Clock; delays from RenewEvery/20 up to RenewEvery/4)
 // while the store classifiers call it transient and the local deadline

@@ -20,7 +20,8 @@
 // when fn returns. [Manager.TryAcquire] fails at once with a [*HeldError]
 // (holder, time left: a service can answer 409 with Retry-After);
 // [Manager.Acquire] waits; both return a [*Lease] to Renew and Release by
-// hand.
+// hand, or to renew in the background with [Lease.KeepAlive], the renewal
+// loop of Do (transient failures retried at once, within the lease's time).
 //
 // A document lease ([New]) keeps its record in a subdocument of the leased
 // document ("_lease", Options.Field), which the document's own model must not

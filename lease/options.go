@@ -102,8 +102,9 @@ type Options struct {
 	// (ModeServer fails on a server without $expr and update pipelines).
 	Mode Mode
 
-	// RenewEvery is the interval at which Do renews its lease. It must be
-	// shorter than TTL minus SafetyMargin. Default TTL/3.
+	// RenewEvery is the interval at which Do (and Lease.KeepAlive) renews
+	// its lease. It must be shorter than TTL minus SafetyMargin. Default
+	// TTL/3.
 	RenewEvery time.Duration
 
 	// SafetyMargin is subtracted from the holder's local deadline, on top of
