@@ -457,11 +457,17 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	for try := 0; ; try++ {
 		var job Job
 		err := q.resend(ctx, func() error {
-			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&job)
+			// The document before the claim: its state says whether an
+			// earlier attempt was lost while it ran.
+			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&job)
 		})
 		switch {
 		case err == nil:
-			job.q, job.att = q, &attempt{}
+			// A job left running was taken over from a lost worker, whose
+			// handler may have written: the attempt carries that on.
+			job.q, job.att = q, &attempt{may: job.State == StateRunning}
+			job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+			job.Attempt++
 			return &job, nil
 		case errors.Is(err, mongo.ErrNoDocuments):
 			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
@@ -475,7 +481,9 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
 		})
 		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
-			cur.q, cur.att = q, &attempt{}
+			// Whether the claim took the job over from a lost worker is
+			// not known: take it that it did.
+			cur.q, cur.att = q, &attempt{may: true}
 			return &cur, nil
 		}
 	}

@@ -315,3 +315,47 @@ func TestStampsPerDocumentAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, stamps, 3)
 }
+
+// TestTakenOverJobMayHaveApplied: worker A's handler writes, then A is cut
+// off past its claim, so it never records the attempt. B takes the job
+// over and its attempt dies before writing (a handler that gives up at
+// once). The job is dead, and A's write landed: it must say it may have
+// applied its change, and Requeue must refuse it.
+func TestTakenOverJobMayHaveApplied(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A"})
+	qb := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B"})
+	b.insert(t, "ana")
+	applied := make(chan struct{})
+	var once sync.Once
+	_, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
+		if _, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}}); err != nil {
+			return err
+		}
+		once.Do(func() {
+			b.f.Pause(2 * ttl) // A is cut off from the server from now on
+			close(applied)
+		})
+		<-ctx.Done()
+		return nil
+	})
+	require.NoError(t, err)
+	kb, err := deferred.Register(qb, "credit", func(context.Context, *deferred.Job, credit) error {
+		return retry.Permanent(errors.New("given up before writing"))
+	})
+	require.NoError(t, err)
+	id := enqueue(t, b.ctx, kb, "ana", credit{Amount: 5})
+	run(t, b.fqueue)
+	<-applied
+	run(t, qb)
+	job := wait(t, qb, id)
+	require.Equal(t, deferred.StateDead, job.State)
+	require.Equal(t, "B", job.Owner, "B took the job over")
+	require.True(t, job.MayHaveApplied, "A's attempt wrote before it was lost")
+	err = qb.Requeue(b.ctx, id)
+	var se *deferred.StateError
+	require.ErrorAs(t, err, &se)
+	require.True(t, se.MayHaveApplied)
+	b.requireAccount(t, "ana", 5, 1)
+}
