@@ -179,7 +179,7 @@ func TestEnqueueLostTakeBackNeverStrandsTheJob(t *testing.T) {
 		done <- result{id, err}
 	}()
 	skipped := bson.D{{Key: "state", Value: "skipped"}}
-	skippedPast(t, b, skipped)
+	skippedPast(t, b, "ana", skipped)
 	_, err = b.jobs.DeleteOne(b.ctx, skipped) // retention over: the insert lands behind the head
 	require.NoError(t, err)
 	stop()
@@ -193,12 +193,12 @@ func TestEnqueueLostTakeBackNeverStrandsTheJob(t *testing.T) {
 // reserved on "ana" (its tombstone, matched by skipped, is there) and moved
 // the key's head past it: deleting the tombstone before that would have
 // the worker find the hole again and write a second one.
-func skippedPast(t *testing.T, b *bundle, skipped bson.D) {
+func skippedPast(t *testing.T, b *bundle, key string, skipped bson.D) {
 	t.Helper()
 	waitFor(t, time.Minute, "the number to be skipped and passed", func() bool {
 		n, err := b.jobs.CountDocuments(b.ctx, skipped)
 		var kd struct{ N int64 }
-		kerr := b.db.Collection("jobs_keys").FindOne(b.ctx, bson.D{{Key: "_id", Value: "ana"}}).Decode(&kd)
+		kerr := b.db.Collection("jobs_keys").FindOne(b.ctx, bson.D{{Key: "_id", Value: key}}).Decode(&kd)
 		return err == nil && n == 1 && kerr == nil && kd.N == 0
 	})
 }

@@ -125,7 +125,7 @@ func TestRequeueTakenBackKeepsItsExpiry(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- fq.Requeue(b.ctx, id) }()
 	skipped := bson.D{{Key: "state", Value: "skipped"}}
-	skippedPast(t, b, skipped)
+	skippedPast(t, b, "ana", skipped)
 	_, err = b.jobs.DeleteOne(b.ctx, skipped)
 	require.NoError(t, err)
 	stop()
