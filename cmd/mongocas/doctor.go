@@ -59,12 +59,23 @@ type problem struct {
 
 // capabilityLines are the capability lines doctor prints, from Probe's answer.
 func capabilityLines(caps store.Capabilities) []capability {
+	line := func(name string, present bool, yes, no string) capability {
+		if present {
+			return capability{name, present, yes}
+		}
+		return capability{name, present, no}
+	}
 	return []capability{
-		{"transactions", caps.Transactions, "deferred's Enqueue can join a caller's transaction (outbox)"},
-		{"retryable writes", caps.RetryableWrites, "the driver retries a write once after a network error"},
-		{"$expr/$$NOW in writes", caps.Expr, "lease judges expiry on the server's clock (ModeServer)"},
-		{"$$NOW in update pipelines", caps.UpdatePipelines, "leases set expiry from the server's clock; one-round-trip conflict retries"},
-		{"TTL indexes", caps.TTLIndexes, "the server deletes old jobs, keys and lock documents; else the packages' Sweep does"},
+		line("transactions", caps.Transactions, "deferred's Enqueue can join a caller's transaction (outbox)",
+			"no outbox: Enqueue cannot join a caller's transaction"),
+		line("retryable writes", caps.RetryableWrites, "the driver retries a write once after a network error",
+			"a lost reply reaches the packages, which re-read to settle it"),
+		line("$expr/$$NOW in writes", caps.Expr, "lease can judge expiry on the server's clock (ModeServer)",
+			"lease judges expiry on an estimate of the server's clock (ModeEstimated)"),
+		line("$$NOW in update pipelines", caps.UpdatePipelines, "leases set expiry from the server's clock",
+			"leases set expiry from the clock estimate"),
+		line("TTL indexes", caps.TTLIndexes, "the server deletes old jobs and key records",
+			"nothing expires by itself: the packages' Sweep deletes old records"),
 	}
 }
 

@@ -358,4 +358,3 @@ func (c *cli) jobsChange(ctx context.Context, q *deferred.Queue, action string, 
 	}
 	return report(fmt.Sprintf("%s: %d of %d jobs", action, done, len(targets)))
 }
-
