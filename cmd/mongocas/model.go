@@ -167,18 +167,31 @@ func checkHistory(name string, h []op) checkResult {
 			continue
 		}
 		slices.SortFunc(part, func(a, b op) int { return cmp.Compare(a.call, b.call) })
-		// The shortest illegal prefix: a prefix of a legal history is legal.
+		// The shortest illegal closed prefix: the first k calls and every call
+		// made before one of them returned. A linearizable history has only
+		// linearizable closed prefixes, so the search is sound.
+		closed := func(k int) []op {
+			var maxRet int64
+			j := 0
+			for ; j < len(part) && (j < k || part[j].call < maxRet); j++ {
+				if part[j].ret != never {
+					maxRet = max(maxRet, part[j].ret)
+				}
+			}
+			return part[:j]
+		}
 		lo, hi := 1, len(part)
 		for lo < hi {
 			mid := (lo + hi) / 2
-			if porcupine.CheckOperationsTimeout(model, toPorcupine(part[:mid]), limit) == porcupine.Illegal {
+			if porcupine.CheckOperationsTimeout(model, toPorcupine(closed(mid)), limit) == porcupine.Illegal {
 				hi = mid
 			} else {
 				lo = mid + 1
 			}
 		}
+		shown := closed(hi)
 		res.History = append(res.History, fmt.Sprintf("%s starts at n=%d", part[0].in.Key, initN))
-		for _, o := range part[:hi] {
+		for _, o := range shown {
 			ret := "never"
 			if o.ret != never {
 				ret = fmt.Sprintf("%.1fms", float64(o.ret)/1e6)

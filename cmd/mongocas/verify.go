@@ -366,6 +366,7 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 		}
 		wg.Go(func() {
 			rnd := mrand.New(mrand.NewPCG(uint64(ci), 7))
+			first := ci == 0 // client 0's first holder dies, so that every run sees a takeover
 			for time.Now().Add(1500*time.Millisecond).Before(v.until) && ctx.Err() == nil {
 				l, err := m.TryAcquire(ctx, "L")
 				v.ops.Add(1)
@@ -381,7 +382,8 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 				}
 				fence := l.Fence()
 				time.Sleep(time.Duration(rnd.IntN(20)) * time.Millisecond)
-				dies := rnd.IntN(8) == 0
+				dies := first || rnd.IntN(8) == 0
+				first = false
 				var end time.Duration
 				if dies { // never released: its context must end before anyone else claims
 					<-l.Done()
