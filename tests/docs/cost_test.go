@@ -227,38 +227,49 @@ func TestRoundTripCosts(t *testing.T) {
 	require.NoError(t, err)
 	report("deferred Enqueue")
 
-	// One job run by a worker, counted from a client of its own: Run's
-	// polls of the jobs collection are left out by the filter below.
-	wc := &counter{}
-	wdb := monitored(t, db, wc)
-	wq, err := deferred.New(wdb.Collection("jobs2"), &deferred.Options{PollInterval: time.Hour, Workers: 1})
-	require.NoError(t, err)
-	wrepo, err := versioned.New[account](wdb.Collection("accounts"), nil)
-	require.NoError(t, err)
-	_, err = deferred.NewChange(wq, "add", wrepo, func(a *account, n int64) error { a.Balance += n; return nil })
-	require.NoError(t, err)
-	_, err = wq.EnsureIndexes(ctx)
-	require.NoError(t, err)
-	eq, err := deferred.New(mdb.Collection("jobs2"), nil)
-	require.NoError(t, err)
-	echange, err := deferred.NewChange(eq, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
-	require.NoError(t, err)
-	id, err := echange.Enqueue(ctx, "ana", 1)
-	require.NoError(t, err)
-	c.take()
-	wc.take()
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = wq.Run(runCtx) })
-	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	job, err := eq.Wait(waitCtx, id, 5*time.Millisecond)
-	require.NoError(t, err)
-	require.Equal(t, deferred.StateCompleted, job.State)
-	time.Sleep(100 * time.Millisecond)
-	names := wc.take()
-	stop()
-	wg.Wait()
-	t.Logf("%-40s %d  %v", "deferred: a worker's commands for one job (its first poll included)", len(names), names)
+	// Jobs run by a worker, counted on a client of its own: n jobs of one
+	// key enqueued beforehand, then one Run until the last completes. The
+	// difference between 11 jobs and 1 is the cost of 10 jobs, without the
+	// worker's start-up (its sweep, its first poll, the key's claim).
+	work := func(n int) int {
+		wc := &counter{}
+		wdb := monitored(t, db, wc)
+		coll := fmt.Sprintf("jobs%d", n)
+		wq, err := deferred.New(wdb.Collection(coll), &deferred.Options{PollInterval: time.Hour, Workers: 1})
+		require.NoError(t, err)
+		wrepo, err := versioned.New[account](wdb.Collection("accounts"), nil)
+		require.NoError(t, err)
+		_, err = deferred.NewChange(wq, "add", wrepo, func(a *account, n int64) error { a.Balance += n; return nil })
+		require.NoError(t, err)
+		_, err = wq.EnsureIndexes(ctx)
+		require.NoError(t, err)
+		eq, err := deferred.New(mdb.Collection(coll), nil)
+		require.NoError(t, err)
+		echange, err := deferred.NewChange(eq, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
+		require.NoError(t, err)
+		var last bson.ObjectID
+		for range n {
+			last, err = echange.Enqueue(ctx, "ana", 1)
+			require.NoError(t, err)
+		}
+		c.take()
+		wc.take()
+		runCtx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = wq.Run(runCtx) })
+		waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		job, err := eq.Wait(waitCtx, last, 5*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		time.Sleep(100 * time.Millisecond) // the key's release
+		stop()
+		wg.Wait()
+		names := wc.take()
+		t.Logf("%-40s %d  %v", fmt.Sprintf("deferred: a worker, %d job(s) of one key", n), len(names), names)
+		return len(names)
+	}
+	one, eleven := work(1), work(11)
+	t.Logf("%-40s %.1f", "deferred: per job, (11 jobs - 1 job)/10", float64(eleven-one)/10)
 	fmt.Println()
 }
