@@ -34,7 +34,7 @@
 // too, so a request may run longer than Retention
 // ([Keys.EnsureIndexes], [Keys.Sweep]). A first request costs five round
 // trips around the function (seven where the server lacks $expr), a replay
-// one.
+// two (the record's insert, refused, and a read).
 //
 // Leases and idempotency keys do not replace each other: a lease stops two
 // different requests from interleaving on one resource; a key makes a retry

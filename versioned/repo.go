@@ -19,7 +19,10 @@ import (
 // Repo stores documents of type T in one collection with optimistic
 // concurrency control. Make it with New. A Repo is safe for concurrent use;
 // make one per collection and share it, so that it can reuse what it learns
-// about documents (see the package documentation, "Write ids").
+// about documents: the last write id it saw of each (up to 4096 documents)
+// lets [Repo.Guarded] skip its read, and lets [Repo.Delete] settle a lost
+// reply exactly. Safety never depends on it (DESIGN.md beside this file,
+// "What every document carries").
 type Repo[T any] struct {
 	coll *mongo.Collection
 	// settle is coll with read concern majority: the re-reads that settle

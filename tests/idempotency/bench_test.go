@@ -25,7 +25,8 @@ import (
 // once: one write (an insertOne of the order). "first" is a request with a
 // new key each time (it creates, claims, begins, completes and releases the
 // key record around the handler); "replay" is a retry of a completed one
-// (one round trip, the handler does not run). roundtrips/op counts the
+// (two round trips: its insert, refused, and a read; the handler does not
+// run). roundtrips/op counts the
 // commands sent, so the overhead reads in round trips on any server. (In
 // lease.ModeEstimated, the embedded backend's, the first claim of a new
 // record takes three: a claim that finds no epoch, a read, and the claim

@@ -1,0 +1,275 @@
+package docs_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/idempotency"
+	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// counter counts the commands a client sends to one database, hello and
+// the driver's own monitoring left out.
+type counter struct {
+	mu    sync.Mutex
+	db    string
+	names []string
+}
+
+func (c *counter) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.names
+	c.names = nil
+	return out
+}
+
+// monitored returns db's database on a client of its own whose commands c
+// counts.
+func monitored(t *testing.T, db *mongotest.DB, c *counter) *mongo.Database {
+	t.Helper()
+	c.db = db.Name()
+	mon := &event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+		if e.DatabaseName != c.db {
+			return
+		}
+		c.mu.Lock()
+		c.names = append(c.names, e.CommandName)
+		c.mu.Unlock()
+	}}
+	client, err := mongo.Connect(options.Client().ApplyURI(db.Server.URI).SetMonitor(mon))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	return client.Database(db.Name())
+}
+
+// size is the BSON size of the stored document with id.
+func size(t *testing.T, coll *mongo.Collection, id any) int {
+	t.Helper()
+	raw, err := coll.FindOne(t.Context(), bson.D{{Key: "_id", Value: id}}).Raw()
+	require.NoError(t, err)
+	return len(raw)
+}
+
+type account struct {
+	ID      string `bson:"_id"`
+	Owner   string `bson:"owner"`
+	Balance int64  `bson:"balance"`
+	Version int64  `bson:"version"`
+}
+
+type plainAccount struct {
+	ID      string `bson:"_id"`
+	Owner   string `bson:"owner"`
+	Balance int64  `bson:"balance"`
+}
+
+// TestFootprint measures what a document carries: the same account stored
+// plain by the driver, after versioned's Insert, after 40 Modify calls,
+// with a document lease held and released, and after a deferred job
+// applied to it. docs/costs.md quotes what it prints:
+//
+//	go test -count=1 -run Footprint -v ./tests/docs
+func TestFootprint(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := t.Context()
+	coll := db.Collection("accounts")
+	_, err := coll.InsertOne(ctx, plainAccount{ID: "plain", Owner: "Ana", Balance: 100})
+	require.NoError(t, err)
+	repo, err := versioned.New[account](coll, nil)
+	require.NoError(t, err)
+	require.NoError(t, repo.Insert(ctx, &account{ID: "ana", Owner: "Ana", Balance: 100}))
+	plain, inserted := size(t, coll, "plain"), size(t, coll, "ana")
+	show := func(what string) {
+		raw, err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: "ana"}}).Raw()
+		require.NoError(t, err)
+		t.Logf("%s: %s", what, raw.String())
+	}
+	show("after Insert")
+	after := map[int]int{}
+	for i := 1; i <= 40; i++ {
+		_, err := repo.Modify(ctx, "ana", func(a *account) error { a.Balance++; return nil })
+		require.NoError(t, err)
+		after[i] = size(t, coll, "ana")
+	}
+	show("after 40 Modify calls")
+	t.Logf("backend %s", db.Server.Backend)
+	t.Logf("plain document (driver InsertOne):  %d bytes", plain)
+	t.Logf("after versioned Insert:             %d bytes (+%d)", inserted, inserted-plain)
+	for _, n := range []int{1, 2, 10, 32, 33, 40} {
+		t.Logf("after %2d Modify calls:             %d bytes (+%d)", n, after[n], after[n]-plain)
+	}
+
+	leases, err := lease.New(coll, &lease.Options{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	l, err := leases.TryAcquire(ctx, "plain")
+	require.NoError(t, err)
+	held := size(t, coll, "plain")
+	require.NoError(t, l.Release(ctx))
+	released := size(t, coll, "plain")
+	t.Logf("plain document, lease held:         %d bytes (+%d)", held, held-plain)
+	t.Logf("plain document, lease released:     %d bytes (+%d)", released, released-plain)
+
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	change, err := deferred.NewChange(q, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
+	require.NoError(t, err)
+	before := size(t, coll, "ana")
+	id, err := change.Enqueue(ctx, "ana", 1)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = q.Run(runCtx) })
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	job, err := q.Wait(waitCtx, id, 20*time.Millisecond)
+	stop()
+	wg.Wait()
+	require.NoError(t, err)
+	require.Equal(t, deferred.StateCompleted, job.State)
+	stamped := size(t, coll, "ana")
+	t.Logf("after one deferred job:             %d bytes (+%d over the Modify-ed document)", stamped, stamped-before)
+	jobSize, err := db.Collection("jobs").FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Raw()
+	require.NoError(t, err)
+	t.Logf("the completed job document:         %d bytes", len(jobSize))
+}
+
+// TestRoundTripCosts counts, with a command monitor, the commands each
+// operation sends on an uncontended document. docs/costs.md quotes what it
+// prints:
+//
+//	go test -count=1 -run RoundTripCosts -v ./tests/docs
+func TestRoundTripCosts(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := t.Context()
+	c := &counter{}
+	mdb := monitored(t, db, c)
+	report := func(op string) {
+		names := c.take()
+		t.Logf("%-40s %d  %v", op, len(names), names)
+	}
+	t.Logf("backend %s", db.Server.Backend)
+	repo, err := versioned.New[account](mdb.Collection("accounts"), nil)
+	require.NoError(t, err)
+	require.NoError(t, repo.Insert(ctx, &account{ID: "ana", Balance: 100}))
+	report("versioned Insert")
+	a, err := repo.Get(ctx, "ana")
+	require.NoError(t, err)
+	report("versioned Get")
+	a.Balance++
+	require.NoError(t, repo.Update(ctx, a))
+	report("versioned Update")
+	_, err = repo.Modify(ctx, "ana", func(a *account) error { a.Balance++; return nil })
+	require.NoError(t, err)
+	report("versioned Modify")
+	_, err = repo.Guarded(ctx, "ana", bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 1}}}},
+		bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}}}})
+	require.NoError(t, err)
+	report("versioned Guarded")
+	fresh, err := versioned.New[account](mdb.Collection("accounts"), nil)
+	require.NoError(t, err)
+	_, err = fresh.Guarded(ctx, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 1}}}})
+	require.NoError(t, err)
+	report("versioned Guarded, document not seen yet")
+
+	leases, err := lease.New(mdb.Collection("accounts"), &lease.Options{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	_, err = leases.Mode(ctx) // the one-time probe, outside the counts
+	require.NoError(t, err)
+	c.take()
+	l, err := leases.TryAcquire(ctx, "ana")
+	require.NoError(t, err)
+	report("lease TryAcquire")
+	require.NoError(t, l.Release(ctx))
+	report("lease Release")
+	require.NoError(t, leases.Do(ctx, "ana", func(context.Context, *lease.Lease) error { return nil }))
+	report("lease Do (fn sends nothing)")
+
+	keys, err := idempotency.New(mdb.Collection("keys"), &idempotency.Options{TTL: 30 * time.Second})
+	require.NoError(t, err)
+	fn := func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+		return idempotency.Result{Status: 201, Body: []byte("ok")}, nil
+	}
+	_, err = keys.Do(ctx, "k-warm", []byte("fp"), fn) // index and clock set-up, outside the counts
+	require.NoError(t, err)
+	c.take()
+	_, err = keys.Do(ctx, "k1", []byte("fp"), fn)
+	require.NoError(t, err)
+	report("idempotency Do, first request")
+	res, err := keys.Do(ctx, "k1", []byte("fp"), fn)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	report("idempotency Do, replay")
+
+	q, err := deferred.New(mdb.Collection("jobs"), nil)
+	require.NoError(t, err)
+	change, err := deferred.NewChange(q, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
+	require.NoError(t, err)
+	_, err = q.EnsureIndexes(ctx)
+	require.NoError(t, err)
+	c.take()
+	_, err = change.Enqueue(ctx, "ana", 1)
+	require.NoError(t, err)
+	report("deferred Enqueue, key's first")
+	_, err = change.Enqueue(ctx, "ana", 1)
+	require.NoError(t, err)
+	report("deferred Enqueue")
+
+	// Jobs run by a worker, counted on a client of its own: n jobs of one
+	// key enqueued beforehand, then one Run until the last completes. The
+	// difference between 11 jobs and 1 is the cost of 10 jobs, without the
+	// worker's start-up (its sweep, its first poll, the key's claim).
+	work := func(n int) int {
+		wc := &counter{}
+		wdb := monitored(t, db, wc)
+		coll := fmt.Sprintf("jobs%d", n)
+		wq, err := deferred.New(wdb.Collection(coll), &deferred.Options{PollInterval: time.Hour, Workers: 1})
+		require.NoError(t, err)
+		wrepo, err := versioned.New[account](wdb.Collection("accounts"), nil)
+		require.NoError(t, err)
+		_, err = deferred.NewChange(wq, "add", wrepo, func(a *account, n int64) error { a.Balance += n; return nil })
+		require.NoError(t, err)
+		_, err = wq.EnsureIndexes(ctx)
+		require.NoError(t, err)
+		eq, err := deferred.New(mdb.Collection(coll), nil)
+		require.NoError(t, err)
+		echange, err := deferred.NewChange(eq, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
+		require.NoError(t, err)
+		var last bson.ObjectID
+		for range n {
+			last, err = echange.Enqueue(ctx, "ana", 1)
+			require.NoError(t, err)
+		}
+		c.take()
+		wc.take()
+		runCtx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = wq.Run(runCtx) })
+		waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		job, err := eq.Wait(waitCtx, last, 5*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		time.Sleep(100 * time.Millisecond) // the key's release
+		stop()
+		wg.Wait()
+		names := wc.take()
+		t.Logf("%-40s %d  %v", fmt.Sprintf("deferred: a worker, %d job(s) of one key", n), len(names), names)
+		return len(names)
+	}
+	one, eleven := work(1), work(11)
+	t.Logf("%-40s %.1f", "deferred: per job, (11 jobs - 1 job)/10", float64(eleven-one)/10)
+	fmt.Println()
+}
