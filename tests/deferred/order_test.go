@@ -269,20 +269,22 @@ func TestManyWorkersInOrderExactlyOnce(t *testing.T) {
 	require.Zero(t, tr.overlaps.Load(), "handlers of one key with live contexts at once")
 
 	// The keys' documents agree: nothing waits, every number reserved is
-	// done; no job is left unfinished.
+	// done; no job is left unfinished. (A key idle for Retention, 2s here,
+	// may have had its document deleted by the sweep and made again by its
+	// next enqueue: at most one document per key remains.)
 	cur, err := keysColl.Find(b.ctx, bson.D{})
 	require.NoError(t, err)
 	var kds []struct {
 		Tail, Done, N int64
 	}
 	require.NoError(t, cur.All(b.ctx, &kds))
-	require.Len(t, kds, keys)
-	skipped := int64(0)
+	require.LessOrEqual(t, len(kds), keys)
 	for _, kd := range kds {
 		require.Zero(t, kd.N)
 		require.Equal(t, kd.Tail, kd.Done)
-		skipped += kd.Tail - int64(perKey)
 	}
+	skipped, err := b.jobs.CountDocuments(b.ctx, bson.D{{Key: "state", Value: "skipped"}})
+	require.NoError(t, err)
 	counts, err := pa.q.Counts(b.ctx)
 	require.NoError(t, err)
 	for _, s := range []deferred.State{deferred.StateAvailable, deferred.StateRunning, deferred.StateRetryable, deferred.StateDead, deferred.StateCancelled} {
