@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/testcontainers/testcontainers-go"
@@ -104,13 +105,32 @@ func Start(ctx context.Context) (*Server, error) {
 	if shared != nil || errStart != nil {
 		return shared, errStart
 	}
+	began := time.Now()
 	s, err := start(ctx)
 	if err != nil {
 		errStart = fmt.Errorf("%w: %w", ErrNoServer, err)
 		return nil, errStart
 	}
 	shared = s
+	if testing.Testing() {
+		// Once per test binary, that is per package, and shown without -v
+		// (see noticef).
+		noticef("mongotest: %s: %s (started in %s)", binaryName(), s.describe(), time.Since(began).Round(time.Millisecond))
+	}
 	return s, nil
+}
+
+// describe says in a line which server this is.
+func (s *Server) describe() string {
+	switch s.Backend {
+	case BackendURI:
+		return fmt.Sprintf("the server at %s, %s (%s)", EnvURI, store.RedactURI(s.URI), s.Caps)
+	case BackendDocker:
+		return fmt.Sprintf("MongoDB in Docker (%s)", s.Caps)
+	case BackendEmbedded:
+		return fmt.Sprintf("the embedded server, FerretDB in a %s behind the serializing proxy (%s)", s.Embedded, s.Caps)
+	}
+	return string(s.Backend)
 }
 
 // Shutdown stops the shared server, if one was started, and removes what
@@ -171,7 +191,7 @@ func tag(kind, err error) error {
 func fixFor(err error) string {
 	switch {
 	case errors.Is(err, errBadSetting):
-		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; %s to process or inprocess, or unset it",
+		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; unset %s",
 			EnvBackend, EnvEmbedded)
 	case errors.Is(err, errURIBackend):
 		return fmt.Sprintf("check that the server in %s is running and reachable from here (and its credentials), "+
@@ -180,9 +200,9 @@ func fixFor(err error) string {
 		return fmt.Sprintf("start Docker (or point DOCKER_HOST at a running engine), "+
 			"or unset %s to use the embedded server, or set %s to a MongoDB of yours", EnvBackend, EnvURI)
 	default:
-		return fmt.Sprintf("check that the go command is on PATH and that %s builds (go build %s), "+
-			"or set %s to a MongoDB of yours; %s=inprocess runs the server inside non-race test binaries",
-			serverPackage, serverPackage, EnvURI, EnvEmbedded)
+		return fmt.Sprintf("check that the go command is on PATH and can build %s (from mongotest's sources, or "+
+			"go install %s@<mongotest's version>, which needs the module proxy once), "+
+			"or set %s to a MongoDB of yours", serverPackage, serverModule, EnvURI)
 	}
 }
 
