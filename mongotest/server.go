@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/mongotest/internal/wireproxy"
@@ -31,7 +29,7 @@ const (
 	// BackendURI is the server at MONGODB_URI.
 	BackendURI Backend = "uri"
 	// BackendDocker is a single-node MongoDB replica set in a container,
-	// started through testcontainers-go when a Docker engine answers.
+	// started through the Docker Engine API when an engine answers.
 	BackendDocker Backend = "docker"
 	// BackendEmbedded is FerretDB v1 (SQLite handler, temporary directory)
 	// running in this process behind a proxy that serializes wire
@@ -300,45 +298,6 @@ func startDocker(ctx context.Context) (*Server, error) {
 	return s, tag(errDockerBackend, err)
 }
 
-func runDocker(ctx context.Context) (*Server, error) {
-	img := os.Getenv(EnvDockerImage)
-	if img == "" {
-		img = DefaultDockerImage
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	c, err := tcmongo.Run(ctx, img, tcmongo.WithReplicaSet("rs0"))
-	if err != nil {
-		if c != nil {
-			_ = testcontainers.TerminateContainer(c)
-		}
-		return nil, fmt.Errorf("docker backend: start %s: %w", img, err)
-	}
-	uri, err := c.ConnectionString(ctx)
-	if err != nil {
-		_ = testcontainers.TerminateContainer(c)
-		return nil, fmt.Errorf("docker backend: connection string: %w", err)
-	}
-	if !strings.Contains(uri, "directConnection") {
-		sep := "?"
-		if strings.Contains(uri, "?") {
-			sep = "&"
-		}
-		uri += sep + "directConnection=true"
-	}
-	s, err := connect(ctx, uri, BackendDocker)
-	if err != nil {
-		_ = testcontainers.TerminateContainer(c)
-		return nil, fmt.Errorf("docker backend: %w", err)
-	}
-	s.upstream = faultUpstream(ctx, s.Client, uri)
-	s.stop = func() {
-		_ = s.Client.Disconnect(context.Background())
-		_ = testcontainers.TerminateContainer(c)
-	}
-	return s, nil
-}
-
 // dockerHost says where dockerAnswers looks for the engine.
 func dockerHost() string {
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
@@ -350,46 +309,29 @@ func dockerHost() string {
 // dockerAnswers reports whether a Docker engine answers a ping within two
 // seconds, at DOCKER_HOST or the default socket.
 func dockerAnswers(ctx context.Context) bool {
-	network, addr := "unix", "/var/run/docker.sock"
-	if h := os.Getenv("DOCKER_HOST"); h != "" {
-		u, err := url.Parse(h)
-		if err != nil {
-			return false
-		}
-		switch u.Scheme {
-		case "unix":
-			addr = u.Path
-		case "tcp":
-			network, addr = "tcp", u.Host
-		default:
-			return false
-		}
+	network, addr, err := dockerEndpoint()
+	if err != nil {
+		return false
 	}
 	if network == "unix" {
 		if _, err := os.Stat(addr); err != nil { //nolint:gosec // the path is the user's own DOCKER_HOST
 			return false
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		},
-	}}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
+	e, err := newDockerEngine()
 	if err != nil {
 		return false
 	}
-	resp, err := hc.Do(req)
+	defer e.hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := e.send(ctx, http.MethodGet, "/_ping", nil)
 	if err != nil {
 		return false
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16))
-	return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "OK"
+	return strings.TrimSpace(string(body)) == "OK"
 }
 
 // tempRoot prefers a memory file system for the embedded server's files.
