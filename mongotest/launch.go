@@ -52,7 +52,7 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 	case "", "process":
 	case "inprocess":
 		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=inprocess is no longer available: FerretDB always runs in a child process, "+
-			"so that it stays out of your module graph (about 0.3 s more per test binary)", EnvEmbedded))
+			"so that it stays out of your module graph (its start costs about 15 ms more)", EnvEmbedded))
 	default:
 		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=%q: want process, or unset it", EnvEmbedded, mode))
 	}
