@@ -2,16 +2,18 @@
 # MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
 # test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
 #
-# The repository is five modules tied by go.work: the library (root),
-# mongotest, tests (the server-backed tests), examples and otelmongocas (the
-# OpenTelemetry adapter). `./...` stops at module boundaries; the module path
+# The repository is seven modules tied by go.work: the library (root),
+# mongotest, mongotest/ferretdbserver (the embedded server's command, which
+# mongotest builds and runs as a child process), tests (the server-backed
+# tests), examples, otelmongocas (the OpenTelemetry adapter) and
+# internal/bench. `./...` stops at module boundaries; the module path
 # pattern covers them all.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= github.com/mongocas/mongocas/...
 # golangci-lint takes directories, one pattern per module.
-LINT_DIRS ?= ./... ./mongotest/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
+LINT_DIRS ?= ./... ./mongotest/... ./mongotest/ferretdbserver/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
 
 .PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
 
@@ -50,7 +52,7 @@ lint:
 lint-install:
 	$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
-deps-check: ## what a user's module gets: no test-only modules, a small go.sum
+deps-check: ## what a user's module gets, with and without mongotest: no test-only modules, a small go.sum
 	bash .ci/deps-check
 
 bench: ## each operation beside the raw driver doing the same work

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -99,4 +100,34 @@ func TestDockerAbsentSaysWhatToDo(t *testing.T) {
 	} {
 		require.Contains(t, line, want)
 	}
+}
+
+// TestBackendLineShowsWithoutVerbose: go test shows nothing a passing
+// package's test binary writes unless run with -v; the line that says which
+// backend the package used reaches the go command's standard error anyway.
+func TestBackendLineShowsWithoutVerbose(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go test (-short)")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("the go command's standard error is found through /proc")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run=^TestCapabilitiesReported$", ".")
+	var stdout, stderr strings.Builder // pipes, as in a CI log
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "%s\n%s", stdout.String(), stderr.String())
+	require.Contains(t, stdout.String(), "ok  \tgithub.com/mongocas/mongocas/mongotest")
+	require.NotContains(t, stdout.String(), "TestCapabilitiesReported", "not verbose")
+	var found string
+	for l := range strings.Lines(stderr.String()) {
+		if strings.HasPrefix(l, "mongotest: mongotest: ") {
+			require.Empty(t, found, "one line per package:\n%s", stderr.String())
+			found = l
+		}
+	}
+	require.NotEmpty(t, found, "no backend line in the go command's stderr:\n%s", stderr.String())
+	t.Logf("go test said: %s", strings.TrimSpace(found))
 }

@@ -14,18 +14,30 @@
 // The first call to New or Start picks one server for the whole test binary:
 //
 //  1. the server at MONGODB_URI, when it is set (real MongoDB, Atlas, ...);
-//  2. else a single-node MongoDB replica set in Docker (testcontainers-go),
-//     when a Docker engine answers within two seconds;
+//  2. else a single-node MongoDB replica set in Docker (through the Docker
+//     Engine API at DOCKER_HOST or the default socket; no Docker client
+//     library), when an engine answers within two seconds. Each container
+//     is labelled with its owner process; a later start removes those whose
+//     owner died without removing them;
 //  3. else FerretDB v1 (SQLite handler, files in a temporary directory on
-//     /dev/shm when it exists), reached through a proxy that serializes wire
-//     exchanges. It runs inside the test binary, or, when the binary is
-//     built with -race, in a child process built from ./ferretdbserver with
-//     the go command: FerretDB's SQLite engine is several times slower under
-//     the race detector, and it is not our code to check. The first such
-//     build takes one to three minutes and says so on standard error; the
-//     binary is kept in the user cache directory under a name keyed by the
-//     Go version, the modules it links and its sources, and reused.
-//     MONGOCAS_EMBEDDED=process|inprocess overrides the choice.
+//     /dev/shm when it exists) in a child process, reached through a proxy
+//     that serializes wire exchanges. The child is the command
+//     github.com/mongocas/mongocas/mongotest/ferretdbserver, a module of its
+//     own, so that neither FerretDB nor the database drivers it links enter
+//     your module graph. mongotest builds it once with the go command, into
+//     the user cache directory under a name keyed by what it is built from
+//     (the newest three are kept): from the sources beside mongotest's own
+//     when there are some (this repository, a local replace), else with
+//     `go install github.com/mongocas/mongocas/mongotest/ferretdbserver@V`,
+//     V being mongotest's own version as this binary's build information
+//     records it (the commit, for a pseudo-version), which needs the module
+//     proxy once; MONGOCAS_FERRETDBSERVER_VERSION overrides V. The first
+//     build takes one to three minutes; it says what it builds, how long the
+//     last build took, and every few seconds how long it has been going.
+//
+// A test binary says once, in a line that shows without -v, which backend it
+// uses. Such lines go to the go command's standard error when it is a
+// terminal or a pipe (Linux), else to the terminal, else to standard error.
 //
 // MONGOCAS_BACKEND=uri|docker|embedded forces one. [Server].Caps says what the
 // backend can do, as [store.Probe] found it by trying each feature, and which

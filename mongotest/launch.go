@@ -2,7 +2,6 @@ package mongotest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,90 +11,222 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// EnvEmbedded chooses how the embedded backend runs FerretDB: "process" (a
-// child process built from ./mongotest/ferretdbserver with the go command)
-// or "inprocess" (inside the test binary). The default is "process" when the
-// test binary is built with -race, where FerretDB's SQLite engine would run
-// several times slower (race test binaries do not link FerretDB at all), and
-// "inprocess" otherwise, where "process" falls back to "inprocess", saying
-// why, when the child cannot be built or started.
+// EnvEmbedded was how one chose to run FerretDB inside the test binary
+// ("inprocess") or in a child process ("process"). It runs in a child process
+// always now: linking FerretDB into mongotest would put FerretDB and the
+// database drivers it links (SQLite, PostgreSQL, MySQL, SAP HANA) in the
+// module graph of every module that uses mongotest. "process" is accepted;
+// "inprocess" is an error that says so.
 const EnvEmbedded = "MONGOCAS_EMBEDDED"
 
-// serverPackage is the command the child process is built from.
-const serverPackage = "github.com/mongocas/mongocas/mongotest/ferretdbserver"
+// EnvServerVersion, when set, is the version of the server module that
+// mongotest builds with `go install module@version` (a tag, a pseudo-version
+// or a commit), in place of the one it finds by itself (see serverSource).
+const EnvServerVersion = "MONGOCAS_FERRETDBSERVER_VERSION"
 
-// launchFerretDB starts FerretDB with its data in dir and returns its
-// address, a stop function and how it runs.
+// The module the embedded server is built from, a module of its own so that
+// FerretDB never enters the user's module graph, and mongotest's own module
+// path, whose version says which server version goes with it.
+const (
+	serverModule    = "github.com/mongocas/mongocas/mongotest/ferretdbserver"
+	mongotestModule = "github.com/mongocas/mongocas/mongotest"
+)
+
+// serverPackage is the command the child process is built from (the server
+// module's root package).
+const serverPackage = serverModule
+
+// launchFerretDB starts FerretDB with its data in dir, in a child process,
+// and returns its address, a stop function and how it runs.
 func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), how string, err error) {
-	mode := strings.ToLower(os.Getenv(EnvEmbedded))
-	if mode == "" {
-		mode = "inprocess"
-		if raceEnabled {
-			mode = "process"
-		}
-	}
-	switch mode {
-	case "process":
-		addr, stop, err = startChild(ctx, dir)
-		if err == nil {
-			return addr, stop, "child process", nil
-		}
-		if raceEnabled {
-			return "", nil, "", fmt.Errorf("FerretDB child process: %w", err)
-		}
-		fmt.Fprintf(os.Stderr, "mongotest: FerretDB child process unavailable (%v); running it in-process\n", err)
+	switch mode := strings.ToLower(os.Getenv(EnvEmbedded)); mode {
+	case "", "process":
 	case "inprocess":
+		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=inprocess is no longer available: FerretDB always runs in a child process, "+
+			"so that it stays out of your module graph (its start costs about 15 ms more)", EnvEmbedded))
 	default:
-		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=%q: want process or inprocess", EnvEmbedded, mode))
+		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=%q: want process, or unset it", EnvEmbedded, mode))
 	}
-	addr, stop, err = runInProcess(dir)
-	return addr, stop, "in-process", err
+	addr, stop, err = startChild(ctx, dir)
+	if err != nil {
+		return "", nil, "", fmt.Errorf("FerretDB child process: %w", err)
+	}
+	return addr, stop, "child process", nil
 }
 
 // goCommand finds the go command on PATH (go test puts its own toolchain's
 // bin directory first there).
 func goCommand() (string, error) { return exec.LookPath("go") }
 
-// buildChild returns the path of the ferretdbserver binary (built without
-// -race) for the sources and Go version at hand, building it on first use.
-//
-// The binary lives in the user cache directory under a name keyed by a hash
-// of what it is built from (see childKey), so checkouts and versions of
-// mongocas never run each other's binary, and one that exists is used as it
-// is: no go command runs. A lock file keeps parallel test binaries from
-// building the same file at once; the first says what it is doing, once, on
-// standard error, since a cold build takes minutes.
-func buildChild(ctx context.Context) (string, error) {
-	goBin, err := goCommand()
-	if err != nil {
-		return "", fmt.Errorf("no go command on PATH to build %s: %w", serverPackage, err)
+// serverSource is where the server binary is built from: the sources beside
+// mongotest's own (this repository, or a local replace of mongotest), or a
+// published version of the server module.
+type serverSource struct {
+	// dir is the server module's directory, for a local build; empty for
+	// a published one.
+	dir string
+	// module and version name the published module, for
+	// `go install module@version`.
+	module, version string
+}
+
+func (s serverSource) String() string {
+	if s.dir != "" {
+		return s.dir
 	}
-	key, err := childKey(ctx, goBin)
+	return s.module + "@" + s.version
+}
+
+// findServerSource says where the server is built from.
+//
+//   - EnvServerVersion set: that version of the server module, published.
+//   - The directory ferretdbserver beside this file's source holds the server
+//     module (a checkout, a local replace of mongotest, go.work): those
+//     sources, built in that directory with GOWORK=off, so that its own
+//     go.mod and go.sum pin every module it links.
+//   - Otherwise mongotest comes from the module cache, which does not hold
+//     nested modules: the server module at mongotest's own version, read from
+//     the build information of this binary (for a pseudo-version, its
+//     commit). A release tags mongotest/vX.Y.Z and
+//     mongotest/ferretdbserver/vX.Y.Z at the same commit.
+func findServerSource() (serverSource, error) {
+	if v := os.Getenv(EnvServerVersion); v != "" {
+		return serverSource{module: serverModule, version: v}, nil
+	}
+	if dir, ok := localServerDir(); ok {
+		return serverSource{dir: dir, module: serverModule}, nil
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return serverSource{}, fmt.Errorf("this binary has no build information to tell which version of %s it links; set %s", mongotestModule, EnvServerVersion)
+	}
+	return publishedServer(bi)
+}
+
+// localServerDir returns the directory of the server module beside this
+// file's source, if there is one. A build with -trimpath records no
+// directory, and the module cache holds none.
+func localServerDir() (string, bool) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return "", false
+	}
+	dir := filepath.Join(filepath.Dir(file), "ferretdbserver")
+	b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	if err != nil {
+		return "", false
+	}
+	for line := range strings.Lines(string(b)) {
+		if mod, found := strings.CutPrefix(strings.TrimSpace(line), "module "); found {
+			return dir, strings.HasSuffix(strings.TrimSpace(mod), "/ferretdbserver")
+		}
+	}
+	return "", false
+}
+
+// pseudoVersionRev matches the commit at the end of a pseudo-version.
+var pseudoVersionRev = regexp.MustCompile(`[.-]\d{14}-([0-9a-f]{12})(\+incompatible)?$`)
+
+// publishedServer returns the server module at the version of mongotest that
+// bi links: the same version, or for a pseudo-version its commit (the server
+// module's pseudo-version for that commit has another base version).
+func publishedServer(bi *debug.BuildInfo) (serverSource, error) {
+	var m *debug.Module
+	if bi.Main.Path == mongotestModule {
+		m = &bi.Main
+	}
+	for _, d := range bi.Deps {
+		if d.Path == mongotestModule {
+			m = d
+		}
+	}
+	if m == nil {
+		return serverSource{}, fmt.Errorf("the build information of this binary does not list %s; set %s", mongotestModule, EnvServerVersion)
+	}
+	path, version := m.Path, m.Version
+	if m.Replace != nil {
+		path, version = m.Replace.Path, m.Replace.Version
+	}
+	if version == "" || version == "(devel)" {
+		return serverSource{}, fmt.Errorf("%s has no version here and no ferretdbserver directory beside its sources; set %s", path, EnvServerVersion)
+	}
+	if sub := pseudoVersionRev.FindStringSubmatch(version); sub != nil {
+		version = sub[1]
+	}
+	return serverSource{module: path + "/ferretdbserver", version: version}, nil
+}
+
+// key is a hash of everything the server binary is built from. For a local
+// build: the server module's go.mod and go.sum (which pin every module it
+// links, as it builds with GOWORK=off) and its files; for a published one,
+// its module path and version. Both with this binary's Go version and
+// platform. No go command runs.
+func (s serverSource) key() (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if s.dir == "" {
+		fmt.Fprintf(h, "published %s@%s\n", s.module, s.version)
+	} else if err := hashSources(h, s.dir); err != nil {
 		return "", err
 	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// binPrefix starts the name of every server binary in the cache directory.
+var binPrefix = "ferretdbserver-" + runtime.GOOS + "-" + runtime.GOARCH + "-"
+
+// cacheDir is where built servers are kept: mongocas in the user cache
+// directory.
+func cacheDir() (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
 	}
 	dir := filepath.Join(cache, "mongocas")
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	return dir, os.MkdirAll(dir, 0o750)
+}
+
+// buildChild returns the path of the server binary for the source at hand,
+// building it on first use.
+//
+// The binary lives in the user cache directory under a name keyed by what it
+// is built from (see serverSource.key), so checkouts and versions of mongocas
+// never run each other's binary, and one that exists is used as it is: no go
+// command runs. A lock file keeps parallel test binaries from building the
+// same file at once. While it builds, the builder says what it builds, how
+// long the last build took, and every few seconds how long it has been going
+// (see notice); after a build, it keeps the newest keepBinaries binaries and
+// removes the rest.
+func buildChild(ctx context.Context) (string, error) {
+	src, err := findServerSource()
+	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "ferretdbserver-"+runtime.GOOS+"-"+runtime.GOARCH+"-"+key)
+	key, err := src.key()
+	if err != nil {
+		return "", err
+	}
+	dir, err := cacheDir()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, binPrefix+key)
 	if _, err := os.Stat(bin); err == nil {
+		now := time.Now()
+		_ = os.Chtimes(bin, now, now) // recently used: pruned last
 		return bin, nil
 	}
 	unlock, err := lockFile(ctx, bin+".lock", func(holder string) {
-		// The holder has said what it does; this goes to the log only.
-		fmt.Fprintf(os.Stderr, "mongotest: waiting for %s to finish building the embedded server into %s\n", holder, bin)
+		noticef("mongotest: waiting for %s to finish building the embedded server into %s", holder, bin)
 	})
 	if err != nil {
 		return "", err
@@ -104,75 +235,61 @@ func buildChild(ctx context.Context) (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil // built while we waited
 	}
-	announcef("mongotest: building the embedded MongoDB-wire server (FerretDB, %s) for -race test binaries into %s; "+
-		"the first build takes 1-3 minutes (about 100 s on two cores), later runs reuse it\n", serverPackage, bin)
-	began := time.Now()
-	tmp := fmt.Sprintf("%s.tmp-%d", bin, os.Getpid())
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", tmp, serverPackage)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		_ = os.Remove(tmp)
-		return "", fmt.Errorf("go build %s: %w: %s", serverPackage, err, strings.TrimSpace(string(out)))
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		_ = os.Remove(tmp)
+	if err := build(ctx, src, dir, bin); err != nil {
 		return "", err
 	}
-	announcef("mongotest: built the embedded server in %v\n", time.Since(began).Round(time.Second))
+	if removed, err := prune(dir, keepBinaries, bin); err == nil && len(removed) > 0 {
+		noticef("mongotest: removed %d older server binaries from %s (keeping the newest %d)", len(removed), dir, keepBinaries)
+	}
 	return bin, nil
 }
 
-// announcef tells the person at the terminal what is happening. go test holds
-// back a test binary's output until the package's tests end (when it tests
-// several packages), so a message about a minutes-long build goes to the
-// controlling terminal when there is one, and to standard error otherwise
-// (CI logs).
-func announcef(format string, args ...any) {
-	w := io.Writer(os.Stderr)
-	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-		defer tty.Close()
-		w = tty
+// build builds the server from src into bin, saying what it does while it
+// does (see progress), and records how long it took.
+func build(ctx context.Context, src serverSource, dir, bin string) error {
+	goBin, err := goCommand()
+	if err != nil {
+		return fmt.Errorf("no go command on PATH to build %s: %w", serverPackage, err)
 	}
-	fmt.Fprintf(w, format, args...)
+	work, err := os.MkdirTemp(dir, "build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	var cmd *exec.Cmd
+	out := filepath.Join(work, "ferretdbserver")
+	if src.dir != "" {
+		// In the module's own directory, without the workspace: its go.mod
+		// and go.sum decide every version, as in the published build.
+		cmd = exec.CommandContext(ctx, goBin, "build", "-o", out, ".")
+		cmd.Dir = src.dir
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	} else {
+		// Outside any module: go install module@version builds with the
+		// module's own go.mod, whatever the user's module requires.
+		cmd = exec.CommandContext(ctx, goBin, "install", src.module+"@"+src.version)
+		cmd.Dir = work
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=", "GOBIN="+work)
+	}
+	if runtime.GOOS == "windows" {
+		out += ".exe"
+	}
+	last, hasLast := readLastBuild(dir)
+	p := startProgress(src, bin, last, hasLast)
+	output, err := cmd.CombinedOutput()
+	took := p.stop(err == nil)
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(output)))
+	}
+	if err := os.Rename(out, bin); err != nil {
+		return err
+	}
+	writeLastBuild(dir, lastBuild{Seconds: took.Seconds(), Source: src.String(), At: time.Now().UTC()})
+	return nil
 }
 
-// childKey is a hash of everything the child binary is built from: the Go
-// version, the version of every module it links, and the source files of
-// its packages that come from a module with no version (this checkout, or a
-// local replace), whose sources can change under the same name.
-func childKey(ctx context.Context, goBin string) (string, error) {
-	const format = `{{if not .Standard}}{{.ImportPath}}	{{.Dir}}	{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}{{end}}{{end}}`
-	cmd := exec.CommandContext(ctx, goBin, "list", "-deps", "-f", format, serverPackage)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go list %s: %w: %s", serverPackage, err, strings.TrimSpace(stderr.String()))
-	}
-	h := sha256.New()
-	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	ver, err := exec.CommandContext(ctx, goBin, "env", "GOVERSION").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOVERSION: %w", err)
-	}
-	fmt.Fprintf(h, "go command %s", ver)
-	for line := range strings.Lines(string(out)) {
-		f := strings.Split(strings.TrimSpace(line), "\t")
-		if len(f) != 3 {
-			continue
-		}
-		fmt.Fprintf(h, "%s %s\n", f[0], f[2])
-		if f[2] == "" || strings.HasSuffix(f[2], "@") { // no version, or replaced by a directory
-			if err := hashSources(h, f[1]); err != nil {
-				return "", err
-			}
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// hashSources adds the name and contents of every file of the package in
-// dir to h, in name order.
+// hashSources adds the name and contents of every file in dir (not its
+// subdirectories) to h, in name order.
 func hashSources(h io.Writer, dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {

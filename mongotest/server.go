@@ -12,10 +12,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	tcmongo "github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/mongotest/internal/wireproxy"
@@ -30,7 +29,7 @@ const (
 	// BackendURI is the server at MONGODB_URI.
 	BackendURI Backend = "uri"
 	// BackendDocker is a single-node MongoDB replica set in a container,
-	// started through testcontainers-go when a Docker engine answers.
+	// started through the Docker Engine API when an engine answers.
 	BackendDocker Backend = "docker"
 	// BackendEmbedded is FerretDB v1 (SQLite handler, temporary directory)
 	// running in this process behind a proxy that serializes wire
@@ -104,13 +103,32 @@ func Start(ctx context.Context) (*Server, error) {
 	if shared != nil || errStart != nil {
 		return shared, errStart
 	}
+	began := time.Now()
 	s, err := start(ctx)
 	if err != nil {
 		errStart = fmt.Errorf("%w: %w", ErrNoServer, err)
 		return nil, errStart
 	}
 	shared = s
+	if testing.Testing() {
+		// Once per test binary, that is per package, and shown without -v
+		// (see noticef).
+		noticef("mongotest: %s: %s (started in %s)", binaryName(), s.describe(), time.Since(began).Round(time.Millisecond))
+	}
 	return s, nil
+}
+
+// describe says in a line which server this is.
+func (s *Server) describe() string {
+	switch s.Backend {
+	case BackendURI:
+		return fmt.Sprintf("the server at %s, %s (%s)", EnvURI, store.RedactURI(s.URI), s.Caps)
+	case BackendDocker:
+		return fmt.Sprintf("MongoDB in Docker (%s)", s.Caps)
+	case BackendEmbedded:
+		return fmt.Sprintf("the embedded server, FerretDB in a %s behind the serializing proxy (%s)", s.Embedded, s.Caps)
+	}
+	return string(s.Backend)
 }
 
 // Shutdown stops the shared server, if one was started, and removes what
@@ -171,7 +189,7 @@ func tag(kind, err error) error {
 func fixFor(err error) string {
 	switch {
 	case errors.Is(err, errBadSetting):
-		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; %s to process or inprocess, or unset it",
+		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; unset %s",
 			EnvBackend, EnvEmbedded)
 	case errors.Is(err, errURIBackend):
 		return fmt.Sprintf("check that the server in %s is running and reachable from here (and its credentials), "+
@@ -180,9 +198,9 @@ func fixFor(err error) string {
 		return fmt.Sprintf("start Docker (or point DOCKER_HOST at a running engine), "+
 			"or unset %s to use the embedded server, or set %s to a MongoDB of yours", EnvBackend, EnvURI)
 	default:
-		return fmt.Sprintf("check that the go command is on PATH and that %s builds (go build %s), "+
-			"or set %s to a MongoDB of yours; %s=inprocess runs the server inside non-race test binaries",
-			serverPackage, serverPackage, EnvURI, EnvEmbedded)
+		return fmt.Sprintf("check that the go command is on PATH and can build %s (from mongotest's sources, or "+
+			"go install %s@<mongotest's version>, which needs the module proxy once), "+
+			"or set %s to a MongoDB of yours", serverPackage, serverModule, EnvURI)
 	}
 }
 
@@ -280,45 +298,6 @@ func startDocker(ctx context.Context) (*Server, error) {
 	return s, tag(errDockerBackend, err)
 }
 
-func runDocker(ctx context.Context) (*Server, error) {
-	img := os.Getenv(EnvDockerImage)
-	if img == "" {
-		img = DefaultDockerImage
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	c, err := tcmongo.Run(ctx, img, tcmongo.WithReplicaSet("rs0"))
-	if err != nil {
-		if c != nil {
-			_ = testcontainers.TerminateContainer(c)
-		}
-		return nil, fmt.Errorf("docker backend: start %s: %w", img, err)
-	}
-	uri, err := c.ConnectionString(ctx)
-	if err != nil {
-		_ = testcontainers.TerminateContainer(c)
-		return nil, fmt.Errorf("docker backend: connection string: %w", err)
-	}
-	if !strings.Contains(uri, "directConnection") {
-		sep := "?"
-		if strings.Contains(uri, "?") {
-			sep = "&"
-		}
-		uri += sep + "directConnection=true"
-	}
-	s, err := connect(ctx, uri, BackendDocker)
-	if err != nil {
-		_ = testcontainers.TerminateContainer(c)
-		return nil, fmt.Errorf("docker backend: %w", err)
-	}
-	s.upstream = faultUpstream(ctx, s.Client, uri)
-	s.stop = func() {
-		_ = s.Client.Disconnect(context.Background())
-		_ = testcontainers.TerminateContainer(c)
-	}
-	return s, nil
-}
-
 // dockerHost says where dockerAnswers looks for the engine.
 func dockerHost() string {
 	if h := os.Getenv("DOCKER_HOST"); h != "" {
@@ -330,46 +309,29 @@ func dockerHost() string {
 // dockerAnswers reports whether a Docker engine answers a ping within two
 // seconds, at DOCKER_HOST or the default socket.
 func dockerAnswers(ctx context.Context) bool {
-	network, addr := "unix", "/var/run/docker.sock"
-	if h := os.Getenv("DOCKER_HOST"); h != "" {
-		u, err := url.Parse(h)
-		if err != nil {
-			return false
-		}
-		switch u.Scheme {
-		case "unix":
-			addr = u.Path
-		case "tcp":
-			network, addr = "tcp", u.Host
-		default:
-			return false
-		}
+	network, addr, err := dockerEndpoint()
+	if err != nil {
+		return false
 	}
 	if network == "unix" {
 		if _, err := os.Stat(addr); err != nil { //nolint:gosec // the path is the user's own DOCKER_HOST
 			return false
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		},
-	}}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
+	e, err := newDockerEngine()
 	if err != nil {
 		return false
 	}
-	resp, err := hc.Do(req)
+	defer e.hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := e.send(ctx, http.MethodGet, "/_ping", nil)
 	if err != nil {
 		return false
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16))
-	return resp.StatusCode == http.StatusOK && strings.TrimSpace(string(body)) == "OK"
+	return strings.TrimSpace(string(body)) == "OK"
 }
 
 // tempRoot prefers a memory file system for the embedded server's files.

@@ -2,13 +2,13 @@ package mongotest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"testing"
 	"time"
@@ -88,12 +88,15 @@ func TestDockerAbsentIsFoundQuickly(t *testing.T) {
 func TestEmbeddedModeIsValidated(t *testing.T) {
 	t.Setenv(EnvEmbedded, "thread")
 	_, err := startEmbedded(context.Background())
-	require.ErrorContains(t, err, "want process or inprocess")
+	require.ErrorContains(t, err, "want process, or unset it")
+	t.Setenv(EnvEmbedded, "inprocess")
+	_, err = startEmbedded(context.Background())
+	require.ErrorContains(t, err, "stays out of your module graph")
 }
 
 func TestEmbeddedStartFailureIsAClearError(t *testing.T) {
-	// FerretDB refuses a data directory that does not exist, in-process or
-	// in its child process: either way a clear error, no server.
+	// FerretDB refuses a data directory that does not exist: a clear error,
+	// no server.
 	addr, stop, how, err := launchFerretDB(context.Background(), "/nonexistent/mongocas")
 	require.Error(t, err)
 	require.Empty(t, addr)
@@ -147,26 +150,101 @@ func TestLockHeldByALiveProcessIsNeverStale(t *testing.T) {
 	require.True(t, stale)
 }
 
-func TestChildKeyFollowsTheSources(t *testing.T) {
-	goBin, err := goCommand()
+func TestServerKeyFollowsTheSources(t *testing.T) {
+	src, err := findServerSource()
 	require.NoError(t, err)
-	ctx := context.Background()
-	k1, err := childKey(ctx, goBin)
+	require.NotEmpty(t, src.dir, "in this repository the server is built from the sources beside mongotest")
+	require.FileExists(t, filepath.Join(src.dir, "go.mod"))
+	k1, err := src.key()
 	require.NoError(t, err)
-	k2, err := childKey(ctx, goBin)
+	k2, err := src.key()
 	require.NoError(t, err)
 	require.Equal(t, k1, k2)
 	require.Len(t, k1, 16)
 
 	// Editing a source file changes the hash.
 	dir := t.TempDir()
-	sum := func() string {
-		h := sha256.New()
-		require.NoError(t, hashSources(h, dir))
-		return hex.EncodeToString(h.Sum(nil))
-	}
+	local := serverSource{dir: dir}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n"), 0o600))
-	before := sum()
+	before, err := local.key()
+	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main // edited\n"), 0o600))
-	require.NotEqual(t, before, sum())
+	after, err := local.key()
+	require.NoError(t, err)
+	require.NotEqual(t, before, after)
+
+	// A published version is keyed by its name alone.
+	a, err := serverSource{module: serverModule, version: "v1.2.3"}.key()
+	require.NoError(t, err)
+	b, err := serverSource{module: serverModule, version: "v1.2.4"}.key()
+	require.NoError(t, err)
+	require.NotEqual(t, a, b)
+
+	// The version override takes the published path.
+	t.Setenv(EnvServerVersion, "v9.9.9")
+	src, err = findServerSource()
+	require.NoError(t, err)
+	require.Equal(t, serverSource{module: serverModule, version: "v9.9.9"}, src)
+}
+
+func TestPublishedServerFollowsMongotestsVersion(t *testing.T) {
+	info := func(m debug.Module) *debug.BuildInfo {
+		return &debug.BuildInfo{Main: debug.Module{Path: "example.com/user"}, Deps: []*debug.Module{
+			{Path: "github.com/mongocas/mongocas", Version: "v1.0.0"}, &m,
+		}}
+	}
+	for _, c := range []struct {
+		m    debug.Module
+		want string // module@version, or "" for an error
+	}{
+		{debug.Module{Path: mongotestModule, Version: "v1.4.0"}, serverModule + "@v1.4.0"},
+		{debug.Module{Path: mongotestModule, Version: "v0.0.0-20260101120000-0123456789ab"}, serverModule + "@0123456789ab"},
+		{debug.Module{Path: mongotestModule, Version: "v1.4.1-0.20260101120000-0123456789ab"}, serverModule + "@0123456789ab"},
+		{debug.Module{Path: mongotestModule, Version: "v1.5.0-rc.1.0.20260101120000-0123456789ab"}, serverModule + "@0123456789ab"},
+		{debug.Module{Path: mongotestModule, Version: "v1.4.0", Replace: &debug.Module{Path: "example.com/fork/mongotest", Version: "v1.4.0-fork"}},
+			"example.com/fork/mongotest/ferretdbserver@v1.4.0-fork"},
+		{debug.Module{Path: mongotestModule, Version: "v1.4.0", Replace: &debug.Module{Path: "../mongotest"}}, ""},
+		{debug.Module{Path: "example.com/other", Version: "v1.0.0"}, ""},
+	} {
+		src, err := publishedServer(info(c.m))
+		if c.want == "" {
+			require.Error(t, err, "%+v", c.m)
+			require.ErrorContains(t, err, EnvServerVersion)
+			continue
+		}
+		require.NoError(t, err, "%+v", c.m)
+		require.Equal(t, c.want, src.String())
+	}
+}
+
+func TestPruneKeepsTheNewestBinaries(t *testing.T) {
+	dir := t.TempDir()
+	touch := func(name string, age time.Duration) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("x"), 0o600))
+		when := time.Now().Add(-age)
+		require.NoError(t, os.Chtimes(p, when, when))
+		return p
+	}
+	var bins []string
+	for i := range 6 {
+		bins = append(bins, touch(fmt.Sprintf("%s%016x", binPrefix, i), time.Duration(i)*time.Hour))
+	}
+	// The oldest is being built again by someone: its lock keeps it.
+	touch(filepath.Base(bins[5])+".lock", 0)
+	others := []string{
+		touch(lastBuildFile, 10*time.Hour),
+		touch(filepath.Base(bins[4])+".tmp-123", 10*time.Hour),
+		touch("ferretdbserver-plan9-arm-0000000000000000", 10*time.Hour),
+		touch("notes.txt", 10*time.Hour),
+	}
+	removed, err := prune(dir, keepBinaries, "")
+	require.NoError(t, err)
+	require.ElementsMatch(t, bins[3:5], removed)
+	for _, p := range append(append(others, bins[:3]...), bins[5]) {
+		require.FileExists(t, p)
+	}
+	for _, p := range removed {
+		require.NoFileExists(t, p)
+	}
 }

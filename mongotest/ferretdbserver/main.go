@@ -3,9 +3,16 @@
 // and stops when its standard input closes (so it never outlives the test
 // process that started it) or on SIGINT/SIGTERM.
 //
-// mongotest builds and starts it by itself when the test binary is built
-// with -race: FerretDB's SQLite engine is several times slower under the race
-// detector, and it is not our code to check.
+// It is a module of its own, so that FerretDB and the database drivers it
+// links (SQLite, PostgreSQL, MySQL, SAP HANA) never enter the module graph
+// of a program that uses mongotest: mongotest builds this command once with
+// the go command, into the user cache directory, and runs it as a child
+// process. From a checkout (or a local replace of mongotest) it builds the
+// sources beside mongotest; otherwise it runs
+// `go install github.com/mongocas/mongocas/mongotest/ferretdbserver@V`,
+// V being the version of mongotest itself (see mongotest's documentation).
+// The go.mod here pins FerretDB v1.24.2 and has no replace directives, as
+// `go install ...@V` requires.
 package main
 
 import (
@@ -15,8 +22,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	"github.com/mongocas/mongocas/mongotest/internal/embedded"
 )
 
 func main() {
@@ -26,7 +31,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ferretdbserver: -dir is required")
 		os.Exit(2)
 	}
-	addr, stop, err := embedded.Run(embedded.SQLiteURL(*dir))
+	addr, stop, err := run(sqliteURL(*dir))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ferretdbserver:", err)
 		os.Exit(1)

@@ -46,6 +46,9 @@ func Demo(about string, args []string, stdout, stderr io.Writer, scenarios ...sc
 	}
 	defer r.end()
 	ctx, db := r.ctx, r.db
+	// Say where it runs before building the programs, which takes a few
+	// seconds the first time.
+	fmt.Fprintf(stdout, "demo on %s\n\n", db.Where)
 	bin, err := buildPrograms(ctx, scenarios, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "demo: %v\n", err)
@@ -53,7 +56,6 @@ func Demo(about string, args []string, stdout, stderr io.Writer, scenarios ...sc
 	}
 	defer os.RemoveAll(bin)
 
-	fmt.Fprintf(stdout, "demo on %s\n\n", db.Where)
 	rep := &scenario.Report{}
 	for i, sc := range scenarios {
 		args := []string{"-json", "-seed=" + fs.Lookup("seed").Value.String()}

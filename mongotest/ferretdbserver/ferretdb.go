@@ -1,8 +1,4 @@
-// Package embedded runs FerretDB v1 (SQLite handler) in the calling process.
-// mongotest uses it directly, or through the ferretdbserver command when the
-// test binary is race-instrumented (FerretDB's SQLite is slow under -race and
-// is not our code to check).
-package embedded
+package main
 
 import (
 	"context"
@@ -14,31 +10,31 @@ import (
 	"github.com/FerretDB/FerretDB/ferretdb"
 )
 
-// SQLiteURL is FerretDB's SQLite location for the data directory dir, one
+// sqliteURL is FerretDB's SQLite location for the data directory dir, one
 // file per database. Test data need not survive a power cut, so SQLite does
 // not wait for the disk on commit (synchronous off): about twice the write
 // rate.
-func SQLiteURL(dir string) string {
+func sqliteURL(dir string) string {
 	q := url.Values{"_pragma": {"synchronous(off)"}}
 	return (&url.URL{Scheme: "file", Path: dir + "/", RawQuery: q.Encode()}).String()
 }
 
-// LogLevel is Error, or Debug when MONGOCAS_FERRETDB_LOG is set.
-func LogLevel() slog.Level {
+// logLevel is Error, or Debug when MONGOCAS_FERRETDB_LOG is set.
+func logLevel() slog.Level {
 	if os.Getenv("MONGOCAS_FERRETDB_LOG") != "" {
 		return slog.LevelDebug
 	}
 	return slog.LevelError
 }
 
-// Run starts FerretDB on a free loopback port with its data at sqliteURL and
+// run starts FerretDB on a free loopback port with its data at sqliteURL and
 // returns its address and the function that stops it (and waits for it).
-func Run(sqliteURL string) (addr string, stop func(), err error) {
+func run(sqliteURL string) (addr string, stop func(), err error) {
 	f, err := ferretdb.New(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: "127.0.0.1:0"},
 		Handler:   "sqlite",
 		SQLiteURL: sqliteURL,
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: LogLevel()})),
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()})),
 	})
 	if err != nil {
 		return "", nil, fmt.Errorf("FerretDB: %w", err)
