@@ -15,7 +15,7 @@ PKGS ?= github.com/mongocas/mongocas/...
 # golangci-lint takes directories, one pattern per module.
 LINT_DIRS ?= ./... ./mongotest/... ./mongotest/ferretdbserver/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
 
-.PHONY: all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
+.PHONY: documentdb-up documentdb-down all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
 
 all: vet test
 
@@ -37,6 +37,25 @@ test-min-go: ## the root module alone, with the Go version its go.mod declares
 # MONGOCAS_DOCUMENTDB_DIR): build.sh if not built yet (as root, through sudo
 # when needed; 12-16 min once), start.sh in a temporary directory on free
 # ports, the suite without -race, stop.sh. The same stage as CI's.
+# documentdb-up starts FerretDB v2 on DocumentDB (built once, from the kit at
+# MONGOCAS_DOCUMENTDB_DIR or ../shared/backends/documentdb) on its default
+# ports, in $(DDB_RUN), and records its URI where mongotest looks for a second
+# server: from then on a plain `go test` runs the tests that need what the
+# embedded server lacks ($expr, $$NOW, TTL indexes) on it. documentdb-down
+# stops it and forgets it.
+DDB_DIR ?= $(or $(MONGOCAS_DOCUMENTDB_DIR),../shared/backends/documentdb)
+DDB_RUN ?= $(HOME)/.cache/mongocas/documentdb
+DDB_URI_FILE = $(HOME)/.cache/mongocas/alt-server.uri
+
+documentdb-up: ## start the DocumentDB backend here; mongotest uses it as its second server
+	sudo bash $(DDB_DIR)/build.sh
+	mkdir -p $(DDB_RUN) && sudo env RUN=$(DDB_RUN) bash $(DDB_DIR)/start.sh | tail -1 > $(DDB_URI_FILE)
+	@echo "second server: $$(cat $(DDB_URI_FILE)) (recorded in $(DDB_URI_FILE))"
+
+documentdb-down:
+	rm -f $(DDB_URI_FILE)
+	sudo env RUN=$(DDB_RUN) bash $(DDB_DIR)/stop.sh
+
 test-documentdb: ## the suite on FerretDB v2 + DocumentDB, no proxy
 	PKGS='$(PKGS)' bash .ci/run documentdb
 

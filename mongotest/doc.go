@@ -45,6 +45,20 @@
 // a test, saying why, when a capability is missing. A skipped test is
 // reported as skipped, never as passed.
 //
+// # A second server for what the first lacks
+//
+// Use(t, caps...) (and NewWith) route t's databases, and its subtests', to a
+// server that has the capabilities a test needs when the shared one lacks
+// them: the embedded FerretDB v1 has no $expr, no $$NOW in writes, no update
+// pipelines and no TTL indexes, which the lease package's server-judged mode
+// and the TTL tests need. The second server is the one at MONGOCAS_ALT_URI,
+// or the one recorded in the file alt-server.uri of the user cache
+// directory's mongocas folder (make documentdb-up starts FerretDB v2 on
+// DocumentDB on this machine and records it there) when it answers. Where
+// there is none, the test is skipped, saying so and how to get one; CI
+// starts DocumentDB before the embedded stage and passes it as
+// MONGOCAS_ALT_URI, so no stage skips those tests.
+//
 // # FerretDB v2 on DocumentDB
 //
 // MONGODB_URI may name FerretDB v2 in front of PostgreSQL with the

@@ -33,22 +33,12 @@ var StartTimeout = 3 * time.Minute
 
 // New returns a fresh, empty database on the shared server (see Start) and
 // drops it when t ends. If no server can be had, t fails with the reason.
+//
+// Within a test (or a parent test) that called Use, the database is on the
+// server Use chose.
 func New(t testing.TB) *DB {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
-	defer cancel()
-	db, drop, err := Open(ctx, t.Name())
-	if err != nil {
-		t.Fatal(err) // it says "mongotest: no MongoDB-wire server: ..." and the fix
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := drop(ctx); err != nil {
-			t.Errorf("mongotest: drop database %s: %v", db.Name(), err)
-		}
-	})
-	return db
+	return open(t, serverFor(t))
 }
 
 // Open is New for code that is not a test, such as examples and demos: it

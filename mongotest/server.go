@@ -134,6 +134,7 @@ func (s *Server) describe() string {
 // Shutdown stops the shared server, if one was started, and removes what
 // it left on disk. Tests normally let Main call it.
 func Shutdown() {
+	shutdownAlt()
 	startMu.Lock()
 	defer startMu.Unlock()
 	if shared != nil {

@@ -281,10 +281,8 @@ func TestIdleKeysAreDeleted(t *testing.T) {
 // it (DocumentDB, MongoDB).
 func TestStampsPerDocumentAreBounded(t *testing.T) {
 	t.Parallel()
+	mongotest.Use(t, mongotest.Expr)
 	b := setup(t)
-	if !b.db.Caps().Expr {
-		t.Skip("this server has no $expr in write filters (FerretDB v1): the stamps' bound is not enforced here; run with MONGODB_URI set to a server that has it")
-	}
 	q := b.queue(t, nil, &deferred.Options{MaxStamps: 3})
 	b.insert(t, "shared")
 	k, err := deferred.Register(q, "add", func(ctx context.Context, job *deferred.Job, c credit) error {

@@ -140,14 +140,16 @@ func writeOf(coll, kind string) mongotest.Match {
 }
 
 // eachMode runs fn with Keys in lease.ModeServer and lease.ModeEstimated.
-// ModeServer is skipped, saying why, where the backend lacks $expr with
-// $$NOW (the embedded FerretDB v1).
+// ModeServer runs on a server with $expr and $$NOW in writes: the shared
+// one, or the second server mongotest knows of where the shared one (the
+// embedded FerretDB v1) has none; it is skipped, saying how to run it, only
+// where neither has them (see mongotest.Use).
 func eachMode(t *testing.T, fn func(t *testing.T, mode lease.Mode)) {
 	t.Helper()
 	for _, mode := range []lease.Mode{lease.ModeServer, lease.ModeEstimated} {
 		t.Run(mode.String(), func(t *testing.T) {
-			if mode == lease.ModeServer && !mongotest.New(t).Caps().Expr {
-				t.Skip("ModeServer needs $expr with $$NOW in writes; this backend (embedded FerretDB v1) has none: run with MONGODB_URI=mongodb://127.0.0.1:27018/ (DocumentDB)")
+			if mode == lease.ModeServer {
+				mongotest.Use(t, mongotest.Expr, mongotest.UpdatePipelines)
 			}
 			fn(t, mode)
 		})

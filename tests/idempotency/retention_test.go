@@ -83,8 +83,8 @@ func TestRetention(t *testing.T) {
 // indexes (DocumentDB, MongoDB): the index removes an expired record by
 // itself.
 func TestTTLIndexDeletes(t *testing.T) {
+	mongotest.Use(t, mongotest.TTLIndexes)
 	b := setup(t)
-	b.db.Require(t, mongotest.TTLIndexes)
 	ctx := context.Background()
 	k := b.keys(t, nil, "a", &idempotency.Options{TTL: time.Second, Retention: 2 * time.Second})
 	ttl, err := k.EnsureIndexes(ctx)

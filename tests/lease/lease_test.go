@@ -42,35 +42,18 @@ func setup(t *testing.T, mode lease.Mode) *bundle {
 	}
 }
 
-var (
-	serverModeOnce sync.Once
-	serverModeOK   bool
-	errServerMode  error
-)
-
 // eachMode runs fn as a subtest in ModeServer and in ModeEstimated: the same
-// suite proves both. ModeServer is skipped, saying why, where the backend
-// lacks $expr with $$NOW or update pipelines (the embedded FerretDB v1), as
-// found by a ModeAuto Manager's probe.
+// suite proves both. ModeServer runs on a server with $expr, $$NOW in writes
+// and update pipelines: the shared one, or the second server mongotest knows
+// of where the shared one (the embedded FerretDB v1) has none; it is
+// skipped, saying how to run it, only where neither has them (see
+// mongotest.Use).
 func eachMode(t *testing.T, fn func(t *testing.T, mode lease.Mode)) {
 	t.Helper()
 	for _, mode := range []lease.Mode{lease.ModeServer, lease.ModeEstimated} {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == lease.ModeServer {
-				serverModeOnce.Do(func() {
-					db := mongotest.New(t)
-					m, err := lease.New(db.Collection("probe"), nil)
-					if err == nil {
-						var got lease.Mode
-						got, err = m.Mode(context.Background())
-						serverModeOK = got == lease.ModeServer
-					}
-					errServerMode = err
-				})
-				require.NoError(t, errServerMode)
-				if !serverModeOK {
-					t.Skip("ModeServer needs $expr with $$NOW in a write filter and $$NOW in an update pipeline; this backend (embedded FerretDB v1) has neither: run with MONGODB_URI=mongodb://127.0.0.1:27018/ (DocumentDB)")
-				}
+				mongotest.Use(t, mongotest.Expr, mongotest.UpdatePipelines)
 			}
 			fn(t, mode)
 		})

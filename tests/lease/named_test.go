@@ -182,8 +182,8 @@ func TestTTLIndex(t *testing.T) { eachMode(t, testTTLIndex) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testTTLIndex(t *testing.T, mode lease.Mode) {
+	mongotest.Use(t, mongotest.TTLIndexes)
 	b := setup(t, mode)
-	b.db.Require(t, mongotest.TTLIndexes)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")
 	m := b.named(t, locks, "a", time.Minute, &lease.Options{CleanupAfter: time.Second})
