@@ -116,38 +116,12 @@ func (e *StateError) Error() string {
 // Is reports whether target is ErrState.
 func (e *StateError) Is(target error) bool { return target == ErrState }
 
-// UnknownOutcomeError reports an enqueue (or a requeue) whose write failed
-// ambiguously (a network error, a timeout: see store.IsAmbiguous), or was
-// refused after an ambiguous send, and which settling could not decide: the
-// re-reads failed for ResolveTimeout, or the tombstone of the job's number,
-// which would have made "not stored" final, was refused too. It also
-// reports a slow write that landed when the check of whether it landed
-// behind its key's head (where no worker runs it) could not finish. The
-// job, if it was stored, has the id in JobID: Queue.Job tells later. It
-// matches ErrUnknownOutcome and unwraps to the write's error, joined with
-// the settling's.
-type UnknownOutcomeError struct {
-	// Op is the operation: "enqueue" or "requeue".
-	Op string
-	// JobID is the id the job would have.
-	JobID bson.ObjectID
-	// Err is the error of the write, joined with the re-read's.
-	Err error
-}
-
-// Error returns a message with the job id and the cause.
-func (e *UnknownOutcomeError) Error() string {
-	return fmt.Sprintf("deferred: %s job %s: outcome unknown: %v", e.Op, e.JobID.Hex(), e.Err)
-}
-
-// Is reports whether target is ErrUnknownOutcome.
-func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrUnknownOutcome }
-
-// Unwrap returns the write's error.
-func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
-
-// Retryable reports false: enqueueing again could store the change twice.
-func (e *UnknownOutcomeError) Retryable() bool { return false }
+// UnknownOutcomeError reports a write whose reply was lost and whose
+// outcome re-reading could not settle: it may or may not have been applied.
+// It is [store.UnknownOutcomeError], the one such type of the library (its
+// Pkg is "deferred"); it matches ErrUnknownOutcome and unwraps to the
+// write's error.
+type UnknownOutcomeError = store.UnknownOutcomeError
 
 // PanicError is the error an attempt records when its handler panicked. The
 // worker recovers, fails the attempt, and lives on.

@@ -135,7 +135,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			// landed; the number's tombstone, that it never will.
 			landed, serr := q.settle(ctx, job.Key, seq, id)
 			if serr != nil {
-				return &UnknownOutcomeError{Op: "requeue", JobID: id, Err: errors.Join(err, serr)}
+				return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
 			}
 			if !landed {
 				return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
@@ -148,7 +148,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 				// Then put the job back as it was, and requeue it again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
 				if err != nil {
-					return &UnknownOutcomeError{Op: "requeue", JobID: id, Err: fmt.Errorf("check a slow update: %w", err)}
+					return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow update: %w", err)}
 				}
 				if late {
 					if try >= 3 {

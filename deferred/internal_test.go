@@ -145,7 +145,7 @@ func TestErrors(t *testing.T) {
 	id := bson.NewObjectID()
 	require.ErrorIs(t, &NotFoundError{ID: id}, ErrNotFound)
 	require.ErrorIs(t, &StateError{Op: "cancel", ID: id, State: StateRunning}, ErrState)
-	ue := &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.New("eof")}
+	ue := &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: errors.New("eof")}
 	require.ErrorIs(t, ue, ErrUnknownOutcome)
 	require.False(t, retry.IsRetryable(ue))
 	ie := invalid("enqueue", "key", "refused", nil)

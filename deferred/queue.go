@@ -488,7 +488,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			// unknown outcome that names it.
 			late, err := q.landedLate(ctx, raw, id, seq, nil)
 			if err != nil {
-				return none, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: fmt.Errorf("check a slow insert: %w", err)}
+				return none, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow insert: %w", err)}
 			}
 			if !late {
 				q.notify()
@@ -679,7 +679,7 @@ func (q *Queue) insertJob(ctx context.Context, doc bson.D, raw bson.RawValue, se
 		landed, serr := q.settle(ctx, raw, seq, id)
 		switch {
 		case serr != nil:
-			return false, &UnknownOutcomeError{Op: "enqueue", JobID: id, Err: errors.Join(cause, serr)}
+			return false, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(cause, serr)}
 		case landed:
 			return true, nil
 		case dup:

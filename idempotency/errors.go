@@ -126,42 +126,12 @@ func (e *OptionsError) Error() string {
 // Is reports whether target is ErrInvalid.
 func (e *OptionsError) Is(target error) bool { return target == store.ErrInvalid }
 
-// UnknownOutcomeError reports a write of the key record (Op: "open",
-// "begin", "checkpoint" or "complete") that failed ambiguously, and a
-// re-read that could not settle it. It matches ErrUnknownOutcome and unwraps
-// to both errors.
-//
-// After an unknown "complete" the function has run: its result may or may
-// not be stored. A retry replays it if it was, and otherwise runs the
-// function again once the claim is free (from the last checkpoint).
-type UnknownOutcomeError struct {
-	// Op names the write.
-	Op string
-	// Key is the idempotency key.
-	Key string
-	// Err is the ambiguous error of the write.
-	Err error
-	// ReadErr is the error of the re-read, if it failed.
-	ReadErr error
-}
-
-// Error names the write, the key and both errors.
-func (e *UnknownOutcomeError) Error() string {
-	msg := fmt.Sprintf("idempotency: key %s: %s: outcome unknown: %v", quoteKey(e.Key), e.Op, e.Err)
-	if e.ReadErr != nil {
-		msg += fmt.Sprintf("; re-read: %v", e.ReadErr)
-	}
-	return msg
-}
-
-// Unwrap returns ErrUnknownOutcome, the write's error and the re-read's.
-func (e *UnknownOutcomeError) Unwrap() []error {
-	errs := []error{store.ErrUnknownOutcome, e.Err}
-	if e.ReadErr != nil {
-		errs = append(errs, e.ReadErr)
-	}
-	return errs
-}
+// UnknownOutcomeError reports a write whose reply was lost and whose
+// outcome re-reading could not settle: it may or may not have been applied.
+// It is [store.UnknownOutcomeError], the one such type of the library (its
+// Pkg is "idempotency"); it matches ErrUnknownOutcome and unwraps to the
+// write's error.
+type UnknownOutcomeError = store.UnknownOutcomeError
 
 // RecordGoneError reports that the key's record was deleted between its
 // open and its claim each of the Opens times Do opened it (the retention

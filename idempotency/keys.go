@@ -319,13 +319,13 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		case rerr != nil && dup:
 			return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), rerr)
 		case rerr != nil:
-			return record{}, &UnknownOutcomeError{Op: "open", Key: ref.key, Err: err, ReadErr: rerr}
+			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		case found:
 			return rec, nil
 		case ctx.Err() != nil:
 			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), store.ContextError(ctx))
 		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Op: "open", Key: ref.key, Err: err}
+			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
 		}
 		// Not there: send the insert again (a copy that lands after another
 		// fails on the _id, which the read then settles).
@@ -415,7 +415,7 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		cancel()
 		if rerr != nil {
 			if err != nil {
-				return record{}, &UnknownOutcomeError{Op: op, Key: ref.key, Err: err, ReadErr: rerr}
+				return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 			}
 			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, rerr)
 		}
@@ -431,7 +431,7 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		case ctx.Err() != nil:
 			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, store.ContextError(ctx))
 		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Op: op, Key: ref.key, Err: err}
+			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
 		}
 	}
 }

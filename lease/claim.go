@@ -72,7 +72,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 				if pending != nil {
 					*pending = append(*pending, a)
 				}
-				return nil, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
+				return nil, &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 			}
 			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
 				// The claim was applied; only its reply was lost.
@@ -262,7 +262,7 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 			if pending != nil {
 				*pending = append(*pending, a)
 			}
-			return nil, false, &UnknownOutcomeError{Op: "acquire", ID: id, Err: err, ReadErr: rerr}
+			return nil, false, &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		}
 		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
 			m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)

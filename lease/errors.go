@@ -183,36 +183,12 @@ func (e *OptionsError) Error() string {
 // Is reports whether target is ErrInvalid.
 func (e *OptionsError) Is(target error) bool { return target == ErrInvalid }
 
-// UnknownOutcomeError reports a write whose outcome is unknown: it failed
-// with a network error or a timeout (store.IsAmbiguous), and re-reading the
-// document failed too. It matches ErrUnknownOutcome and unwraps to both
-// errors, so store.IsNetwork and the like still answer.
-//
-// After an unknown acquire the lease may be held by this owner until it
-// expires (Acquire settles it: see [Manager.Acquire]); after an unknown
-// release it may stay held until it expires. In neither case can two owners
-// hold it at once.
-type UnknownOutcomeError struct {
-	// Op is "acquire", "renew", "release" or "stamp".
-	Op string
-	// ID is the _id of the leased document, or the name of a named lease.
-	ID any
-	// Err is the ambiguous error of the write.
-	Err error
-	// ReadErr is the error of the re-read.
-	ReadErr error
-}
-
-// Error returns a message with the operation, the write's error and the
-// re-read's error.
-func (e *UnknownOutcomeError) Error() string {
-	return fmt.Sprintf("lease: %s %v: outcome unknown: %v; re-read failed: %v", e.Op, e.ID, e.Err, e.ReadErr)
-}
-
-// Unwrap returns ErrUnknownOutcome, the write's error and the re-read's error.
-func (e *UnknownOutcomeError) Unwrap() []error {
-	return []error{ErrUnknownOutcome, e.Err, e.ReadErr}
-}
+// UnknownOutcomeError reports a write whose reply was lost and whose
+// outcome re-reading could not settle: it may or may not have been applied.
+// It is [store.UnknownOutcomeError], the one such type of the library (its
+// Pkg is "lease"); it matches ErrUnknownOutcome and unwraps to the
+// write's error.
+type UnknownOutcomeError = store.UnknownOutcomeError
 
 // joined is an error with its own message that matches every error in errs.
 type joined struct {

@@ -110,7 +110,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	case errors.Is(rerr, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), ErrNotFound)
 	case rerr != nil && err != nil:
-		return &UnknownOutcomeError{Op: "stamp", ID: id, Err: err, ReadErr: rerr}
+		return &UnknownOutcomeError{Pkg: "lease", Op: "stamp", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 	case rerr != nil:
 		return fmt.Errorf("lease: stamp %s: read after a failed stamp: %w", idText(id), rerr)
 	}

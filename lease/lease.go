@@ -308,7 +308,7 @@ func (l *Lease) renewServer(ctx context.Context) error {
 		switch {
 		case rerr != nil:
 			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
+			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		case !l.ours(s.rec, s.found):
 			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return l.finish(l.lostFrom(s.rec, s.found))
@@ -374,7 +374,7 @@ func (l *Lease) renewEstimated(ctx context.Context) error {
 		switch {
 		case rerr != nil:
 			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Op: "renew", ID: l.id, Err: err, ReadErr: rerr}
+			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		case !l.ours(s.rec, s.found):
 			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
 			return l.finish(l.lostFrom(s.rec, s.found))
@@ -514,7 +514,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		switch {
 		case rerr != nil:
 			m.settled(ctx, opRelease, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Op: "release", ID: l.id, Err: err, ReadErr: rerr}
+			return &UnknownOutcomeError{Pkg: "lease", Op: "release", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		case l.ours(r, found):
 			// Not applied: send it again.
 			m.settled(ctx, opRelease, l.id, err, observe.SettledNotLanded, nil)

@@ -225,49 +225,16 @@ func (e *VersionTypeError) Error() string {
 // Is reports whether target is ErrInvalid.
 func (e *VersionTypeError) Is(target error) bool { return target == ErrInvalid }
 
-// UnknownOutcomeError reports that a write was sent, failed in a way that
-// leaves its outcome open (a network error, a timeout, a write-concern
-// error, an error labelled RetryableWriteError; see store.IsAmbiguous), and
-// re-reading the document could not tell whether it was applied: more than
-// [WriteIDs] writes landed after it, the document was deleted (and perhaps
-// inserted again) meanwhile, the re-read itself kept failing, or the write
-// may still be in flight and the context ended or its condition stopped
-// holding. It matches ErrUnknownOutcome,
-// unwraps to the write's error, and its Retryable method reports false:
-// retrying could apply the change twice.
-type UnknownOutcomeError struct {
-	// Op is the operation.
-	Op string
-	// ID is the document's id.
-	ID any
-	// WriteID is the write's id. If it landed, the document's list of
-	// write ids held it until WriteIDs later writes pushed it out.
-	WriteID string
-	// Base is the version the write was made against (for Guarded, a
-	// version the document had at or before the write).
-	Base int64
-	// Current is the version last read, or -1 if no read succeeded.
-	Current int64
-	// Reason says why the outcome could not be settled.
-	Reason string
-	// Err is the error of the write (joined with the re-read's error when
-	// re-reading failed).
-	Err error
-}
-
-// Error returns a message with the id, the write id, the versions and why.
-func (e *UnknownOutcomeError) Error() string {
-	return fmt.Sprintf("versioned: %s %v: outcome of write %s (base version %d, current %d) unknown: %s: %v", e.Op, e.ID, e.WriteID, e.Base, e.Current, e.Reason, e.Err)
-}
-
-// Is reports whether target is ErrUnknownOutcome.
-func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrUnknownOutcome }
-
-// Unwrap returns the write's error.
-func (e *UnknownOutcomeError) Unwrap() error { return e.Err }
-
-// Retryable reports false: a blind retry could apply the write twice.
-func (e *UnknownOutcomeError) Retryable() bool { return false }
+// UnknownOutcomeError reports a write whose reply was lost and whose
+// outcome re-reading could not settle: it may or may not have been applied.
+// It is [store.UnknownOutcomeError], the one such type of the library (its
+// Pkg is "versioned"); it matches ErrUnknownOutcome and unwraps to the
+// write's error. Here re-reading cannot tell when more than [WriteIDs]
+// writes landed after it, the document was deleted (and perhaps inserted
+// again) meanwhile, the re-read itself kept failing, or the write may still
+// be in flight and the context ended or its condition stopped holding;
+// WriteID, Base and Current carry the write's facts.
+type UnknownOutcomeError = store.UnknownOutcomeError
 
 // wrapErr prefixes a driver error with the operation and id, keeping it
 // reachable through errors.Is and errors.As.

@@ -8,8 +8,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
-	"github.com/mongocas/mongocas/store"
 )
 
 // newWriteID returns a fresh write id: 128 random bits as 26 base32
@@ -18,24 +19,17 @@ func newWriteID() string { return rand.Text() }
 
 // inTransaction reports whether ctx carries a session with a transaction
 // in progress.
-func inTransaction(ctx context.Context) bool {
-	s := mongo.SessionFromContext(ctx)
-	return s != nil && s.TransactionRunning()
-}
+func inTransaction(ctx context.Context) bool { return settle.InTransaction(ctx) }
 
-// verdict is what a re-read says about a write whose reply was lost.
-type verdict int
+// verdict is what a re-read says about a write whose reply was lost: the
+// engine's verdicts, named as the judges here use them.
+type verdict = settle.Verdict
 
 const (
-	// landed: the document shows the write.
-	landed verdict = iota
-	// live: the write has not landed, but a copy of it still in flight
-	// could land later.
-	live
-	// dead: the write has not landed and never will.
-	dead
-	// unknown: the write may have landed and its trace be gone since.
-	unknown
+	landed  = settle.Landed
+	live    = settle.Live
+	dead    = settle.Dead
+	unknown = settle.Unknown
 )
 
 // sent is the outcome of sending a write once.
@@ -73,90 +67,56 @@ type outcome struct {
 	resent bool
 }
 
-// exec sends w and, if it fails ambiguously (see store.IsAmbiguous: a
-// network error, a timeout, a write-concern error, an error labelled
-// RetryableWriteError), re-reads the document to learn whether w landed:
+// exec sends w through the library's settling engine (internal/settle):
+// if it fails ambiguously (see store.IsAmbiguous: a network error, a
+// timeout, a write-concern error, an error labelled RetryableWriteError),
+// the engine re-reads the document at majority to learn whether w landed:
 // it reports landed, reports not landed when w can never land any more, and
 // sends w again, with the same write id, while w has not landed but still
 // could; every copy carries a filter that lets at most one of them apply.
 // When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
 // never returns an ambiguous error as it is, except inside a transaction,
 // where the transaction, not the write, is the unit to retry.
-func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (out outcome, err error) {
-	s, err := w.send(ctx)
-	if err == nil {
-		return outcome{landed: s.matched, after: s.after}, nil
-	}
-	if !store.IsAmbiguous(err) || inTransaction(ctx) {
+func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
+	res, err := settle.Exec(ctx, settle.Config{
+		Retry:          *p,
+		ResolveTimeout: r.opts.ResolveTimeout,
+		Pass:           isVersionTypeError,
+		Ambiguous:      func(err error) { r.ambiguous(ctx, w, err) },
+		Settled:        func(s observe.Settlement, err error) { r.settled(ctx, w, s, err) },
+	}, settle.Write[bson.Raw, *docState]{
+		Send: func(ctx context.Context) (bson.Raw, bool, error) {
+			s, err := w.send(ctx)
+			return s.after, s.matched, err
+		},
+		// A missing document is an answer here, which the judges judge.
+		Read: func(ctx context.Context) (*docState, error) {
+			st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
+			if errors.Is(err, ErrNotFound) {
+				return nil, nil
+			}
+			return st, err
+		},
+		Judge:  w.judge,
+		Resend: true,
+		Unknown: func(st *docState, _ bool, reason string, err error) error {
+			return r.unknown(w, st, reason, err)
+		},
+	})
+	var ue *UnknownOutcomeError
+	switch {
+	case err == nil:
+	case errors.As(err, &ue), isVersionTypeError(err):
+		return outcome{}, err
+	default:
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
-	r.ambiguous(ctx, w, err)
-	defer r.settled(ctx, w, &out, &err)
-	first, noMatch := err, false
-	for resends := 0; ; {
-		st, rerr := r.reread(ctx, p, w)
-		if rerr != nil {
-			var vte *VersionTypeError
-			if errors.As(rerr, &vte) {
-				return outcome{}, rerr
-			}
-			return outcome{}, r.unknown(w, nil, "re-reading the document failed", errors.Join(first, rerr))
-		}
-		v, why := w.judge(st)
-		switch v {
-		case landed:
-			return outcome{landed: true, reread: st, read: true, resent: resends > 0}, nil
-		case dead:
-			return outcome{reread: st, read: true, resent: resends > 0}, nil
-		case unknown:
-			return outcome{}, r.unknown(w, st, why, first)
-		case live:
-		}
-		// live: a copy may still land. Send it again while the caller waits.
-		switch {
-		case noMatch:
-			return outcome{}, r.unknown(w, st, "the write's condition no longer holds, but a copy of it may still be in flight", first)
-		case ctx.Err() != nil:
-			return outcome{}, r.unknown(w, st, "the context ended while a copy of the write may still be in flight", errors.Join(first, store.ContextError(ctx)))
-		case resends >= maxResends:
-			return outcome{}, r.unknown(w, st, "the write kept failing ambiguously", first)
-		}
-		resends++
-		s, err = w.send(ctx)
-		switch {
-		case err == nil && s.matched:
-			return outcome{landed: true, after: s.after, resent: true}, nil
-		case err == nil:
-			noMatch = true
-		case !store.IsAmbiguous(err):
-			return outcome{}, r.unknown(w, st, "sending the write again failed", errors.Join(first, err))
-		}
-	}
+	return outcome{landed: res.Applied, after: res.Reply, reread: res.Read, read: res.HasRead, resent: res.Resent}, nil
 }
 
-// reread reads the document by id after an ambiguous write, with read
-// concern majority, retrying transient failures under policy p. It runs
-// for at most ResolveTimeout, whether or not ctx has ended meanwhile, since
-// the caller must learn what became of its write (the write itself may have
-// failed on ctx's deadline). It returns nil when there is no document.
-//
-// Majority, because after a writeConcernError on a replica set the primary
-// may hold the write and then lose it in a rollback: a local read could
-// report landed a write that is undone later. A majority read shows only
-// what no rollback can undo, so a write it shows has landed for good, and a
-// write it does not show yet is judged as not landed yet: the copy sent
-// again matches nothing where the write did land (the filters see to it),
-// and the outcome is then unknown rather than guessed.
-func (r *Repo[T]) reread(ctx context.Context, p *retry.Policy, w *write) (*docState, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.ResolveTimeout)
-	defer cancel()
-	return retry.DoValue(rctx, *p, func(ctx context.Context) (*docState, error) {
-		st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
-		if errors.Is(err, ErrNotFound) {
-			return nil, nil // no document is an answer here, which the judges judge
-		}
-		return st, err
-	})
+func isVersionTypeError(err error) bool {
+	var vte *VersionTypeError
+	return errors.As(err, &vte)
 }
 
 // find reads the document with id key that also matches the guards.
@@ -187,7 +147,7 @@ func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) erro
 	if st != nil {
 		cur = st.version
 	}
-	return &UnknownOutcomeError{Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
+	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
 }
 
 // Reasons an outcome is unknown.

@@ -89,21 +89,15 @@ func (r *Repo[T]) report(ctx context.Context, w *write, e observe.Event) {
 	}
 }
 
-// settled reports how exec settled an ambiguous write, from its results.
-func (r *Repo[T]) settled(ctx context.Context, w *write, out *outcome, err *error) {
+// settled reports how exec settled an ambiguous write.
+func (r *Repo[T]) settled(ctx context.Context, w *write, s observe.Settlement, err error) {
 	if r.opts.Observer == nil {
 		return
 	}
 	e := r.event(observe.Settled, w.op, w.id)
-	switch {
-	case *err != nil:
-		e.Settlement, e.Err = observe.SettledUnknown, *err
-	case out.landed && out.resent:
-		e.Settlement = observe.SettledResent
-	case out.landed:
-		e.Settlement = observe.SettledLanded
-	default:
-		e.Settlement = observe.SettledNotLanded
+	e.Settlement = s
+	if s == observe.SettledUnknown {
+		e.Err = err
 	}
 	r.report(ctx, w, e)
 }

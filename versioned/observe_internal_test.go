@@ -41,8 +41,7 @@ func TestObserveAllocations(t *testing.T) {
 		c, ob := none.begin(ctx, "update", "a")
 		_ = none.conflicted(c, conflict)
 		none.ambiguous(c, w, conflict)
-		out := outcome{landed: true}
-		none.settled(c, w, &out, &err)
+		none.settled(c, w, observe.SettledLanded, nil)
 		_ = none.observedPolicy(&policy)
 		ob.attempts++
 		none.end(&ob, &err)

@@ -41,7 +41,7 @@ func creditKind(t testing.TB, q *deferred.Queue, repo *versioned.Repo[account]) 
 
 // requireEnqueueKeptItsWord requires of Enqueue's answer (id, err) for one
 // credit to the account "ana" what the doc promises, given the running
-// worker q: the job's id, or an *UnknownOutcomeError whose JobID is the
+// worker q: the job's id, or an *UnknownOutcomeError whose ID is the
 // job's, and then that job runs exactly once; or another error, and then
 // no job is stored and none runs (watched for 3 s).
 func requireEnqueueKeptItsWord(t *testing.T, b *bundle, q *deferred.Queue, id bson.ObjectID, err error) {
@@ -53,9 +53,11 @@ func requireEnqueueKeptItsWord(t *testing.T, b *bundle, q *deferred.Queue, id bs
 	case errors.As(err, &uoe):
 		require.ErrorIs(t, err, deferred.ErrUnknownOutcome)
 		require.Equal(t, "enqueue", uoe.Op)
-		require.False(t, uoe.JobID.IsZero())
+		jobID, ok := uoe.ID.(bson.ObjectID)
+		require.True(t, ok, "the job's id: %v", uoe.ID)
+		require.False(t, jobID.IsZero())
 		requireOneDeferredPrefix(t, err)
-		id = uoe.JobID
+		id = jobID
 	default:
 		requireOneDeferredPrefix(t, err)
 		jobs := bson.D{{Key: "state", Value: bson.D{{Key: "$ne", Value: "skipped"}}}}

@@ -76,7 +76,7 @@ func TestRequeueLostReplyNeverDeniesTheRequeue(t *testing.T) {
 	case errors.As(err, &uoe):
 		require.ErrorIs(t, err, deferred.ErrUnknownOutcome)
 		require.Equal(t, "requeue", uoe.Op)
-		require.Equal(t, id, uoe.JobID)
+		require.Equal(t, id, uoe.ID)
 	default:
 		requireOneDeferredPrefix(t, err)
 		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
