@@ -13,6 +13,7 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/tests/internal/stress"
 )
 
 func (b *bundle) named(t *testing.T, locks *mongo.Collection, owner string, ttl time.Duration, opts *lease.Options) *lease.Manager {
@@ -81,7 +82,8 @@ func TestNamedRace(t *testing.T) { eachMode(t, testNamedRace) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testNamedRace(t *testing.T, mode lease.Mode) {
-	const goroutines, rounds = 32, 30
+	const goroutines = 32
+	rounds := stress.Pick(15, 30) // MONGOCAS_STRESS=1: 30
 	b := setup(t, mode)
 	ctx := context.Background()
 	locks := b.db.Collection("locks")

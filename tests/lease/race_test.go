@@ -10,10 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/tests/internal/stress"
 )
 
 // TestRace: 32 goroutines, each its own owner, race for one lease in each of
-// 200 rounds; the winner releases it at the end of its round. Exactly one
+// 50 rounds (200 with MONGOCAS_STRESS=1); the winner releases it at the end of its round. Exactly one
 // wins every round, exactly one claim is applied (the epoch rises by one),
 // and every loser gets ErrHeld naming the winner.
 //
@@ -24,7 +25,9 @@ func TestRace(t *testing.T) { eachMode(t, testRace) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testRace(t *testing.T, mode lease.Mode) {
-	const goroutines, rounds = 32, 200
+	// 50 rounds prove one winner per round; MONGOCAS_STRESS=1 runs 200.
+	const goroutines = 32
+	rounds := stress.Pick(50, 200)
 	b := setup(t, mode)
 	ctx := context.Background()
 	managers := make([]*lease.Manager, goroutines)
@@ -79,14 +82,16 @@ func testRace(t *testing.T, mode lease.Mode) {
 	}
 }
 
-// TestEpochs: several owners take turns on one document through 1,000
+// TestEpochs: several owners take turns on one document through 300 (1,000
+// with MONGOCAS_STRESS=1)
 // acquire/release cycles. In the order the lease was held, every epoch is
 // greater than every earlier one, and fenced writes count the cycles exactly.
 func TestEpochs(t *testing.T) { eachMode(t, testEpochs) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testEpochs(t *testing.T, mode lease.Mode) {
-	const owners, cycles = 4, 1000
+	const owners = 4
+	cycles := stress.Pick(300, 1000) // MONGOCAS_STRESS=1: 1,000
 	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
