@@ -2,6 +2,7 @@ package deferred_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ func TestEnqueueHonoursItsDeadlineBehindEnsureIndexes(t *testing.T) {
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
 	fq := b.queue(t, f.Database, nil)
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	f.Pause(4 * time.Second)
 	done := make(chan error, 1)
 	go func() { _, err := fq.EnsureIndexes(b.ctx); done <- err }()

@@ -1,9 +1,9 @@
 package deferred_test
 
 import (
-	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +12,6 @@ import (
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
-	"github.com/mongocas/mongocas/versioned"
 )
 
 // The answers Enqueue and Requeue promise: an error other than an
@@ -21,23 +20,6 @@ import (
 // *UnknownOutcomeError naming the job. Each test here provokes one path
 // where a write landed, or may land later, and checks the answer against
 // what the queue then does.
-
-// creditKind registers "credit" on q: a Guarded $inc of the account named
-// by the job's key, through repo.
-func creditKind(t testing.TB, q *deferred.Queue, repo *versioned.Repo[account]) *deferred.Kind[credit] {
-	t.Helper()
-	k, err := deferred.Register(q, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
-		var id string
-		if err := job.Key.Unmarshal(&id); err != nil {
-			return err
-		}
-		_, err := deferred.Guarded(ctx, job, repo, id, nil,
-			bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
-		return err
-	})
-	require.NoError(t, err)
-	return k
-}
 
 // requireEnqueueKeptItsWord requires of Enqueue's answer (id, err) for one
 // credit to the account "ana" what the doc promises, given the running
@@ -98,7 +80,7 @@ func TestEnqueueSlowCheckFailureNeverDeniesTheJob(t *testing.T) {
 	f := b.db.Faulty(t, nil)
 	b.insert(t, "ana")
 	fq := b.queue(t, f.Database, nil) // fast(): HoleTimeout 500ms
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 	stop := f.DelayReplies(400*time.Millisecond, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
@@ -110,7 +92,7 @@ func TestEnqueueSlowCheckFailureNeverDeniesTheJob(t *testing.T) {
 	t.Logf("Enqueue returned %v, %v", id.Hex(), err)
 
 	q := b.queue(t, nil, nil) // another process works the queue
-	creditKind(t, q, b.accounts)
+	registerCredit(t, q, b.accounts, new(atomic.Int64))
 	run(t, q)
 	requireEnqueueKeptItsWord(t, b, q, id, err)
 }
@@ -127,7 +109,7 @@ func TestEnqueueRefusedResendNeverDeniesTheJob(t *testing.T) {
 	f := b.db.Faulty(t, nil)
 	b.insert(t, "ana")
 	fq := b.queue(t, f.Database, nil)
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 	inserts := mongotest.Commands([]string{"insert"}, "jobs")
@@ -144,7 +126,7 @@ func TestEnqueueRefusedResendNeverDeniesTheJob(t *testing.T) {
 	require.NoError(t, err2)
 
 	q := b.queue(t, nil, nil)
-	creditKind(t, q, b.accounts)
+	registerCredit(t, q, b.accounts, new(atomic.Int64))
 	run(t, q)
 	requireEnqueueKeptItsWord(t, b, q, id, err)
 }
@@ -163,8 +145,8 @@ func TestEnqueueLostTakeBackNeverStrandsTheJob(t *testing.T) {
 	opts := &deferred.Options{HoleTimeout: 300 * time.Millisecond}
 	q := b.queue(t, nil, opts)
 	fq := b.queue(t, f.Database, opts)
-	creditKind(t, q, b.accounts)
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, q, b.accounts, new(atomic.Int64))
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 	run(t, q)

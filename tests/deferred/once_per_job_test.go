@@ -33,20 +33,7 @@ func TestRequeueNeverAppliesTwice(t *testing.T) {
 	k := registerCredit(t, b.fqueue, b.frepo, &calls)
 	b.insert(t, "ana")
 	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 1000})
-	var once sync.Once
-	writes := mongotest.Writes("accounts")
-	fault := b.f.DropNextReply(func(c *mongotest.Command) bool {
-		if !writes(c) {
-			return false
-		}
-		once.Do(func() {
-			for range versioned.WriteIDs + 5 {
-				_, err := b.accounts.Modify(b.ctx, "ana", func(a *account) error { a.Balance++; return nil })
-				require.NoError(t, err)
-			}
-		})
-		return true
-	})
+	fault := b.loseFirstWriteAndPushOutItsID(t, "ana")
 	run(t, b.fqueue)
 	job := wait(t, b.fqueue, id)
 	require.True(t, fault.HasFired())

@@ -21,7 +21,7 @@ import (
 // returns the job's id and its stored document.
 func cancelledJob(t *testing.T, b *bundle, q *deferred.Queue) (bson.ObjectID, bson.M) {
 	t.Helper()
-	k := creditKind(t, q, b.accounts)
+	k := registerCredit(t, q, b.accounts, new(atomic.Int64))
 	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 7})
 	require.NoError(t, q.Cancel(b.ctx, id))
 	run(t, q)
@@ -49,7 +49,7 @@ func TestRequeueLostReplyNeverDeniesTheRequeue(t *testing.T) {
 	q := b.queue(t, nil, nil)
 	id, _ := cancelledJob(t, b, q)
 	fq := b.queue(t, f.Database, nil)
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 
@@ -105,7 +105,7 @@ func TestRequeueTakenBackKeepsItsExpiry(t *testing.T) {
 	q := b.queue(t, nil, opts)
 	id, before := cancelledJob(t, b, q)
 	fq := b.queue(t, f.Database, opts)
-	creditKind(t, fq, b.accounts)
+	registerCredit(t, fq, b.accounts, new(atomic.Int64))
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 
