@@ -2,6 +2,7 @@ package versioned
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -179,6 +180,7 @@ type guard struct {
 
 type writeConfig struct {
 	guards []guard
+	sets   bson.D // WithSet's fields, checked by Repo.config
 	policy *retry.Policy
 }
 
@@ -201,11 +203,11 @@ func newWriteConfig(opts []WriteOption) writeConfig {
 //
 //	repo.Update(ctx, order, versioned.Where(bson.D{{"status", "open"}}))
 //
-// To fence a write on a lease of the lease package, pass its Guard, which
-// adds the lease record's owner and epoch ("_lease.owner", "_lease.epoch" by
-// default) this way and reports a lost lease as lease.ErrLost:
+// To fence a write on a lease of the lease package, pass its Fence (the
+// lease record's owner and epoch, "_lease.owner" and "_lease.epoch" by
+// default) with WhereErr, so that a lost lease reports lease.ErrLost:
 //
-//	repo.Update(ctx, doc, l.Guard())
+//	repo.Update(ctx, doc, versioned.WhereErr(l.Fence(), lease.ErrLost))
 func Where(filter bson.D) WriteOption {
 	return WhereErr(filter, nil)
 }
@@ -221,6 +223,105 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 			c.guards = append(c.guards, guard{filter: filter, failErr: failErr})
 		}
 	}
+}
+
+// WithSet sets fields in the same statement as the write it is given to
+// (Update, Modify, Guarded), as $set does: a path ("stamps.k1", say) and
+// its value, set only if the write applies, and only if it writes at all
+// (a Modify whose fn changes nothing writes nothing, these fields
+// included). It is for fields the model does not own, such as the stamp of
+// the deferred package, that must change with the write and not apart
+// from it. Its paths must not overlap the model's fields (a top-level
+// field T maps, which the write's own diff owns), the id, the version,
+// Options.MetaField, the reserved fields, a shard-key field or, in Guarded,
+// a path of the update; a path that does, or is malformed, or a value that
+// cannot be encoded, is an [*InvalidError] and nothing is sent. Delete
+// refuses WithSet. A Modify call with WithSet is not combined with others
+// (see [Repo.Modify]): its fields belong to its own change.
+func WithSet(fields ...bson.E) WriteOption {
+	return func(c *writeConfig) { c.sets = append(c.sets, fields...) }
+}
+
+// config applies a call's options and checks its WithSet fields.
+func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
+	c := newWriteConfig(opts)
+	if len(c.sets) == 0 {
+		return c, nil
+	}
+	bad := func(field, reason string, err error) (writeConfig, error) {
+		return c, &InvalidError{Op: op, Field: field, Reason: "WithSet: " + reason, Err: err}
+	}
+	if op == "delete" {
+		return bad("", "Delete writes no field", nil)
+	}
+	raw, err := bson.Marshal(c.sets)
+	if err != nil {
+		return bad("", "the fields cannot be encoded", err)
+	}
+	elems, err := bson.Raw(raw).Elements()
+	if err != nil {
+		return bad("", "malformed BSON", err)
+	}
+	sets := make(bson.D, 0, len(elems))
+	for _, e := range elems {
+		path, v := e.Key(), e.Value()
+		if err := r.checkPath(op, path); err != nil {
+			return c, err
+		}
+		root, _, _ := strings.Cut(path, ".")
+		if _, ok := r.s.mapped[root]; ok {
+			return bad(path, fmt.Sprintf("%s maps %q: the model's fields are the write's own", r.s.typ, root), nil)
+		}
+		if err := checkValueKeys(op, v, path); err != nil {
+			return c, err
+		}
+		for _, p := range sets {
+			if overlap([]byte(p.Key), []byte(path)) {
+				return bad(path, fmt.Sprintf("paths %q and %q overlap", p.Key, path), nil)
+			}
+		}
+		sets = append(sets, bson.E{Key: path, Value: v})
+	}
+	c.sets = sets
+	return c, nil
+}
+
+// withSets returns Guarded's update with the WithSet fields added to its
+// $set; updateOps then checks the whole (an overlap of the two included).
+// An update that does not encode is returned as it is, for updateOps to
+// refuse.
+func withSets(update any, sets bson.D) any {
+	if len(sets) == 0 || update == nil {
+		return update
+	}
+	raw, err := bson.Marshal(update)
+	if err != nil {
+		return update
+	}
+	elems, err := bson.Raw(raw).Elements()
+	if err != nil {
+		return update
+	}
+	out := make(bson.D, 0, len(elems)+1)
+	merged := false
+	for _, e := range elems {
+		v := e.Value()
+		if doc, ok := v.DocumentOK(); ok && e.Key() == "$set" && !merged {
+			fields, _ := doc.Elements()
+			set := make(bson.D, 0, len(fields)+len(sets))
+			for _, f := range fields {
+				set = append(set, bson.E{Key: f.Key(), Value: f.Value()})
+			}
+			merged = true
+			out = append(out, bson.E{Key: "$set", Value: append(set, sets...)})
+			continue
+		}
+		out = append(out, bson.E{Key: e.Key(), Value: v})
+	}
+	if !merged {
+		out = append(out, bson.E{Key: "$set", Value: sets})
+	}
+	return out
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one
