@@ -58,7 +58,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	if err != nil {
 		return nil, err
 	}
-	ops, err := r.updateOps(op, withSets(update, cfg.sets))
+	if update, err = r.withSets(op, update, cfg.sets); err != nil {
+		return nil, err
+	}
+	ops, err := r.updateOps(op, update)
 	if err != nil {
 		return nil, err
 	}

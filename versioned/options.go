@@ -2,6 +2,7 @@ package versioned
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -225,103 +226,57 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 	}
 }
 
-// WithSet sets fields in the same statement as the write it is given to
-// (Update, Modify, Guarded), as $set does: a path ("stamps.k1", say) and
-// its value, set only if the write applies, and only if it writes at all
-// (a Modify whose fn changes nothing writes nothing, these fields
-// included). It is for fields the model does not own, such as the stamp of
-// the deferred package, that must change with the write and not apart
-// from it. Its paths must not overlap the model's fields (a top-level
-// field T maps, which the write's own diff owns), the id, the version,
-// Options.MetaField, the reserved fields, a shard-key field or, in Guarded,
-// a path of the update; a path that does, or is malformed, or a value that
-// cannot be encoded, is an [*InvalidError] and nothing is sent. Delete
-// refuses WithSet. A Modify call with WithSet is not combined with others
-// (see [Repo.Modify]): its fields belong to its own change.
+// WithSet sets fields the model does not own (a stamp, say) in the same
+// statement as an Update, Modify or Guarded write: only if the write
+// applies, and only if it writes (a Modify whose fn changes nothing writes
+// nothing). Its paths must not overlap a top-level field T maps, the
+// repository's own fields (id, version, MetaField, Options.Reserved, shard
+// key), each other or, in Guarded, the update's paths: an [*InvalidError],
+// nothing sent. Delete refuses it. A Modify call with WithSet is not
+// combined with others (see [Repo.Modify]): its fields go with its change.
 func WithSet(fields ...bson.E) WriteOption {
 	return func(c *writeConfig) { c.sets = append(c.sets, fields...) }
 }
 
-// config applies a call's options and checks its WithSet fields.
+// config applies a call's options and checks its WithSet fields as
+// Guarded's checks a $set, and against T's fields.
 func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
 	c := newWriteConfig(opts)
 	if len(c.sets) == 0 {
 		return c, nil
 	}
-	bad := func(field, reason string, err error) (writeConfig, error) {
-		return c, &InvalidError{Op: op, Field: field, Reason: "WithSet: " + reason, Err: err}
-	}
 	if op == "delete" {
-		return bad("", "Delete writes no field", nil)
+		return c, &InvalidError{Op: op, Field: "WithSet", Reason: "Delete writes no field"}
 	}
-	raw, err := bson.Marshal(c.sets)
+	ops, err := r.checkOps(op, bson.D{{Key: "$set", Value: c.sets}})
 	if err != nil {
-		return bad("", "the fields cannot be encoded", err)
+		return c, err
 	}
-	elems, err := bson.Raw(raw).Elements()
-	if err != nil {
-		return bad("", "malformed BSON", err)
+	c.sets = ops[0].Value.(bson.D) //nolint:forcetypeassert // checkOps's form
+	for _, e := range c.sets {
+		if root, _, _ := strings.Cut(e.Key, "."); r.s.mapped[root] != nil {
+			return c, &InvalidError{Op: op, Field: e.Key, Reason: fmt.Sprintf("WithSet: %s maps %q: the model's fields are the write's own", r.s.typ, root)}
+		}
 	}
-	sets := make(bson.D, 0, len(elems))
-	for _, e := range elems {
-		path, v := e.Key(), e.Value()
-		if err := r.checkPath(op, path); err != nil {
-			return c, err
-		}
-		root, _, _ := strings.Cut(path, ".")
-		if _, ok := r.s.mapped[root]; ok {
-			return bad(path, fmt.Sprintf("%s maps %q: the model's fields are the write's own", r.s.typ, root), nil)
-		}
-		if err := checkValueKeys(op, v, path); err != nil {
-			return c, err
-		}
-		for _, p := range sets {
-			if overlap([]byte(p.Key), []byte(path)) {
-				return bad(path, fmt.Sprintf("paths %q and %q overlap", p.Key, path), nil)
-			}
-		}
-		sets = append(sets, bson.E{Key: path, Value: v})
-	}
-	c.sets = sets
 	return c, nil
 }
 
 // withSets returns Guarded's update with the WithSet fields added to its
 // $set; updateOps then checks the whole (an overlap of the two included).
-// An update that does not encode is returned as it is, for updateOps to
-// refuse.
-func withSets(update any, sets bson.D) any {
-	if len(sets) == 0 || update == nil {
-		return update
+func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
+	if len(sets) == 0 {
+		return update, nil
 	}
-	raw, err := bson.Marshal(update)
+	ops, err := r.checkOps(op, update)
 	if err != nil {
-		return update
+		return nil, err
 	}
-	elems, err := bson.Raw(raw).Elements()
-	if err != nil {
-		return update
+	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
+	if i < 0 {
+		return append(ops, bson.E{Key: "$set", Value: sets}), nil
 	}
-	out := make(bson.D, 0, len(elems)+1)
-	merged := false
-	for _, e := range elems {
-		v := e.Value()
-		if doc, ok := v.DocumentOK(); ok && e.Key() == "$set" && !merged {
-			fields, _ := doc.Elements()
-			set := make(bson.D, 0, len(fields)+len(sets))
-			for _, f := range fields {
-				set = append(set, bson.E{Key: f.Key(), Value: f.Value()})
-			}
-			merged = true
-			out = append(out, bson.E{Key: "$set", Value: append(set, sets...)})
-			continue
-		}
-		out = append(out, bson.E{Key: e.Key(), Value: v})
-	}
-	if !merged {
-		out = append(out, bson.E{Key: "$set", Value: sets})
-	}
-	return out
+	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // checkOps's form
+	return ops, nil
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one
