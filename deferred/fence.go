@@ -201,235 +201,90 @@ func (j *Job) stampsError(op string, rawID bson.RawValue) error {
 // Guarded applies the job's change to the document of repo with id, once:
 // versioned's Guarded (cond and update in one statement; see
 // versioned.Repo.Guarded) with the job's Fence added to the filter and its
-// Stamp to the $set. When an earlier delivery of the job applied it
-// already, it changes nothing and returns the document as stored, with a
-// nil error, so a handler can return Guarded's error as its own.
+// Stamp to the $set (versioned.WithSet). When an earlier delivery of the job
+// applied it already, it changes nothing and returns the document as
+// stored, with a nil error, so a handler can return Guarded's error as its
+// own.
 //
 // update is a document of update operators as versioned.Repo.Guarded takes
-// them; a path under Options.FenceField in it is an *InvalidError. A cond
-// that does not hold is versioned's *GuardError (matching
-// versioned.ErrGuardFailed): return retry.Permanent(err) to make the job
-// dead at once, or err to try again later.
+// them; it must not write under Options.FenceField, and a path that
+// overlaps the job's stamp is an *InvalidError of versioned's (matching
+// ErrInvalid). A cond that does not hold is versioned's *GuardError
+// (matching versioned.ErrGuardFailed): return retry.Permanent(err) to make
+// the job dead at once, or err to try again later. With the repository's
+// Options.ShardKey, id is a versioned.Key, as for versioned's Guarded.
 func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
 	if job == nil || job.q == nil || repo == nil {
 		return nil, invalid("guarded", "job", "nil job or repository, or a job not from a Queue", nil)
 	}
-	upd, err := job.withStamp(update)
-	if err != nil {
-		return nil, err
-	}
-	rawID, err := store.CheckID(id)
-	if err != nil {
-		return nil, invalid("guarded", "id", "refused", err)
-	}
-	done, err := job.target("guarded", repo.Collection(), rawID)
-	if err != nil {
-		return nil, err
-	}
-	doc, err := repo.Guarded(ctx, id, cond, upd, job.where()...)
-	switch {
-	case errors.Is(err, errApplied):
-		done(nil)
-		return repo.Get(ctx, id)
-	case errors.Is(err, errStamps):
-		err = job.stampsError("guarded", rawID)
-	}
-	done(err)
-	return doc, err
+	return fenced(ctx, "guarded", job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
+		return repo.Guarded(ctx, id, cond, update, opts...)
+	})
 }
-
-// withStamp returns update with the job's Stamp added to its $set.
-func (j *Job) withStamp(update any) (bson.D, error) {
-	raw, err := bson.Marshal(update)
-	if update == nil || err != nil {
-		return nil, invalid("guarded", "update", "not a document of update operators", err)
-	}
-	elems, err := bson.Raw(raw).Elements()
-	if err != nil {
-		return nil, invalid("guarded", "update", "not a document of update operators", err)
-	}
-	fence := j.q.c.fenceField
-	out := bson.D{}
-	stamped := false
-	for _, e := range elems {
-		v := e.Value()
-		if doc, ok := v.DocumentOK(); ok {
-			paths, _ := doc.Elements()
-			for _, p := range paths {
-				if p.Key() == fence || strings.HasPrefix(p.Key(), fence+".") {
-					return nil, invalid("guarded", "update", fmt.Sprintf("%s writes %q, the queue's fence field", e.Key(), p.Key()), nil)
-				}
-			}
-			if e.Key() == "$set" {
-				set := bson.D{}
-				for _, p := range paths {
-					set = append(set, bson.E{Key: p.Key(), Value: p.Value()})
-				}
-				out = append(out, bson.E{Key: "$set", Value: append(set, j.stamp())})
-				stamped = true
-				continue
-			}
-		}
-		out = append(out, bson.E{Key: e.Key(), Value: v})
-	}
-	if !stamped {
-		out = append(out, bson.E{Key: "$set", Value: bson.D{j.stamp()}})
-	}
-	return out, nil
-}
-
-// fnError carries the error of a Modify function out of the retry loop.
-type fnError struct{ err error }
-
-func (e *fnError) Error() string { return e.err.Error() }
-func (e *fnError) Unwrap() error { return e.err }
-
-// conflictError is a version conflict inside Modify; the retry loop retries
-// it.
-type conflictError struct{ err error }
-
-func (e *conflictError) Error() string   { return e.err.Error() }
-func (e *conflictError) Unwrap() error   { return e.err }
-func (e *conflictError) Retryable() bool { return true }
 
 // Modify applies fn's change to the document of repo with id, once:
-// read-modify-write like versioned.Repo.Modify (fn gets a fresh copy; its
-// changes to top-level fields are written with $set and $unset; a version
-// conflict reads again and calls fn again, under Options.Retry), with the
-// job's Fence in the write's filter and its Stamp in its $set, through
-// versioned.Repo.Guarded (conditioned on the version read,
-// Options.VersionField). When an earlier delivery applied the job already,
-// fn is not called and the document is returned as stored, with a nil
-// error.
+// versioned.Repo.Modify (fn gets a fresh copy of the document; the fields
+// it changed are written; a version conflict reads again and calls fn
+// again) with the job's Fence in its filter, when it reads and when it
+// writes, and its Stamp set in the same statement as fn's change
+// (versioned.WithSet). Such a call is not combined with other Modify calls
+// on the document. When an earlier delivery applied the job already, fn is
+// not called and the document is returned as stored, with a nil error. If
+// fn changes nothing, nothing is written, the stamp included. With the
+// repository's Options.ShardKey, id is a versioned.Key, as for versioned's
+// Modify, and every read and write carries the shard key.
 //
 // fn's error ends Modify without a write and is returned as it is: the
 // attempt fails and is tried again later, unless fn returned
 // retry.Permanent(err), which makes the job dead at once. fn must not
 // change the id (an *InvalidError); its changes to the version field are
-// ignored. When the conflict retries run out the error matches
-// versioned.ErrConflict and retry.ErrExhausted: the attempt fails, and the
-// next one starts again from a fresh read.
+// ignored. Conflicts are retried under Options.Retry; when the retries run
+// out the error matches versioned.ErrConflict and retry.ErrExhausted (or
+// retry.ErrBudgetExhausted): the attempt fails, and the next one starts
+// again from a fresh read.
 func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, fn func(doc *T) error) (*T, error) {
 	if job == nil || job.q == nil || repo == nil || fn == nil {
 		return nil, invalid("modify", "job", "nil job, repository or function, or a job not from a Queue", nil)
 	}
-	rawID, err := store.CheckID(id)
-	if err != nil {
-		return nil, invalid("modify", "id", "refused", err)
+	return fenced(ctx, "modify", job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
+		var fnErr error
+		doc, err := repo.Modify(ctx, id, func(d *T) error {
+			fnErr = fn(d)
+			return fnErr
+		}, append(opts, versioned.WithRetry(job.q.c.retry))...)
+		if fnErr != nil && errors.Is(err, fnErr) {
+			return nil, fnErr // as fn returned it, retry.Permanent included
+		}
+		return doc, err
+	})
+}
+
+// fenced makes the write of a helper, write, with the job's fence, the
+// stamps' bound and the stamp as options, within the reservation of the
+// target document (see target), and turns what the fence says into the
+// helper's outcome: "applied earlier" is the document as stored and a nil
+// error.
+func fenced[T any](ctx context.Context, op string, job *Job, repo *versioned.Repo[T], id any, write func([]versioned.WriteOption) (*T, error)) (*T, error) {
+	bare := id
+	if k, ok := id.(store.Key); ok {
+		bare = k.ID
 	}
-	done, err := job.target("modify", repo.Collection(), rawID)
+	rawID, err := store.CheckID(bare)
+	if err != nil {
+		return nil, invalid(op, "id", "refused", err)
+	}
+	done, err := job.target(op, repo.Collection(), rawID)
 	if err != nil {
 		return nil, err
 	}
-	vf := job.q.c.versionField
-	doc, err := retry.DoValue(ctx, job.q.c.retry, func(ctx context.Context) (*T, error) {
-		var cur bson.Raw
-		err := repo.Collection().FindOne(ctx, store.IDFilter(rawID)).Decode(&cur)
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return nil, retry.Permanent(&fnError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), versioned.ErrNotFound)})
-		}
-		if err != nil {
-			return nil, err
-		}
-		var before, after T
-		if err := bson.Unmarshal(cur, &before); err != nil {
-			return nil, retry.Permanent(&fnError{fmt.Errorf("deferred: modify %s: decode: %w", keyText(rawID), err)})
-		}
-		if job.AppliedTo(cur) {
-			return &before, nil
-		}
-		_ = bson.Unmarshal(cur, &after)
-		if err := fn(&after); err != nil {
-			return nil, retry.Permanent(&fnError{err})
-		}
-		update, err := diff(&before, &after, vf)
-		if err != nil {
-			return nil, retry.Permanent(&fnError{err})
-		}
-		if len(update) == 0 {
-			return &after, nil
-		}
-		cond := bson.D{{Key: vf, Value: bson.D{{Key: "$exists", Value: false}}}}
-		if v, err := cur.LookupErr(vf); err == nil {
-			cond = bson.D{{Key: vf, Value: bson.D{{Key: "$eq", Value: v}}}}
-		}
-		upd, err := job.withStamp(update)
-		if err != nil {
-			return nil, retry.Permanent(&fnError{err})
-		}
-		out, err := repo.Guarded(ctx, id, cond, upd, job.where()...)
-		switch {
-		case errors.Is(err, errApplied):
-			return nil, retry.Permanent(&fnError{errApplied})
-		case errors.Is(err, errStamps):
-			return nil, &fnError{job.stampsError("modify", rawID)}
-		case errors.Is(err, versioned.ErrGuardFailed):
-			return nil, &conflictError{fmt.Errorf("deferred: modify %s: %w", keyText(rawID), &versioned.ConflictError{Op: "modify", ID: id, Current: -1})}
-		case err != nil && retry.IsRetryable(err) && !store.IsAmbiguous(err):
-			return nil, err // not sent: send it again
-		case err != nil:
-			return nil, retry.Permanent(&fnError{err})
-		}
-		return out, nil
-	})
-	var fe *fnError
+	doc, err := write(append(job.where(), versioned.WithSet(job.stamp())))
 	switch {
-	case errors.As(err, &fe) && errors.Is(fe.err, errApplied):
+	case errors.Is(err, errApplied):
 		done(nil)
 		return repo.Get(ctx, id)
-	case errors.As(err, &fe):
-		done(fe.err)
-		return nil, fe.err
+	case errors.Is(err, errStamps):
+		err = job.stampsError(op, rawID)
 	}
 	done(err)
 	return doc, err
-}
-
-// diff returns the $set and $unset of the top-level fields that differ
-// between before and after, leaving out the version field; a changed _id is
-// an *InvalidError.
-func diff(before, after any, versionField string) (bson.D, error) {
-	b, err := bson.Marshal(before)
-	if err != nil {
-		return nil, fmt.Errorf("deferred: modify: encode: %w", err)
-	}
-	a, err := bson.Marshal(after)
-	if err != nil {
-		return nil, fmt.Errorf("deferred: modify: encode: %w", err)
-	}
-	old, _ := bson.Raw(b).Elements()
-	seen := map[string]bool{}
-	var set, unset bson.D
-	newElems, _ := bson.Raw(a).Elements()
-	for _, e := range newElems {
-		k := e.Key()
-		seen[k] = true
-		if k == versionField {
-			continue
-		}
-		ov, err := bson.Raw(b).LookupErr(k)
-		if err == nil && ov.Equal(e.Value()) {
-			continue
-		}
-		if k == "_id" {
-			return nil, invalid("modify", "id", "the function changed the document's _id", nil)
-		}
-		set = append(set, bson.E{Key: k, Value: e.Value()})
-	}
-	for _, e := range old {
-		if k := e.Key(); !seen[k] && k != versionField {
-			if k == "_id" {
-				return nil, invalid("modify", "id", "the function removed the document's _id", nil)
-			}
-			unset = append(unset, bson.E{Key: k, Value: ""})
-		}
-	}
-	var update bson.D
-	if len(set) > 0 {
-		update = append(update, bson.E{Key: "$set", Value: set})
-	}
-	if len(unset) > 0 {
-		update = append(update, bson.E{Key: "$unset", Value: unset})
-	}
-	return update, nil
 }

@@ -38,7 +38,7 @@ func TestOptions(t *testing.T) {
 	for _, bad := range []Options{
 		{Workers: -1}, {MaxAttempts: -1}, {Batch: -1}, {MaxStamps: -1}, {VisibilityTimeout: -1}, {PollInterval: -1},
 		{HoleTimeout: -1}, {Retention: -1}, {ResolveTimeout: -1}, {FenceField: "$x"}, {FenceField: "a.b"},
-		{VersionField: "$v"}, {Owner: "  "}, {Backoff: retry.Policy{Multiplier: 0.5}}, {Retry: retry.Policy{MaxInterval: -1}},
+		{Owner: "  "}, {Backoff: retry.Policy{Multiplier: 0.5}}, {Retry: retry.Policy{MaxInterval: -1}},
 	} {
 		_, err := bad.config()
 		require.ErrorIs(t, err, ErrInvalid, "%+v", bad)
@@ -71,33 +71,6 @@ func TestCheckArgs(t *testing.T) {
 	require.Error(t, checkArgs(enc(deep)))
 }
 
-type doc struct {
-	ID      string `bson:"_id"`
-	A       int    `bson:"a"`
-	B       string `bson:"b,omitempty"`
-	Version int64  `bson:"version"`
-}
-
-func TestDiff(t *testing.T) {
-	t.Parallel()
-	before := doc{ID: "x", A: 1, B: "b", Version: 7}
-	after := before
-	after.A, after.B, after.Version = 2, "", 99
-	update, err := diff(&before, &after, "version")
-	require.NoError(t, err)
-	require.Equal(t, bson.D{
-		{Key: "$set", Value: bson.D{{Key: "a", Value: bson.RawValue{Type: bson.TypeInt32, Value: []byte{2, 0, 0, 0}}}}},
-		{Key: "$unset", Value: bson.D{{Key: "b", Value: ""}}},
-	}, update, "the version is left to versioned")
-	same, err := diff(&before, &before, "version")
-	require.NoError(t, err)
-	require.Empty(t, same)
-	moved := before
-	moved.ID = "y"
-	_, err = diff(&before, &moved, "version")
-	require.ErrorIs(t, err, ErrInvalid)
-}
-
 func TestFenceAndStamp(t *testing.T) {
 	t.Parallel()
 	q := queue(t, nil)
@@ -126,18 +99,6 @@ func TestFenceAndStamp(t *testing.T) {
 	require.False(t, j.AppliedTo(stamped(41)))
 	require.False(t, j.AppliedTo(stamped(0)[:0]))
 
-	upd, err := j.withStamp(bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}})
-	require.NoError(t, err)
-	require.Len(t, upd, 2)
-	require.Equal(t, "$set", upd[1].Key)
-	upd, err = j.withStamp(bson.M{"$set": bson.M{"a": 1}})
-	require.NoError(t, err)
-	require.Len(t, upd, 1)
-	require.Len(t, upd[0].Value, 2, "the stamp joins the caller's $set")
-	_, err = j.withStamp(bson.D{{Key: "$set", Value: bson.D{{Key: f, Value: 0}}}})
-	require.ErrorIs(t, err, ErrInvalid, "the fence is not the caller's to write")
-	_, err = j.withStamp(nil)
-	require.ErrorIs(t, err, ErrInvalid)
 }
 
 func TestErrors(t *testing.T) {

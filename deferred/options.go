@@ -36,9 +36,6 @@ const (
 	// DefaultFenceField is the subdocument of a target document in which
 	// Job.Stamp records the last job applied to it, per key.
 	DefaultFenceField = "_deferred"
-	// DefaultVersionField is the version field the Modify helper expects,
-	// the versioned package's default.
-	DefaultVersionField = "version"
 	// DefaultResolveTimeout bounds the re-reads that settle an ambiguous
 	// write, and the bookkeeping after a handler once Run's context ended.
 	DefaultResolveTimeout = 5 * time.Second
@@ -69,8 +66,9 @@ type Options struct {
 	Backoff retry.Policy
 
 	// Retry is the policy of the version-conflict retries inside the
-	// Modify helper, within one attempt. The zero Policy means the retry
-	// package's defaults.
+	// Modify helper, within one attempt (its versioned.WithRetry). Zero
+	// fields mean the retry package's defaults (10 attempts, 2s), and a nil
+	// Budget the repository's.
 	Retry retry.Policy
 
 	// JobTimeout bounds one attempt of a handler; the handler's context
@@ -119,11 +117,6 @@ type Options struct {
 	// stamp per queue. Default 10,000 (about 400 KB).
 	MaxStamps int
 
-	// VersionField is the version field of the documents the Modify helper
-	// and Change write: the versioned repository's Options.VersionField.
-	// Default "version".
-	VersionField string
-
 	// Owner identifies this Queue's workers in claims (the lease owner). It
 	// must be unique among the processes that run the queue. Default: a
 	// fresh "host/pid/random" string.
@@ -150,24 +143,23 @@ type Options struct {
 
 // config is Options with the defaults filled in.
 type config struct {
-	workers      int
-	visibility   time.Duration
-	maxAttempts  int
-	backoff      retry.Policy
-	retry        retry.Policy
-	jobTimeout   time.Duration
-	poll         time.Duration
-	holeTimeout  time.Duration
-	retention    time.Duration
-	batch        int
-	fenceField   string
-	maxStamps    int
-	versionField string
-	owner        string
-	mode         lease.Mode
-	clock        *store.Clock
-	resolve      time.Duration
-	logger       *slog.Logger
+	workers     int
+	visibility  time.Duration
+	maxAttempts int
+	backoff     retry.Policy
+	retry       retry.Policy
+	jobTimeout  time.Duration
+	poll        time.Duration
+	holeTimeout time.Duration
+	retention   time.Duration
+	batch       int
+	fenceField  string
+	maxStamps   int
+	owner       string
+	mode        lease.Mode
+	clock       *store.Clock
+	resolve     time.Duration
+	logger      *slog.Logger
 }
 
 func (o *Options) config() (config, error) {
@@ -198,24 +190,26 @@ func (o *Options) config() (config, error) {
 	if err := opts.Retry.Validate(); err != nil {
 		return config{}, invalid("new", "Retry", "invalid policy", err)
 	}
-	for _, f := range []struct{ name, v string }{{"FenceField", opts.FenceField}, {"VersionField", opts.VersionField}} {
-		if strings.HasPrefix(f.v, "$") || strings.Contains(f.v, ".") {
-			return bad(f.name, fmt.Sprintf("%q starts with '$' or contains '.'", f.v))
-		}
+	if strings.HasPrefix(opts.FenceField, "$") || strings.Contains(opts.FenceField, ".") {
+		return bad("FenceField", fmt.Sprintf("%q starts with '$' or contains '.'", opts.FenceField))
 	}
 	if opts.Owner != "" && strings.TrimSpace(opts.Owner) == "" {
 		return bad("Owner", "only spaces")
 	}
 	c := config{
 		workers: or(opts.Workers, DefaultWorkers), visibility: or(opts.VisibilityTimeout, DefaultVisibilityTimeout),
-		maxAttempts: or(opts.MaxAttempts, DefaultMaxAttempts), backoff: opts.Backoff, retry: opts.Retry,
+		maxAttempts: or(opts.MaxAttempts, DefaultMaxAttempts), backoff: opts.Backoff,
 		jobTimeout: or(opts.JobTimeout, DefaultJobTimeout), poll: or(opts.PollInterval, DefaultPollInterval),
 		holeTimeout: or(opts.HoleTimeout, DefaultHoleTimeout), retention: or(opts.Retention, DefaultRetention),
 		batch: or(opts.Batch, DefaultBatch), fenceField: or(opts.FenceField, DefaultFenceField),
-		maxStamps:    or(opts.MaxStamps, DefaultMaxStamps),
-		versionField: or(opts.VersionField, DefaultVersionField), owner: opts.Owner, mode: opts.LeaseMode,
+		maxStamps: or(opts.MaxStamps, DefaultMaxStamps), owner: opts.Owner, mode: opts.LeaseMode,
 		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), logger: opts.Logger,
 	}
+	// The Modify helper's policy goes to versioned, whose zero fields
+	// differ from the retry package's.
+	c.retry = opts.Retry
+	c.retry.MaxAttempts = or(c.retry.MaxAttempts, retry.DefaultMaxAttempts)
+	c.retry.MaxElapsedTime = or(c.retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)
 	if c.backoff.InitialInterval == 0 && c.backoff.MaxInterval == 0 {
 		c.backoff.InitialInterval, c.backoff.MaxInterval = time.Second, 5*time.Minute
 	}

@@ -17,7 +17,7 @@ import (
 // from ctx: it ends when ctx ends, when a renewal finds the lease taken over,
 // or at the local deadline when no renewal succeeded in time, with a
 // *LostError as its cause. fn must stop promptly when its context ends, and
-// should fence its writes with l.Fence or l.Guard.
+// should fence its writes with l.Fence.
 //
 // Do returns the error of acquiring; otherwise fn's error, wrapped in a
 // *LostError (which matches both ErrLost and fn's error) if the lease was lost

@@ -27,7 +27,13 @@
 // document ("_lease", Options.Field), which the document's own model must not
 // map. A named lease ([NewNamed]) keeps it in a lock document whose _id is
 // the name, and protects other documents by stamping its epoch into them
-// ([Lease.Stamp], then [Lease.Fence] or [Lease.Guard] on each write).
+// ([Lease.Stamp], then [Lease.Fence] on each write).
+//
+// Fence is a plain filter: add it to a driver write's filter, or to a
+// write of the versioned package with versioned.WhereErr, which then
+// reports a lost lease as ErrLost:
+//
+//	err := repo.Update(ctx, &user, versioned.WhereErr(l.Fence(), lease.ErrLost))
 //
 // Expiry is judged on the server's clock, never on the application host's:
 // with $$NOW on servers that have $expr and update pipelines (MongoDB 4.2+,
@@ -69,8 +75,8 @@
 //     They strictly increase per document even across its deletion and
 //     re-insertion, and per name even across the clean-up of its lock
 //     document.
-//   - Fence and Guard match nothing once the [Lease] knows it was released
-//     or lost (its Err is not nil); Guard then reports [ErrLost].
+//   - Fence matches nothing once the [Lease] knows it was released or lost
+//     (its Err is not nil).
 //   - A document lease's fenced write matches only while the record names
 //     this Lease (owner, epoch, and the id of the claim that made it: two
 //     Leases never share a fence, even of one owner): after a takeover or a
@@ -121,7 +127,7 @@
 //
 // A lease gives efficiency, not correctness, on its own: a holder paused past
 // its deadline can still act. Correctness needs the fencing token on every
-// write (Fence, Guard), or an external system that rejects smaller epochs.
+// write (Fence), or an external system that rejects smaller epochs.
 //
 // # Errors
 //

@@ -12,26 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/store"
-	"github.com/mongocas/mongocas/versioned"
 )
-
-// Guard returns a versioned.WriteOption that fences a versioned write on this
-// lease: the write's filter also requires Fence. Once the fence fails (the
-// lease was taken over or released, or this Lease knows it ended; for a
-// named lease, a later holder stamped the document; in ModeServer, the local
-// deadline passed) the write changes nothing and fails with a
-// *versioned.GuardError that matches ErrLost (through the Lease's own
-// *LostError when it knows one, else one with Reason TakenOver) as well as
-// versioned.ErrGuardFailed. Call Guard for each write, as Fence.
-//
-//	err := repo.Update(ctx, &user, l.Guard())
-func (l *Lease) Guard() versioned.WriteOption {
-	var lost *LostError
-	if !errors.As(l.Err(), &lost) {
-		lost = l.lost(TakenOver, record{})
-	}
-	return versioned.WhereErr(l.Fence(), lost)
-}
 
 // fencePath is the dotted path of this named lease's stamp in a protected
 // document: <FenceField>.<key>, where key is the name itself when it is a
@@ -52,8 +33,8 @@ func fenceKey(raw bson.RawValue) string {
 }
 
 // Stamp records this named lease's epoch in the document of coll whose _id
-// is id, the resource the lease protects, so that [Lease.Fence] and
-// [Lease.Guard] match it and the fenced writes of every earlier holder of
+// is id, the resource the lease protects, so that [Lease.Fence] matches it
+// and the fenced writes of every earlier holder of
 // the name fail from then on. Stamp a document before the first write to it
 // under the lease. It is one updateOne filtered on the stamp being absent or
 // not above this epoch, that sets it with $max: the stamp only moves forward,

@@ -16,7 +16,7 @@ import (
 
 // Lease is a claim on one document or name, held by its Manager's owner until
 // it is released, lost, or expires. Its epoch is a fencing token: add Fence
-// (or Guard) to the writes made under the lease, so that they fail once the
+// to the writes made under the lease, so that they fail once the
 // lease was taken over. A Lease is safe for concurrent use.
 type Lease struct {
 	m      *Manager
@@ -110,7 +110,8 @@ func (l *Lease) Err() error {
 
 // Fence returns the filter conditions that match the protected document only
 // while this lease holds it. Add them to the filter of every write made under
-// the lease, or use Guard with the versioned package; a fenced write that
+// the lease (with the versioned package, as versioned.WhereErr(l.Fence(),
+// lease.ErrLost), so that it reports ErrLost); a fenced write that
 // matches nothing was made by a holder that had lost the lease, and changed
 // nothing. Call Fence for each write: once the Lease knows it was released
 // or lost (Err is not nil) Fence returns a condition that matches nothing

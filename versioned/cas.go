@@ -32,6 +32,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
 	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
 	filter = withGuards(filter, cfg.guards)
+	set = append(set, cfg.sets...)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
 		bson.E{Key: r.idsPath(), Value: exactIDsN(read, wids)})
@@ -46,7 +47,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// then costs one round trip, since the retry starts from the document
 	// it returned (Modify's first conflict; see batch.attempt).
 	var pipe mongo.Pipeline
-	usePipe := len(cfg.guards) == 0 && r.usePipelines(ctx)
+	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {
 		pipe = r.casPipeline(read, set, unset)
 	}

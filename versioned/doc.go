@@ -32,8 +32,9 @@
 // [Repo.Insert], [Repo.Get], [Repo.Update] (write back a copy if its version
 // is still the stored one) and [Repo.Delete] complete the set. Update,
 // Delete, Modify and Guarded take [WriteOption]s: [Where] and [WhereErr] add
-// conditions to the write's filter (the lease package fences writes with
-// them), [WithRetry] sets one call's retry policy.
+// conditions to the write's filter (a lease's fence, say), [WithSet] sets
+// fields the model does not own in the same statement (Update, Modify and
+// Guarded), [WithRetry] sets one call's retry policy.
 //
 // Writes are diffs ($set, $unset, $inc), never replacements: fields T does
 // not map survive. Every write also records its write id in the document

@@ -14,7 +14,8 @@ import (
 // Guarded applies the caller's update operators to the document with the
 // given id if it matches cond, in one statement: one findOneAndUpdate whose
 // filter is the id, cond and any Where filters, and whose update is the
-// caller's operators plus $inc of the version by one (and the write id). The
+// caller's operators (with any WithSet fields in its $set) plus $inc of the
+// version by one (and the write id). The
 // server evaluates cond and applies the update atomically, so no version
 // needs to be read first and no conflict can occur: this is the call for
 // hot counters such as stock or balances.
@@ -53,11 +54,17 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	}
 	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
+	cfg, err := r.config(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	if update, err = r.withSets(op, update, cfg.sets); err != nil {
+		return nil, err
+	}
 	ops, err := r.updateOps(op, update)
 	if err != nil {
 		return nil, err
 	}
-	cfg := newWriteConfig(opts)
 	guards := cfg.guards
 	if cond != nil {
 		c, err := bson.Marshal(cond)

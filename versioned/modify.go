@@ -46,8 +46,8 @@ import (
 // state it was given. A call whose fn saw a state another fn of the write
 // left succeeds, or fails with fn's error, only if that write lands:
 // otherwise its fn runs again on the state read next. Calls with a Where
-// filter or WithRetry, or whose ctx carries a session, take their turn in
-// line alone. fn may run on the goroutine of another call in the line; if it
+// filter, WithSet or WithRetry, or whose ctx carries a session, take their
+// turn in line alone. fn may run on the goroutine of another call in the line; if it
 // panics, the panic is raised again on its own call's goroutine, and nothing
 // of it is written. fn must not call Modify for the same document through a
 // Repo on the same collection and client: that call would wait in line
@@ -76,7 +76,10 @@ import (
 // (*InvalidError); changes it makes to the version field are ignored.
 //
 // With Where filters, the document must match them when read (otherwise fn
-// is not called and Modify returns a *GuardError) and when written.
+// is not called and Modify returns a *GuardError, which matches the error of
+// the first WhereErr filter found failing) and when written. WithSet fields
+// are set by the write that carries fn's change, and not when fn changes
+// nothing.
 //
 // Inside a transaction (ctx carries a session with a transaction in
 // progress) Modify makes one attempt, outside the line, and returns a
@@ -94,7 +97,10 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 	if fn == nil {
 		return nil, &InvalidError{Op: op, Reason: "fn is nil"}
 	}
-	cfg := newWriteConfig(opts)
+	cfg, err := r.config(op, opts)
+	if err != nil {
+		return nil, err
+	}
 	if inTransaction(ctx) {
 		b := batch[T]{r: r, op: op, id: idv, key: key, cfg: &cfg, lead: m, ms: []*member[T]{m}}
 		b.run(true)
@@ -104,8 +110,8 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		return m.out, m.err2
 	}
 	var class any = r
-	if len(cfg.guards) > 0 || cfg.policy != nil || mongo.SessionFromContext(ctx) != nil {
-		class = nil // alone: its own filters, policy or session
+	if len(cfg.guards) > 0 || len(cfg.sets) > 0 || cfg.policy != nil || mongo.SessionFromContext(ctx) != nil {
+		class = nil // alone: its own filters, fields, policy or session
 	}
 	m.wt = waiter{class: class, self: m}
 	m.w = &m.wt

@@ -2,6 +2,8 @@ package versioned
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -179,6 +181,7 @@ type guard struct {
 
 type writeConfig struct {
 	guards []guard
+	sets   bson.D // WithSet's fields, checked by Repo.config
 	policy *retry.Policy
 }
 
@@ -201,11 +204,11 @@ func newWriteConfig(opts []WriteOption) writeConfig {
 //
 //	repo.Update(ctx, order, versioned.Where(bson.D{{"status", "open"}}))
 //
-// To fence a write on a lease of the lease package, pass its Guard, which
-// adds the lease record's owner and epoch ("_lease.owner", "_lease.epoch" by
-// default) this way and reports a lost lease as lease.ErrLost:
+// To fence a write on a lease of the lease package, pass its Fence (the
+// lease record's owner and epoch, "_lease.owner" and "_lease.epoch" by
+// default) with WhereErr, so that a lost lease reports lease.ErrLost:
 //
-//	repo.Update(ctx, doc, l.Guard())
+//	repo.Update(ctx, doc, versioned.WhereErr(l.Fence(), lease.ErrLost))
 func Where(filter bson.D) WriteOption {
 	return WhereErr(filter, nil)
 }
@@ -221,6 +224,59 @@ func WhereErr(filter bson.D, failErr error) WriteOption {
 			c.guards = append(c.guards, guard{filter: filter, failErr: failErr})
 		}
 	}
+}
+
+// WithSet sets fields the model does not own (a stamp, say) in the same
+// statement as an Update, Modify or Guarded write: only if the write
+// applies, and only if it writes (a Modify whose fn changes nothing writes
+// nothing). Its paths must not overlap a top-level field T maps, the
+// repository's own fields (id, version, MetaField, Options.Reserved, shard
+// key), each other or, in Guarded, the update's paths: an [*InvalidError],
+// nothing sent. Delete refuses it. A Modify call with WithSet is not
+// combined with others (see [Repo.Modify]): its fields go with its change.
+func WithSet(fields ...bson.E) WriteOption {
+	return func(c *writeConfig) { c.sets = append(c.sets, fields...) }
+}
+
+// config applies a call's options and checks its WithSet fields as
+// Guarded's checks a $set, and against T's fields.
+func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
+	c := newWriteConfig(opts)
+	if len(c.sets) == 0 {
+		return c, nil
+	}
+	if op == "delete" {
+		return c, &InvalidError{Op: op, Field: "WithSet", Reason: "Delete writes no field"}
+	}
+	ops, err := r.checkOps(op, bson.D{{Key: "$set", Value: c.sets}})
+	if err != nil {
+		return c, err
+	}
+	c.sets = ops[0].Value.(bson.D) //nolint:forcetypeassert // checkOps's form
+	for _, e := range c.sets {
+		if root, _, _ := strings.Cut(e.Key, "."); r.s.mapped[root] != nil {
+			return c, &InvalidError{Op: op, Field: e.Key, Reason: fmt.Sprintf("WithSet: %s maps %q: the model's fields are the write's own", r.s.typ, root)}
+		}
+	}
+	return c, nil
+}
+
+// withSets returns Guarded's update with the WithSet fields added to its
+// $set; updateOps then checks the whole (an overlap of the two included).
+func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
+	if len(sets) == 0 {
+		return update, nil
+	}
+	ops, err := r.checkOps(op, update)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
+	if i < 0 {
+		return append(ops, bson.E{Key: "$set", Value: sets}), nil
+	}
+	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // checkOps's form
+	return ops, nil
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one

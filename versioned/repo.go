@@ -176,8 +176,11 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 // gone. doc is then left unchanged.
 func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "update"
-	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
+	if err != nil {
+		return err
+	}
+	cfg, err := r.config(op, opts)
 	if err != nil {
 		return err
 	}
@@ -222,6 +225,7 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 		filter = append(filter, r.incIs(read.inc))
 	}
 	filter = withGuards(filter, cfg.guards)
+	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
 	update := make(bson.D, 1, 3)
 	if read != nil {
@@ -307,8 +311,11 @@ func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docK
 // *UnknownOutcomeError.
 func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err error) {
 	const op = "delete"
-	cfg := newWriteConfig(opts)
 	v, id, key, err := r.docID(ctx, op, doc)
+	if err != nil {
+		return err
+	}
+	cfg, err := r.config(op, opts)
 	if err != nil {
 		return err
 	}

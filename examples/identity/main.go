@@ -160,7 +160,7 @@ func (s *identities) switchHeld(ctx context.Context, l *lease.Lease, userID, ide
 	}
 	// Fenced: the write applies only while this lease is still held;
 	// otherwise it fails with an error matching lease.ErrLost.
-	_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, l.Guard())
+	_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, versioned.WhereErr(l.Fence(), lease.ErrLost))
 	return err
 }
 
@@ -224,7 +224,7 @@ func (s *identities) switchOnce(ctx context.Context, c *idempotency.Call, userID
 		if err != nil {
 			return err
 		}
-		_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, l.Guard())
+		_, err = s.users.Guarded(ctx, userID, nil, bson.D{{Key: "$set", Value: bson.D{{Key: "primary", Value: identity}}}}, versioned.WhereErr(l.Fence(), lease.ErrLost))
 		return err
 	})
 }

@@ -138,9 +138,9 @@ func ExampleNewNamed() {
 	// calling the partner API as api-1 with a larger fencing token: true
 }
 
-// Guard fences a versioned write on the lease: once the lease is lost, the
-// write changes nothing and reports ErrLost.
-func ExampleLease_Guard() {
+// Fence fences a versioned write on the lease, with versioned.WhereErr:
+// once the lease is lost, the write changes nothing and reports ErrLost.
+func ExampleLease_Fence_versioned() {
 	db, drop := exampleDB()
 	defer drop()
 	ctx := context.Background()
@@ -166,12 +166,12 @@ func ExampleLease_Guard() {
 		panic(err)
 	}
 	acct.Partner = "linked"
-	fmt.Println("while held:", accounts.Update(ctx, acct, l.Guard()))
+	fmt.Println("while held:", accounts.Update(ctx, acct, versioned.WhereErr(l.Fence(), lease.ErrLost)))
 	if err := l.Release(ctx); err != nil {
 		panic(err)
 	}
 	acct.Partner = "linked again"
-	err = accounts.Update(ctx, acct, l.Guard())
+	err = accounts.Update(ctx, acct, versioned.WhereErr(l.Fence(), lease.ErrLost))
 	fmt.Println("after release, lost:", errors.Is(err, lease.ErrLost))
 	// Output:
 	// while held: <nil>

@@ -15,7 +15,7 @@ import (
 
 // TestNamedFence: a named lease protects a document of another collection.
 // Two holders in sequence each stamp it; the first one's fenced writes
-// (Fence with the driver, Guard with versioned, and Stamp itself) fail with
+// (Fence with the driver and with versioned, and Stamp itself) fail with
 // ErrLost and change nothing, also when the lock document was swept between
 // the two holders: the epoch never goes backwards.
 func TestNamedFence(t *testing.T) { eachMode(t, testNamedFence) }
@@ -39,7 +39,7 @@ func testNamedFence(t *testing.T, mode lease.Mode) {
 			require.NoError(t, err)
 			require.NoError(t, la.Stamp(ctx, b.coll, it.ID))
 			it.Data = "by a"
-			require.NoError(t, repo.Update(ctx, it, la.Guard()))
+			require.NoError(t, repo.Update(ctx, it, versioned.WhereErr(la.Fence(), lease.ErrLost)))
 			res, err := b.coll.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: it.ID}}, la.Fence()...),
 				bson.D{{Key: "$set", Value: bson.D{{Key: "data", Value: "by a, raw"}}}})
 			require.NoError(t, err)
@@ -67,7 +67,7 @@ func testNamedFence(t *testing.T, mode lease.Mode) {
 			stale, err := repo.Get(ctx, it.ID)
 			require.NoError(t, err)
 			stale.Data = "by a, stale"
-			err = repo.Update(ctx, stale, la.Guard())
+			err = repo.Update(ctx, stale, versioned.WhereErr(la.Fence(), lease.ErrLost))
 			require.ErrorIs(t, err, lease.ErrLost)
 			res, err = b.coll.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: it.ID}}, la.Fence()...),
 				bson.D{{Key: "$set", Value: bson.D{{Key: "data", Value: "by a, stale raw"}}}})
@@ -81,7 +81,7 @@ func testNamedFence(t *testing.T, mode lease.Mode) {
 			require.NoError(t, la2.Release(ctx))
 
 			stale.Data = "by c"
-			require.NoError(t, repo.Update(ctx, stale, lc.Guard()))
+			require.NoError(t, repo.Update(ctx, stale, versioned.WhereErr(lc.Fence(), lease.ErrLost)))
 			require.NoError(t, lc.Release(ctx))
 		})
 	}

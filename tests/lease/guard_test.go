@@ -18,7 +18,7 @@ type item struct {
 	Version int64         `bson:"version"`
 }
 
-// TestGuard: versioned writes fenced with Guard succeed while the lease is
+// TestGuard: versioned writes fenced with WhereErr(Fence, ErrLost) succeed while the lease is
 // held, keep the lease record intact, and fail with ErrLost, changing
 // nothing, once the lease was taken over.
 func TestGuard(t *testing.T) { eachMode(t, testGuard) }
@@ -42,8 +42,8 @@ func testGuard(t *testing.T, mode lease.Mode) {
 	require.NoError(t, err)
 
 	it.Data = "by a"
-	require.NoError(t, repo.Update(ctx, it, la.Guard()))
-	_, err = repo.Modify(ctx, it.ID, func(x *item) error { x.Data += ", modified"; return nil }, la.Guard())
+	require.NoError(t, repo.Update(ctx, it, versioned.WhereErr(la.Fence(), lease.ErrLost)))
+	_, err = repo.Modify(ctx, it.ID, func(x *item) error { x.Data += ", modified"; return nil }, versioned.WhereErr(la.Fence(), lease.ErrLost))
 	require.NoError(t, err)
 	d := load(t, b.coll, it.ID)
 	require.Equal(t, "by a, modified", d.Data)
@@ -58,17 +58,14 @@ func testGuard(t *testing.T, mode lease.Mode) {
 	stale, err := repo.Get(ctx, it.ID)
 	require.NoError(t, err)
 	stale.Data = "by a, after losing the lease"
-	err = repo.Update(ctx, stale, la.Guard())
+	err = repo.Update(ctx, stale, versioned.WhereErr(la.Fence(), lease.ErrLost))
 	require.ErrorIs(t, err, lease.ErrLost)
 	require.ErrorIs(t, err, versioned.ErrGuardFailed)
-	var lost *lease.LostError
-	require.ErrorAs(t, err, &lost)
-	require.Equal(t, la.Epoch(), lost.Epoch)
-	_, err = repo.Modify(ctx, it.ID, func(x *item) error { x.Data = "stale modify"; return nil }, la.Guard())
+	_, err = repo.Modify(ctx, it.ID, func(x *item) error { x.Data = "stale modify"; return nil }, versioned.WhereErr(la.Fence(), lease.ErrLost))
 	require.ErrorIs(t, err, lease.ErrLost)
 	require.Equal(t, before, loadRaw(t, b.coll, it.ID), "the stale holder changed nothing")
 
 	stale.Data = "by c"
-	require.NoError(t, repo.Update(ctx, stale, lc.Guard()))
+	require.NoError(t, repo.Update(ctx, stale, versioned.WhereErr(lc.Fence(), lease.ErrLost)))
 	require.NoError(t, lc.Release(ctx))
 }

@@ -14,8 +14,8 @@ import (
 
 // TestNamedFenceEndsAtRelease (review, item 2): a named lease's holder
 // stamps a document and releases the name; another owner claims the name but
-// has not stamped yet. The released holder's Fence matches nothing and its
-// Guard fails with ErrLost: a fence ends at the holder's release as known
+// has not stamped yet. The released holder's Fence matches nothing, and a
+// versioned write fenced with it fails with ErrLost: a fence ends at the holder's release as known
 // locally, not only at the next holder's stamp.
 func TestNamedFenceEndsAtRelease(t *testing.T) { eachMode(t, testNamedFenceEndsAtRelease) }
 
@@ -61,8 +61,8 @@ func testNamedFenceEndsAtRelease(t *testing.T, mode lease.Mode) {
 	repo, err := versioned.New[counter](b.coll, nil)
 	require.NoError(t, err)
 	require.NoError(t, b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: "u42"}}).Err())
-	err = repo.Update(ctx, &counter{ID: "u42", N: 99}, la.Guard())
-	require.ErrorIs(t, err, lease.ErrLost, "Guard of a released lease")
+	err = repo.Update(ctx, &counter{ID: "u42", N: 99}, versioned.WhereErr(la.Fence(), lease.ErrLost))
+	require.ErrorIs(t, err, lease.ErrLost, "the fence of a released lease")
 	var n struct {
 		N int `bson:"n"`
 	}

@@ -209,8 +209,8 @@ func ExampleWhereErr() {
 	defer drop()
 	ctx := context.Background()
 	// A lease record on the document, where the lease package keeps it
-	// ("_lease", a field the Wallet type does not map). Lease.Guard builds
-	// this fence for you; WhereErr is how it does it.
+	// ("_lease", a field the Wallet type does not map). The lease package's
+	// Lease.Fence is such a filter: pass it with lease.ErrLost.
 	_, err := wallets.Collection().UpdateOne(ctx, bson.D{{Key: "_id", Value: "ana"}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "_lease", Value: bson.D{{Key: "owner", Value: "worker-2"}, {Key: "epoch", Value: 7}}}}}})
 	if err != nil {

@@ -33,7 +33,7 @@ import (
 //     user's document around the whole sequence, with lease.Manager.Do).
 //     Switches for the same user wait their turn; none interleave. The
 //     lease's epoch goes to the partner as the fencing token and in the
-//     idempotency key, and the final write is fenced with Lease.Guard. A
+//     idempotency key, and the final write is fenced with Lease.Fence. A
 //     double click that arrives while a switch runs gets ErrHeld at once,
 //     with the time left on the lease (a 409 with Retry-After). After the
 //     run, if the service serves the switch over HTTP with idempotency keys
