@@ -19,11 +19,6 @@ const (
 	// DefaultMetaField is the default BSON name of the subdocument in which
 	// writes record their write ids.
 	DefaultMetaField = "_mc"
-	// DefaultHistory is the former default of Options.History.
-	//
-	// Deprecated: write ids are bounded on the server by [WriteIDs];
-	// Options.History is ignored.
-	DefaultHistory = WriteIDs
 	// DefaultReserved is the top-level field reserved by default: the lease
 	// package's lease record.
 	DefaultReserved = "_lease"
@@ -57,13 +52,6 @@ type Options struct {
 	// keeps the document's incarnation id and the ids of its last
 	// [WriteIDs] writes. T must not map it. Default "_mc".
 	MetaField string
-
-	// History is ignored.
-	//
-	// Deprecated: write ids are now bounded on the server by the protocol
-	// constant [WriteIDs], the same for every writer, so that writers
-	// configured differently cannot prune each other's ids.
-	History int
 
 	// Reserved names top-level fields that belong to another component, such
 	// as the lease package's lease record: Guarded refuses an update path in

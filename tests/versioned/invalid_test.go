@@ -324,28 +324,3 @@ func TestEndedContextIsTheContextError(t *testing.T) {
 	require.Equal(t, before, b.rawBytes(t, "a1"), "nothing was written")
 	require.Equal(t, int64(1), b.count(t))
 }
-
-// Operator-shaped ids match ErrInvalidID as well as ErrInvalid.
-func TestOperatorIDIsInvalidID(t *testing.T) {
-	t.Parallel()
-	repo, b := setup[anyID](t, nil)
-	require.NoError(t, repo.Insert(b.ctx, &anyID{ID: "alice", Owner: "alice"}))
-	for _, id := range []any{
-		map[string]any{"$ne": nil},
-		bson.M{"$gt": ""},
-		bson.Regex{Pattern: "^a"},
-		bson.JavaScript("1"),
-		bson.A{"alice"},
-		bson.D{{Key: "x", Value: bson.D{{Key: "$exists", Value: true}}}},
-	} {
-		_, err := repo.Get(b.ctx, id)
-		require.ErrorIs(t, err, versioned.ErrInvalidID, "%#v", id)
-		require.ErrorIs(t, err, versioned.ErrInvalid, "%#v", id)
-		require.True(t, strings.HasPrefix(err.Error(), "versioned: get: invalid id"), err.Error())
-	}
-	// A document id that is a plain document works, compared by $eq.
-	require.NoError(t, repo.Insert(b.ctx, &anyID{ID: bson.D{{Key: "tenant", Value: "t"}, {Key: "n", Value: int32(1)}}, Owner: "t"}))
-	got, err := repo.Get(b.ctx, bson.D{{Key: "tenant", Value: "t"}, {Key: "n", Value: int32(1)}})
-	require.NoError(t, err)
-	require.Equal(t, "t", got.Owner)
-}

@@ -91,18 +91,3 @@ func TestReservedFields(t *testing.T) {
 	_, err = open.Guarded(b.ctx, "r", nil, bson.M{"$set": bson.M{"_lease.owner": "y"}})
 	require.NoError(t, err)
 }
-
-// Modify writes only the fields fn changed, compared as Go values: a stored
-// int32 or double in an int64 field that fn did not change keeps its type.
-func TestModifyKeepsTypesOfUntouchedFields(t *testing.T) {
-	t.Parallel()
-	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "t"}, {Key: "owner", Value: "o"}, {Key: "balance", Value: int32(5)}, {Key: "version", Value: 1.0}})
-	require.NoError(t, err)
-	_, err = repo.Modify(b.ctx, "t", func(a *account) error { a.Owner = "p"; return nil })
-	require.NoError(t, err)
-	raw := b.rawBytes(t, "t")
-	require.Equal(t, bson.TypeInt32, raw.Lookup("balance").Type, "balance was not retyped")
-	require.Equal(t, "p", raw.Lookup("owner").StringValue())
-	require.Equal(t, int64(2), raw.Lookup("version").Int64())
-}

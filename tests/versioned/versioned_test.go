@@ -1,7 +1,6 @@
 package versioned_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
@@ -283,78 +281,6 @@ func TestGuardedStaleBase(t *testing.T) {
 	require.Equal(t, ins.Version+2+others, got.Version)
 }
 
-// TestWriteIDsStayBounded: every kind of write, by two repositories, keeps
-// the document at no more than WriteIDs write ids, the last ones written.
-func TestWriteIDsStayBounded(t *testing.T) {
-	t.Parallel()
-	repo, b := setup[account](t, nil)
-	requireSlice(t, b)
-	// Another repository on the same collection stands for another process.
-	other, err := versioned.New[account](b.coll, nil)
-	require.NoError(t, err)
-	a := &account{ID: "a1"}
-	require.NoError(t, repo.Insert(b.ctx, a))
-	const writes = 3 * versioned.WriteIDs
-	for i := range writes {
-		r := repo
-		if i%2 == 1 {
-			r = other
-		}
-		switch i % 3 {
-		case 0:
-			held, err := r.Get(b.ctx, "a1")
-			require.NoError(t, err)
-			held.Balance++
-			require.NoError(t, r.Update(b.ctx, held))
-		case 1:
-			_, err := r.Modify(b.ctx, "a1", func(x *account) error { x.Balance++; return nil })
-			require.NoError(t, err)
-		case 2:
-			_, err := r.Guarded(b.ctx, "a1", nil, bson.M{"$inc": bson.M{"balance": 1}})
-			require.NoError(t, err)
-		}
-		require.Len(t, b.writeIDs(t, "a1"), min(i+2, versioned.WriteIDs), "write %d", i)
-	}
-	m := b.raw(t, "a1")
-	require.Equal(t, a.Version+writes, m["version"])
-	require.Equal(t, int64(writes), m["balance"])
-	mc, ok := m["_mc"].(bson.M)
-	require.True(t, ok)
-	require.Equal(t, int32(versioned.WriteIDs), mc["h"], "the document records the protocol's bound")
-}
-
-// TestThousandWritersKeepAtMostWriteIDs: 1,000 distinct repositories (short
-// lived processes, serverless calls), one write each, of every kind: the
-// document never holds more than WriteIDs write ids, whatever any writer
-// saw, since the bound is part of each write's own update on the server.
-func TestThousandWritersKeepAtMostWriteIDs(t *testing.T) {
-	t.Parallel()
-	repo, b := setup[account](t, nil)
-	requireSlice(t, b)
-	k := &account{ID: "k"}
-	require.NoError(t, repo.Insert(b.ctx, k))
-	const writers = 1000
-	for i := range writers {
-		r, err := versioned.New[account](b.coll, nil)
-		require.NoError(t, err)
-		switch i % 3 {
-		case 0: // a copy read by another process: no read by this one
-			require.NoError(t, r.Update(b.ctx, &account{ID: "k", Balance: int64(i + 1), Version: k.Version + int64(i)}))
-		case 1:
-			_, err = r.Modify(b.ctx, "k", func(a *account) error { a.Balance++; return nil })
-			require.NoError(t, err)
-		case 2:
-			_, err = r.Guarded(b.ctx, "k", nil, bson.M{"$inc": bson.M{"balance": 1}})
-			require.NoError(t, err)
-		}
-		if i%97 == 0 {
-			require.LessOrEqual(t, len(b.writeIDs(t, "k")), versioned.WriteIDs, "after write %d", i)
-		}
-	}
-	require.Len(t, b.writeIDs(t, "k"), versioned.WriteIDs)
-	require.Equal(t, k.Version+writers, b.raw(t, "k")["version"])
-}
-
 func TestUnmappedFieldsSurvive(t *testing.T) {
 	t.Parallel()
 	repo, b := setup[account](t, nil)
@@ -497,46 +423,6 @@ func TestWhere(t *testing.T) {
 	require.ErrorIs(t, repo.Delete(b.ctx, got, theirs), errLost)
 	require.NoError(t, repo.Delete(b.ctx, got, mine))
 	require.Equal(t, int64(0), b.count(t))
-}
-
-func TestTransactions(t *testing.T) {
-	t.Parallel()
-	repo, b := setup[account](t, nil)
-	b.db.Require(t, mongotest.Transactions)
-	require.NoError(t, repo.Insert(b.ctx, &account{ID: "a1", Balance: 10}))
-	require.NoError(t, repo.Insert(b.ctx, &account{ID: "a2", Balance: 10}))
-
-	sess, err := b.db.Client().StartSession()
-	require.NoError(t, err)
-	defer sess.EndSession(b.ctx)
-
-	// Both writes commit or neither does.
-	_, err = sess.WithTransaction(b.ctx, func(ctx context.Context) (any, error) {
-		if _, err := repo.Modify(ctx, "a1", func(a *account) error { a.Balance -= 5; return nil }); err != nil {
-			return nil, err
-		}
-		return repo.Modify(ctx, "a2", func(a *account) error { a.Balance += 5; return nil })
-	})
-	require.NoError(t, err)
-	require.Equal(t, int64(5), b.raw(t, "a1")["balance"])
-	require.Equal(t, int64(15), b.raw(t, "a2")["balance"])
-
-	// Inside a transaction Modify makes one attempt: a conflict comes back
-	// at once, for the transaction's own retry loop.
-	require.NoError(t, sess.StartTransaction())
-	sctx := mongo.NewSessionContext(b.ctx, sess)
-	calls := 0
-	_, err = repo.Modify(sctx, "a1", func(a *account) error {
-		calls++
-		_, err := b.coll.UpdateOne(b.ctx, bson.M{"_id": "a1"}, bson.M{"$inc": bson.M{"version": 1}})
-		require.NoError(t, err)
-		a.Balance = 0
-		return nil
-	})
-	_ = sess.AbortTransaction(b.ctx)
-	require.Error(t, err)
-	require.Equal(t, 1, calls)
-	require.Equal(t, int64(5), b.raw(t, "a1")["balance"])
 }
 
 func TestUniqueIndexViolation(t *testing.T) {

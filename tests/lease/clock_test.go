@@ -1,8 +1,25 @@
 package lease_test
 
+// The server's clock as a Manager estimates it (ModeEstimated, and the
+// deadlines of both modes): a slow or stale reading never yields a second
+// holder, nor a deadline beyond the TTL.
+//
+// A lease claimed or renewed while store.Clock's kept reading is past MaxAge
+// and fresh readings have a larger round trip (the clock once handed out a
+// zero Estimate with a nil error then; see the store package's clock tests).
+// With a zero estimate:
+//
+// Claim: expiresAt would be written as 0001-01-01 + TTL, so every other
+// owner would see the lease as expired at once and take it, while the first
+// holder's local deadline is TTL - margin away: two holders.
+//
+// Renew: the renewal would write lastSent+1ms (the record barely moves) but
+// the holder's local deadline would become t0 + (expires - 0001-01-01),
+// about two thousand years: the holder would never expire locally while
+// others take over after TTL.
+
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,7 +30,6 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
-	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -83,46 +99,6 @@ func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 	if la != nil {
 		_ = la.Release(ctx)
 	}
-}
-
-// TestAcquireSettlesUnknownClaim: a claim is applied but its reply is lost
-// and the re-read fails too (ErrUnknownOutcome). Acquire's next attempt
-// finds its own claim in the record and holds the lease at once, instead of
-// waiting out a lease it holds itself.
-func TestAcquireSettlesUnknownClaim(t *testing.T) { eachMode(t, testAcquireSettlesUnknownClaim) }
-
-//nolint:thelper // the body of a test, run once per mode
-func testAcquireSettlesUnknownClaim(t *testing.T, mode lease.Mode) {
-	b := setup(t, mode)
-	ctx := context.Background()
-	id := b.insert(t)
-	f := b.db.Faulty(t, nil)
-	var healed atomic.Bool
-	unknowns := 0
-	fault := f.DropNextReply(mongotest.Commands([]string{"findAndModify"}, b.coll.Name()))
-	reads := mongotest.Commands([]string{"find", "aggregate"}, b.coll.Name())
-	f.DropReplies(1000, func(c *mongotest.Command) bool { return !healed.Load() && reads(c) })
-	policy := fastRetry
-	policy.OnRetry = func(at retry.Attempt) {
-		if errors.Is(at.Err, lease.ErrUnknownOutcome) {
-			unknowns++
-		}
-		healed.Store(true)
-	}
-	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Hour, &lease.Options{
-		ResolveTimeout: 300 * time.Millisecond,
-		Retry:          policy,
-	})
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second) // far below the TTL
-	defer cancel()
-	l, err := a.Acquire(actx, id)
-	require.True(t, fault.HasFired())
-	require.NoError(t, err, "Acquire settled its own claim")
-	require.Equal(t, 1, unknowns, "the first attempt's outcome was unknown")
-	d := load(t, b.coll, id)
-	require.Equal(t, d.Lease.Epoch, l.Epoch(), "the claim applied is the lease's")
-	require.Equal(t, "a", owner(d.Lease))
-	require.NoError(t, l.Release(ctx))
 }
 
 // TestSlowHelloProxyNoSecondHolder: the holder's Manager reads the server's
@@ -244,5 +220,145 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 	}
 	if live(la) {
 		require.NoError(t, la.Release(ctx))
+	}
+}
+
+func TestClaimWithSlowClockHasOneHolder(t *testing.T) {
+	eachMode(t, testClaimWithSlowClockHasOneHolder)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testClaimWithSlowClockHasOneHolder(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	id := b.insert(t)
+
+	sc := &slowableClock{}
+	hello := store.HelloSampler(b.db.Client())
+	sample := sc.sampler(hello, sc.whenSlow(100*time.Millisecond)) // the server's clock moves on with ours
+	// Default ClockOptions (ResyncInterval 30s, MaxAge 5m), local Now that
+	// the test moves forward.
+	clockA := store.NewClock(sample, &store.ClockOptions{Now: sc.now})
+	a, err := lease.New(b.coll, &lease.Options{TTL: 30 * time.Second, Owner: "a", Clock: clockA, Now: sc.now, Mode: mode})
+	require.NoError(t, err)
+
+	_, err = clockA.Now(ctx) // a first, fast reading
+	require.NoError(t, err)
+
+	// Six minutes pass; hello now takes 100ms.
+	sc.pass(6 * time.Minute)
+	sc.slow.Store(true)
+
+	la, err := a.TryAcquire(ctx, id)
+	require.NoError(t, err)
+	t.Logf("a holds epoch %d, server expiry written %v, a's time left %v", la.Epoch(), la.ExpiresAt(), la.TimeLeft())
+
+	// c: an honest owner whose server-time reference is the same shifted one.
+	clockC := store.NewClock(sc.sampler(hello, nil), &store.ClockOptions{Now: sc.now})
+	c, err := lease.New(b.coll, &lease.Options{TTL: 30 * time.Second, Owner: "c", Clock: clockC, Now: sc.now, Mode: mode})
+	require.NoError(t, err)
+	lc, err := c.TryAcquire(ctx, id)
+	if err == nil {
+		t.Logf("c holds epoch %d", lc.Epoch())
+		require.Error(t, la.Err(), "BUG: two holders: a (epoch %d, %v left, Err %v) and c (epoch %d)",
+			la.Epoch(), la.TimeLeft(), la.Err(), lc.Epoch())
+	}
+	require.ErrorIs(t, err, lease.ErrHeld, "a holds the lease; c must get ErrHeld")
+}
+
+func TestRenewWithSlowClockKeepsDeadlineWithinTTL(t *testing.T) {
+	eachMode(t, testRenewWithSlowClockKeepsDeadlineWithinTTL)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testRenewWithSlowClockKeepsDeadlineWithinTTL(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	id := b.insert(t)
+
+	// a's local time is a clock the test moves forward (with the server's
+	// clock as a reads it), so that a loaded machine cannot make the
+	// renewal below late.
+	sc := &slowableClock{}
+	hello := store.HelloSampler(b.db.Client())
+	sample := sc.sampler(hello, sc.whenSlow(30*time.Millisecond))
+	// Short ResyncInterval and MaxAge (valid options); with the defaults the
+	// same happens after 5 minutes of round trips 60ms longer than the best
+	// reading.
+	clockA := store.NewClock(sample, &store.ClockOptions{ResyncInterval: 100 * time.Millisecond, MaxAge: 200 * time.Millisecond, Now: sc.now})
+	const ttl = 2 * time.Second
+	a, err := lease.New(b.coll, &lease.Options{TTL: ttl, Owner: "a", Clock: clockA, Now: sc.now, Mode: mode})
+	require.NoError(t, err)
+	la, err := a.TryAcquire(ctx, id)
+	require.NoError(t, err)
+	t.Logf("a's deadline after the claim: in %v", la.Deadline().Sub(sc.now()))
+
+	sc.pass(300 * time.Millisecond)
+	sc.slow.Store(true)
+	require.NoError(t, la.Renew(ctx))
+	left := la.Deadline().Sub(sc.now())
+	t.Logf("a's deadline after the renewal: in %v; record expiry %v", left, la.ExpiresAt())
+
+	// c takes over once the record's expiry passes (it barely moved).
+	c := b.manager(t, "c", ttl, &lease.Options{Retry: fastRetry})
+	actx, cancel := context.WithTimeout(ctx, 3*ttl)
+	defer cancel()
+	lc, err := c.Acquire(actx, id)
+	if err == nil {
+		t.Logf("c holds epoch %d while a (epoch %d) has Err=%v and TimeLeft=%v", lc.Epoch(), la.Epoch(), la.Err(), la.TimeLeft())
+	}
+	require.Less(t, left, ttl, "BUG: a renewal moved the holder's local deadline %v ahead (TTL is %v)", left, ttl)
+}
+
+// slowableClock is a store.Clock over the real server's hello whose readings
+// can be made to take an extra delay (a loaded server or a slow network), on
+// a local clock that can be moved forward (time passing).
+type slowableClock struct {
+	mu   sync.Mutex
+	skip time.Duration // added to time.Now: time that "passed"
+	slow atomic.Bool
+}
+
+func (s *slowableClock) now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Now().Add(s.skip)
+}
+
+func (s *slowableClock) pass(d time.Duration) {
+	s.mu.Lock()
+	s.skip += d
+	s.mu.Unlock()
+}
+
+func (s *slowableClock) skipped() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.skip
+}
+
+// sampler reads the server's clock with read and moves the reading on by the
+// time the test made pass, as if the server's clock had run on with the local
+// one. When delay is not nil and returns more than zero, it sleeps that long
+// first: a slow network or a loaded server.
+func (s *slowableClock) sampler(read store.Sampler, delay func() time.Duration) store.Sampler {
+	return func(ctx context.Context) (time.Time, error) {
+		if delay != nil {
+			if d := delay(); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		st, err := read(ctx)
+		return st.Add(s.skipped()), err
+	}
+}
+
+// whenSlow returns a delay of d while s is marked slow, and none otherwise.
+func (s *slowableClock) whenSlow(d time.Duration) func() time.Duration {
+	return func() time.Duration {
+		if s.slow.Load() {
+			return d
+		}
+		return 0
 	}
 }

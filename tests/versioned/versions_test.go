@@ -1,7 +1,11 @@
 package versioned_test
 
+// Versions are opaque: a random start per document, one more per write, and
+// never a wrap past math.MaxInt64.
+
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -10,6 +14,27 @@ import (
 
 	"github.com/mongocas/mongocas/versioned"
 )
+
+// TestInsertStartsAtARandomVersion: versions are opaque. Insert starts each
+// document at a random version in [1, 2^52) (exact as a JavaScript number),
+// and each write raises it by one.
+func TestInsertStartsAtARandomVersion(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	seen := map[int64]bool{}
+	for i := range 8 {
+		a := &account{ID: fmt.Sprintf("r-%d", i), Balance: 1}
+		require.NoError(t, repo.Insert(b.ctx, a))
+		require.GreaterOrEqual(t, a.Version, int64(1))
+		require.Less(t, a.Version, int64(1)<<52)
+		require.Equal(t, a.Version, b.raw(t, a.ID)["version"], "the stored version is the one reported")
+		seen[a.Version] = true
+		before := a.Version
+		a.Balance++
+		require.NoError(t, repo.Update(b.ctx, a))
+		require.Equal(t, before+1, a.Version)
+	}
+	require.Len(t, seen, 8, "eight inserts, eight different starting versions")
+}
 
 // TestVersionNeverOverflows: a document at version math.MaxInt64 (written
 // by another program) is a *VersionTypeError to read, and a copy claiming
