@@ -1,6 +1,6 @@
 package lease_test
 
-// Fences: a lease's Fence and Guard match while it is held and the record
+// Fences: a lease's Fence matches while it is held and the record
 // is its own, and nothing once it is released, lost, taken over, or the
 // document was deleted and inserted again (epochs never repeat).
 
@@ -209,8 +209,8 @@ func testFencedWriteOfExpiredLeaseChangesNothing(t *testing.T, mode lease.Mode) 
 	require.NoError(t, lc.Release(ctx))
 }
 
-// For a named lease the record lives in the lock document; Fence/Guard
-// match the protected resource once the holder stamped it: a fenced write to
+// For a named lease the record lives in the lock document; its Fence
+// matches the protected resource once the holder stamped it: a fenced write to
 // the stamped document matches while the lease is held.
 func TestNamedLeaseFenceMatchesStampedDocument(t *testing.T) {
 	eachMode(t, testNamedLeaseFenceMatchesStampedDocument)
