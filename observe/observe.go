@@ -168,8 +168,9 @@ const (
 	// as the caller gave it (its scope is not reported).
 
 	// KeyCompleted: a request ran and its result was stored. Attempt is
-	// the run of the key (1 for the first claim that ran it), Elapsed the
-	// time from the call to the stored result.
+	// the run of the key (1 for the first claim that ran it), Epoch the
+	// claim's (the lease events of the claim, op "do", tell how long it
+	// took).
 	KeyCompleted
 
 	// KeyReplayed: a request got the result an earlier one stored; nothing
@@ -361,8 +362,7 @@ type Event struct {
 	// (JobFailed, JobDead), the failure (QueueError).
 	Err error
 	// Elapsed (OpEnd) is how long the operation took; how long the
-	// handler ran (JobCompleted, JobFailed, JobDead, JobSnoozed); the time
-	// from the call to the stored result (KeyCompleted).
+	// handler ran (JobCompleted, JobFailed, JobDead, JobSnoozed).
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
 	// BudgetRefused), or the attempts made (OpEnd); a job's attempt (the
@@ -385,7 +385,7 @@ type Event struct {
 	Settlement Settlement
 
 	// Epoch is the lease's fencing token (the holder's, for LeaseHeld and
-	// KeyInProgress).
+	// KeyInProgress; the claim's that stored the result, for KeyCompleted).
 	Epoch int64
 	// Owner is this Manager's owner string (lease events).
 	Owner string

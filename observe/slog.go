@@ -146,7 +146,7 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 	case QueueKeySkipped:
 		attrs = append(attrs, slog.String("reason", e.Reason))
 	case KeyCompleted:
-		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Duration("elapsed", e.Elapsed))
+		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Int64("epoch", e.Epoch))
 	case KeyInProgress:
 		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	default:
