@@ -29,11 +29,25 @@
 //
 // Processes may register different handlers (during a rolling deploy that
 // adds one, say): a Run works only the jobs whose handlers it has. When a
-// key's next job has a handler it lacks, it logs a warning (Options.Logger)
-// with the handler's name and the key, marks the key, and leaves it to the
+// key's next job has a handler it lacks, it reports it (a QueueKeySkipped
+// event to Options.Observer, with the handler's name and the key, which
+// observe.Slog logs as a warning), marks the key, and leaves it to the
 // processes that have the handler, without looking at it again until that
 // job is finished or cancelled. Cancel frees a cancelled job's key at once
 // for the jobs behind it.
+//
+// # Events
+//
+// Give Options.Observer an observe.Observer (observe.Slog, observe.Counters,
+// the OpenTelemetry adapter otelmongocas) to see each job's life: enqueued,
+// claimed (its attempt, and its age: how long it waited), then completed,
+// failed (its attempt and error; it runs again after the event's Delay),
+// snoozed, or dead; requeued and cancelled. What the workers cannot return
+// to anyone (a search for work, a sweep, a claim or a release that failed,
+// a claim lost while a job ran) is a QueueError, and a key left to the
+// processes that have its head job's handler a QueueKeySkipped: observe.Slog
+// warns of both, and of dead jobs, and is quiet at Info while all goes well.
+// The lease events of the workers' claims go to the same Observer.
 //
 // # How it works
 //

@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -158,6 +159,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 				}
 			}
 			q.notify()
+			q.jobEvent(ctx, observe.JobRequeued, opRequeue, job)
 			return nil
 		}
 		// Changed meanwhile (requeued or cancelled by someone else): give
@@ -219,7 +221,8 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 // the key's document that keep workers away from it (when to look again,
 // set by a head job that failed or snoozed; the name of its handler, set by
 // a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
-// write fails, Cancel still returns nil (the job is cancelled) and logs it,
+// write fails, Cancel still returns nil (the job is cancelled) and reports it
+// (a QueueError to Options.Observer),
 // and the key's next jobs may wait until the cancelled job's run time.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
@@ -234,6 +237,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	err := q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job)
 	if err == nil {
 		q.freeKey(ctx, job.Key)
+		q.jobEvent(ctx, observe.JobCancelled, opCancel, &job)
 		return nil
 	}
 	cur, rerr := q.readJob(ctx, id)
@@ -248,6 +252,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	case cur.State == StateCancelled && !missed:
 		// The reply was lost, and the re-read shows the job cancelled.
 		q.freeKey(ctx, cur.Key)
+		q.jobEvent(ctx, observe.JobCancelled, opCancel, cur)
 		return nil
 	case !missed:
 		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
@@ -260,7 +265,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 // lack) after its head may have been cancelled, and wakes this process's
 // Run. The hints only say when and where to look: a worker that claims the
 // key derives them again from its head. It is best effort: a failure is
-// logged.
+// reported (a QueueError).
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
 	defer cancel()
@@ -278,7 +283,7 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 		}
 	}
 	if err != nil {
-		q.c.logger.Warn("deferred: cancel: could not free the key of a cancelled job (its next jobs may wait until its run time)", "key", keyText(key), "err", err)
+		q.failed(ctx, "free_key", key, err)
 	}
 	q.notify()
 }

@@ -2,11 +2,11 @@ package deferred
 
 import (
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -136,9 +136,18 @@ type Options struct {
 	// 5s.
 	ResolveTimeout time.Duration
 
-	// Logger receives what the workers cannot return to anyone: failed
-	// polls, lost claims, failed bookkeeping. Nil means none.
-	Logger *slog.Logger
+	// Observer, if not nil, receives the Queue's events (see the observe
+	// package): each job enqueued, claimed (with its attempt and its age),
+	// completed, failed (with its attempt and error), dead, snoozed,
+	// requeued or cancelled; a key a worker leaves to other processes
+	// (QueueKeySkipped); and, as QueueError, what the workers cannot
+	// return to anyone (a failed search for work, sweep, claim, release or
+	// bookkeeping write, a claim lost while a job ran). observe.Slog logs
+	// them, warning of dead jobs, skipped keys and queue errors. The lease
+	// Manager of the claims reports to it too, and the Retry policy of the
+	// Modify helper, unless Retry has an Observer of its own. Nil means
+	// none.
+	Observer observe.Observer
 }
 
 // config is Options with the defaults filled in.
@@ -159,7 +168,7 @@ type config struct {
 	mode        lease.Mode
 	clock       *store.Clock
 	resolve     time.Duration
-	logger      *slog.Logger
+	observer    observe.Observer
 }
 
 func (o *Options) config() (config, error) {
@@ -203,18 +212,18 @@ func (o *Options) config() (config, error) {
 		holeTimeout: or(opts.HoleTimeout, DefaultHoleTimeout), retention: or(opts.Retention, DefaultRetention),
 		batch: or(opts.Batch, DefaultBatch), fenceField: or(opts.FenceField, DefaultFenceField),
 		maxStamps: or(opts.MaxStamps, DefaultMaxStamps), owner: opts.Owner, mode: opts.LeaseMode,
-		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), logger: opts.Logger,
+		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), observer: opts.Observer,
 	}
 	// The Modify helper's policy goes to versioned, whose zero fields
 	// differ from the retry package's.
 	c.retry = opts.Retry
 	c.retry.MaxAttempts = or(c.retry.MaxAttempts, retry.DefaultMaxAttempts)
 	c.retry.MaxElapsedTime = or(c.retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)
+	if c.retry.Observer == nil {
+		c.retry.Observer = opts.Observer
+	}
 	if c.backoff.InitialInterval == 0 && c.backoff.MaxInterval == 0 {
 		c.backoff.InitialInterval, c.backoff.MaxInterval = time.Second, 5*time.Minute
-	}
-	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
 }

@@ -203,6 +203,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 	keys := jobs.Database().Collection(jobs.Name() + "_keys")
 	leases, err := lease.New(keys, &lease.Options{
 		TTL: c.visibility, Owner: c.owner, Mode: c.mode, Clock: c.clock, ResolveTimeout: c.resolve,
+		Observer: c.observer,
 	})
 	if err != nil {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
@@ -492,10 +493,12 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			}
 			if !late {
 				q.notify()
+				q.enqueued(ctx, id, raw, h.name)
 				return id, nil
 			}
 		case stored:
 			q.notify()
+			q.enqueued(ctx, id, raw, h.name)
 			return id, nil
 		}
 		if try >= maxEnqueueTries {
@@ -838,7 +841,7 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
 	defer cancel()
 	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
-		q.c.logger.Warn("deferred: could not skip an abandoned sequence number", "key", keyText(raw), "seq", seq, "err", err)
+		q.failed(ctx, "skip_number", raw, err)
 	}
 }
 

@@ -64,13 +64,13 @@ func (q *Queue) Run(ctx context.Context) error {
 			// A TTL index deletes finished jobs where there is one; idle
 			// keys are this sweep's everywhere.
 			if _, err := q.sweep(ctx, !ttl); err != nil && ctx.Err() == nil {
-				q.c.logger.Warn("deferred: sweep", "err", err)
+				q.failed(ctx, "sweep", bson.RawValue{}, err)
 			}
 			nextSweep = time.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
 		}
 		started, err := r.dispatch(ctx)
 		if err != nil && ctx.Err() == nil {
-			q.c.logger.Warn("deferred: look for work", "err", err)
+			q.failed(ctx, "look_for_work", bson.RawValue{}, err)
 		}
 		if started > 0 {
 			continue
@@ -224,6 +224,7 @@ type claim struct {
 	run  context.Context // Run's context
 	jobs context.Context // ends with the lease or with Run's context
 	skip bool            // this Run should leave the key alone a while
+	ran  time.Duration   // how long the handler of the current attempt ran
 }
 
 // book returns a context for one bookkeeping write: it outlives Run's
@@ -242,7 +243,7 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	l, err := q.leases.TryAcquire(ctx, key)
 	if err != nil {
 		if !errors.Is(err, lease.ErrHeld) && ctx.Err() == nil {
-			q.c.logger.Warn("deferred: claim a key", "key", keyText(key), "err", err)
+			q.failed(ctx, "claim_key", key, err)
 		}
 		return true
 	}
@@ -256,7 +257,7 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 		cancel()
 		bctx, done := c.book()
 		if err := l.Release(bctx); err != nil && !errors.Is(err, lease.ErrLost) {
-			q.c.logger.Warn("deferred: release a key", "key", keyText(key), "err", err)
+			q.failed(ctx, "release_key", key, err)
 		}
 		done()
 		renewing.Wait()
@@ -308,6 +309,7 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	if job == nil {
 		return c.noHead(kd, seq)
 	}
+	c.claimed(job)
 	if job.Attempt > job.MaxAttempts {
 		// The worker of the last attempt was lost while it ran: its
 		// handler may have written.
@@ -321,14 +323,14 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 		// the job back and leave the key to another process.
 		c.putBack(job)
 		c.skip = true
-		q.c.logger.Warn("deferred: no handler here for a job: leaving its key to another process", "name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
+		c.skipped(job)
 		return kd, false
 	}
 	err = c.call(h, job)
 	switch {
 	case c.lost():
 		// Another worker has (or will have) the key and retakes the job.
-		q.c.logger.Warn("deferred: lost the claim on a key while its job ran", "key", keyText(c.key), "job", job.ID.Hex(), "err", err)
+		c.interrupted(job)
 		return kd, false
 	case err == nil:
 		return c.finish(kd, job, outcome{})
@@ -363,8 +365,7 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 // that write fail.
 func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
 	c.skip = true
-	c.q.c.logger.Warn("deferred: no handler here for a key's head job: skipping the key until its head moves on (another process must run it)",
-		"name", job.Name, "key", keyText(c.key), "job", job.ID.Hex())
+	c.skipped(job)
 	c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
 	return kd, false
 }
@@ -401,6 +402,7 @@ func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 // call runs the handler with the attempt's context, and turns a panic into
 // a *PanicError.
 func (c *claim) call(h *handler, job *Job) (err error) {
+	defer c.timed(time.Now())
 	ctx, cancel := c.jobs, context.CancelFunc(func() {})
 	if c.q.c.jobTimeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, c.q.c.jobTimeout)
@@ -617,6 +619,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		}
 		return kd, false
 	}
+	c.recorded(job, o, to, runAt.Sub(now))
 	if !runAt.IsZero() {
 		c.setKey(bson.D{{Key: "due", Value: runAt}})
 		return kd, false
@@ -745,12 +748,6 @@ func (c *claim) setKey(set bson.D) {
 	}
 	if err != nil {
 		c.warn("update the key", 0, err)
-	}
-}
-
-func (c *claim) warn(what string, seq int64, err error) {
-	if c.run.Err() == nil {
-		c.q.c.logger.Warn("deferred: "+what, "key", keyText(c.key), "seq", seq, "err", err)
 	}
 }
 

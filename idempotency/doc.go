@@ -54,6 +54,17 @@
 // repeated by the retry with the same partner key ([Call.Step]), so the
 // partner can tell it is the same call.
 //
+// # Events
+//
+// Give Options.Observer an observe.Observer (observe.Slog, observe.Counters,
+// the OpenTelemetry adapter otelmongocas) to see what became of each
+// request: its result stored (KeyCompleted, with the run's attempt),
+// replayed (KeyReplayed), its key found in progress (KeyInProgress, with the
+// holder and its time left) or reused with another request (KeyMismatch,
+// which observe.Slog logs as a warning: a client bug, or a key collision).
+// The claim of a key that runs is the lease Manager's operation "do", with
+// its own events, to the same Observer.
+//
 // # Guarantees
 //
 // Given a server that applies single-document writes atomically, and the

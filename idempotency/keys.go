@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -172,9 +173,11 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 			return Result{}, err
 		}
 		if !bytes.Equal(rec.FP, fp) {
+			k.report(ctx, observe.KeyMismatch, ref)
 			return Result{}, &MismatchError{Key: ref.key}
 		}
 		if rec.Result != nil {
+			k.report(ctx, observe.KeyReplayed, ref)
 			return rec.Result.replay(), nil
 		}
 		res, err := k.run(ctx, ref, fp, fn)
@@ -210,10 +213,12 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 		case !bytes.Equal(rec.FP, fp):
 			// Deleted by the clean-up and made again by another request
 			// between open and claim.
+			k.report(ctx, observe.KeyMismatch, ref)
 			return &MismatchError{Key: ref.key}
 		case rec.Result != nil:
 			// Completed by another claim between open and this claim.
 			res, stored = rec.Result.replay(), true
+			k.report(ctx, observe.KeyReplayed, ref)
 			return nil
 		}
 		c := &Call{k: k, ref: ref, l: l, rid: rec.RID, attempt: rec.Attempts, points: rec.Points}
@@ -232,6 +237,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 			return err
 		}
 		stored = true
+		k.completed(ctx, ref, c.attempt, l.Epoch())
 		return nil
 	})
 	var held *lease.HeldError
@@ -247,6 +253,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 	case ran:
 		return res, err // a final result that could not be stored
 	case !entered && errors.As(err, &held):
+		k.inProgress(ctx, ref, held)
 		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
 	case !entered && errors.Is(err, lease.ErrNotFound):
 		return Result{}, &RecordGoneError{Key: ref.key, Err: err}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -65,12 +66,23 @@ type Options struct {
 	// claimed once per call: a request that finds it in progress gets
 	// ErrInProgress at once, never waits. An invalid Policy is an error.
 	Retry retry.Policy
+
+	// Observer, if not nil, receives the events of these Keys (see the
+	// observe package): each request whose result was stored
+	// (KeyCompleted), replayed (KeyReplayed), that found its key in
+	// progress (KeyInProgress) or reused with another request
+	// (KeyMismatch, which observe.Slog logs as a warning). The lease
+	// Manager of the claims reports to it too (a claim, its renewals and
+	// release, as the operation "do"), and so does the Retry policy of the
+	// renewals unless it has an Observer of its own. Nil means none.
+	Observer observe.Observer
 }
 
 // config is Options with the defaults applied.
 type config struct {
 	ttl, retention, resolve time.Duration
 	clock                   *store.Clock
+	observer                observe.Observer
 }
 
 func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Options, error) {
@@ -78,7 +90,7 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 	if o != nil {
 		opts = *o
 	}
-	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, clock: opts.Clock}
+	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, clock: opts.Clock, observer: opts.Observer}
 	switch {
 	case c.ttl < 0:
 		return config{}, nil, &OptionsError{Field: "TTL", Reason: "is negative"}
@@ -110,6 +122,9 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 	// One claim per call: a request that finds the key held answers
 	// ErrInProgress at once. lease.Do's renewals ignore MaxAttempts.
 	p.MaxAttempts = 1
+	if p.Observer == nil {
+		p.Observer = opts.Observer
+	}
 	lo := &lease.Options{
 		TTL:            c.ttl,
 		Owner:          opts.Owner,
@@ -122,6 +137,7 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 		// outlives its claim, however long the request runs.
 		Retain:    "expireAt",
 		RetainFor: c.retention,
+		Observer:  opts.Observer,
 	}
 	return c, lo, nil
 }

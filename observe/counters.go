@@ -6,7 +6,8 @@ import (
 	"sync/atomic"
 )
 
-// Counters is an Observer that counts the events it sees: by kind, the
+// Counters is an Observer that counts the events it sees: by kind (the
+// job and idempotency events too), the
 // settled ambiguous writes by settlement, and the operations that failed.
 // The zero value is ready to use; a Counters is safe for concurrent use and
 // allocates nothing per event. Give the same *Counters to every repository
@@ -82,6 +83,20 @@ func (c *Counters) Counts() Counts {
 		LeasesLost:     c.Count(LeaseLost),
 		LeasesReleased: c.Count(LeaseReleased),
 		ClockSyncs:     c.Count(ClockSync),
+		JobsEnqueued:   c.Count(JobEnqueued),
+		JobsClaimed:    c.Count(JobClaimed),
+		JobsCompleted:  c.Count(JobCompleted),
+		JobsFailed:     c.Count(JobFailed),
+		JobsDead:       c.Count(JobDead),
+		JobsSnoozed:    c.Count(JobSnoozed),
+		JobsRequeued:   c.Count(JobRequeued),
+		JobsCancelled:  c.Count(JobCancelled),
+		KeysSkipped:    c.Count(QueueKeySkipped),
+		QueueErrors:    c.Count(QueueError),
+		KeysCompleted:  c.Count(KeyCompleted),
+		KeysReplayed:   c.Count(KeyReplayed),
+		KeysInProgress: c.Count(KeyInProgress),
+		KeysMismatched: c.Count(KeyMismatch),
 	}
 }
 
@@ -104,6 +119,16 @@ type Counts struct {
 	LeasesAcquired, LeasesHeld, LeasesRenewed, RenewalsFailed, LeasesLost, LeasesReleased int64
 	// ClockSyncs counts the syncs of server clocks.
 	ClockSyncs int64
+	// The job events of deferred queues: enqueued, claimed (attempts
+	// started), completed, failed (attempts that will be tried again),
+	// dead, snoozed, requeued, cancelled.
+	JobsEnqueued, JobsClaimed, JobsCompleted, JobsFailed, JobsDead, JobsSnoozed, JobsRequeued, JobsCancelled int64
+	// KeysSkipped counts the keys a queue's worker left to other processes
+	// (QueueKeySkipped), QueueErrors the QueueError events.
+	KeysSkipped, QueueErrors int64
+	// The idempotency events: results stored, replayed, requests that found
+	// their key in progress, keys reused with another request.
+	KeysCompleted, KeysReplayed, KeysInProgress, KeysMismatched int64
 }
 
 // Add returns the sum of c and o, field by field.
@@ -116,19 +141,39 @@ func (c Counts) Add(o Counts) Counts {
 		LeasesAcquired: c.LeasesAcquired + o.LeasesAcquired, LeasesHeld: c.LeasesHeld + o.LeasesHeld,
 		LeasesRenewed: c.LeasesRenewed + o.LeasesRenewed, RenewalsFailed: c.RenewalsFailed + o.RenewalsFailed,
 		LeasesLost: c.LeasesLost + o.LeasesLost, LeasesReleased: c.LeasesReleased + o.LeasesReleased,
-		ClockSyncs: c.ClockSyncs + o.ClockSyncs,
+		ClockSyncs:   c.ClockSyncs + o.ClockSyncs,
+		JobsEnqueued: c.JobsEnqueued + o.JobsEnqueued, JobsClaimed: c.JobsClaimed + o.JobsClaimed,
+		JobsCompleted: c.JobsCompleted + o.JobsCompleted, JobsFailed: c.JobsFailed + o.JobsFailed,
+		JobsDead: c.JobsDead + o.JobsDead, JobsSnoozed: c.JobsSnoozed + o.JobsSnoozed,
+		JobsRequeued: c.JobsRequeued + o.JobsRequeued, JobsCancelled: c.JobsCancelled + o.JobsCancelled,
+		KeysSkipped: c.KeysSkipped + o.KeysSkipped, QueueErrors: c.QueueErrors + o.QueueErrors,
+		KeysCompleted: c.KeysCompleted + o.KeysCompleted, KeysReplayed: c.KeysReplayed + o.KeysReplayed,
+		KeysInProgress: c.KeysInProgress + o.KeysInProgress, KeysMismatched: c.KeysMismatched + o.KeysMismatched,
 	}
 }
 
 // String returns the counts on one line, every count named, in a fixed
 // order: operations (and how many failed), conflicts, retries, budget
 // refusals, ambiguous writes (and how each was settled), then the lease
-// events and clock syncs.
+// events and clock syncs; then, only when any of them is not zero, the job
+// events (with the queue's skipped keys and errors) and the idempotency
+// events, so that a process without queues or keys keeps its line short.
 func (c Counts) String() string {
-	return fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
+	s := fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
 		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+
 		"leases acquired %d, held by another %d, renewed %d, renewals failed %d, lost %d, released %d, clock syncs %d",
 		c.Operations, c.Failed, c.Conflicts, c.Retries, c.BudgetRefusals,
 		c.Ambiguous, c.Landed, c.Resent, c.NotLanded, c.Unknown,
 		c.LeasesAcquired, c.LeasesHeld, c.LeasesRenewed, c.RenewalsFailed, c.LeasesLost, c.LeasesReleased, c.ClockSyncs)
+	if c.JobsEnqueued|c.JobsClaimed|c.JobsCompleted|c.JobsFailed|c.JobsDead|c.JobsSnoozed|c.JobsRequeued|c.JobsCancelled|c.KeysSkipped|c.QueueErrors != 0 {
+		s += fmt.Sprintf(", jobs enqueued %d, claimed %d, completed %d, failed %d, dead %d, snoozed %d, requeued %d, cancelled %d, "+
+			"keys skipped %d, queue errors %d",
+			c.JobsEnqueued, c.JobsClaimed, c.JobsCompleted, c.JobsFailed, c.JobsDead, c.JobsSnoozed, c.JobsRequeued, c.JobsCancelled,
+			c.KeysSkipped, c.QueueErrors)
+	}
+	if c.KeysCompleted|c.KeysReplayed|c.KeysInProgress|c.KeysMismatched != 0 {
+		s += fmt.Sprintf(", idempotent requests completed %d, replayed %d, in progress %d, mismatched %d",
+			c.KeysCompleted, c.KeysReplayed, c.KeysInProgress, c.KeysMismatched)
+	}
+	return s
 }

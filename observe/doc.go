@@ -10,6 +10,14 @@
 //	repo, err := versioned.New[Account](coll, &versioned.Options{Observer: observe.Slog(logger)})
 //	leases, err := lease.New(users, &lease.Options{TTL: 30 * time.Second, Observer: observe.Slog(logger)})
 //
+// A deferred.Queue reports the life of its jobs (enqueued, claimed, completed,
+// failed, dead, snoozed, requeued, cancelled) and what its workers could not
+// return to anyone (QueueError, QueueKeySkipped); idempotency.Keys reports
+// each request that completed, was replayed, found its key in progress or
+// reused with another request. These are events without OpStart and OpEnd:
+// each says what became of a job or a request, with the outcome where an
+// attempt ends.
+//
 // Three Observers come with it: [Slog] logs through a *slog.Logger, quiet at
 // Info in normal operation and warning of a lost lease or an unknown
 // outcome; [Counters] counts events in memory; [Join] sends each event to
@@ -20,8 +28,10 @@
 // a slice and compare the sequence exactly.
 //
 // The same field name everywhere: versioned.Options.Observer,
-// lease.Options.Observer, retry.Policy.Observer and
-// store.ClockOptions.Observer. A repository or manager passes its Observer
+// lease.Options.Observer, deferred.Options.Observer,
+// idempotency.Options.Observer, retry.Policy.Observer and
+// store.ClockOptions.Observer. A queue and Keys pass theirs on to the lease
+// managers they make (and their retry policies). A repository or manager passes its Observer
 // on to its retry policy (when the policy has none) and a manager to the
 // server clock it makes, so one field sees everything.
 //

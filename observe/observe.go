@@ -35,7 +35,7 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned and lease (and on those of a store.Clock made by a
+// events of versioned, lease, deferred and idempotency (and on those of a store.Clock made by a
 // lease.Manager, Collection and Op excepted); retry.Do, which does not know
 // the operation it runs in, sets none of them: its events carry the
 // operation's context instead.
@@ -107,6 +107,84 @@ const (
 	// Bound is the error bound of the reading it keeps, RTT its round trip.
 	ClockSync
 
+	// The events of a deferred.Queue (deferred.Options.Observer). Database
+	// and Collection name the queue's jobs collection; ID is the job's id
+	// (a bson.ObjectID), Key the job's key as text, Name the job's handler.
+	// Op is the call that reports them: "enqueue", "requeue", "cancel", or
+	// "run" for the workers of Queue.Run. A claimed attempt ends with
+	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped
+	// meanwhile (the job is put back, its attempt not counted) or the
+	// worker lost its claim on the key (a QueueError; another worker takes
+	// the job over).
+
+	// JobEnqueued: Enqueue stored a job (reported when it returns the id).
+	JobEnqueued
+
+	// JobClaimed: a worker claimed a job for an attempt. Attempt is the
+	// attempt's number, from 1; Age the time since the job was enqueued.
+	JobClaimed
+
+	// JobCompleted: the job's handler returned nil and the job is
+	// completed. Attempt, Outcome (OK), Elapsed (the handler's run).
+	JobCompleted
+
+	// JobFailed: an attempt failed and the job runs again after Delay.
+	// Attempt, Err (the handler's error), Outcome (how it failed: "error",
+	// "canceled" for a handler that ran past its JobTimeout, ...), Elapsed.
+	JobFailed
+
+	// JobDead: the job failed for good (its last attempt, a permanent
+	// error, bad input, or a worker lost during its last attempt). Attempt,
+	// Err, Outcome, Elapsed (0 when no handler ran).
+	JobDead
+
+	// JobSnoozed: the handler snoozed the job (deferred.Snooze); it runs
+	// again after Delay, its attempt not counted. Attempt, Elapsed.
+	JobSnoozed
+
+	// JobRequeued: Requeue put a dead or cancelled job back in the queue.
+	JobRequeued
+
+	// JobCancelled: Cancel took a job out of the queue.
+	JobCancelled
+
+	// QueueKeySkipped: a worker left a key to other processes. Reason
+	// ("no_handler": this process has no handler for the key's head job),
+	// Key, ID and Name of that job.
+	QueueKeySkipped
+
+	// QueueError: something a worker (or Cancel's clean-up) could not
+	// return to anyone failed: Op names the step ("sweep", "look_for_work",
+	// "claim_key", "release_key", "claim_job", "read_head", "skip_hole",
+	// "record_attempt", "put_back", "move_head", "update_key",
+	// "skip_number", "free_key"; "run" when the worker lost its claim while
+	// the job ran), Key when it is about one key, ID when about one job,
+	// Err.
+	QueueError
+
+	// The events of idempotency.Keys (idempotency.Options.Observer, for
+	// Keys.Do and the HTTP middleware). Op is "do"; Database and
+	// Collection name the records' collection; ID is the idempotency key
+	// as the caller gave it (its scope is not reported).
+
+	// KeyCompleted: a request ran and its result was stored. Attempt is
+	// the run of the key (1 for the first claim that ran it), Epoch the
+	// claim's (the lease events of the claim, op "do", tell how long it
+	// took).
+	KeyCompleted
+
+	// KeyReplayed: a request got the result an earlier one stored; nothing
+	// ran.
+	KeyReplayed
+
+	// KeyInProgress: another request holds the key's claim; nothing ran.
+	// Holder, Epoch (the holder's), TimeLeft.
+	KeyInProgress
+
+	// KeyMismatch: the key was first used with another request (another
+	// fingerprint); nothing ran.
+	KeyMismatch
+
 	kindEnd // one past the last kind
 )
 
@@ -125,6 +203,20 @@ var kindNames = [kindEnd]string{
 	LeaseReleased:    "lease.released",
 	LeaseHeld:        "lease.held",
 	ClockSync:        "clock.sync",
+	JobEnqueued:      "job.enqueued",
+	JobClaimed:       "job.claimed",
+	JobCompleted:     "job.completed",
+	JobFailed:        "job.failed",
+	JobDead:          "job.dead",
+	JobSnoozed:       "job.snoozed",
+	JobRequeued:      "job.requeued",
+	JobCancelled:     "job.cancelled",
+	QueueKeySkipped:  "queue.key_skipped",
+	QueueError:       "queue.error",
+	KeyCompleted:     "idempotency.completed",
+	KeyReplayed:      "idempotency.replayed",
+	KeyInProgress:    "idempotency.in_progress",
+	KeyMismatch:      "idempotency.mismatch",
 }
 
 // String returns the kind's name, such as "conflict" or "lease.lost".
@@ -242,7 +334,8 @@ type Event struct {
 
 	// Op names the operation: "insert", "get", "update", "delete",
 	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease). The events of a lease's claim (LeaseHeld,
+	// "renew", "release" (lease); "enqueue", "requeue", "cancel", "run" or
+	// the failed step of a QueueError (deferred); "do" (idempotency). The events of a lease's claim (LeaseHeld,
 	// and Ambiguous and Settled of a claim) say "acquire" whichever call
 	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
 	// of retry.Do and store.Clock, have none.
@@ -252,24 +345,37 @@ type Event struct {
 	// documents').
 	Database, Collection string
 	// ID is the document's id, or a named lease's name, as the caller gave
-	// it (after validation).
+	// it (after validation); a job's id (deferred); the idempotency key.
 	ID any
+	// Key (deferred) is the job's key, as text (its BSON value in extended
+	// JSON, cut to 64 bytes).
+	Key string
+	// Name (deferred) is the name of the job's handler: its kind.
+	Name string
 
-	// Outcome (OpEnd) says how the operation ended.
+	// Outcome (OpEnd, JobCompleted, JobFailed, JobDead) says how the
+	// operation, or the job's attempt, ended.
 	Outcome Outcome
 	// Err is the error of the event: the operation's (OpEnd), the cause
 	// (Retry, BudgetRefused, Ambiguous, LeaseRenewFailed), why the outcome
-	// is unknown (Settled), the *lease.LostError (LeaseLost).
+	// is unknown (Settled), the *lease.LostError (LeaseLost), the handler's
+	// (JobFailed, JobDead), the failure (QueueError).
 	Err error
-	// Elapsed (OpEnd) is how long the operation took.
+	// Elapsed (OpEnd) is how long the operation took; how long the
+	// handler ran (JobCompleted, JobFailed, JobDead, JobSnoozed).
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
-	// BudgetRefused), or the attempts made (OpEnd).
+	// BudgetRefused), or the attempts made (OpEnd); a job's attempt (the
+	// Job events), the run of an idempotency key (KeyCompleted).
 	Attempt int
 	// Delay (Retry) is how long the operation waits before the next
 	// attempt: 0 for a retry made at once (retry.Immediately; Modify's
-	// first conflict where the failed write returned the document).
+	// first conflict where the failed write returned the document); how
+	// long a job waits before its next attempt (JobFailed, JobSnoozed).
 	Delay time.Duration
+	// Age (JobClaimed) is the time from the job's enqueue to its claim:
+	// how long it waited in the queue (backoffs and snoozes included).
+	Age time.Duration
 
 	// Expected and Current (Conflict) are the version the write expected
 	// and the one found, -1 if not read.
@@ -278,24 +384,26 @@ type Event struct {
 	// Settlement (Settled) says what became of an ambiguous write.
 	Settlement Settlement
 
-	// Epoch is the lease's fencing token (the holder's, for LeaseHeld).
+	// Epoch is the lease's fencing token (the holder's, for LeaseHeld and
+	// KeyInProgress; the claim's that stored the result, for KeyCompleted).
 	Epoch int64
 	// Owner is this Manager's owner string (lease events).
 	Owner string
-	// Holder (LeaseHeld, LeaseLost) is the owner the lease record names,
+	// Holder (LeaseHeld, LeaseLost, KeyInProgress) is the owner the lease record names,
 	// when it was read: the holder that keeps this owner waiting, or the
 	// one that took the lease over.
 	Holder string
 	// Reason (LeaseLost) says why the lease was lost: "expired",
-	// "taken_over", "cleared" or "unread".
+	// "taken_over", "cleared" or "unread"; (QueueKeySkipped) why a worker
+	// left a key: "no_handler".
 	Reason string
 	// Wait (LeaseAcquired) is how long the claim took, waiting included.
 	Wait time.Duration
 	// Held (LeaseReleased, LeaseLost) is how long the lease was held, from
 	// its claim to its release or loss.
 	Held time.Duration
-	// TimeLeft is the holder's time left: another owner's (LeaseHeld), this
-	// owner's after a renewal (LeaseRenewed).
+	// TimeLeft is the holder's time left: another owner's (LeaseHeld,
+	// KeyInProgress), this owner's after a renewal (LeaseRenewed).
 	TimeLeft time.Duration
 
 	// Bound (ClockSync) is the error bound of the server-clock reading a

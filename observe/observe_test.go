@@ -83,6 +83,20 @@ func TestSlogLevels(t *testing.T) {
 		{observe.Event{Kind: observe.LeaseReleased, Epoch: 7}, slog.LevelDebug},
 		{observe.Event{Kind: observe.LeaseHeld, Holder: "b", Epoch: 8}, slog.LevelDebug},
 		{observe.Event{Kind: observe.ClockSync, Bound: time.Millisecond}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobEnqueued, Op: "enqueue", Name: "spend", Key: `"ana"`}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobClaimed, Op: "run", Attempt: 1, Age: time.Second}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobCompleted, Op: "run", Attempt: 1, Outcome: observe.OK}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobSnoozed, Op: "run", Attempt: 1, Delay: time.Minute}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobFailed, Op: "run", Attempt: 1, Outcome: observe.OutcomeError, Err: cause}, slog.LevelInfo},
+		{observe.Event{Kind: observe.JobDead, Op: "run", Attempt: 10, Outcome: observe.OutcomeError, Err: cause}, slog.LevelWarn},
+		{observe.Event{Kind: observe.JobRequeued, Op: "requeue"}, slog.LevelDebug},
+		{observe.Event{Kind: observe.JobCancelled, Op: "cancel"}, slog.LevelDebug},
+		{observe.Event{Kind: observe.QueueKeySkipped, Op: "run", Reason: "no_handler"}, slog.LevelWarn},
+		{observe.Event{Kind: observe.QueueError, Op: "sweep", Err: cause}, slog.LevelWarn},
+		{observe.Event{Kind: observe.KeyCompleted, Op: "do", ID: "k1", Attempt: 1}, slog.LevelDebug},
+		{observe.Event{Kind: observe.KeyReplayed, Op: "do", ID: "k1"}, slog.LevelDebug},
+		{observe.Event{Kind: observe.KeyInProgress, Op: "do", ID: "k1", Holder: "a"}, slog.LevelDebug},
+		{observe.Event{Kind: observe.KeyMismatch, Op: "do", ID: "k1"}, slog.LevelWarn},
 	}
 	for _, c := range cases {
 		var buf bytes.Buffer
@@ -111,6 +125,24 @@ func TestSlogAttributes(t *testing.T) {
 	require.Contains(t, lines[1], "expected=41 current=42")
 	require.Contains(t, lines[2], "level=WARN")
 	require.Contains(t, lines[2], "epoch=9 owner=a reason=taken_over held=2s holder=b")
+}
+
+// TestSlogJobAttributes: a job's name, key, attempt, age, outcome and
+// delays reach the log.
+func TestSlogJobAttributes(t *testing.T) {
+	var buf bytes.Buffer
+	o := observe.Slog(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	base := observe.Event{Op: "run", Database: "shop", Collection: "jobs", ID: "j1", Name: "spend", Key: `"ana"`}
+	claimed, failed := base, base
+	claimed.Kind, claimed.Attempt, claimed.Age = observe.JobClaimed, 2, 3*time.Second
+	failed.Kind, failed.Attempt, failed.Outcome, failed.Elapsed, failed.Delay, failed.Err = observe.JobFailed, 2, observe.OutcomeError, time.Second, 4*time.Second, errors.New("boom")
+	o.Observe(t.Context(), claimed)
+	o.Observe(t.Context(), failed)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 2)
+	require.Contains(t, lines[0], `msg="mongocas job.claimed" op=run db=shop collection=jobs id=j1 name=spend key="\"ana\"" attempt=2 age=3s`)
+	require.Contains(t, lines[1], "level=INFO")
+	require.Contains(t, lines[1], "attempt=2 outcome=error elapsed=1s delay=4s err=boom")
 }
 
 // TestSlogInfoAllocatesNothing: at Info, the events of normal operation
@@ -164,8 +196,32 @@ func TestCounters(t *testing.T) {
 	require.Equal(t, observe.Counts{Operations: 2, Failed: 2, Retries: 1600, Conflicts: 202, Landed: 2, Unknown: 2}, n.Add(n))
 }
 
+// TestCountersJobsAndKeys: the job and idempotency events are counted, and
+// the line names them once any is not zero.
+func TestCountersJobsAndKeys(t *testing.T) {
+	var c observe.Counters
+	ctx := t.Context()
+	for _, k := range []observe.Kind{
+		observe.JobEnqueued, observe.JobClaimed, observe.JobFailed, observe.JobClaimed, observe.JobCompleted,
+		observe.JobDead, observe.JobSnoozed, observe.JobRequeued, observe.JobCancelled, observe.QueueKeySkipped, observe.QueueError,
+		observe.KeyCompleted, observe.KeyReplayed, observe.KeyReplayed, observe.KeyInProgress, observe.KeyMismatch,
+	} {
+		c.Observe(ctx, observe.Event{Kind: k})
+	}
+	n := c.Counts()
+	require.Equal(t, observe.Counts{
+		JobsEnqueued: 1, JobsClaimed: 2, JobsCompleted: 1, JobsFailed: 1, JobsDead: 1, JobsSnoozed: 1, JobsRequeued: 1, JobsCancelled: 1,
+		KeysSkipped: 1, QueueErrors: 1, KeysCompleted: 1, KeysReplayed: 2, KeysInProgress: 1, KeysMismatched: 1,
+	}, n)
+	require.Equal(t, int64(4), n.Add(n).KeysReplayed)
+	require.Contains(t, c.String(), ", jobs enqueued 1, claimed 2, completed 1, failed 1, dead 1, snoozed 1, requeued 1, cancelled 1, keys skipped 1, queue errors 1")
+	require.Contains(t, c.String(), ", idempotent requests completed 1, replayed 2, in progress 1, mismatched 1")
+}
+
 func TestNames(t *testing.T) {
 	require.Equal(t, "lease.lost", observe.LeaseLost.String())
+	require.Equal(t, "job.dead", observe.JobDead.String())
+	require.Equal(t, "idempotency.mismatch", observe.KeyMismatch.String())
 	require.Equal(t, "Kind(0)", observe.Kind(0).String())
 	require.Equal(t, "resent", observe.SettledResent.String())
 	require.Equal(t, "Settlement(9)", observe.Settlement(9).String())

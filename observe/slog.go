@@ -10,17 +10,24 @@ import (
 // and the event's fields as attributes. Levels are chosen so that normal
 // operation is quiet at Info:
 //
-//   - Warn: a lost lease (LeaseLost), and an operation that ended with an
-//     unknown outcome (OpEnd with OutcomeUnknown): someone must look.
+//   - Warn: a lost lease (LeaseLost), an operation that ended with an
+//     unknown outcome (OpEnd with OutcomeUnknown), a dead job (JobDead), a
+//     queue's worker that failed at something it cannot return to anyone
+//     or left a key to other processes (QueueError, QueueKeySkipped), an
+//     idempotency key reused with another request (KeyMismatch): someone
+//     must look.
 //   - Info: an operation that failed (OpEnd whose Outcome.Failed), a retry
 //     the budget refused (BudgetRefused), a failed renewal that kept the
 //     lease (LeaseRenewFailed), an ambiguous write that could not be
-//     settled (Settled with SettledUnknown).
+//     settled (Settled with SettledUnknown), a job's attempt that failed
+//     and will be tried again (JobFailed).
 //   - Debug: everything else: operations that start, and that end well or
 //     with an answer (a conflict, a missing document, a held lease, the
 //     caller's own function's error: Outcome.Failed is false), conflicts,
 //     retries, ambiguous writes settled, leases acquired, renewed, released
-//     and held by another, clock syncs.
+//     and held by another, clock syncs, jobs enqueued, claimed, completed,
+//     snoozed, requeued and cancelled, idempotent requests completed,
+//     replayed and found in progress.
 //
 // An event below the logger's level costs one call of its Enabled method and
 // allocates nothing; Start never changes the context.
@@ -43,8 +50,10 @@ var slogMessages = func() (m [kindEnd]string) {
 // slogLevel returns the level at which the slog Observer logs e.
 func slogLevel(e Event) slog.Level {
 	switch e.Kind {
-	case LeaseLost:
+	case LeaseLost, JobDead, QueueError, QueueKeySkipped, KeyMismatch:
 		return slog.LevelWarn
+	case JobFailed:
+		return slog.LevelInfo
 	case OpEnd:
 		switch {
 		case e.Outcome == OutcomeUnknown:
@@ -73,7 +82,7 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 	if !s.l.Enabled(ctx, level) {
 		return
 	}
-	attrs := make([]slog.Attr, 0, 12)
+	attrs := make([]slog.Attr, 0, 14)
 	if e.Op != "" {
 		attrs = append(attrs, slog.String("op", e.Op))
 	}
@@ -82,6 +91,12 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 	}
 	if e.ID != nil {
 		attrs = append(attrs, slog.Any("id", e.ID))
+	}
+	if e.Name != "" {
+		attrs = append(attrs, slog.String("name", e.Name))
+	}
+	if e.Key != "" {
+		attrs = append(attrs, slog.String("key", e.Key))
 	}
 	switch e.Kind {
 	case OpEnd:
@@ -117,6 +132,23 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	case ClockSync:
 		attrs = append(attrs, slog.Duration("bound", e.Bound), slog.Duration("rtt", e.RTT))
+	case JobClaimed:
+		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Duration("age", e.Age))
+	case JobCompleted, JobFailed, JobDead, JobSnoozed:
+		attrs = append(attrs, slog.Int("attempt", e.Attempt))
+		if e.Outcome != "" {
+			attrs = append(attrs, slog.String("outcome", string(e.Outcome)))
+		}
+		attrs = append(attrs, slog.Duration("elapsed", e.Elapsed))
+		if e.Kind == JobFailed || e.Kind == JobSnoozed {
+			attrs = append(attrs, slog.Duration("delay", e.Delay))
+		}
+	case QueueKeySkipped:
+		attrs = append(attrs, slog.String("reason", e.Reason))
+	case KeyCompleted:
+		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Int64("epoch", e.Epoch))
+	case KeyInProgress:
+		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	default:
 	}
 	if e.Err != nil {

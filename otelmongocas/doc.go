@@ -1,13 +1,15 @@
 // Package otelmongocas reports what mongocas does to OpenTelemetry: a span
 // per operation, with the database semantic conventions, and metrics of
-// conflicts, retries, ambiguous writes and leases. It is an
-// [observe.Observer]; give it to the repositories and lease managers to
-// watch:
+// conflicts, retries, ambiguous writes, leases, deferred jobs and
+// idempotent requests. It is an [observe.Observer]; give it to the
+// repositories, lease managers, queues and Keys to watch:
 //
 //	obs, err := otelmongocas.New(nil) // the global TracerProvider and MeterProvider
 //	...
 //	repo, err := versioned.New[Account](coll, &versioned.Options{Observer: obs})
 //	leases, err := lease.New(users, &lease.Options{TTL: 30 * time.Second, Observer: obs})
+//	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{Observer: obs})
+//	reg, err := obs.ObserveQueue(q) // the mongocas.queue.depth gauge
 //
 // To log as well, join it with the slog Observer:
 // observe.Join(obs, observe.Slog(logger)).
@@ -15,7 +17,8 @@
 // This package is a module of its own, github.com/mongocas/mongocas/otelmongocas,
 // so that the library module depends on the driver and backoff only; this one
 // adds go.opentelemetry.io/otel, its metric and trace APIs, and nothing else
-// (the SDK is the application's choice).
+// beyond the library's own dependencies (the SDK is the application's
+// choice).
 //
 // # Spans
 //
@@ -56,6 +59,29 @@
 //     ("released" or "lost"): from the claim to the release or the loss.
 //   - mongocas.lease.lost ({lease}), with mongocas.lease.reason: leases lost
 //     by their holder.
+//
+// The events of deferred queues and idempotency keys carry their own
+// collection (the jobs', the records'), and db.operation.name the call
+// that reported them ("enqueue", "requeue", "cancel", "run" for a queue's
+// workers, the failed step of a queue error; "do"):
+//
+//   - mongocas.jobs ({job}), with mongocas.event ("job.enqueued",
+//     "job.claimed", "job.completed", "job.failed", "job.dead",
+//     "job.snoozed", "job.requeued", "job.cancelled"), mongocas.job.name
+//     (the handler) and, where an attempt ended, mongocas.outcome.
+//   - mongocas.job.age (s, histogram), with mongocas.job.name: a job's age
+//     when a worker claims it, the time since it was enqueued.
+//   - mongocas.job.duration (s, histogram), with the attributes of
+//     mongocas.jobs: how long a handler ran, per attempt.
+//   - mongocas.queue.errors ({error}), with mongocas.event ("queue.error",
+//     "queue.key_skipped"): what the workers could not return to anyone.
+//   - mongocas.queue.depth ({job}, gauge), with mongocas.job.state
+//     ("available", "retryable", "running", "dead"): read from
+//     deferred.Queue.Counts at each collection, for the queues registered
+//     with [Observer.ObserveQueue].
+//   - mongocas.idempotency.requests ({request}), with mongocas.event
+//     ("idempotency.completed", "idempotency.replayed",
+//     "idempotency.in_progress", "idempotency.mismatch").
 //
 // Document ids and lease names are on no span or metric: they are often
 // personal data, and they would make a metric's cardinality unbounded.

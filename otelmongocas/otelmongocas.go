@@ -65,6 +65,7 @@ type Observer struct {
 	leaseWait  metric.Float64Histogram
 	leaseHold  metric.Float64Histogram
 	leasesLost metric.Int64Counter
+	jobs       jobInstruments
 }
 
 var _ observe.Observer = (*Observer)(nil)
@@ -111,6 +112,8 @@ func New(opts *Options) (*Observer, error) {
 	ob.leaseHold, err = meter.Float64Histogram("mongocas.lease.hold.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time a lease was held, from its claim to its release or loss."),
 		metric.WithExplicitBucketBoundaries(0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800))
+	errs = append(errs, err)
+	ob.jobs, err = newJobInstruments(meter)
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -211,6 +214,7 @@ func (o *Observer) Observe(ctx context.Context, e observe.Event) {
 		span.AddEvent(e.Kind.String(), trace.WithAttributes(
 			attribute.Float64("mongocas.clock.bound", e.Bound.Seconds()), attribute.Float64("mongocas.clock.rtt", e.RTT.Seconds())))
 	default:
+		o.observeJobs(ctx, span, &e)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -44,8 +45,8 @@ func fast(opts *deferred.Options) *deferred.Options {
 		opts = &deferred.Options{}
 	}
 	o := *opts
-	if o.Logger == nil && os.Getenv("DEFERRED_LOG") != "" {
-		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if o.Observer == nil && os.Getenv("DEFERRED_LOG") != "" {
+		o.Observer = observe.Slog(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	}
 	o.PollInterval = or(o.PollInterval, 100*time.Millisecond)
 	o.HoleTimeout = or(o.HoleTimeout, 500*time.Millisecond)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 )
 
 // TestCancelledHeadFreesItsKey: Cancel's doc says a cancelled
@@ -73,7 +74,7 @@ func TestMissingHandlerDoesNotSpin(t *testing.T) {
 	kb, err := deferred.Register(q, "b", func(context.Context, *deferred.Job, int) error { return nil })
 	require.NoError(t, err)
 	logs := &warnings{}
-	fq := b.queue(t, f.Database, &deferred.Options{PollInterval: time.Second, Logger: slog.New(logs)})
+	fq := b.queue(t, f.Database, &deferred.Options{PollInterval: time.Second, Observer: observe.Slog(slog.New(logs))})
 	_, err = deferred.Register(fq, "a", func(context.Context, *deferred.Job, int) error { return nil })
 	require.NoError(t, err)
 	run(t, fq)
@@ -86,7 +87,7 @@ func TestMissingHandlerDoesNotSpin(t *testing.T) {
 	// requests, its first claim probing the server too) and says why it
 	// leaves it; count what it does afterwards.
 	waitFor(t, time.Minute, "the Run without the handler to skip the key", func() bool {
-		return len(logs.with("no handler here")) > 0
+		return len(logs.with("queue.key_skipped")) > 0
 	})
 	time.Sleep(500 * time.Millisecond)
 	busy0 := f.Requests()
@@ -98,9 +99,10 @@ func TestMissingHandlerDoesNotSpin(t *testing.T) {
 	require.Less(t, busy, 3*idle+10, "a Run with no handler for a job spins on its key")
 	require.Equal(t, deferred.StateAvailable, job.State)
 	require.Zero(t, job.Attempt, "the Run without the handler counted an attempt")
-	skips := logs.with("no handler here")
+	skips := logs.with("queue.key_skipped")
 	require.Len(t, skips, 1, "one warning for the one key skipped")
 	require.Equal(t, "b", skips[0]["name"])
+	require.Equal(t, "no_handler", skips[0]["reason"])
 	require.Equal(t, `"x"`, skips[0]["key"])
 
 	start := time.Now()
@@ -124,7 +126,7 @@ func TestCancelledHeadWithoutHandlerFreesItsKey(t *testing.T) {
 	ka, err := deferred.Register(q, "a", func(context.Context, *deferred.Job, int) error { return nil })
 	require.NoError(t, err)
 	logs := &warnings{}
-	qa := b.queue(t, nil, &deferred.Options{Logger: slog.New(logs)})
+	qa := b.queue(t, nil, &deferred.Options{Observer: observe.Slog(slog.New(logs))})
 	var ran atomic.Int64
 	_, err = deferred.Register(qa, "a", func(context.Context, *deferred.Job, int) error { ran.Add(1); return nil })
 	require.NoError(t, err)
@@ -132,7 +134,7 @@ func TestCancelledHeadWithoutHandlerFreesItsKey(t *testing.T) {
 	next := enqueue(t, b.ctx, ka, "x", 2)
 	run(t, qa)
 	waitFor(t, time.Minute, "the Run without the head's handler to skip the key", func() bool {
-		return len(logs.with("no handler here")) > 0
+		return len(logs.with("queue.key_skipped")) > 0
 	})
 	require.NoError(t, q.Cancel(b.ctx, head))
 	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)

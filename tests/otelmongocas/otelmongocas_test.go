@@ -6,6 +6,9 @@ package otelmongocas_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,9 +22,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/otelmongocas"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -304,4 +310,139 @@ func TestLease(t *testing.T) {
 	require.Equal(t, uint64(1), n)
 	require.Equal(t, int64(1), sum(t, ms, "mongocas.lease.lost", map[string]string{"db.collection.name": "users", "mongocas.lease.reason": "cleared"}))
 	require.Zero(t, sum(t, ms, "mongocas.lease.lost", map[string]string{"mongocas.lease.reason": "taken_over"}))
+}
+
+// gauge returns the value of the int64 gauge name at the point whose
+// attributes hold want, and whether there is one.
+func gauge(t *testing.T, ms map[string]metricdata.Aggregation, name string, want map[string]string) (int64, bool) {
+	t.Helper()
+	data, ok := ms[name]
+	if !ok {
+		return 0, false
+	}
+	g, ok := data.(metricdata.Gauge[int64])
+	require.True(t, ok, "%s is an int64 gauge: %T", name, data)
+	for _, p := range g.DataPoints {
+		if has(p.Attributes, want) {
+			return p.Value, true
+		}
+	}
+	return 0, false
+}
+
+// TestDeferredQueue: the depth of a queue (the gauge ObserveQueue feeds from
+// Queue.Counts) before and after its workers ran; the job events by event,
+// handler and outcome; the age of each job when claimed; the enqueue's
+// span event on the caller's span.
+func TestDeferredQueue(t *testing.T) {
+	tm := newTelemetry(t)
+	db := mongotest.New(t)
+	ctx := t.Context()
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{
+		Observer: tm.obs, PollInterval: 100 * time.Millisecond,
+		Backoff: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond},
+	})
+	require.NoError(t, err)
+	kind, err := deferred.Register(q, "credit", func(_ context.Context, job *deferred.Job, n int) error {
+		if n == 1 && job.Attempt == 1 {
+			return errors.New("flaky")
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	reg, err := tm.obs.ObserveQueue(q)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, reg.Unregister()) }()
+
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tm.spans)).Tracer("test")
+	rctx, request := tracer.Start(ctx, "POST /credits")
+	ids := make([]bson.ObjectID, 3)
+	for i := range ids {
+		ids[i], err = kind.Enqueue(rctx, fmt.Sprintf("acct-%d", i), i)
+		require.NoError(t, err)
+	}
+	request.End()
+	enqueued := 0
+	for _, name := range eventNames(tm.span(t, "POST /credits")) {
+		if name == "job.enqueued" {
+			enqueued++
+		}
+	}
+	require.Equal(t, 3, enqueued, "an enqueue is an event of the caller's span (beside the queue clock's first sync)")
+
+	jobs := map[string]string{"db.namespace": db.Name(), "db.collection.name": "jobs"}
+	depth := func(state string) int64 {
+		t.Helper()
+		v, ok := gauge(t, tm.metrics(t), "mongocas.queue.depth", map[string]string{"db.collection.name": "jobs", "mongocas.job.state": state})
+		require.True(t, ok, "depth of %s reported", state)
+		return v
+	}
+	require.Equal(t, int64(3), depth("available"))
+	require.Zero(t, depth("dead"))
+
+	runCtx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = q.Run(runCtx) })
+	for _, id := range ids {
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		job, err := q.Wait(wctx, id, 10*time.Millisecond)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, deferred.StateCompleted, job.State)
+	}
+	stop()
+	wg.Wait()
+	require.Zero(t, depth("available"))
+	require.Zero(t, depth("retryable"))
+
+	ms := tm.metrics(t)
+	ev := func(event string, more map[string]string) int64 {
+		want := map[string]string{"mongocas.event": event, "mongocas.job.name": "credit"}
+		for k, v := range jobs {
+			want[k] = v
+		}
+		for k, v := range more {
+			want[k] = v
+		}
+		return sum(t, ms, "mongocas.jobs", want)
+	}
+	require.Equal(t, int64(3), ev("job.enqueued", map[string]string{"db.operation.name": "enqueue"}))
+	require.Equal(t, int64(4), ev("job.claimed", map[string]string{"db.operation.name": "run"}))
+	require.Equal(t, int64(1), ev("job.failed", map[string]string{"mongocas.outcome": "error"}))
+	require.Equal(t, int64(3), ev("job.completed", map[string]string{"mongocas.outcome": "ok"}))
+	n, _ := hist[float64](t, ms, "mongocas.job.age", map[string]string{"mongocas.job.name": "credit"})
+	require.Equal(t, uint64(4), n, "an age per claim")
+	n, _ = hist[float64](t, ms, "mongocas.job.duration", map[string]string{"mongocas.event": "job.failed"})
+	require.Equal(t, uint64(1), n)
+	_, ok := ms["mongocas.queue.errors"]
+	require.False(t, ok, "no queue errors")
+}
+
+// TestIdempotencyRequests: the requests of a key by what became of them,
+// and the completion as an event of the claim's span.
+func TestIdempotencyRequests(t *testing.T) {
+	tm := newTelemetry(t)
+	db := mongotest.New(t)
+	ctx := t.Context()
+	keys, err := idempotency.New(db.Collection("keys"), &idempotency.Options{Observer: tm.obs})
+	require.NoError(t, err)
+	ok := func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+		return idempotency.Result{Status: 201}, nil
+	}
+	_, err = keys.Do(ctx, "k1", []byte("a"), ok)
+	require.NoError(t, err)
+	_, err = keys.Do(ctx, "k1", []byte("a"), ok)
+	require.NoError(t, err)
+	_, err = keys.Do(ctx, "k1", []byte("b"), ok)
+	require.ErrorIs(t, err, idempotency.ErrMismatch)
+
+	require.Contains(t, eventNames(tm.span(t, "do keys")), "idempotency.completed", "the completion is an event of the claim's span")
+	ms := tm.metrics(t)
+	req := func(event string) int64 {
+		return sum(t, ms, "mongocas.idempotency.requests", map[string]string{"db.collection.name": "keys", "mongocas.event": event})
+	}
+	require.Equal(t, int64(1), req("idempotency.completed"))
+	require.Equal(t, int64(1), req("idempotency.replayed"))
+	require.Equal(t, int64(1), req("idempotency.mismatch"))
+	require.Zero(t, req("idempotency.in_progress"))
 }
