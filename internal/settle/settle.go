@@ -40,15 +40,15 @@ const MaxResends = 3
 type Verdict int
 
 const (
-	// Landed: the read shows the write.
+	// Landed means the read shows the write.
 	Landed Verdict = iota + 1
-	// Live: the write has not landed, and a copy of it still in flight
+	// Live means the write has not landed, and a copy of it still in flight
 	// could land later. Exec sends it again when the Write allows it.
 	Live
-	// Dead: the write has not landed and never will (its condition no
+	// Dead means the write has not landed and never will (its condition no
 	// longer holds, or a fence shuts out every copy).
 	Dead
-	// Unknown: the write may have landed and its trace be gone since.
+	// Unknown means the write may have landed and its trace be gone since.
 	Unknown
 )
 
@@ -178,6 +178,7 @@ func Exec[R, S any](ctx context.Context, c Config, w Write[R, S]) (res Result[R,
 			return res, nil
 		case Unknown:
 			return res, w.unknown(res, why, first)
+		case Live:
 		}
 		// Live: a copy may still land.
 		switch {
