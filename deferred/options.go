@@ -136,7 +136,7 @@ type Options struct {
 	// Clock estimates the server's clock: claims in lease.ModeEstimated,
 	// and the times of retries and of clean-up everywhere. Default: a Clock
 	// of the Queue's own.
-	Clock *store.Clock
+	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the re-reads that settle an ambiguous write, and
 	// the bookkeeping a worker finishes after Run's context ended. Default
@@ -165,7 +165,7 @@ type config struct {
 	versionField string
 	owner        string
 	mode         lease.Mode
-	clock        *store.Clock
+	clock        *store.ServerClock
 	resolve      time.Duration
 	logger       *slog.Logger
 }

@@ -165,7 +165,7 @@ type Queue struct {
 	jobs, keys *mongo.Collection
 	c          config
 	leases     *lease.Manager
-	clock      *store.Clock
+	clock      *store.ServerClock
 	ns         string
 
 	mu       sync.RWMutex

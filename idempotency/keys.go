@@ -80,8 +80,8 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	if coll == nil {
 		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
 	}
-	c, lo, err := opts.config(func() *store.Clock {
-		return store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
+	c, lo, err := opts.config(func() *store.ServerClock {
+		return store.NewServerClock(store.HelloSampler(coll.Database().Client()), nil)
 	})
 	if err != nil {
 		return nil, err

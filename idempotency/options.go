@@ -30,7 +30,7 @@ type Options struct {
 	// Retention is how long a key's record is kept, counted from the last
 	// time a request with it started, renewed its claim, recorded a
 	// checkpoint or completed (on the server's clock: $$NOW for a renewal in
-	// lease.ModeServer, store.Clock's estimate otherwise): a retry within
+	// lease.ModeServer, store.ServerClock's estimate otherwise): a retry within
 	// Retention is replayed or resumed, a request after it runs as new. A
 	// request that runs longer than Retention keeps its record, since each
 	// renewal of its claim (every TTL/3) moves the retention time forward.
@@ -52,7 +52,7 @@ type Options struct {
 	// (store.Store.Clock gives one). Default: one of these Keys' own, on
 	// store.HelloSampler, which reads the server's clock only when first
 	// needed and then every 30s at most.
-	Clock *store.Clock
+	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the work that settles an ambiguous write (the
 	// re-reads after a lost reply), and the storing of a result after the
@@ -70,10 +70,10 @@ type Options struct {
 // config is Options with the defaults applied.
 type config struct {
 	ttl, retention, resolve time.Duration
-	clock                   *store.Clock
+	clock                   *store.ServerClock
 }
 
-func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Options, error) {
+func (o *Options) config(defaultClock func() *store.ServerClock) (config, *lease.Options, error) {
 	var opts Options
 	if o != nil {
 		opts = *o

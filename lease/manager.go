@@ -114,7 +114,7 @@ func (m *Manager) Field() string { return m.c.field }
 
 // Clock returns the estimate of the server's clock the Manager judges expiry
 // by in ModeEstimated.
-func (m *Manager) Clock() *store.Clock { return m.c.clock }
+func (m *Manager) Clock() *store.ServerClock { return m.c.clock }
 
 // Collection returns the collection the Manager works on.
 func (m *Manager) Collection() *mongo.Collection { return m.coll }
@@ -178,17 +178,6 @@ type again struct{ error }
 func (e again) Unwrap() error   { return e.error }
 func (e again) Retryable() bool { return true }
 
-// realClock is the retry.Clock of time.Now and time.NewTimer.
-type realClock struct{}
-
-func (realClock) Now() time.Time                       { return time.Now() }
-func (realClock) NewTimer(d time.Duration) retry.Timer { return realTimer{time.NewTimer(d)} }
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
-
 // claimWaiting claims the lease on id, waiting while another owner holds it
 // (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
 // ended in this process.
@@ -203,7 +192,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 	var clip time.Duration
 	base := p.Clock
 	if base == nil {
-		base = realClock{}
+		base = store.SystemClock()
 	}
 	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
 	var (

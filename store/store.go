@@ -101,7 +101,7 @@ func ClientOptions(uri string, opts *Options) *options.ClientOptions {
 type Store struct {
 	client *mongo.Client
 	owns   bool
-	clock  *Clock
+	clock  *ServerClock
 
 	mu   sync.Mutex
 	caps map[string]Capabilities
@@ -128,13 +128,13 @@ func Connect(ctx context.Context, uri string, opts *Options) (*Store, error) {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, &ConnectError{URI: RedactURI(uri), Err: err}
 	}
-	return &Store{client: client, owns: true, clock: NewClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}, nil
+	return &Store{client: client, owns: true, clock: NewServerClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}, nil
 }
 
 // New wraps a client the caller already has. The Store does not own it: Close
 // leaves it connected.
 func New(client *mongo.Client) *Store {
-	return &Store{client: client, clock: NewClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}
+	return &Store{client: client, clock: NewServerClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}
 }
 
 // Client returns the driver client.
@@ -145,9 +145,9 @@ func (s *Store) Database(name string, opts ...options.Lister[options.DatabaseOpt
 	return s.client.Database(name, opts...)
 }
 
-// Clock returns the Store's estimate of the server's clock. It takes its
+// ServerClock returns the Store's estimate of the server's clock. It takes its
 // first reading on first use.
-func (s *Store) Clock() *Clock { return s.clock }
+func (s *Store) ServerClock() *ServerClock { return s.clock }
 
 // Capabilities probes what the server behind db can do (see Probe) and
 // caches the answer per database name for the life of the Store.

@@ -132,7 +132,7 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 			"check the user's write access to " + store.ProbeCollection})
 	}
 
-	clock := store.NewClock(store.HelloSampler(k.st.Client()), nil)
+	clock := store.NewServerClock(store.HelloSampler(k.st.Client()), nil)
 	est, err := clock.Now(ctx)
 	local := time.Now()
 	if err != nil {

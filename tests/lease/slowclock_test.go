@@ -44,7 +44,7 @@ func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 	}
 	// After the first reading, 10x its round trip: 9x slept plus the trip.
 	sample := sc.sampler(measured, func() time.Duration { return time.Duration(9 * rtt0.Load()) })
-	clock := store.NewClock(sample, &store.ClockOptions{Now: sc.now})
+	clock := store.NewServerClock(sample, &store.ServerClockOptions{Now: sc.now})
 	const ttl = time.Minute
 	a := b.manager(t, "a", ttl, &lease.Options{Clock: clock, Now: sc.now})
 	c := b.manager(t, "c", ttl, &lease.Options{Clock: clock, Now: sc.now})
@@ -156,7 +156,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 		slow    []time.Duration // round trips of readings sent after the delay was armed
 	)
 	viaProxy := store.HelloSampler(f.Client)
-	clock := store.NewClock(sc.sampler(func(ctx context.Context) (time.Time, error) {
+	clock := store.NewServerClock(sc.sampler(func(ctx context.Context) (time.Time, error) {
 		mu.Lock()
 		armed := delayed
 		mu.Unlock()
@@ -170,7 +170,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 		}
 		mu.Unlock()
 		return st, err
-	}, nil), &store.ClockOptions{Now: sc.now})
+	}, nil), &store.ServerClockOptions{Now: sc.now})
 	require.NoError(t, clock.Sync(ctx), "the first reading")
 	mu.Lock()
 	rtt0 := slices.Min(rtts)
@@ -183,7 +183,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 
 	// c's clock: hello straight to the server, on the same simulated time.
 	direct := store.HelloSampler(b.db.Client())
-	cClock := store.NewClock(sc.sampler(direct, nil), &store.ClockOptions{Now: sc.now})
+	cClock := store.NewServerClock(sc.sampler(direct, nil), &store.ServerClockOptions{Now: sc.now})
 
 	const ttl = time.Minute
 	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", ttl, &lease.Options{Clock: clock, Now: sc.now})

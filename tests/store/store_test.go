@@ -50,7 +50,7 @@ func TestConnectToServer(t *testing.T) {
 	caps, err := s.Capabilities(ctx, s.Database(db.Name()))
 	require.NoError(t, err)
 	require.Equal(t, db.Caps(), caps)
-	e, err := s.Clock().Now(ctx)
+	e, err := s.ServerClock().Now(ctx)
 	require.NoError(t, err)
 	require.False(t, e.Time.IsZero())
 }
