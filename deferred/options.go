@@ -134,8 +134,8 @@ type Options struct {
 	LeaseMode lease.Mode
 
 	// Clock estimates the server's clock: claims in lease.ModeEstimated,
-	// and the times of retries and of clean-up everywhere. Default: a Clock
-	// of the Queue's own.
+	// and the times of retries and of clean-up everywhere. Default: the
+	// client's shared one (store.For(client).Clock()).
 	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the re-reads that settle an ambiguous write, and

@@ -179,7 +179,7 @@ type Queue struct {
 	isReady bool // guarded by ready
 	ttl     bool // guarded by ready
 	// expr is whether the server evaluates $expr in a write's filter
-	// (store.Probe): where it does, the fence also bounds the stamps a
+	// (store.Capabilities): where it does, the fence also bounds the stamps a
 	// target document carries (Options.MaxStamps).
 	expr atomic.Bool
 }
@@ -236,9 +236,9 @@ const (
 // job's key and sequence number (what keeps two jobs, or a job and the
 // tombstone of its number, from sharing a place on a key), one on the state
 // (Counts), one on the keys' pending count (the workers' search), and, where
-// store.Probe finds TTL indexes, a TTL index that deletes completed and
-// cancelled jobs Retention after they finished; it reports whether it made
-// that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
+// the server has TTL indexes (store.Capabilities, probed once per client), a
+// TTL index that deletes completed and cancelled jobs Retention after they
+// finished; it reports whether it made that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
 // and the first Enqueue of a Queue call it. A call that waits for another
 // one's round trips ends with its own context (the context's error,
 // wrapped).
@@ -256,7 +256,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 		return q.ttl, nil
 	}
 	ctx = noSession(ctx)
-	caps, err := store.Probe(ctx, q.jobs.Database())
+	caps, err := store.For(q.jobs.Database().Client()).Capabilities(ctx, q.jobs.Database())
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
 	}

@@ -80,9 +80,7 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	if coll == nil {
 		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
 	}
-	c, lo, err := opts.config(func() *store.ServerClock {
-		return store.NewServerClock(store.HelloSampler(coll.Database().Client()), nil)
-	})
+	c, lo, err := opts.config(store.For(coll.Database().Client()).Clock())
 	if err != nil {
 		return nil, err
 	}

@@ -48,10 +48,9 @@ type Options struct {
 	Mode lease.Mode
 
 	// Clock estimates the server's clock, for the retention times written in
-	// records and for claims in lease.ModeEstimated. Share one per client
-	// (store.Store.Clock gives one). Default: one of these Keys' own, on
-	// store.HelloSampler, which reads the server's clock only when first
-	// needed and then every 30s at most.
+	// records and for claims in lease.ModeEstimated. Default: the client's
+	// shared one (store.For(client).Clock()), which reads the server's clock
+	// only when first needed and then every 30s at most.
 	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the work that settles an ambiguous write (the
@@ -73,7 +72,7 @@ type config struct {
 	clock                   *store.ServerClock
 }
 
-func (o *Options) config(defaultClock func() *store.ServerClock) (config, *lease.Options, error) {
+func (o *Options) config(defaultClock *store.ServerClock) (config, *lease.Options, error) {
 	var opts Options
 	if o != nil {
 		opts = *o
@@ -101,7 +100,7 @@ func (o *Options) config(defaultClock func() *store.ServerClock) (config, *lease
 		c.resolve = min(max(c.ttl, time.Second), 10*time.Second)
 	}
 	if c.clock == nil {
-		c.clock = defaultClock()
+		c.clock = defaultClock
 	}
 	p := opts.Retry
 	if err := p.Validate(); err != nil {

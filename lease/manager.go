@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,8 +33,7 @@ type Manager struct {
 	// Dotted paths of the lease record's fields.
 	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
 
-	modeMu sync.Mutex
-	mode   atomic.Int32 // the resolved Mode; ModeAuto until known
+	mode atomic.Int32 // the resolved Mode; ModeAuto until known
 
 	claimOpts   *options.FindOneAndUpdateOptionsBuilder // with a projection to the lease field
 	claimOptsNP *options.FindOneAndUpdateOptionsBuilder // without: for servers that lack it

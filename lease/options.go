@@ -43,7 +43,8 @@ const (
 	// ModeAuto (the zero value) picks ModeServer where the server runs
 	// $expr with $$NOW in a write filter and $$NOW in an update pipeline
 	// (MongoDB 4.2 and later, DocumentDB), found by trying them once per
-	// Manager on its first claim, and ModeEstimated elsewhere (FerretDB v1).
+	// client (store.For) on a Manager's first claim, and ModeEstimated
+	// elsewhere (FerretDB v1).
 	ModeAuto Mode = iota
 	// ModeServer judges expiry on the server: a claim's filter compares
 	// expiresAt with $$NOW, and claims and renewals set expiresAt from
@@ -138,11 +139,11 @@ type Options struct {
 	// Negative is an error.
 	ResolveTimeout time.Duration
 
-	// Clock estimates the server's clock in ModeEstimated (see store.ServerClock).
-	// Share one Clock among the Managers of a client (store.Store.Clock
-	// gives one). Default: a Clock of the Manager's own, on
-	// store.HelloSampler and Now, that samples the server only when first
-	// used. ModeServer never uses it.
+	// Clock estimates the server's clock in ModeEstimated (see
+	// store.ServerClock). Default: the client's shared one
+	// (store.For(client).Clock()), or, when Now or Observer is set, a Clock
+	// of the Manager's own on store.HelloSampler and Now. Either samples the
+	// server only when first used. ModeServer never uses it.
 	Clock *store.ServerClock
 
 	// Now is the local clock. Only differences between its readings are
@@ -341,10 +342,13 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	if c.now == nil {
 		c.now = time.Now
 	}
-	c.clock = o.Clock
-	if c.clock == nil {
-		// Lazy: NewClock does no I/O, and a Manager in ModeServer never
-		// asks it for the time.
+	// Lazy: neither does I/O, and a Manager in ModeServer never asks the
+	// clock for the time.
+	switch c.clock = o.Clock; {
+	case c.clock != nil:
+	case o.Now == nil && o.Observer == nil:
+		c.clock = store.For(client).Clock()
+	default:
 		c.clock = store.NewServerClock(store.HelloSampler(client), &store.ServerClockOptions{Now: c.now, Observer: o.Observer})
 	}
 	return c, nil

@@ -23,6 +23,11 @@
 // those, and FerretDB v2 accepts startTransaction but applies each write at
 // once.
 //
+// [For] returns the one [Server] of a client: its capabilities, probed once
+// and lazily (a failed probe is tried again by the next caller), its kind, and
+// one [ServerClock] shared by everything made on the client. The versioned,
+// lease, deferred and idempotency packages ask it, never the server directly.
+//
 // # The server clock
 //
 // Lease expiry is judged on the database server's clock, not on the

@@ -122,12 +122,12 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 }
 
 // usePipelines reports whether the CAS write may take its pipeline form.
-// The first write through a client to a collection asks the server's
-// buildInfo once: FerretDB v1 (which names its ferretdbVersion there) has
-// no update pipelines, so its writes never try one (a refused attempt would
-// cost a round trip). Other servers try, and a refusal (or a pipeline run
-// wrongly) turns the pipeline form off for good. If buildInfo fails, this
-// write does without, and a later one asks again.
+// The first write through a client to a collection asks the kind of server
+// (store.Server.Kind: buildInfo, once per client): FerretDB v1 has no update
+// pipelines, so its writes never try one (a refused attempt would cost a
+// round trip). Other servers try, and a refusal (or a pipeline run wrongly)
+// turns the pipeline form off for good. If buildInfo fails, this write does
+// without, and a later one asks again.
 func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	switch r.lines.pipes.Load() {
 	case pipesYes:
@@ -135,19 +135,15 @@ func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	case pipesNo:
 		return false
 	}
-	if mongo.SessionFromContext(ctx) != nil {
-		ctx = mongo.NewSessionContext(ctx, nil) // never inside the caller's transaction
-	}
-	admin := r.coll.Database().Client().Database("admin")
-	raw, err := admin.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Raw()
-	if err != nil {
+	kind, err := store.For(r.coll.Database().Client()).Kind(ctx)
+	switch {
+	case err != nil:
 		return false
-	}
-	if _, err := raw.LookupErr("ferretdbVersion"); err == nil {
+	case kind == store.FerretDBv1:
 		r.lines.pipes.CompareAndSwap(pipesUnknown, pipesNo)
-		return false
+	default:
+		r.lines.pipes.CompareAndSwap(pipesUnknown, pipesYes)
 	}
-	r.lines.pipes.CompareAndSwap(pipesUnknown, pipesYes)
 	return r.lines.pipes.Load() == pipesYes
 }
 
