@@ -148,7 +148,10 @@ func (l *lazy[T]) get(ctx context.Context, find func(context.Context) (T, error)
 			ctx = mongo.NewSessionContext(ctx, nil)
 		}
 		a.val, a.err = find(ctx)
-		a.ctxEnded = a.err != nil && ctx.Err() != nil
+		// The driver may give up at the context's deadline a moment before
+		// the context says it ended.
+		deadline, has := ctx.Deadline()
+		a.ctxEnded = a.err != nil && (ctx.Err() != nil || has && !time.Now().Before(deadline))
 		l.mu.Lock()
 		if a.err == nil {
 			l.val, l.have = a.val, true
