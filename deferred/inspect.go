@@ -114,7 +114,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			// that landed before would apply again.
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
-		reserved := time.Now()
+		reserved := q.local.Now()
 		seq, err := q.reserve(ctx, job.Key, inTx)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
@@ -143,7 +143,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			matched = true
 		}
 		if matched {
-			if !inTx && time.Since(reserved) >= q.c.holeTimeout/2 {
+			if !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2 {
 				// As for a slow enqueue: the number may have been skipped.
 				// Then put the job back as it was, and requeue it again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
@@ -301,7 +301,7 @@ func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Durati
 		case err == nil:
 			job = cur
 		}
-		sleep(ctx, interval)
+		q.sleep(ctx, interval)
 		if err := ctx.Err(); err != nil {
 			return job, fmt.Errorf("deferred: wait for job %s: %w", id.Hex(), err)
 		}

@@ -165,7 +165,8 @@ type Queue struct {
 	jobs, keys *mongo.Collection
 	c          config
 	leases     *lease.Manager
-	clock      *store.ServerClock
+	clock      *store.ServerClock // the server's time, where the queue dates things
+	local      store.Clock        // durations, deadlines and waits of this process
 	ns         string
 
 	mu       sync.RWMutex
@@ -208,7 +209,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
 	}
 	q := &Queue{
-		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(),
+		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(), local: store.SystemClock(),
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
 		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
@@ -463,7 +464,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 	id := bson.NewObjectID()
 	inTx := inTransaction(ctx)
 	for try := 1; ; try++ {
-		reserved := time.Now()
+		reserved := q.local.Now()
 		seq, err := q.reserve(ctx, raw, inTx)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
@@ -471,7 +472,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		doc := bson.D{
 			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "name", Value: h.name},
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
-			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: time.Now()},
+			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
 		stored, err := q.insertJob(ctx, doc, raw, seq, id, inTx)
 		var unknown *UnknownOutcomeError
@@ -481,7 +482,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		case err != nil:
 			// Not stored, and no copy of the insert can land: see insertJob.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
-		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
+		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2:
 			// Slow enough that the number may have been skipped, and its
 			// tombstone deleted, before the insert landed: see landedLate.
 			// The job is stored: from here the answer is its id, or an
@@ -554,7 +555,7 @@ func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool,
 			return found && kd.Off+kd.Done >= seq, nil
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -602,7 +603,7 @@ func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, updat
 		default:
 			last = err // still there: send it again
 		}
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -723,7 +724,7 @@ func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bso
 			// Taken meanwhile, or perhaps ours: read again.
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -744,7 +745,7 @@ func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
 			return false, nil
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -884,7 +885,7 @@ func (q *Queue) notify() {
 func (q *Queue) now(ctx context.Context) time.Time {
 	est, err := q.clock.Now(ctx)
 	if err != nil || est.Time.IsZero() {
-		return time.Now()
+		return q.local.Now()
 	}
 	return est.Time
 }
@@ -977,29 +978,29 @@ func (q *Queue) resend(ctx context.Context, op func() error) error {
 		return op()
 	}
 	var b interface{ Next() time.Duration }
-	deadline := time.Now().Add(q.c.resolve)
+	deadline := q.local.Now().Add(q.c.resolve)
 	for {
 		err := op()
 		// retry.IsRetryable, not store.IsTransient: the driver's "connection
 		// pool cleared" error, which a write fails with before it is sent
 		// when another operation's connection broke, says so only through its
 		// Retryable method.
-		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || q.local.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		if b == nil {
 			b = q.c.retry.NewBackoff()
 		}
-		sleep(ctx, b.Next())
+		q.sleep(ctx, b.Next())
 	}
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
+// sleep waits d on the queue's local clock, or until ctx ends.
+func (q *Queue) sleep(ctx context.Context, d time.Duration) {
+	t := q.local.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 	case <-ctx.Done():
 	}
 }
