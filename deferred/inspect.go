@@ -262,7 +262,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 // key derives them again from its head. It is best effort: a failure is
 // logged.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 	defer cancel()
 	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},

@@ -164,9 +164,8 @@ type handler struct {
 type Queue struct {
 	jobs, keys *mongo.Collection
 	c          config
-	leases     *lease.Manager
-	clock      *store.ServerClock // the server's time, where the queue dates things
-	local      store.Clock        // durations, deadlines and waits of this process
+	leases     *lease.Manager // its Clock estimates the server's time, where the queue dates things
+	local      store.Clock    // durations, deadlines and waits of this process
 	ns         string
 
 	mu       sync.RWMutex
@@ -209,7 +208,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
 	}
 	q := &Queue{
-		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(), local: store.SystemClock(),
+		jobs: jobs, keys: keys, c: c, leases: leases, local: store.SystemClock(),
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
 		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
@@ -256,7 +255,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if q.isReady {
 		return q.ttl, nil
 	}
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	caps, err := store.For(q.jobs.Database().Client()).Capabilities(ctx, q.jobs.Database())
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
@@ -534,7 +533,7 @@ func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.Objec
 // the caller's answer: ctx's values without its session, its cancellation
 // or its deadline, ended after ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	return context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 }
 
 // passed reports whether the head of key has moved past seq. A job that
@@ -836,7 +835,7 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) err
 // whose insert surely failed, so that the key need not wait HoleTimeout
 // for it. It is best effort: a failure leaves the hole to the workers.
 func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 	defer cancel()
 	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
 		q.c.logger.Warn("deferred: could not skip an abandoned sequence number", "key", keyText(raw), "seq", seq, "err", err)
@@ -883,7 +882,7 @@ func (q *Queue) notify() {
 // where an error of the estimate moves a time a little, never a decision of
 // safety.
 func (q *Queue) now(ctx context.Context) time.Time {
-	est, err := q.clock.Now(ctx)
+	est, err := q.leases.Clock().Now(ctx)
 	if err != nil || est.Time.IsZero() {
 		return q.local.Now()
 	}
@@ -948,14 +947,6 @@ func checkCtx(ctx context.Context, op string) error {
 func inTransaction(ctx context.Context) bool {
 	s := mongo.SessionFromContext(ctx)
 	return s != nil && s.TransactionRunning()
-}
-
-// noSession returns ctx without the session it may carry.
-func noSession(ctx context.Context) context.Context {
-	if mongo.SessionFromContext(ctx) != nil {
-		return mongo.NewSessionContext(ctx, nil)
-	}
-	return ctx
 }
 
 func shorten(s string) string {

@@ -68,7 +68,7 @@ func (k *Keys) Sweep(ctx context.Context) (int, error) {
 			{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$expireAt", "$$NOW"}}}},
 		}
 	} else {
-		est, err := k.c.clock.Now(ctx)
+		est, err := k.leases.Clock().Now(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("idempotency: sweep: %w", err)
 		}

@@ -69,15 +69,14 @@ type Options struct {
 // config is Options with the defaults applied.
 type config struct {
 	ttl, retention, resolve time.Duration
-	clock                   *store.ServerClock
 }
 
-func (o *Options) config(defaultClock *store.ServerClock) (config, *lease.Options, error) {
+func (o *Options) config() (config, *lease.Options, error) {
 	var opts Options
 	if o != nil {
 		opts = *o
 	}
-	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, clock: opts.Clock}
+	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout}
 	switch {
 	case c.ttl < 0:
 		return config{}, nil, &OptionsError{Field: "TTL", Reason: "is negative"}
@@ -99,9 +98,6 @@ func (o *Options) config(defaultClock *store.ServerClock) (config, *lease.Option
 	case c.resolve == 0:
 		c.resolve = min(max(c.ttl, time.Second), 10*time.Second)
 	}
-	if c.clock == nil {
-		c.clock = defaultClock
-	}
 	p := opts.Retry
 	if err := p.Validate(); err != nil {
 		return config{}, nil, &OptionsError{Field: "Retry", Reason: err.Error()}
@@ -113,7 +109,7 @@ func (o *Options) config(defaultClock *store.ServerClock) (config, *lease.Option
 		TTL:            c.ttl,
 		Owner:          opts.Owner,
 		Mode:           opts.Mode,
-		Clock:          c.clock,
+		Clock:          opts.Clock, // nil: the client's (see lease.Options.Clock)
 		ResolveTimeout: c.resolve,
 		Retry:          p,
 		// Each renewal of a running request's claim moves the record's

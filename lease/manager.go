@@ -287,16 +287,6 @@ func idText(id any) string {
 	return s
 }
 
-// noSession returns ctx without the driver session it may carry: the lease's
-// commands must not run inside the caller's transaction, nor share its
-// session with the caller's goroutine (the driver forbids concurrent use).
-func noSession(ctx context.Context) context.Context {
-	if mongo.SessionFromContext(ctx) != nil {
-		return mongo.NewSessionContext(ctx, nil)
-	}
-	return ctx
-}
-
 // record is the lease subdocument.
 type record struct {
 	Owner      string        `bson:"owner"`
@@ -347,7 +337,7 @@ type snapshot struct {
 // reads with the collection's own read concern from then on: such a server
 // has no replica set to roll back.
 func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	var s snapshot
 	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
@@ -438,7 +428,7 @@ func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot
 // detached returns a context for finishing work after ctx may have ended,
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(noSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
+	return context.WithTimeout(store.NoSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
 }
 
 // ambiguous reports whether a write that failed with err may have been

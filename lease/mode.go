@@ -15,7 +15,7 @@ func (m *Manager) Mode(ctx context.Context) (Mode, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return ModeAuto, fmt.Errorf("lease: mode: %w", err)
 	}
-	server, err := m.serverMode(noSession(ctx))
+	server, err := m.serverMode(store.NoSession(ctx))
 	switch {
 	case err != nil:
 		return ModeAuto, fmt.Errorf("lease: mode: %w", err)

@@ -42,7 +42,7 @@ func (m *Manager) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if !m.named {
 		return false, fmt.Errorf("lease: ensure indexes: %w", ErrNotNamed)
 	}
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	caps, err := store.For(m.coll.Database().Client()).Capabilities(ctx, m.coll.Database())
 	if err != nil {
 		return false, fmt.Errorf("lease: ensure indexes: %w", err)
@@ -77,7 +77,7 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 	if !m.named {
 		return 0, fmt.Errorf("lease: sweep: %w", ErrNotNamed)
 	}
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	server, err := m.serverMode(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("lease: sweep: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -16,9 +17,9 @@ import (
 // clock. For returns the one Server of a client, so that every repository,
 // lease manager, queue and key set made on the client shares one probe and
 // one ServerClock. Each fact is found lazily, by the first call that needs
-// it, with that call's context, and once: concurrent callers wait for the
-// same attempt (each with its own context). A failed attempt is not kept:
-// the next call tries again. A Server is safe for concurrent use.
+// it, with that call's context, and once: concurrent callers wait for it
+// (each with its own context). A failed attempt is not kept: the next call
+// tries again. A Server is safe for concurrent use.
 type Server struct {
 	client weak.Pointer[mongo.Client] // the client is never kept alive by its Server
 	clock  *ServerClock
@@ -30,38 +31,26 @@ type Server struct {
 // (no caller holds it any more).
 var errNoClient = errors.New("store: the client is gone")
 
-var servers struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[mongo.Client]]*Server
-}
+var servers sync.Map // weak.Pointer[mongo.Client] to *Server
 
 // For returns the Server of client, made on first use. It does no I/O. A
 // client's Server lives as long as the client.
 func For(client *mongo.Client) *Server {
 	k := weak.Make(client)
-	servers.mu.Lock()
-	defer servers.mu.Unlock()
-	if s := servers.m[k]; s != nil {
-		return s
+	if s, ok := servers.Load(k); ok {
+		return s.(*Server)
 	}
-	if servers.m == nil {
-		servers.m = map[weak.Pointer[mongo.Client]]*Server{}
-	}
-	s := &Server{client: k}
-	s.clock = NewServerClock(func(ctx context.Context) (time.Time, error) {
-		c := k.Value()
-		if c == nil {
-			return time.Time{}, errNoClient
+	s := &Server{client: k, ident: newLazy[Capabilities](), caps: newLazy[Capabilities](), clock: NewServerClock(func(ctx context.Context) (time.Time, error) {
+		if c := k.Value(); c != nil {
+			return HelloSampler(c)(ctx)
 		}
-		return HelloSampler(c)(ctx)
-	}, nil)
-	servers.m[k] = s
-	runtime.AddCleanup(client, func(k weak.Pointer[mongo.Client]) {
-		servers.mu.Lock()
-		delete(servers.m, k)
-		servers.mu.Unlock()
-	}, k)
-	return s
+		return time.Time{}, errNoClient
+	}, nil)}
+	v, loaded := servers.LoadOrStore(k, s)
+	if !loaded {
+		runtime.AddCleanup(client, func(k weak.Pointer[mongo.Client]) { servers.Delete(k) }, k)
+	}
+	return v.(*Server)
 }
 
 // Clock returns the estimate of the server's clock shared by everything made
@@ -72,11 +61,10 @@ func (s *Server) Clock() *ServerClock { return s.clock }
 // per client and shared with Capabilities.
 func (s *Server) Kind(ctx context.Context) (ServerKind, error) {
 	c, err := s.ident.get(ctx, func(ctx context.Context) (Capabilities, error) {
-		client := s.client.Value()
-		if client == nil {
-			return Capabilities{}, errNoClient
+		if client := s.client.Value(); client != nil {
+			return identify(ctx, client)
 		}
-		return identify(ctx, client)
+		return Capabilities{}, errNoClient
 	})
 	return c.Server, err
 }
@@ -96,69 +84,38 @@ func (s *Server) Capabilities(ctx context.Context, db *mongo.Database) (Capabili
 	})
 }
 
-// lazy is a value found once by the first caller of get, which the callers
-// that come meanwhile wait for. A failure is not kept.
+// lazy is a value found by the first call of get that succeeds. Callers take
+// turns, each waiting with its own context, so a failure (or an ended
+// context) costs the next caller an attempt of its own, never a wrong answer.
 type lazy[T any] struct {
-	mu       sync.Mutex
-	val      T
-	have     bool
-	inflight *attempt[T]
+	val  atomic.Pointer[T]
+	turn chan struct{} // a 1-slot semaphore, held by the caller finding it
 }
 
-type attempt[T any] struct {
-	done     chan struct{}
-	val      T
-	err      error
-	ctxEnded bool // it failed because its caller's context ended
-}
+func newLazy[T any]() lazy[T] { return lazy[T]{turn: make(chan struct{}, 1)} }
 
-// get returns the value, finding it with find (on ctx, without its session:
-// a probe never runs inside the caller's transaction) unless it is known or
-// being found. A caller that waits ends with its own context; if the attempt
-// it waited for failed with its caller's context, it makes its own.
+// get returns the value, finding it with find (on ctx without its session:
+// a probe never runs inside the caller's transaction) unless it is known.
 func (l *lazy[T]) get(ctx context.Context, find func(context.Context) (T, error)) (T, error) {
+	if v := l.val.Load(); v != nil {
+		return *v, nil
+	}
 	var zero T
 	if err := CheckContext(ctx); err != nil {
 		return zero, err
 	}
-	for {
-		l.mu.Lock()
-		if l.have {
-			v := l.val
-			l.mu.Unlock()
-			return v, nil
-		}
-		if a := l.inflight; a != nil {
-			l.mu.Unlock()
-			select {
-			case <-a.done:
-			case <-ctx.Done():
-				return zero, ContextError(ctx)
-			}
-			if a.err != nil && a.ctxEnded && ctx.Err() == nil {
-				continue
-			}
-			return a.val, a.err
-		}
-		a := &attempt[T]{done: make(chan struct{})}
-		l.inflight = a
-		l.mu.Unlock()
-
-		if mongo.SessionFromContext(ctx) != nil {
-			ctx = mongo.NewSessionContext(ctx, nil)
-		}
-		a.val, a.err = find(ctx)
-		// The driver may give up at the context's deadline a moment before
-		// the context says it ended.
-		deadline, has := ctx.Deadline()
-		a.ctxEnded = a.err != nil && (ctx.Err() != nil || has && !time.Now().Before(deadline))
-		l.mu.Lock()
-		if a.err == nil {
-			l.val, l.have = a.val, true
-		}
-		l.inflight = nil
-		l.mu.Unlock()
-		close(a.done)
-		return a.val, a.err
+	select {
+	case l.turn <- struct{}{}:
+	case <-ctx.Done():
+		return zero, ContextError(ctx)
 	}
+	defer func() { <-l.turn }()
+	if v := l.val.Load(); v != nil {
+		return *v, nil
+	}
+	v, err := find(NoSession(ctx))
+	if err == nil {
+		l.val.Store(&v)
+	}
+	return v, err
 }

@@ -95,8 +95,8 @@ func ClientOptions(uri string, opts *Options) *options.ClientOptions {
 	return co
 }
 
-// Store is a connected client with what mongocas learns about its server: its
-// capabilities and its clock. It is safe for concurrent use.
+// Store is a connected client; Server tells what mongocas learns about its
+// server (its capabilities and its clock). It is safe for concurrent use.
 type Store struct {
 	client *mongo.Client
 	owns   bool
@@ -140,15 +140,9 @@ func (s *Store) Database(name string, opts ...options.Lister[options.DatabaseOpt
 	return s.client.Database(name, opts...)
 }
 
-// ServerClock returns the estimate of the server's clock that everything
-// made on the client shares (For(client).Clock()).
-func (s *Store) ServerClock() *ServerClock { return For(s.client).Clock() }
-
-// Capabilities returns what the server can do (see Probe), probed once per
-// client (see Server.Capabilities).
-func (s *Store) Capabilities(ctx context.Context, db *mongo.Database) (Capabilities, error) {
-	return For(s.client).Capabilities(ctx, db)
-}
+// Server returns what mongocas knows about the server behind the Store's
+// client: For(s.Client()), shared with every package made on that client.
+func (s *Store) Server() *Server { return For(s.client) }
 
 // Close disconnects the client when the Store owns it (Connect); a Store
 // made by New leaves the caller's client connected.

@@ -189,9 +189,9 @@ func TestFailedProbeIsRetried(t *testing.T) {
 	require.Equal(t, after, last)
 }
 
-// A caller that waits for another's probe ends with its own context; when
-// the probe it waited for failed because its caller's context ended, it
-// probes itself.
+// A caller that waits for another's probe waits with its own context, and
+// when that probe failed (there: its caller's context ended) it probes
+// itself.
 func TestProbeWaitersKeepTheirContext(t *testing.T) {
 	db := mongotest.New(t)
 	var c probeCount
