@@ -115,7 +115,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			// that landed before would apply again.
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
-		reserved := time.Now()
+		reserved := q.local.Now()
 		seq, err := q.reserve(ctx, job.Key, inTx)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
@@ -144,7 +144,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			matched = true
 		}
 		if matched {
-			if !inTx && time.Since(reserved) >= q.c.holeTimeout/2 {
+			if !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2 {
 				// As for a slow enqueue: the number may have been skipped.
 				// Then put the job back as it was, and requeue it again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
@@ -267,7 +267,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 // key derives them again from its head. It is best effort: a failure is
 // reported (a QueueError).
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 	defer cancel()
 	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
@@ -306,7 +306,7 @@ func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Durati
 		case err == nil:
 			job = cur
 		}
-		sleep(ctx, interval)
+		q.sleep(ctx, interval)
 		if err := ctx.Err(); err != nil {
 			return job, fmt.Errorf("deferred: wait for job %s: %w", id.Hex(), err)
 		}

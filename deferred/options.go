@@ -127,9 +127,9 @@ type Options struct {
 	LeaseMode lease.Mode
 
 	// Clock estimates the server's clock: claims in lease.ModeEstimated,
-	// and the times of retries and of clean-up everywhere. Default: a Clock
-	// of the Queue's own.
-	Clock *store.Clock
+	// and the times of retries and of clean-up everywhere. Default: the
+	// client's shared one (store.For(client).Clock()).
+	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the re-reads that settle an ambiguous write, and
 	// the bookkeeping a worker finishes after Run's context ended. Default
@@ -166,7 +166,7 @@ type config struct {
 	maxStamps   int
 	owner       string
 	mode        lease.Mode
-	clock       *store.Clock
+	clock       *store.ServerClock
 	resolve     time.Duration
 	observer    observe.Observer
 }

@@ -164,8 +164,8 @@ type handler struct {
 type Queue struct {
 	jobs, keys *mongo.Collection
 	c          config
-	leases     *lease.Manager
-	clock      *store.Clock
+	leases     *lease.Manager // its Clock estimates the server's time, where the queue dates things
+	local      store.Clock    // durations, deadlines and waits of this process
 	ns         string
 
 	mu       sync.RWMutex
@@ -179,7 +179,7 @@ type Queue struct {
 	isReady bool // guarded by ready
 	ttl     bool // guarded by ready
 	// expr is whether the server evaluates $expr in a write's filter
-	// (store.Probe): where it does, the fence also bounds the stamps a
+	// (store.Capabilities): where it does, the fence also bounds the stamps a
 	// target document carries (Options.MaxStamps).
 	expr atomic.Bool
 }
@@ -209,7 +209,7 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
 	}
 	q := &Queue{
-		jobs: jobs, keys: keys, c: c, leases: leases, clock: leases.Clock(),
+		jobs: jobs, keys: keys, c: c, leases: leases, local: store.SystemClock(),
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
 		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
@@ -237,9 +237,9 @@ const (
 // job's key and sequence number (what keeps two jobs, or a job and the
 // tombstone of its number, from sharing a place on a key), one on the state
 // (Counts), one on the keys' pending count (the workers' search), and, where
-// store.Probe finds TTL indexes, a TTL index that deletes completed and
-// cancelled jobs Retention after they finished; it reports whether it made
-// that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
+// the server has TTL indexes (store.Capabilities, probed once per client), a
+// TTL index that deletes completed and cancelled jobs Retention after they
+// finished; it reports whether it made that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
 // and the first Enqueue of a Queue call it. A call that waits for another
 // one's round trips ends with its own context (the context's error,
 // wrapped).
@@ -256,8 +256,8 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if q.isReady {
 		return q.ttl, nil
 	}
-	ctx = noSession(ctx)
-	caps, err := store.Probe(ctx, q.jobs.Database())
+	ctx = store.NoSession(ctx)
+	caps, err := store.For(q.jobs.Database().Client()).Capabilities(ctx, q.jobs.Database())
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
 	}
@@ -464,7 +464,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 	id := bson.NewObjectID()
 	inTx := inTransaction(ctx)
 	for try := 1; ; try++ {
-		reserved := time.Now()
+		reserved := q.local.Now()
 		seq, err := q.reserve(ctx, raw, inTx)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
@@ -472,7 +472,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		doc := bson.D{
 			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "name", Value: h.name},
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
-			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: time.Now()},
+			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
 		stored, err := q.insertJob(ctx, doc, raw, seq, id, inTx)
 		var unknown *UnknownOutcomeError
@@ -482,7 +482,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		case err != nil:
 			// Not stored, and no copy of the insert can land: see insertJob.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
-		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
+		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2:
 			// Slow enough that the number may have been skipped, and its
 			// tombstone deleted, before the insert landed: see landedLate.
 			// The job is stored: from here the answer is its id, or an
@@ -536,7 +536,7 @@ func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.Objec
 // the caller's answer: ctx's values without its session, its cancellation
 // or its deadline, ended after ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	return context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 }
 
 // passed reports whether the head of key has moved past seq. A job that
@@ -557,7 +557,7 @@ func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool,
 			return found && kd.Off+kd.Done >= seq, nil
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -605,7 +605,7 @@ func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, updat
 		default:
 			last = err // still there: send it again
 		}
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -726,7 +726,7 @@ func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bso
 			// Taken meanwhile, or perhaps ours: read again.
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -747,7 +747,7 @@ func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
 			return false, nil
 		}
 		last = err
-		sleep(ctx, 20*time.Millisecond)
+		q.sleep(ctx, 20*time.Millisecond)
 	}
 	return false, errors.Join(last, ctx.Err())
 }
@@ -838,7 +838,7 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) err
 // whose insert surely failed, so that the key need not wait HoleTimeout
 // for it. It is best effort: a failure leaves the hole to the workers.
 func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
 	defer cancel()
 	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
 		q.failed(ctx, "skip_number", raw, err)
@@ -885,9 +885,9 @@ func (q *Queue) notify() {
 // where an error of the estimate moves a time a little, never a decision of
 // safety.
 func (q *Queue) now(ctx context.Context) time.Time {
-	est, err := q.clock.Now(ctx)
+	est, err := q.leases.Clock().Now(ctx)
 	if err != nil || est.Time.IsZero() {
-		return time.Now()
+		return q.local.Now()
 	}
 	return est.Time
 }
@@ -952,14 +952,6 @@ func inTransaction(ctx context.Context) bool {
 	return s != nil && s.TransactionRunning()
 }
 
-// noSession returns ctx without the session it may carry.
-func noSession(ctx context.Context) context.Context {
-	if mongo.SessionFromContext(ctx) != nil {
-		return mongo.NewSessionContext(ctx, nil)
-	}
-	return ctx
-}
-
 func shorten(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "…"
@@ -980,29 +972,29 @@ func (q *Queue) resend(ctx context.Context, op func() error) error {
 		return op()
 	}
 	var b interface{ Next() time.Duration }
-	deadline := time.Now().Add(q.c.resolve)
+	deadline := q.local.Now().Add(q.c.resolve)
 	for {
 		err := op()
 		// retry.IsRetryable, not store.IsTransient: the driver's "connection
 		// pool cleared" error, which a write fails with before it is sent
 		// when another operation's connection broke, says so only through its
 		// Retryable method.
-		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
+		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || q.local.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		if b == nil {
 			b = q.c.retry.NewBackoff()
 		}
-		sleep(ctx, b.Next())
+		q.sleep(ctx, b.Next())
 	}
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
+// sleep waits d on the queue's local clock, or until ctx ends.
+func (q *Queue) sleep(ctx context.Context, d time.Duration) {
+	t := q.local.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 	case <-ctx.Done():
 	}
 }

@@ -51,22 +51,22 @@ func (q *Queue) Run(ctx context.Context) error {
 	}
 	r := &runner{q: q, busy: map[string]bool{}, skip: map[string]time.Time{}, freed: make(chan struct{}, 1)}
 	defer r.wg.Wait()
-	nextSweep := time.Now()
+	nextSweep := q.local.Now()
 	var lastLook time.Time
 	for ctx.Err() == nil {
 		// Local enqueues wake Run at once; still, look for work at most ten
 		// times per PollInterval, so that a burst of them costs few queries.
-		if gap := q.c.poll/10 - time.Since(lastLook); gap > 0 {
-			sleep(ctx, gap)
+		if gap := q.c.poll/10 - q.local.Now().Sub(lastLook); gap > 0 {
+			q.sleep(ctx, gap)
 		}
-		lastLook = time.Now()
-		if time.Now().After(nextSweep) {
+		lastLook = q.local.Now()
+		if lastLook.After(nextSweep) {
 			// A TTL index deletes finished jobs where there is one; idle
 			// keys are this sweep's everywhere.
 			if _, err := q.sweep(ctx, !ttl); err != nil && ctx.Err() == nil {
 				q.failed(ctx, "sweep", bson.RawValue{}, err)
 			}
-			nextSweep = time.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
+			nextSweep = q.local.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
 		}
 		started, err := r.dispatch(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -75,12 +75,12 @@ func (q *Queue) Run(ctx context.Context) error {
 		if started > 0 {
 			continue
 		}
-		wait := time.NewTimer(jitter(q.c.poll))
+		wait := q.local.NewTimer(jitter(q.c.poll))
 		select {
 		case <-ctx.Done():
 		case <-q.wake:
 		case <-r.freed:
-		case <-wait.C:
+		case <-wait.C():
 		}
 		wait.Stop()
 	}
@@ -110,7 +110,7 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	free := q.c.workers - len(r.busy)
 	exclude := len(r.busy) + len(r.skip)
-	now := time.Now()
+	now := q.local.Now()
 	for k, until := range r.skip {
 		if now.After(until) {
 			delete(r.skip, k)
@@ -145,7 +145,7 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 			r.mu.Lock()
 			delete(r.busy, id)
 			if skip {
-				r.skip[id] = time.Now().Add(q.c.poll)
+				r.skip[id] = q.local.Now().Add(q.c.poll)
 			}
 			r.mu.Unlock()
 			select {
@@ -530,7 +530,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	}
 	if now.Sub(since) < q.c.holeTimeout {
 		for d := 5 * time.Millisecond; d <= 80*time.Millisecond; d *= 2 {
-			sleep(c.jobs, d)
+			q.sleep(c.jobs, d)
 			if c.lost() || c.run.Err() != nil {
 				return kd, false
 			}

@@ -16,21 +16,20 @@ import (
 const TTLIndexName = "mongocas_idempotency_expire"
 
 // EnsureIndexes prepares the collection for the clean-up of old records.
-// Where store.Probe finds that the server deletes documents with TTL
-// indexes (MongoDB, DocumentDB), it creates one on the records' expireAt
-// (each record's retention time, moved forward each time its request
-// starts, renews its claim, records a checkpoint or completes) and reports
-// true: the server
-// deletes a record some time after Retention has passed (MongoDB's TTL
+// Where the server deletes documents with TTL indexes (MongoDB, DocumentDB;
+// store.Capabilities, probed once per client), it creates one on the
+// records' expireAt (each record's retention time, moved forward each time
+// its request starts, renews its claim, records a checkpoint or completes)
+// and reports true: the server deletes a record some time after Retention has passed (MongoDB's TTL
 // monitor runs every minute). Elsewhere (FerretDB v1, which accepts TTL
 // indexes but never deletes with them) it creates nothing and reports
-// false: call Sweep from time to time instead. It is idempotent; it runs
-// the probe, so call it once at start-up.
+// false: call Sweep from time to time instead. It is idempotent; the first
+// call on a client runs the probe, so call it once at start-up.
 func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
 	}
-	caps, err := store.Probe(ctx, k.coll.Database())
+	caps, err := store.For(k.coll.Database().Client()).Capabilities(ctx, k.coll.Database())
 	if err != nil {
 		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
 	}
@@ -69,7 +68,7 @@ func (k *Keys) Sweep(ctx context.Context) (int, error) {
 			{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$expireAt", "$$NOW"}}}},
 		}
 	} else {
-		est, err := k.c.clock.Now(ctx)
+		est, err := k.leases.Clock().Now(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("idempotency: sweep: %w", err)
 		}

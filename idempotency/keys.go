@@ -81,9 +81,7 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	if coll == nil {
 		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
 	}
-	c, lo, err := opts.config(func() *store.Clock {
-		return store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
-	})
+	c, lo, err := opts.config()
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +264,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 // estimate returns the server's time as the Clock estimates it, for the
 // retention times written in records.
 func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
-	est, err := k.c.clock.Now(ctx)
+	est, err := k.leases.Clock().Now(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -31,7 +31,7 @@ type Options struct {
 	// Retention is how long a key's record is kept, counted from the last
 	// time a request with it started, renewed its claim, recorded a
 	// checkpoint or completed (on the server's clock: $$NOW for a renewal in
-	// lease.ModeServer, store.Clock's estimate otherwise): a retry within
+	// lease.ModeServer, store.ServerClock's estimate otherwise): a retry within
 	// Retention is replayed or resumed, a request after it runs as new. A
 	// request that runs longer than Retention keeps its record, since each
 	// renewal of its claim (every TTL/3) moves the retention time forward.
@@ -49,11 +49,10 @@ type Options struct {
 	Mode lease.Mode
 
 	// Clock estimates the server's clock, for the retention times written in
-	// records and for claims in lease.ModeEstimated. Share one per client
-	// (store.Store.Clock gives one). Default: one of these Keys' own, on
-	// store.HelloSampler, which reads the server's clock only when first
-	// needed and then every 30s at most.
-	Clock *store.Clock
+	// records and for claims in lease.ModeEstimated. Default: the client's
+	// shared one (store.For(client).Clock()), which reads the server's clock
+	// only when first needed and then every 30s at most.
+	Clock *store.ServerClock
 
 	// ResolveTimeout bounds the work that settles an ambiguous write (the
 	// re-reads after a lost reply), and the storing of a result after the
@@ -81,16 +80,15 @@ type Options struct {
 // config is Options with the defaults applied.
 type config struct {
 	ttl, retention, resolve time.Duration
-	clock                   *store.Clock
 	observer                observe.Observer
 }
 
-func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Options, error) {
+func (o *Options) config() (config, *lease.Options, error) {
 	var opts Options
 	if o != nil {
 		opts = *o
 	}
-	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, clock: opts.Clock, observer: opts.Observer}
+	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, observer: opts.Observer}
 	switch {
 	case c.ttl < 0:
 		return config{}, nil, &OptionsError{Field: "TTL", Reason: "is negative"}
@@ -112,9 +110,6 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 	case c.resolve == 0:
 		c.resolve = min(max(c.ttl, time.Second), 10*time.Second)
 	}
-	if c.clock == nil {
-		c.clock = defaultClock()
-	}
 	p := opts.Retry
 	if err := p.Validate(); err != nil {
 		return config{}, nil, &OptionsError{Field: "Retry", Reason: err.Error()}
@@ -129,7 +124,7 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 		TTL:            c.ttl,
 		Owner:          opts.Owner,
 		Mode:           opts.Mode,
-		Clock:          c.clock,
+		Clock:          opts.Clock, // nil: the client's (see lease.Options.Clock)
 		ResolveTimeout: c.resolve,
 		Retry:          p,
 		// Each renewal of a running request's claim moves the record's

@@ -43,7 +43,7 @@ func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
 // the lease's context. pending, when not nil, holds the claims of earlier
 // attempts whose outcome was unknown: a record showing one of them is ours.
 func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.Context, pending *[]attempt) (*Lease, error) {
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	server, err := m.serverMode(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)

@@ -253,7 +253,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	}
 	ctx, ob := l.m.begin(ctx, opRenew, l.id)
 	defer l.endRenew(&ob, &err)
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	l.mu.Lock()
 	if err := l.err; err != nil {
 		l.mu.Unlock()
@@ -439,7 +439,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	}
 	ctx, ob := l.m.begin(ctx, opRelease, l.id)
 	defer l.m.end(&ob, &err)
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	m := l.m
 	l.mu.Lock()
 	prior := l.err

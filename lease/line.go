@@ -10,7 +10,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -221,19 +220,19 @@ func drain(c chan struct{}) {
 	}
 }
 
-// wakeClock is a retry.Clock whose timers last at most *clip (when set),
+// wakeClock is a store.Clock whose timers last at most *clip (when set),
 // and fire early when wake is signalled: Acquire's sleep is the smaller of
 // the backoff delay and the time left on the holder's lease, and ends when
 // a lease of the id ends in this process.
 type wakeClock struct {
-	base retry.Clock
+	base store.Clock
 	clip *time.Duration
 	wake <-chan struct{}
 }
 
 func (c wakeClock) Now() time.Time { return c.base.Now() }
 
-func (c wakeClock) NewTimer(d time.Duration) retry.Timer {
+func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 	if *c.clip > 0 {
 		d = min(d, *c.clip)
 	}
@@ -257,7 +256,7 @@ func (c wakeClock) NewTimer(d time.Duration) retry.Timer {
 
 // wakeTimer is a timer that also fires on a wake.
 type wakeTimer struct {
-	t    retry.Timer
+	t    store.Timer
 	c    chan time.Time
 	once sync.Once
 	stop chan struct{}

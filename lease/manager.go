@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,8 +33,7 @@ type Manager struct {
 	// Dotted paths of the lease record's fields.
 	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
 
-	modeMu sync.Mutex
-	mode   atomic.Int32 // the resolved Mode; ModeAuto until known
+	mode atomic.Int32 // the resolved Mode; ModeAuto until known
 
 	claimOpts   *options.FindOneAndUpdateOptionsBuilder // with a projection to the lease field
 	claimOptsNP *options.FindOneAndUpdateOptionsBuilder // without: for servers that lack it
@@ -114,7 +112,7 @@ func (m *Manager) Field() string { return m.c.field }
 
 // Clock returns the estimate of the server's clock the Manager judges expiry
 // by in ModeEstimated.
-func (m *Manager) Clock() *store.Clock { return m.c.clock }
+func (m *Manager) Clock() *store.ServerClock { return m.c.clock }
 
 // Collection returns the collection the Manager works on.
 func (m *Manager) Collection() *mongo.Collection { return m.coll }
@@ -178,17 +176,6 @@ type again struct{ error }
 func (e again) Unwrap() error   { return e.error }
 func (e again) Retryable() bool { return true }
 
-// realClock is the retry.Clock of time.Now and time.NewTimer.
-type realClock struct{}
-
-func (realClock) Now() time.Time                       { return time.Now() }
-func (realClock) NewTimer(d time.Duration) retry.Timer { return realTimer{time.NewTimer(d)} }
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
-
 // claimWaiting claims the lease on id, waiting while another owner holds it
 // (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
 // ended in this process.
@@ -203,7 +190,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 	var clip time.Duration
 	base := p.Clock
 	if base == nil {
-		base = realClock{}
+		base = store.SystemClock()
 	}
 	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
 	var (
@@ -300,16 +287,6 @@ func idText(id any) string {
 	return s
 }
 
-// noSession returns ctx without the driver session it may carry: the lease's
-// commands must not run inside the caller's transaction, nor share its
-// session with the caller's goroutine (the driver forbids concurrent use).
-func noSession(ctx context.Context) context.Context {
-	if mongo.SessionFromContext(ctx) != nil {
-		return mongo.NewSessionContext(ctx, nil)
-	}
-	return ctx
-}
-
 // record is the lease subdocument.
 type record struct {
 	Owner      string        `bson:"owner"`
@@ -360,7 +337,7 @@ type snapshot struct {
 // reads with the collection's own read concern from then on: such a server
 // has no replica set to roll back.
 func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	var s snapshot
 	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
@@ -451,7 +428,7 @@ func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot
 // detached returns a context for finishing work after ctx may have ended,
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(noSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
+	return context.WithTimeout(store.NoSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
 }
 
 // ambiguous reports whether a write that failed with err may have been

@@ -23,10 +23,11 @@ var ErrNotNamed = errors.New("not a named-lease manager")
 func TTLIndexName(field string) string { return "mongocas_lease_" + field + "_ttl" }
 
 // EnsureIndexes prepares the lock collection of a named-lease Manager for the
-// clean-up of stale lock documents. Unless buildInfo says the server is
-// FerretDB (whose v1 accepts TTL indexes but never deletes with them) it
-// creates a TTL index on <field>.expiresAt with expireAfterSeconds of
-// Options.CleanupAfter, and reports true: the server then deletes a lock
+// clean-up of stale lock documents. Where the server deletes documents with
+// TTL indexes (store.Capabilities.TTLIndexes, probed once per client: not
+// FerretDB v1, which accepts them but never deletes) it creates a TTL index
+// on <field>.expiresAt with expireAfterSeconds of Options.CleanupAfter, and
+// reports true: the server then deletes a lock
 // document CleanupAfter after its lease expired or was released. Elsewhere it
 // creates nothing and reports false: call Sweep from time to time instead,
 // or let lock documents stay (each is a few dozen bytes). It is idempotent.
@@ -41,15 +42,13 @@ func (m *Manager) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if !m.named {
 		return false, fmt.Errorf("lease: ensure indexes: %w", ErrNotNamed)
 	}
-	ctx = noSession(ctx)
-	var build bson.M
-	if err := m.coll.Database().Client().Database("admin").RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&build); err != nil {
-		return false, fmt.Errorf("lease: ensure indexes: buildInfo: %w", err)
+	ctx = store.NoSession(ctx)
+	caps, err := store.For(m.coll.Database().Client()).Capabilities(ctx, m.coll.Database())
+	if err != nil {
+		return false, fmt.Errorf("lease: ensure indexes: %w", err)
 	}
-	for _, k := range []string{"ferretdbVersion", "ferretdbFeatures"} {
-		if _, ok := build[k]; ok {
-			return false, nil
-		}
+	if !caps.TTLIndexes {
+		return false, nil
 	}
 	secs := min(int64(m.c.cleanupAfter/time.Second), math.MaxInt32)
 	model := mongo.IndexModel{
@@ -78,7 +77,7 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 	if !m.named {
 		return 0, fmt.Errorf("lease: sweep: %w", ErrNotNamed)
 	}
-	ctx = noSession(ctx)
+	ctx = store.NoSession(ctx)
 	server, err := m.serverMode(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("lease: sweep: %w", err)

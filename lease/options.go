@@ -25,7 +25,7 @@ const (
 	DefaultField = "_lease"
 	// DefaultDriftRate is the assumed worst-case rate at which the server's
 	// clock runs fast relative to the local monotonic clock (the same as
-	// store.ClockOptions' default).
+	// store.ServerClockOptions' default).
 	DefaultDriftRate = 1e-4
 	// DefaultCleanupAfter is how long a named lease's lock document stays
 	// after its lease expired or was released before a TTL index may delete
@@ -43,14 +43,15 @@ const (
 	// ModeAuto (the zero value) picks ModeServer where the server runs
 	// $expr with $$NOW in a write filter and $$NOW in an update pipeline
 	// (MongoDB 4.2 and later, DocumentDB), found by trying them once per
-	// Manager on its first claim, and ModeEstimated elsewhere (FerretDB v1).
+	// client (store.For) on a Manager's first claim, and ModeEstimated
+	// elsewhere (FerretDB v1).
 	ModeAuto Mode = iota
 	// ModeServer judges expiry on the server: a claim's filter compares
 	// expiresAt with $$NOW, and claims and renewals set expiresAt from
 	// $$NOW. No estimate of the server's clock is used.
 	ModeServer
 	// ModeEstimated judges expiry on an estimate of the server's clock
-	// (store.Clock) and writes expiry times computed from it. It needs no
+	// (store.ServerClock) and writes expiry times computed from it. It needs no
 	// $expr or update pipelines.
 	ModeEstimated
 )
@@ -138,12 +139,12 @@ type Options struct {
 	// Negative is an error.
 	ResolveTimeout time.Duration
 
-	// Clock estimates the server's clock in ModeEstimated (see store.Clock).
-	// Share one Clock among the Managers of a client (store.Store.Clock
-	// gives one). Default: a Clock of the Manager's own, on
-	// store.HelloSampler and Now, that samples the server only when first
-	// used. ModeServer never uses it.
-	Clock *store.Clock
+	// Clock estimates the server's clock in ModeEstimated (see
+	// store.ServerClock). Default: the client's shared one
+	// (store.For(client).Clock()), or, when Now or Observer is set, a Clock
+	// of the Manager's own on store.HelloSampler and Now. Either samples the
+	// server only when first used. ModeServer never uses it.
+	Clock *store.ServerClock
 
 	// Now is the local clock. Only differences between its readings are
 	// used (timers and deadlines), never its absolute value, so a host whose
@@ -216,7 +217,7 @@ type config struct {
 	drift          float64
 	retry          retry.Policy
 	resolveTimeout time.Duration
-	clock          *store.Clock
+	clock          *store.ServerClock
 	now            func() time.Time
 	cleanupAfter   time.Duration
 	retain         string        // Retain, checked; "" for none
@@ -341,11 +342,14 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 	if c.now == nil {
 		c.now = time.Now
 	}
-	c.clock = o.Clock
-	if c.clock == nil {
-		// Lazy: NewClock does no I/O, and a Manager in ModeServer never
-		// asks it for the time.
-		c.clock = store.NewClock(store.HelloSampler(client), &store.ClockOptions{Now: c.now, Observer: o.Observer})
+	// Lazy: neither does I/O, and a Manager in ModeServer never asks the
+	// clock for the time.
+	switch c.clock = o.Clock; {
+	case c.clock != nil:
+	case o.Now == nil && o.Observer == nil:
+		c.clock = store.For(client).Clock()
+	default:
+		c.clock = store.NewServerClock(store.HelloSampler(client), &store.ServerClockOptions{Now: c.now, Observer: o.Observer})
 	}
 	return c, nil
 }

@@ -30,7 +30,7 @@
 // The same field name everywhere: versioned.Options.Observer,
 // lease.Options.Observer, deferred.Options.Observer,
 // idempotency.Options.Observer, retry.Policy.Observer and
-// store.ClockOptions.Observer. A queue and Keys pass theirs on to the lease
+// store.ServerClockOptions.Observer. A queue and Keys pass theirs on to the lease
 // managers they make (and their retry policies). A repository or manager passes its Observer
 // on to its retry policy (when the policy has none) and a manager to the
 // server clock it makes, so one field sees everything.
@@ -49,7 +49,7 @@
 //   - OpEnd, with the [Outcome] and the error the call returns.
 //
 // Every event of an operation carries its context, including the events of
-// retry.Do and store.Clock, which do not know which operation they run in
+// retry.Do and store.ServerClock, which do not know which operation they run in
 // and leave Op, Database, Collection and ID empty: an Observer that needs
 // them there keeps them in the context its Start returns (the OpenTelemetry
 // adapter does). A lease's end, LeaseReleased or LeaseLost, comes with the

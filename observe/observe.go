@@ -8,7 +8,7 @@ import (
 
 // Observer receives the events of the operations of the packages that take
 // one: versioned.Options.Observer, lease.Options.Observer,
-// retry.Policy.Observer and store.ClockOptions.Observer. Its methods run on
+// retry.Policy.Observer and store.ServerClockOptions.Observer. Its methods run on
 // the goroutine of the operation, synchronously, before the operation goes
 // on: keep them short, and never block in them. An Observer shared by
 // several repositories or managers (the usual case) is called from many
@@ -35,7 +35,7 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency (and on those of a store.Clock made by a
+// events of versioned, lease, deferred and idempotency (and on those of a store.ServerClock made by a
 // lease.Manager, Collection and Op excepted); retry.Do, which does not know
 // the operation it runs in, sets none of them: its events carry the
 // operation's context instead.
@@ -103,7 +103,7 @@ const (
 	// find the lease expired).
 	LeaseHeld
 
-	// ClockSync: a store.Clock took new readings of the server's clock.
+	// ClockSync: a store.ServerClock took new readings of the server's clock.
 	// Bound is the error bound of the reading it keeps, RTT its round trip.
 	ClockSync
 
@@ -338,7 +338,7 @@ type Event struct {
 	// the failed step of a QueueError (deferred); "do" (idempotency). The events of a lease's claim (LeaseHeld,
 	// and Ambiguous and Settled of a claim) say "acquire" whichever call
 	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
-	// of retry.Do and store.Clock, have none.
+	// of retry.Do and store.ServerClock, have none.
 	Op string
 	// Database and Collection are the names of the operation's database and
 	// collection (a lease Manager's: the leased documents', or the lock
@@ -407,7 +407,7 @@ type Event struct {
 	TimeLeft time.Duration
 
 	// Bound (ClockSync) is the error bound of the server-clock reading a
-	// store.Clock keeps; RTT its round trip.
+	// store.ServerClock keeps; RTT its round trip.
 	Bound, RTT time.Duration
 }
 

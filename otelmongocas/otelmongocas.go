@@ -123,7 +123,7 @@ func New(opts *Options) (*Observer, error) {
 
 // scope is what Start keeps in an operation's context: its attributes, for
 // the metrics of events that carry none (those of retry.Do and
-// store.Clock).
+// store.ServerClock).
 type scope struct {
 	attrs attribute.Set
 }

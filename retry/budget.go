@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Budget is a retry budget: a token bucket shared by every Do call whose
@@ -17,7 +19,7 @@ import (
 // per process or per repository, and never copy it.
 type Budget struct {
 	mu       sync.Mutex
-	clock    Clock         // nil: the clock of the Policy in use
+	clock    store.Clock   // nil: the clock of the Policy in use
 	interval time.Duration // time to earn one token; 0: no refill
 	burst    int
 	tokens   int
@@ -33,7 +35,7 @@ type BudgetOption func(*Budget)
 // WithBudgetClock makes the Budget refill on clock instead of on the Clock of
 // each Policy that uses it. Give one when Policies with different clocks share
 // the Budget, or when a test drives the Budget with a fake clock.
-func WithBudgetClock(clock Clock) BudgetOption {
+func WithBudgetClock(clock store.Clock) BudgetOption {
 	return func(b *Budget) { b.clock = clock }
 }
 
@@ -73,7 +75,7 @@ func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
 // lock, so refills see the times in the order they happen; refill ignores a
 // time earlier than one it already counted, so even out-of-order readings
 // (two Policies' clocks, a clock stepped back) never mint a token.
-func (b *Budget) take(clock Clock) bool {
+func (b *Budget) take(clock store.Clock) bool {
 	if b.clock != nil {
 		clock = b.clock
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Goroutines read a shared clock and then race for the Budget's lock, so the
@@ -22,7 +24,7 @@ func TestBudgetExactUnderReorderedReadings(t *testing.T) {
 		run        = 2 * time.Second // of the shared clock
 	)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) Clock { return atClock(t0.Add(d)) }
+	at := func(d time.Duration) store.Clock { return atClock(t0.Add(d)) }
 	b := NewBudget(1000, 1<<30) // one token per ms
 	b.mu.Lock()
 	b.tokens = 0 // start empty at t0

@@ -20,7 +20,7 @@
 // cap starts at 5ms and doubles up to 200ms, at most 10 attempts and at most
 // 2s in all. A retry [Budget], hooks for logs and metrics (OnRetry, and an
 // [observe.Observer] that gets a Retry or BudgetRefused event), and, for
-// tests, a [Clock] and a random source are set on the [Policy]. [DoValue] is [Do] for
+// tests, a [store.Clock] and a random source are set on the [Policy]. [DoValue] is [Do] for
 // functions that return a value; [Policy.NewBackoff] gives the bare delay
 // sequence to loops that Do does not fit.
 //

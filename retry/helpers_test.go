@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
 )
 
 // TestMain fails the run when a goroutine running this module's code outlives
@@ -58,7 +58,7 @@ func leakedGoroutines(wait time.Duration) string {
 	}
 }
 
-// fakeClock is a retry.Clock whose time moves only when told. By default its
+// fakeClock is a store.Clock whose time moves only when told. By default its
 // timers fire at once and move the time forward by their duration, so a retry
 // loop runs to its end without sleeping. With block set, timers never fire and
 // each new timer is announced on timers. It is safe for concurrent use.
@@ -98,7 +98,7 @@ func (c *fakeClock) Sleeps() []time.Duration {
 	return append([]time.Duration(nil), c.sleeps...)
 }
 
-func (c *fakeClock) NewTimer(d time.Duration) retry.Timer {
+func (c *fakeClock) NewTimer(d time.Duration) store.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sleeps = append(c.sleeps, d)

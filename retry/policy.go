@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/store"
 )
 
 // Default values of the Policy fields. A zero field of a Policy takes the
@@ -95,9 +96,9 @@ type Policy struct {
 	Observer observe.Observer
 
 	// Clock supplies the current time and the timers Do sleeps on. Tests
-	// inject a fake one so that they never sleep. Nil means the real clock
+	// inject a fake one so that they never sleep. Nil means store.SystemClock()
 	// (time.Now and time.NewTimer).
-	Clock Clock
+	Clock store.Clock
 
 	// Rand returns a pseudo-random number in [0, 1) for jitter. It must be
 	// safe for concurrent use if the Policy is shared between goroutines.
@@ -196,7 +197,7 @@ type settings struct {
 	budget       *Budget
 	onRetry      func(Attempt)
 	observer     observe.Observer
-	clock        Clock
+	clock        store.Clock
 	rand         func() float64
 }
 
@@ -251,7 +252,7 @@ func (p Policy) resolve() settings {
 		s.maxElapsed = p.MaxElapsedTime
 	}
 	if s.clock == nil {
-		s.clock = realClock{}
+		s.clock = store.SystemClock()
 	}
 	if s.rand == nil {
 		s.rand = defaultRand

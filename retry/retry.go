@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/store"
 )
 
 // Attempt describes a failed attempt that Do is about to retry. Do passes it
@@ -20,37 +21,6 @@ type Attempt struct {
 	// Policy's Clock when the attempt failed.
 	Elapsed time.Duration
 }
-
-// Clock is the source of time of a Policy (and optionally of a Budget). The
-// real clock is used when none is given; tests inject a fake one so they never
-// sleep. Implementations must be safe for concurrent use if the Policy is
-// shared between goroutines.
-type Clock interface {
-	// Now returns the current time.
-	Now() time.Time
-	// NewTimer returns a timer that sends on its channel once d has passed.
-	NewTimer(d time.Duration) Timer
-}
-
-// Timer is a one-shot timer made by a Clock, like *time.Timer.
-type Timer interface {
-	// C returns the channel on which the timer sends when it fires.
-	C() <-chan time.Time
-	// Stop prevents the timer from firing. It reports whether it stopped the
-	// timer, false if the timer had already fired or been stopped.
-	Stop() bool
-}
-
-// realClock is the Clock used when a Policy has none.
-type realClock struct{}
-
-func (realClock) Now() time.Time                 { return time.Now() }
-func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
 
 // Do calls fn until it succeeds, fails with an error that is not retryable,
 // or the Policy, its Budget or ctx says to stop. fn receives ctx. Do returns:
@@ -161,7 +131,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 
 // sleep waits for d on clock, and reports false at once if ctx ends first.
 // It also reports false if ctx has ended by the time d has passed.
-func sleep(ctx context.Context, clock Clock, d time.Duration) bool {
+func sleep(ctx context.Context, clock store.Clock, d time.Duration) bool {
 	if d > 0 {
 		t := clock.NewTimer(d)
 		select {

@@ -11,11 +11,12 @@ import (
 
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
 )
 
 // fast returns a Policy on a fake clock with NoJitter delays 10, 20, 40, 80,
 // 100, 100, … ms, unlimited attempts and elapsed time.
-func fast(clock retry.Clock) retry.Policy {
+func fast(clock store.Clock) retry.Policy {
 	return retry.Policy{
 		InitialInterval: 10 * ms,
 		MaxInterval:     100 * ms,

@@ -114,8 +114,18 @@ func (c Capabilities) String() string {
 // effect, is reported absent; Probe itself fails only when the server cannot
 // be reached or the probe document cannot be written.
 func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
+	c, err := identify(ctx, db.Client())
+	if err != nil {
+		return c, err
+	}
+	return try(ctx, db, c)
+}
+
+// identify fills the fields of Capabilities that hello and buildInfo tell:
+// Topology, RetryableWrites, Version and Server.
+func identify(ctx context.Context, client *mongo.Client) (Capabilities, error) {
 	var c Capabilities
-	admin := db.Client().Database("admin")
+	admin := client.Database("admin")
 
 	var hello struct {
 		SetName                      string `bson:"setName"`
@@ -141,7 +151,12 @@ func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	}
 	c.Version, _ = build["version"].(string)
 	c.Server = serverKind(build)
+	return c, nil
+}
 
+// try fills the fields of c that Probe finds by trying, on scratch
+// documents of db's ProbeCollection.
+func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities, error) {
 	coll := db.Collection(ProbeCollection)
 	id := bson.NewObjectID()
 	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -15,14 +15,14 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// ErrNoServerTime is matched by every error a Clock returns when it has no
+// ErrNoServerTime is matched by every error a ServerClock returns when it has no
 // usable reading of the server's clock (none, or one older than MaxAge) and
 // cannot take one: the server is unreachable, its hello reply carries no
 // localTime, or the context ended (the error then matches the context's error
 // too).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
-// Sampler reads the server's current time once. The Clock times the call
+// Sampler reads the server's current time once. The ServerClock times the call
 // itself, so a Sampler does only the round trip. A Sampler that returns the
 // zero time with a nil error counts as a failed reading.
 type Sampler func(ctx context.Context) (time.Time, error)
@@ -52,8 +52,8 @@ func HelloSampler(client *mongo.Client) Sampler {
 	}
 }
 
-// ClockOptions configures a Clock. A nil *ClockOptions means all defaults.
-type ClockOptions struct {
+// ServerClockOptions configures a ServerClock. A nil *ServerClockOptions means all defaults.
+type ServerClockOptions struct {
 	// Samples is the most readings one sync takes; of them, the one with the
 	// smallest round trip is kept. A sync stops at the first failed reading.
 	// Default 3.
@@ -78,13 +78,13 @@ type ClockOptions struct {
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
 	// sync that took a reading, with the bound and round trip of the reading
-	// kept. A lease.Manager gives the Clock it makes its own Observer. Nil
+	// kept. A lease.Manager gives the ServerClock it makes its own Observer. Nil
 	// means none.
 	Observer observe.Observer
 }
 
-func (o *ClockOptions) withDefaults() ClockOptions {
-	var r ClockOptions
+func (o *ServerClockOptions) withDefaults() ServerClockOptions {
+	var r ServerClockOptions
 	if o != nil {
 		r = *o
 	}
@@ -109,8 +109,8 @@ func (o *ClockOptions) withDefaults() ClockOptions {
 	return r
 }
 
-// Estimate is the server's current time as a Clock knows it. An Estimate
-// that a Clock returns with a nil error is never the zero value.
+// Estimate is the server's current time as a ServerClock knows it. An Estimate
+// that a ServerClock returns with a nil error is never the zero value.
 type Estimate struct {
 	// Time is the best estimate of the server's clock now.
 	Time time.Time
@@ -137,22 +137,22 @@ type reading struct {
 
 func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 
-// Clock estimates the database server's current time from readings of its
+// ServerClock estimates the database server's current time from readings of its
 // clock (hello's localTime) and the local clock's elapsed time since.
 //
 // The estimate from a reading taken between local times sent and recv is
 // server + (rtt + 1ms)/2 + (now - recv), within ± (rtt + 1ms)/2 + DriftRate ×
-// (now - recv). The Clock keeps one reading: a new reading replaces it when
+// (now - recv). The ServerClock keeps one reading: a new reading replaces it when
 // it is stale (older than ResyncInterval) or when the new one's bound is
-// smaller now, so a slower network widens the bound but never leaves the Clock
+// smaller now, so a slower network widens the bound but never leaves the ServerClock
 // without a fresh reading. Now re-reads lazily, when the kept reading is
 // stale; it runs no goroutine. Concurrent callers share one sync, and one
 // call of Now sends at most Samples readings, so at most Samples × (1 +
 // ⌊T / ResyncInterval⌋) readings are sent in a span T in which every reading
-// succeeds (see store/DESIGN.md). A Clock is safe for concurrent use.
-type Clock struct {
+// succeeds (see store/DESIGN.md). A ServerClock is safe for concurrent use.
+type ServerClock struct {
 	sample Sampler
-	opts   ClockOptions
+	opts   ServerClockOptions
 
 	mu       sync.Mutex
 	best     reading
@@ -167,15 +167,15 @@ type syncCall struct {
 	ctxEnded bool          // it failed because its caller's context ended
 }
 
-// NewClock returns a Clock that reads the server's time with sample.
-func NewClock(sample Sampler, opts *ClockOptions) *Clock {
-	return &Clock{sample: sample, opts: opts.withDefaults()}
+// NewServerClock returns a ServerClock that reads the server's time with sample.
+func NewServerClock(sample Sampler, opts *ServerClockOptions) *ServerClock {
+	return &ServerClock{sample: sample, opts: opts.withDefaults()}
 }
 
 // Sync takes up to Samples readings now, stopping at the first that fails,
-// and keeps the best reading (see Clock). It returns an error matching
+// and keeps the best reading (see ServerClock). It returns an error matching
 // ErrNoServerTime only when no reading succeeded.
-func (c *Clock) Sync(ctx context.Context) error {
+func (c *ServerClock) Sync(ctx context.Context) error {
 	if err := CheckContext(ctx); err != nil {
 		if ctx == nil {
 			return err
@@ -202,7 +202,7 @@ func (c *Clock) Sync(ctx context.Context) error {
 }
 
 // synced tells the Observer, if any, about the reading a sync kept.
-func (c *Clock) synced(ctx context.Context) {
+func (c *ServerClock) synced(ctx context.Context) {
 	if c.opts.Observer == nil {
 		return
 	}
@@ -224,7 +224,7 @@ func noServerTime(ctx context.Context, err error) error {
 	return err
 }
 
-func (c *Clock) offer(r reading) {
+func (c *ServerClock) offer(r reading) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.opts.Now()
@@ -233,22 +233,22 @@ func (c *Clock) offer(r reading) {
 	}
 }
 
-func (c *Clock) stale(r reading, now time.Time) bool {
+func (c *ServerClock) stale(r reading, now time.Time) bool {
 	return now.Sub(r.recv) >= c.opts.ResyncInterval
 }
 
 // usable reports whether the kept reading may be used at local time now.
 // c.mu must be held.
-func (c *Clock) usable(now time.Time) bool {
+func (c *ServerClock) usable(now time.Time) bool {
 	return c.have && now.Sub(c.best.recv) < c.opts.MaxAge
 }
 
-func (c *Clock) bound(r reading, now time.Time) time.Duration {
+func (c *ServerClock) bound(r reading, now time.Time) time.Duration {
 	age := max(now.Sub(r.recv), 0)
 	return (r.rtt()+time.Millisecond)/2 + time.Duration(float64(age)*c.opts.DriftRate)
 }
 
-func (c *Clock) estimate(r reading, now time.Time) Estimate {
+func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
 	half := (r.rtt() + time.Millisecond) / 2
 	age := now.Sub(r.recv)
 	return Estimate{
@@ -268,7 +268,7 @@ func (c *Clock) estimate(r reading, now time.Time) Estimate {
 // call sends at most Samples readings. If a sync fails, Now answers from the
 // kept reading while it is younger than MaxAge (with its wider bound). A nil
 // ctx is an error matching ErrInvalid.
-func (c *Clock) Now(ctx context.Context) (Estimate, error) {
+func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 	if ctx == nil {
 		return Estimate{}, CheckContext(ctx)
 	}
@@ -315,7 +315,7 @@ func (c *Clock) Now(ctx context.Context) (Estimate, error) {
 // the error of the sync that just ended (err), or, if that sync succeeded, with
 // the news that its reading is already older than MaxAge (the host was
 // suspended, say).
-func (c *Clock) settle(err error) (Estimate, error) {
+func (c *ServerClock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.opts.Now()

@@ -23,17 +23,22 @@
 // those, and FerretDB v2 accepts startTransaction but applies each write at
 // once.
 //
+// [For] returns the one [Server] of a client: its capabilities, probed once
+// and lazily (a failed probe is tried again by the next caller), its kind, and
+// one [ServerClock] shared by everything made on the client. The versioned,
+// lease, deferred and idempotency packages ask it, never the server directly.
+//
 // # The server clock
 //
 // Lease expiry is judged on the database server's clock, not on the
 // application host's. Where the server has $expr and $$NOW, judge it inside
-// the server and need no estimate; elsewhere a [Clock] estimates the server's
+// the server and need no estimate; elsewhere a [ServerClock] estimates the server's
 // time from the localTime field of hello (sent to the primary) plus the local
 // monotonic time elapsed since the reading. The error bound of an [Estimate] is
-// (round trip + 1 ms) / 2 + DriftRate × age. A Clock keeps its best fresh
+// (round trip + 1 ms) / 2 + DriftRate × age. A ServerClock keeps its best fresh
 // reading: a stale one (older than ResyncInterval) is replaced by the next
 // successful reading whatever its round trip, so a slower network widens the
-// bound but never leaves the Clock on an old reading; one past MaxAge is never
+// bound but never leaves the ServerClock on an old reading; one past MaxAge is never
 // used. The derivations are in DESIGN.md beside this file.
 //
 // # Guarantees
@@ -42,10 +47,10 @@
 //   - An Estimate brackets the server's true time, Earliest() ≤ true ≤
 //     Latest(), as long as the clocks drift apart by less than DriftRate and
 //     the reading's round trip was real (not replayed).
-//   - [Clock.Now] returns an Estimate from a reading younger than MaxAge, or an
+//   - [ServerClock.Now] returns an Estimate from a reading younger than MaxAge, or an
 //     error matching [ErrNoServerTime]; never the zero Estimate with a nil
 //     error. One call sends at most Samples hellos; concurrent callers share
-//     one sync; while every reading succeeds, a Clock sends at most Samples ×
+//     one sync; while every reading succeeds, a ServerClock sends at most Samples ×
 //     (1 + ⌊T / ResyncInterval⌋) hellos in any span T.
 //   - The error classifiers look only at error types, codes and labels,
 //     through errors.As and errors.Is, so they keep working on wrapped errors;
@@ -59,7 +64,7 @@
 //   - [ErrConnect] ([*ConnectError]): Connect could not parse the URI or reach a
 //     primary. The error names the URI with its secrets (password, secret
 //     options) redacted by [RedactURI], and wraps the driver's error.
-//   - [ErrNoServerTime]: a Clock has no usable reading of the server's clock
+//   - [ErrNoServerTime]: a ServerClock has no usable reading of the server's clock
 //     (none, or one older than MaxAge) and could not take one (server
 //     unreachable, no localTime in hello, context ended: then the error
 //     matches the context's error too).

@@ -28,7 +28,7 @@ func ExampleConnect() {
 	fmt.Println(items.Name())
 }
 
-func ExampleStore_Capabilities() {
+func ExampleServer_Capabilities() {
 	uri := os.Getenv("MONGODB_URI")
 	if uri == "" {
 		return
@@ -40,7 +40,7 @@ func ExampleStore_Capabilities() {
 		return
 	}
 	defer s.Close(ctx)
-	caps, err := s.Capabilities(ctx, s.Database("shop"))
+	caps, err := s.Server().Capabilities(ctx, s.Database("shop"))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
 // The error vocabulary shared by every mongocas package. versioned, lease and
@@ -211,4 +212,15 @@ func ContextError(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", err, cause)
 	}
 	return err
+}
+
+// NoSession returns ctx without the driver session it may carry: mongocas's
+// own commands (probes, clock readings, lease records) must not run inside
+// the caller's transaction, nor share its session with the caller's
+// goroutine (the driver forbids concurrent use).
+func NoSession(ctx context.Context) context.Context {
+	if mongo.SessionFromContext(ctx) != nil {
+		return mongo.NewSessionContext(ctx, nil)
+	}
+	return ctx
 }

@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -96,15 +95,11 @@ func ClientOptions(uri string, opts *Options) *options.ClientOptions {
 	return co
 }
 
-// Store is a connected client with what mongocas learns about its server: its
-// capabilities and its clock. It is safe for concurrent use.
+// Store is a connected client; Server tells what mongocas learns about its
+// server (its capabilities and its clock). It is safe for concurrent use.
 type Store struct {
 	client *mongo.Client
 	owns   bool
-	clock  *Clock
-
-	mu   sync.Mutex
-	caps map[string]Capabilities
 }
 
 // Connect connects to uri with production defaults (see ClientOptions) and
@@ -128,13 +123,13 @@ func Connect(ctx context.Context, uri string, opts *Options) (*Store, error) {
 		_ = client.Disconnect(context.WithoutCancel(ctx))
 		return nil, &ConnectError{URI: RedactURI(uri), Err: err}
 	}
-	return &Store{client: client, owns: true, clock: NewClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}, nil
+	return &Store{client: client, owns: true}, nil
 }
 
 // New wraps a client the caller already has. The Store does not own it: Close
 // leaves it connected.
 func New(client *mongo.Client) *Store {
-	return &Store{client: client, clock: NewClock(HelloSampler(client), nil), caps: map[string]Capabilities{}}
+	return &Store{client: client}
 }
 
 // Client returns the driver client.
@@ -145,28 +140,9 @@ func (s *Store) Database(name string, opts ...options.Lister[options.DatabaseOpt
 	return s.client.Database(name, opts...)
 }
 
-// Clock returns the Store's estimate of the server's clock. It takes its
-// first reading on first use.
-func (s *Store) Clock() *Clock { return s.clock }
-
-// Capabilities probes what the server behind db can do (see Probe) and
-// caches the answer per database name for the life of the Store.
-func (s *Store) Capabilities(ctx context.Context, db *mongo.Database) (Capabilities, error) {
-	s.mu.Lock()
-	c, ok := s.caps[db.Name()]
-	s.mu.Unlock()
-	if ok {
-		return c, nil
-	}
-	c, err := Probe(ctx, db)
-	if err != nil {
-		return c, err
-	}
-	s.mu.Lock()
-	s.caps[db.Name()] = c
-	s.mu.Unlock()
-	return c, nil
-}
+// Server returns what mongocas knows about the server behind the Store's
+// client: For(s.Client()), shared with every package made on that client.
+func (s *Store) Server() *Server { return For(s.client) }
 
 // Close disconnects the client when the Store owns it (Connect); a Store
 // made by New leaves the caller's client connected.

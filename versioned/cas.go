@@ -52,7 +52,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		pipe = r.casPipeline(read, set, unset)
 	}
 	w.send = func(ctx context.Context) (sent, error) {
-		if usePipe && r.lines.pipes.Load() == pipesYes {
+		if usePipe && !r.lines.noPipes.Load() {
 			s, ok, err := r.sendPipeline(ctx, op, id, key, read, pipe, w.wid)
 			if ok {
 				return s, err
@@ -102,7 +102,7 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return sent{}, true, nil // gone: the next read says so
 	case err != nil && refusesPipeline(err):
-		r.lines.pipes.Store(pipesNo)
+		r.lines.noPipes.Store(true)
 		return sent{}, false, nil
 	case err != nil:
 		return sent{}, true, err
@@ -116,40 +116,24 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 	case st.version == read.version && st.inc == read.inc:
 		// The condition held, yet nothing changed: this server does not
 		// run the pipeline as MongoDB does. Do without it.
-		r.lines.pipes.Store(pipesNo)
+		r.lines.noPipes.Store(true)
 		return sent{}, false, nil
 	}
 	return sent{after: raw}, true, nil
 }
 
-// usePipelines reports whether the CAS write may take its pipeline form.
-// The first write through a client to a collection asks the server's
-// buildInfo once: FerretDB v1 (which names its ferretdbVersion there) has
-// no update pipelines, so its writes never try one (a refused attempt would
-// cost a round trip). Other servers try, and a refusal (or a pipeline run
-// wrongly) turns the pipeline form off for good. If buildInfo fails, this
-// write does without, and a later one asks again.
+// usePipelines reports whether the CAS write may take its pipeline form:
+// not on FerretDB v1, which has none (store.Server.Kind, from buildInfo
+// asked once per client, so that its writes never pay a refused attempt),
+// nor once a refusal (or a pipeline run wrongly) turned it off for the
+// collection. If buildInfo fails, this write does without, and a later one
+// asks again.
 func (r *Repo[T]) usePipelines(ctx context.Context) bool {
-	switch r.lines.pipes.Load() {
-	case pipesYes:
-		return true
-	case pipesNo:
+	if r.lines.noPipes.Load() {
 		return false
 	}
-	if mongo.SessionFromContext(ctx) != nil {
-		ctx = mongo.NewSessionContext(ctx, nil) // never inside the caller's transaction
-	}
-	admin := r.coll.Database().Client().Database("admin")
-	raw, err := admin.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Raw()
-	if err != nil {
-		return false
-	}
-	if _, err := raw.LookupErr("ferretdbVersion"); err == nil {
-		r.lines.pipes.CompareAndSwap(pipesUnknown, pipesNo)
-		return false
-	}
-	r.lines.pipes.CompareAndSwap(pipesUnknown, pipesYes)
-	return r.lines.pipes.Load() == pipesYes
+	kind, err := r.server.Kind(ctx)
+	return err == nil && kind != store.FerretDBv1
 }
 
 // Error codes of a server that refuses an update pipeline.

@@ -45,17 +45,10 @@ var lines struct {
 type collLines struct {
 	mu   sync.Mutex
 	docs map[cacheID]*line
-	// pipes says whether Modify's writes may use an update pipeline:
-	// pipesUnknown until the first write asks the server (see usePipelines).
-	pipes atomic.Int32
+	// noPipes says that the server refused an update pipeline for Modify's
+	// writes, or ran one wrongly (see usePipelines).
+	noPipes atomic.Bool
 }
-
-// What collLines.pipes knows.
-const (
-	pipesUnknown int32 = iota
-	pipesYes
-	pipesNo
-)
 
 // line is the calls on one document: those waiting (the head is the next
 // leader once promoted) and whether a leader is at work.

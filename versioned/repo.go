@@ -34,6 +34,7 @@ type Repo[T any] struct {
 	cache  *docCache
 	shard  shard.Spec // Options.ShardKey, checked
 	lines  *collLines // where Modify calls on one document wait in line
+	server *store.Server
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -65,7 +66,7 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	}
 	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
 	o.Retry = withDefaults(o.Retry, newBudget())
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll)}, nil
+	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client())}, nil
 }
 
 // Collection returns the collection the repository works on.

@@ -132,7 +132,7 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 			"check the user's write access to " + store.ProbeCollection})
 	}
 
-	clock := store.NewClock(store.HelloSampler(k.st.Client()), nil)
+	clock := store.NewServerClock(store.HelloSampler(k.st.Client()), nil)
 	est, err := clock.Now(ctx)
 	local := time.Now()
 	if err != nil {
@@ -199,8 +199,8 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 		if err != nil {
 			return usageErr("--leases %q: %v", *leases, err)
 		}
-		// lease.EnsureIndexes makes the TTL index unless buildInfo says FerretDB.
-		needed := caps.Server == store.MongoDB
+		// lease.EnsureIndexes makes the TTL index where the probe found TTL indexes.
+		needed := caps.TTLIndexes
 		purpose := "TTL: deletes stale lock documents"
 		if !needed {
 			purpose = "not made on " + string(caps.Server) + ": call Manager.Sweep instead"

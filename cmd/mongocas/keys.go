@@ -94,7 +94,7 @@ func (c *cli) keys(ctx context.Context, args []string) error {
 	if err != nil {
 		return fail(fmt.Errorf("read the record of key %q: %w", key, err), "check the collection name and the user's read access")
 	}
-	est, err := store.NewClock(store.HelloSampler(k.st.Client()), nil).Now(ctx)
+	est, err := store.NewServerClock(store.HelloSampler(k.st.Client()), nil).Now(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("read the server's clock: %w", err), "")
 	}

@@ -61,7 +61,7 @@ func (c *cli) leases(ctx context.Context, args []string) error {
 	defer k.close()
 	ctx, cancel := c.opCtx(ctx)
 	defer cancel()
-	clock := store.NewClock(store.HelloSampler(k.st.Client()), nil)
+	clock := store.NewServerClock(store.HelloSampler(k.st.Client()), nil)
 	if len(pos) > 0 {
 		if pos[0] != "release" || len(pos) != 2 {
 			return usageErr("leases: want: leases release --force (--leases C NAME | --coll C ID) --owner O --epoch E")
@@ -154,7 +154,7 @@ func (c *cli) leases(ctx context.Context, args []string) error {
 // expiry and renewal): if the holder renewed, or anyone claimed it since,
 // the update matches nothing.
 func (c *cli) forceRelease(ctx context.Context, coll *mongo.Collection, named bool, field string, id any, idText,
-	owner string, epoch int64, clock *store.Clock, dry, yes bool) error {
+	owner string, epoch int64, clock *store.ServerClock, dry, yes bool) error {
 	var doc bson.Raw
 	err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: id}}}}).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {

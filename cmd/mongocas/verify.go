@@ -654,7 +654,7 @@ func (v *verifier) nowInWrites(ctx context.Context) checkResult {
 	if _, err := c.InsertOne(ctx, bson.D{{Key: "_id", Value: "now"}}); err != nil {
 		return checkResult{res.Name, "server", notTestable, "insert: " + err.Error(), nil}
 	}
-	clock := store.NewClock(store.HelloSampler(db.Client()), nil)
+	clock := store.NewServerClock(store.HelloSampler(db.Client()), nil)
 	_, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "now"}}, mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "t", Value: "$$NOW"}}}}})
 	if err != nil {
 		return checkResult{res.Name, "server", absent, "an update pipeline with $$NOW is refused here: lease uses ModeEstimated " +

@@ -60,7 +60,7 @@ func BenchmarkHandler(b *testing.B) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = fmt.Fprintf(w, `{"order":%q}`, res.InsertedID)
 	})
-	clock := store.NewClock(store.HelloSampler(client), nil)
+	clock := store.NewServerClock(store.HelloSampler(client), nil)
 	if _, err := clock.Now(context.Background()); err != nil { // first sync outside the timing
 		b.Fatal(err)
 	}

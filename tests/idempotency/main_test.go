@@ -24,13 +24,13 @@ func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
 type bundle struct {
 	db    *mongotest.DB
 	coll  *mongo.Collection
-	clock *store.Clock
+	clock *store.ServerClock
 }
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
 	db := mongotest.New(t)
-	return &bundle{db: db, coll: db.Collection("keys"), clock: store.NewClock(store.HelloSampler(db.Client()), nil)}
+	return &bundle{db: db, coll: db.Collection("keys"), clock: store.NewServerClock(store.HelloSampler(db.Client()), nil)}
 }
 
 // keys returns Keys on coll (b.coll if nil) for owner, with opts' other

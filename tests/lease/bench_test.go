@@ -72,7 +72,7 @@ func benchManager(b *testing.B, coll *mongo.Collection, obs observe.Observer) *l
 }
 
 // rawClaim is the claim's findOneAndUpdate, as the package sends it.
-func rawClaim(ctx context.Context, coll *mongo.Collection, clock *store.Clock, id bson.ObjectID) (bson.Raw, error) {
+func rawClaim(ctx context.Context, coll *mongo.Collection, clock *store.ServerClock, id bson.ObjectID) (bson.Raw, error) {
 	est, err := clock.Now(ctx)
 	if err != nil {
 		return nil, err
@@ -111,9 +111,9 @@ func rawRelease(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, e
 	return err
 }
 
-func rawClock(b *testing.B, coll *mongo.Collection) *store.Clock {
+func rawClock(b *testing.B, coll *mongo.Collection) *store.ServerClock {
 	b.Helper()
-	clock := store.NewClock(store.HelloSampler(coll.Database().Client()), nil)
+	clock := store.NewServerClock(store.HelloSampler(coll.Database().Client()), nil)
 	if _, err := clock.Now(context.Background()); err != nil {
 		b.Fatal(err)
 	}

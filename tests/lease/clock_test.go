@@ -4,7 +4,7 @@ package lease_test
 // deadlines of both modes): a slow or stale reading never yields a second
 // holder, nor a deadline beyond the TTL.
 //
-// A lease claimed or renewed while store.Clock's kept reading is past MaxAge
+// A lease claimed or renewed while store.ServerClock's kept reading is past MaxAge
 // and fresh readings have a larger round trip (the clock once handed out a
 // zero Estimate with a nil error then; see the store package's clock tests).
 // With a zero estimate:
@@ -60,7 +60,7 @@ func testSlowHelloNoSecondHolder(t *testing.T, mode lease.Mode) {
 	}
 	// After the first reading, 10x its round trip: 9x slept plus the trip.
 	sample := sc.sampler(measured, func() time.Duration { return time.Duration(9 * rtt0.Load()) })
-	clock := store.NewClock(sample, &store.ClockOptions{Now: sc.now})
+	clock := store.NewServerClock(sample, &store.ServerClockOptions{Now: sc.now})
 	const ttl = time.Minute
 	a := b.manager(t, "a", ttl, &lease.Options{Clock: clock, Now: sc.now})
 	c := b.manager(t, "c", ttl, &lease.Options{Clock: clock, Now: sc.now})
@@ -132,7 +132,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 		slow    []time.Duration // round trips of readings sent after the delay was armed
 	)
 	viaProxy := store.HelloSampler(f.Client)
-	clock := store.NewClock(sc.sampler(func(ctx context.Context) (time.Time, error) {
+	clock := store.NewServerClock(sc.sampler(func(ctx context.Context) (time.Time, error) {
 		mu.Lock()
 		armed := delayed
 		mu.Unlock()
@@ -146,7 +146,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 		}
 		mu.Unlock()
 		return st, err
-	}, nil), &store.ClockOptions{Now: sc.now})
+	}, nil), &store.ServerClockOptions{Now: sc.now})
 	require.NoError(t, clock.Sync(ctx), "the first reading")
 	mu.Lock()
 	rtt0 := slices.Min(rtts)
@@ -159,7 +159,7 @@ func testSlowHelloProxyNoSecondHolder(t *testing.T, mode lease.Mode) {
 
 	// c's clock: hello straight to the server, on the same simulated time.
 	direct := store.HelloSampler(b.db.Client())
-	cClock := store.NewClock(sc.sampler(direct, nil), &store.ClockOptions{Now: sc.now})
+	cClock := store.NewServerClock(sc.sampler(direct, nil), &store.ServerClockOptions{Now: sc.now})
 
 	const ttl = time.Minute
 	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", ttl, &lease.Options{Clock: clock, Now: sc.now})
@@ -238,7 +238,7 @@ func testClaimWithSlowClockHasOneHolder(t *testing.T, mode lease.Mode) {
 	sample := sc.sampler(hello, sc.whenSlow(100*time.Millisecond)) // the server's clock moves on with ours
 	// Default ClockOptions (ResyncInterval 30s, MaxAge 5m), local Now that
 	// the test moves forward.
-	clockA := store.NewClock(sample, &store.ClockOptions{Now: sc.now})
+	clockA := store.NewServerClock(sample, &store.ServerClockOptions{Now: sc.now})
 	a, err := lease.New(b.coll, &lease.Options{TTL: 30 * time.Second, Owner: "a", Clock: clockA, Now: sc.now, Mode: mode})
 	require.NoError(t, err)
 
@@ -254,7 +254,7 @@ func testClaimWithSlowClockHasOneHolder(t *testing.T, mode lease.Mode) {
 	t.Logf("a holds epoch %d, server expiry written %v, a's time left %v", la.Epoch(), la.ExpiresAt(), la.TimeLeft())
 
 	// c: an honest owner whose server-time reference is the same shifted one.
-	clockC := store.NewClock(sc.sampler(hello, nil), &store.ClockOptions{Now: sc.now})
+	clockC := store.NewServerClock(sc.sampler(hello, nil), &store.ServerClockOptions{Now: sc.now})
 	c, err := lease.New(b.coll, &lease.Options{TTL: 30 * time.Second, Owner: "c", Clock: clockC, Now: sc.now, Mode: mode})
 	require.NoError(t, err)
 	lc, err := c.TryAcquire(ctx, id)
@@ -285,7 +285,7 @@ func testRenewWithSlowClockKeepsDeadlineWithinTTL(t *testing.T, mode lease.Mode)
 	// Short ResyncInterval and MaxAge (valid options); with the defaults the
 	// same happens after 5 minutes of round trips 60ms longer than the best
 	// reading.
-	clockA := store.NewClock(sample, &store.ClockOptions{ResyncInterval: 100 * time.Millisecond, MaxAge: 200 * time.Millisecond, Now: sc.now})
+	clockA := store.NewServerClock(sample, &store.ServerClockOptions{ResyncInterval: 100 * time.Millisecond, MaxAge: 200 * time.Millisecond, Now: sc.now})
 	const ttl = 2 * time.Second
 	a, err := lease.New(b.coll, &lease.Options{TTL: ttl, Owner: "a", Clock: clockA, Now: sc.now, Mode: mode})
 	require.NoError(t, err)
@@ -310,7 +310,7 @@ func testRenewWithSlowClockKeepsDeadlineWithinTTL(t *testing.T, mode lease.Mode)
 	require.Less(t, left, ttl, "BUG: a renewal moved the holder's local deadline %v ahead (TTL is %v)", left, ttl)
 }
 
-// slowableClock is a store.Clock over the real server's hello whose readings
+// slowableClock is a store.ServerClock over the real server's hello whose readings
 // can be made to take an extra delay (a loaded server or a slow network), on
 // a local clock that can be moved forward (time passing).
 type slowableClock struct {

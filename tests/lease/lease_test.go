@@ -27,7 +27,7 @@ var fastRetry = retry.Policy{InitialInterval: 2 * time.Millisecond, MaxInterval:
 type bundle struct {
 	db    *mongotest.DB
 	coll  *mongo.Collection
-	clock *store.Clock
+	clock *store.ServerClock
 	mode  lease.Mode // set on every Manager the helpers make
 }
 
@@ -37,7 +37,7 @@ func setup(t *testing.T, mode lease.Mode) *bundle {
 	return &bundle{
 		db:    db,
 		coll:  db.Collection("docs"),
-		clock: store.NewClock(store.HelloSampler(db.Client()), nil),
+		clock: store.NewServerClock(store.HelloSampler(db.Client()), nil),
 		mode:  mode,
 	}
 }
@@ -129,14 +129,14 @@ func owner(r rec) string {
 }
 
 // fakeTime returns a local clock that the test moves forward (time passing
-// without waiting for it) and a store.Clock over b's server whose readings
+// without waiting for it) and a store.ServerClock over b's server whose readings
 // move with it, as if the server's clock had run on alike. Managers given
 // both (Options.Now and Options.Clock) see that time pass in ModeEstimated;
 // in ModeServer the server's own clock, which judges expiry, does not move.
-func (b *bundle) fakeTime() (*slowableClock, *store.Clock) {
+func (b *bundle) fakeTime() (*slowableClock, *store.ServerClock) {
 	sc := &slowableClock{}
 	hello := store.HelloSampler(b.db.Client())
-	clock := store.NewClock(sc.sampler(hello, nil), &store.ClockOptions{Now: sc.now})
+	clock := store.NewServerClock(sc.sampler(hello, nil), &store.ServerClockOptions{Now: sc.now})
 	return sc, clock
 }
 
@@ -164,7 +164,7 @@ func claimLog(t *testing.T, b *bundle) (*mongo.Collection, func() time.Time) {
 	}
 }
 
-// sleepLog is a retry.Clock on real time that notes the length of every
+// sleepLog is a store.Clock on real time that notes the length of every
 // sleep asked of it.
 type sleepLog struct {
 	mu     sync.Mutex
@@ -173,7 +173,7 @@ type sleepLog struct {
 
 func (s *sleepLog) Now() time.Time { return time.Now() }
 
-func (s *sleepLog) NewTimer(d time.Duration) retry.Timer {
+func (s *sleepLog) NewTimer(d time.Duration) store.Timer {
 	s.mu.Lock()
 	s.sleeps = append(s.sleeps, d)
 	s.mu.Unlock()

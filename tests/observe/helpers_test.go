@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
 
 // recorder is an Observer that keeps every event, with the operation whose
 // context it came with: Start marks the context it returns with the
-// operation's name, so that an event of retry.Do or store.Clock (which
+// operation's name, so that an event of retry.Do or store.ServerClock (which
 // carry no Op) shows which operation it ran in.
 type recorder struct {
 	mu     sync.Mutex

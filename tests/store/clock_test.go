@@ -99,7 +99,7 @@ func TestClockKeepsSmallestRoundTrip(t *testing.T) {
 		{2 * time.Millisecond, 2 * time.Millisecond},   // rtt 4ms: the one to keep
 		{30 * time.Millisecond, 30 * time.Millisecond}, // rtt 60ms
 	}
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 3, Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 3, Now: f.now})
 	e, err := c.Now(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 3, f.calls)
@@ -110,7 +110,7 @@ func TestClockKeepsSmallestRoundTrip(t *testing.T) {
 
 func TestClockEstimateTracksElapsedTimeAndBoundGrows(t *testing.T) {
 	f := newFake(-90 * time.Second)
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 1, Now: f.now, ResyncInterval: time.Hour, MaxAge: 2 * time.Hour})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 1, Now: f.now, ResyncInterval: time.Hour, MaxAge: 2 * time.Hour})
 	e1, err := c.Now(context.Background())
 	require.NoError(t, err)
 	f.advance(20 * time.Minute)
@@ -129,7 +129,7 @@ func TestClockIgnoresLocalWallClockSkew(t *testing.T) {
 	for _, skew := range []time.Duration{-10 * time.Minute, 0, 10 * time.Minute} {
 		f := newFake(0)
 		f.offset = -skew // the server is right; the host is skewed by skew
-		c := store.NewClock(f.sample, &store.ClockOptions{Samples: 2, Now: f.now})
+		c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 2, Now: f.now})
 		e, err := c.Now(context.Background())
 		require.NoError(t, err)
 		requireWithin(t, e, f.serverNow())
@@ -139,7 +139,7 @@ func TestClockIgnoresLocalWallClockSkew(t *testing.T) {
 
 func TestClockResyncsAfterInterval(t *testing.T) {
 	f := newFake(time.Minute)
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 2, Now: f.now, ResyncInterval: 10 * time.Second})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 2, Now: f.now, ResyncInterval: 10 * time.Second})
 	_, err := c.Now(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 2, f.calls)
@@ -153,7 +153,7 @@ func TestClockResyncsAfterInterval(t *testing.T) {
 
 func TestClockFallsBackToOldReadingWithinMaxAge(t *testing.T) {
 	f := newFake(time.Minute)
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 1, Now: f.now, ResyncInterval: 10 * time.Second, MaxAge: time.Minute})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 1, Now: f.now, ResyncInterval: 10 * time.Second, MaxAge: time.Minute})
 	_, err := c.Now(context.Background())
 	require.NoError(t, err)
 
@@ -173,14 +173,14 @@ func TestClockFallsBackToOldReadingWithinMaxAge(t *testing.T) {
 func TestClockNeverSyncedFails(t *testing.T) {
 	f := newFake(0)
 	f.fail = errors.New("boom")
-	c := store.NewClock(f.sample, &store.ClockOptions{Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Now: f.now})
 	_, err := c.Now(context.Background())
 	require.ErrorIs(t, err, store.ErrNoServerTime)
 }
 
 func TestClockConcurrentCallersShareOneSync(t *testing.T) {
 	f := newFake(time.Second)
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 3, Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 3, Now: f.now})
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for range 16 {
@@ -203,7 +203,7 @@ func TestClockOnServer(t *testing.T) {
 	db := mongotest.New(t)
 	ctx := context.Background()
 	sample := store.HelloSampler(db.Client())
-	c := store.NewClock(sample, nil)
+	c := store.NewServerClock(sample, nil)
 
 	before, err := sample(ctx)
 	require.NoError(t, err)
@@ -237,7 +237,7 @@ func TestClockSlowerRoundTripsUnderLoad(t *testing.T) {
 	f := newFake(2 * time.Hour)
 	f.latencies = [][2]time.Duration{{time.Millisecond, time.Millisecond}}
 	f.rest = [2]time.Duration{10 * time.Millisecond, 10 * time.Millisecond}
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: samples, ResyncInterval: resync, MaxAge: maxAge, Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: samples, ResyncInterval: resync, MaxAge: maxAge, Now: f.now})
 	ctx := context.Background()
 	start := f.now()
 
@@ -285,7 +285,7 @@ func TestClockSlowerRoundTripsUnderLoad(t *testing.T) {
 func TestClockStaleReadingReplacedByOneSync(t *testing.T) {
 	t.Parallel()
 	f := newFake(0)
-	c := store.NewClock(f.sample, &store.ClockOptions{Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Now: f.now})
 	ctx := context.Background()
 	_, err := c.Now(ctx)
 	require.NoError(t, err)
@@ -317,7 +317,7 @@ func TestClockNeverReturnsReadingPastMaxAge(t *testing.T) {
 		}
 		return f.now()
 	}
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 1, ResyncInterval: time.Second, MaxAge: time.Minute, Now: now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 1, ResyncInterval: time.Second, MaxAge: time.Minute, Now: now})
 	ctx := context.Background()
 	_, err := c.Now(ctx)
 	require.NoError(t, err)
@@ -333,7 +333,7 @@ func TestClockNeverReturnsReadingPastMaxAge(t *testing.T) {
 // A Sampler that answers the zero time has not read the server's clock.
 func TestClockRefusesZeroReading(t *testing.T) {
 	t.Parallel()
-	c := store.NewClock(func(context.Context) (time.Time, error) { return time.Time{}, nil }, nil)
+	c := store.NewServerClock(func(context.Context) (time.Time, error) { return time.Time{}, nil }, nil)
 	e, err := c.Now(context.Background())
 	require.ErrorIs(t, err, store.ErrNoServerTime)
 	require.Zero(t, e)
@@ -344,7 +344,7 @@ func TestClockRefusesZeroReading(t *testing.T) {
 func TestClockSyncStopsAtFirstFailure(t *testing.T) {
 	t.Parallel()
 	f := newFake(0)
-	c := store.NewClock(f.sample, &store.ClockOptions{Samples: 5, Now: f.now})
+	c := store.NewServerClock(f.sample, &store.ServerClockOptions{Samples: 5, Now: f.now})
 	f.fail = errors.New("unreachable")
 	_, err := c.Now(context.Background())
 	require.ErrorIs(t, err, store.ErrNoServerTime)
@@ -385,7 +385,7 @@ func TestClockSlowerHelloOnServer(t *testing.T) {
 		return st.Add(time.Duration(skipped.Load())), err
 	}
 	const resync, maxAge = 30 * time.Second, 5 * time.Minute
-	c := store.NewClock(sample, &store.ClockOptions{ResyncInterval: resync, MaxAge: maxAge, Now: now})
+	c := store.NewServerClock(sample, &store.ServerClockOptions{ResyncInterval: resync, MaxAge: maxAge, Now: now})
 	ctx := context.Background()
 	start := now()
 	e, err := c.Now(ctx)

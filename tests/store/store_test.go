@@ -47,10 +47,10 @@ func TestConnectToServer(t *testing.T) {
 	coll := s.Database(db.Name()).Collection("c")
 	_, err = coll.InsertOne(ctx, bson.D{{Key: "_id", Value: 1}})
 	require.NoError(t, err)
-	caps, err := s.Capabilities(ctx, s.Database(db.Name()))
+	caps, err := s.Server().Capabilities(ctx, s.Database(db.Name()))
 	require.NoError(t, err)
 	require.Equal(t, db.Caps(), caps)
-	e, err := s.Clock().Now(ctx)
+	e, err := s.Server().Clock().Now(ctx)
 	require.NoError(t, err)
 	require.False(t, e.Time.IsZero())
 }

@@ -80,7 +80,7 @@ func Open(ctx context.Context, uri, label string) (*DB, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	db := st.Database("mongocas_" + label + "_" + hex.EncodeToString(b[:]))
-	caps, err := st.Capabilities(ctx, db)
+	caps, err := st.Server().Capabilities(ctx, db)
 	if err != nil {
 		_ = st.Close(context.WithoutCancel(ctx))
 		return nil, err
