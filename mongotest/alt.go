@@ -30,7 +30,7 @@ const AltURIFile = "alt-server.uri"
 var (
 	altMu     sync.Mutex
 	altServer *Server
-	altErr    error
+	errAlt    error
 	altTried  bool
 	altWhere  string
 )
@@ -83,7 +83,7 @@ var routes sync.Map
 func routed(name string) *Server {
 	for {
 		if s, ok := routes.Load(name); ok {
-			return s.(*Server)
+			return s.(*Server) //nolint:forcetypeassert // routes holds only *Server
 		}
 		i := strings.LastIndexByte(name, '/')
 		if i < 0 {
@@ -136,7 +136,7 @@ func altStart() (*Server, string, error) {
 	altMu.Lock()
 	defer altMu.Unlock()
 	if altTried {
-		return altServer, altWhere, altErr
+		return altServer, altWhere, errAlt
 	}
 	altTried = true
 	uri, where := os.Getenv(EnvAltURI), EnvAltURI
@@ -144,12 +144,12 @@ func altStart() (*Server, string, error) {
 	if uri == "" {
 		dir, err := cacheDir()
 		if err != nil {
-			return nil, "", nil //nolint:nilerr // no cache directory: no recorded server
+			return nil, "", nil // no cache directory: no recorded server
 		}
 		path := filepath.Join(dir, AltURIFile)
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, "", nil //nolint:nilerr // nothing recorded
+			return nil, "", nil // nothing recorded
 		}
 		uri, where, wait = strings.TrimSpace(string(b)), path, 2*time.Second
 	}
@@ -162,8 +162,8 @@ func altStart() (*Server, string, error) {
 			// A recorded server that is not running any more: as if none.
 			return nil, "", nil
 		}
-		altErr = errors.Join(fmt.Errorf("%s=%s", EnvAltURI, store.RedactURI(uri)), err)
-		return nil, altWhere, altErr
+		errAlt = errors.Join(fmt.Errorf("%s=%s", EnvAltURI, store.RedactURI(uri)), err)
+		return nil, altWhere, errAlt
 	}
 	altServer = s
 	if testing.Testing() {
@@ -193,5 +193,5 @@ func shutdownAlt() {
 	if altServer != nil {
 		altServer.stop()
 	}
-	altServer, altErr, altTried = nil, nil, false
+	altServer, errAlt, altTried = nil, nil, false
 }

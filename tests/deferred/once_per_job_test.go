@@ -151,7 +151,8 @@ func TestSecondWriteToOneDocumentInAJobIsRefused(t *testing.T) {
 	require.Equal(t, 1, job.Attempt, "bad input fails every attempt alike: dead at once")
 	require.Len(t, job.Errors, 1)
 	require.Contains(t, job.Errors[0].Error, "wrote the document")
-	require.True(t, strings.HasPrefix(second.Load().(string), "deferred: modify: invalid target: "), second.Load())
+	msg, _ := second.Load().(string)
+	require.True(t, strings.HasPrefix(msg, "deferred: modify: invalid target: "), msg)
 	b.requireAccount(t, "ana", 7, 0, "the first change applied once, the second refused")
 
 	id = enqueue(t, b.ctx, k, "ana", credit{Amount: 3, Index: 2})
@@ -178,8 +179,9 @@ func TestNumericKeysShareOneFence(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	var ids []bson.ObjectID
-	for i, key := range []any{int32(1), int64(1), 1.0, int32(1)} {
+	keys := []any{int32(1), int64(1), 1.0, int32(1)}
+	ids := make([]bson.ObjectID, 0, len(keys))
+	for i, key := range keys {
 		ids = append(ids, enqueue(t, b.ctx, k, key, credit{Amount: 1, Index: int64(i + 1)}))
 	}
 	run(t, q)
@@ -238,7 +240,7 @@ func TestIdleKeysAreDeleted(t *testing.T) {
 	q := b.queue(t, nil, &deferred.Options{Retention: time.Second})
 	b.insert(t, "ana", "bob", "eve")
 	k := registerCredit(t, q, b.accounts, new(atomic.Int64))
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 3)
 	for _, id := range []string{"ana", "bob", "eve"} {
 		ids = append(ids, enqueue(t, b.ctx, k, id, credit{Amount: 1}))
 	}
@@ -256,7 +258,10 @@ func TestIdleKeysAreDeleted(t *testing.T) {
 	again := enqueue(t, b.ctx, k, "ana", credit{Amount: 10})
 	job := wait(t, q, again)
 	require.Equal(t, deferred.StateCompleted, job.State)
-	require.Greater(t, job.Seq, first["off"].(int64)+first["tail"].(int64), "numbered above the old key's")
+	off, _ := first["off"].(int64)
+	tail, _ := first["tail"].(int64)
+	require.Positive(t, off)
+	require.Greater(t, job.Seq, off+tail, "numbered above the old key's")
 	b.requireAccount(t, "ana", 11, 2, "the new job passed the old stamp's fence")
 }
 
