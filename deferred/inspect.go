@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -99,7 +100,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if _, err := q.EnsureIndexes(ctx); err != nil {
 		return err
 	}
-	inTx := inTransaction(ctx)
+	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		job, doc, err := q.readJobDoc(ctx, id)
 		switch {
@@ -115,7 +116,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := time.Now()
-		seq, err := q.reserve(ctx, job.Key, inTx)
+		seq, err := q.reserve(ctx, job.Key)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
 		}
@@ -124,23 +125,19 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		res, err := q.jobs.UpdateOne(ctx, filter, update)
-		matched := err == nil && res.MatchedCount == 1
+		// Every copy of the update carries the job's old number in its
+		// filter and the new one in the job: at most one lands.
+		matched, err := q.place(ctx, "requeue", job.Key, seq, id, func(ctx context.Context) (bool, error) {
+			var res *mongo.UpdateResult
+			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
+			return err == nil && res.MatchedCount == 1, err
+		})
+		var unknown *UnknownOutcomeError
 		switch {
-		case err != nil && inTx:
-			// A failed write ends the transaction: its owner retries it whole.
-			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		case errors.As(err, &unknown):
+			return err
 		case err != nil:
-			// Failed, or its reply lost: the job at the new number says it
-			// landed; the number's tombstone, that it never will.
-			landed, serr := q.settle(ctx, job.Key, seq, id)
-			if serr != nil {
-				return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
-			}
-			if !landed {
-				return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
-			}
-			matched = true
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
 		}
 		if matched {
 			if !inTx && time.Since(reserved) >= q.c.holeTimeout/2 {
@@ -230,27 +227,53 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	update := bson.D{{Key: "$set", Value: bson.D{
 		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
 	}}}
-	var job Job
-	err := q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job)
-	if err == nil {
-		q.freeKey(ctx, job.Key)
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
+		Send: func(ctx context.Context) (*Job, bool, error) {
+			var job Job
+			err := q.try(ctx, func(ctx context.Context) error { return q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job) })
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return nil, false, nil
+			}
+			return &job, err == nil, err
+		},
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
+		// Cancelled: it landed (or another Cancel did, which is as good);
+		// still waiting or dead, a copy may land, and it is sent again.
+		Judge: func(job *Job) (settle.Verdict, string) {
+			switch {
+			case job == nil:
+				return settle.Dead, ""
+			case job.State == StateCancelled:
+				return settle.Landed, ""
+			case job.State == StateAvailable || job.State == StateRetryable || job.State == StateDead:
+				return settle.Live, ""
+			}
+			return settle.Dead, ""
+		},
+		Resend: true,
+		Unknown: func(_ *Job, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "deferred", Op: "cancel", ID: id, Subject: "job " + id.Hex(), Reason: reason, Err: err}
+		},
+	})
+	var unknown *UnknownOutcomeError
+	switch {
+	case errors.As(err, &unknown):
+		return err
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
+	case res.Applied && res.HasReply:
+		q.freeKey(ctx, res.Reply.Key)
+		return nil
+	case res.Applied:
+		q.freeKey(ctx, res.Read.Key)
 		return nil
 	}
-	cur, rerr := q.readJob(ctx, id)
-	missed := errors.Is(err, mongo.ErrNoDocuments)
+	cur, err := q.readJob(ctx, id)
 	switch {
-	case rerr != nil && missed:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), rerr)
-	case rerr != nil:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), errors.Join(err, rerr))
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	case cur == nil || cur.State == stateSkipped:
 		return &NotFoundError{ID: id}
-	case cur.State == StateCancelled && !missed:
-		// The reply was lost, and the re-read shows the job cancelled.
-		q.freeKey(ctx, cur.Key)
-		return nil
-	case !missed:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	}
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
 }
@@ -262,21 +285,30 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 // key derives them again from its head. It is best effort: a failure is
 // logged.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := q.settling(ctx)
 	defer cancel()
 	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
 		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
 	}})
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
-	// $unset is idempotent: a copy sent again after a lost reply does no harm.
-	var err error
-	for range 2 {
-		err = q.resend(ctx, func() error { _, err := q.keys.UpdateOne(ctx, filter, update); return err })
-		if err == nil || !store.IsAmbiguous(err) {
-			break
-		}
-	}
+	// $unset is idempotent, and a copy sent again after one landed matches
+	// nothing.
+	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			var res *mongo.UpdateResult
+			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.keys.UpdateOne(ctx, filter, update); return err })
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
+		Judge: func(kd *keyDoc) (settle.Verdict, string) {
+			if kd == nil || kd.Due.IsZero() && kd.H == "" {
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Resend: true,
+	})
 	if err != nil {
 		q.c.logger.Warn("deferred: cancel: could not free the key of a cancelled job (its next jobs may wait until its run time)", "key", keyText(key), "err", err)
 	}

@@ -15,8 +15,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -139,6 +139,7 @@ type keyDoc struct {
 	N    int64         `bson:"n"`
 	Due  time.Time     `bson:"due,omitempty"`
 	Hole *hole         `bson:"hole,omitempty"`
+	H    string        `bson:"h,omitempty"`
 	R    bson.ObjectID `bson:"r"`
 }
 
@@ -182,6 +183,11 @@ type Queue struct {
 	// (store.Probe): where it does, the fence also bounds the stamps a
 	// target document carries (Options.MaxStamps).
 	expr atomic.Bool
+	// maj holds the majority readers of the settling reads (see majority).
+	maj struct {
+		once       sync.Once
+		jobs, keys *settle.Majority
+	}
 }
 
 // New returns a Queue whose jobs live in jobs and whose keys live in the
@@ -461,10 +467,10 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		return none, err
 	}
 	id := bson.NewObjectID()
-	inTx := inTransaction(ctx)
+	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		reserved := time.Now()
-		seq, err := q.reserve(ctx, raw, inTx)
+		seq, err := q.reserve(ctx, raw)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
 		}
@@ -473,13 +479,21 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
 			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: time.Now()},
 		}
-		stored, err := q.insertJob(ctx, doc, raw, seq, id, inTx)
+		// Every copy of the insert has the same _id and the same (k, s):
+		// at most one lands. Refused on the unique index, the place is taken.
+		stored, err := q.place(ctx, "enqueue", raw, seq, id, func(ctx context.Context) (bool, error) {
+			err := q.insert(ctx, doc)
+			if store.IsDuplicateKey(err) {
+				return false, nil
+			}
+			return err == nil, err
+		})
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
 			return none, err // it names the job and the operation
 		case err != nil:
-			// Not stored, and no copy of the insert can land: see insertJob.
+			// Not stored, and no copy of the insert can land: see place.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
 		case stored && !inTx && time.Since(reserved) >= q.c.holeTimeout/2:
 			// Slow enough that the number may have been skipped, and its
@@ -533,7 +547,7 @@ func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.Objec
 // the caller's answer: ctx's values without its session, its cancellation
 // or its deadline, ended after ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	return settle.Detached(noSession(ctx), q.c.resolve)
 }
 
 // passed reports whether the head of key has moved past seq. A job that
@@ -545,217 +559,225 @@ func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFu
 // caller takes it back. Only a slow write can land late: a number is skipped
 // HoleTimeout after it was found missing at the earliest. It reads the key
 // from the primary (the latest head, which a majority read may not show
-// yet), again after a failure, until ctx ends.
+// yet), retrying a failed read (settle.Reread).
 func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
-	var last error
-	for ctx.Err() == nil {
-		kd, found, err := q.readKey(ctx, raw)
-		if err == nil {
-			return found && kd.Off+kd.Done >= seq, nil
-		}
-		last = err
-		sleep(ctx, 20*time.Millisecond)
-	}
-	return false, errors.Join(last, ctx.Err())
+	kd, err := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, false) })
+	return kd != nil && kd.Off+kd.Done >= seq, err
 }
 
 // takeBack deletes the job id (update nil), or applies update to it, if it
 // is still available at seq, and reports whether it did: how a write that
-// landed late is undone. A write that failed, or whose reply was lost, is
-// settled by re-reading the job at majority: gone, or moved off seq (update
-// restores the job's old number), it was taken back; still available at
-// seq, the write is sent again; at seq in another state, a worker or Cancel
-// has it, and it was not taken back. It tries until ctx ends, and returns an
-// error only when it could not tell.
+// landed late is undone. A lost reply is settled by the engine, re-reading
+// the job at majority: gone, or moved off seq (update restores the job's
+// old number), it was taken back; still available at seq, the write is
+// sent again; at seq in another state, a worker or Cancel has it, and it
+// was not taken back. An error means it could not tell.
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
-	var last error
-	for ctx.Err() == nil {
-		var n int64
-		err := q.resend(ctx, func() error {
-			if update == nil {
-				res, err := q.jobs.DeleteOne(ctx, filter)
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			var n int64
+			err := q.try(ctx, func(ctx context.Context) error {
+				if update == nil {
+					res, err := q.jobs.DeleteOne(ctx, filter)
+					if err == nil {
+						n = res.DeletedCount
+					}
+					return err
+				}
+				res, err := q.jobs.UpdateOne(ctx, filter, update)
 				if err == nil {
-					n = res.DeletedCount
+					n = res.ModifiedCount
 				}
 				return err
+			})
+			return struct{}{}, n == 1, err
+		},
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
+		Judge: func(job *Job) (settle.Verdict, string) {
+			switch {
+			case job == nil || job.Seq != seq:
+				return settle.Landed, ""
+			case job.State != StateAvailable:
+				return settle.Dead, ""
 			}
-			res, err := q.jobs.UpdateOne(ctx, filter, update)
-			if err == nil {
-				n = res.ModifiedCount
-			}
-			return err
-		})
-		if err == nil && n == 1 {
-			return true, nil
-		}
-		// Failed, lost, or matched nothing (an earlier copy applied, or the
-		// job is not available at seq): the job's state tells.
-		job, rerr := q.settledJob(ctx, id)
-		switch {
-		case rerr != nil:
-			last = errors.Join(err, rerr)
-		case job == nil || job.Seq != seq:
-			return true, nil
-		case job.State != StateAvailable:
-			return false, nil
-		default:
-			last = err // still there: send it again
-		}
-		sleep(ctx, 20*time.Millisecond)
-	}
-	return false, errors.Join(last, ctx.Err())
+			return settle.Live, ""
+		},
+		Resend: true,
+	})
+	return res.Applied, err
 }
 
-// settledJob reads the job id at majority: nil when there is none.
-func (q *Queue) settledJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
+// settleConfig is how the package uses the settling engine: its retry
+// policy for the re-reads, and its ResolveTimeout.
+func (q *Queue) settleConfig() settle.Config {
+	return settle.Config{Retry: q.c.retry, ResolveTimeout: q.c.resolve}
+}
+
+// majority returns the majority readers (settle.Majority) of the jobs and
+// keys collections, through which every settling read goes.
+func (q *Queue) majority() (jobs, keys *settle.Majority) {
+	q.maj.once.Do(func() { q.maj.jobs, q.maj.keys = settle.NewMajority(q.jobs), settle.NewMajority(q.keys) })
+	return q.maj.jobs, q.maj.keys
+}
+
+// settledJob reads at majority the job that matches filter: nil when there
+// is none.
+func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
+	jobs, _ := q.majority()
 	var job Job
-	err := q.majority().FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
+	err := jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(&job) })
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil //nolint:nilnil // no job is an answer
 	}
 	if err != nil {
 		return nil, err
 	}
+	job.q = q
 	return &job, nil
 }
 
-// majority returns the jobs collection with read concern majority: what
-// settles an outcome reads only writes that cannot roll back.
-func (q *Queue) majority() *mongo.Collection {
-	return q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
+// holder reads at majority the id of what holds seq on key raw, a job or a
+// tombstone: zero when nothing does.
+func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (bson.ObjectID, error) {
+	jobs, _ := q.majority()
+	var h struct {
+		ID bson.ObjectID `bson:"_id"`
+	}
+	err := jobs.Read(ctx, func(c *mongo.Collection) error {
+		return c.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}},
+			options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&h)
+	})
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return h.ID, nil
+	}
+	return h.ID, err
 }
 
-// insertJob inserts doc, the job id at seq on key raw. It reports stored
-// false, with no error, when the insert lost its number to a tombstone. After
-// an ambiguous failure it re-reads by id and sends the insert again while the
-// job is not there: every copy has the same _id and the same sequence number,
-// so at most one lands.
-//
-// Its answers are honest: stored true means the job is stored; an error
-// other than an *UnknownOutcomeError means it is not, and that no copy of
-// the insert can land later. A first send that failed for sure left nothing
-// in flight (its number gets a tombstone, best effort, so the key need not
-// wait). Once a send was ambiguous, every other answer is settled first
-// (settle): the job found at seq is stored; a tombstone there means no copy
-// can land; when settling cannot tell, the answer is an
-// *UnknownOutcomeError.
-func (q *Queue) insertJob(ctx context.Context, doc bson.D, raw bson.RawValue, seq int64, id bson.ObjectID, inTx bool) (stored bool, err error) {
-	var first error // the first ambiguous send's error
-	for resends := 0; ; resends++ {
-		err := q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
-		if err == nil {
-			return true, nil
-		}
-		if inTx {
-			return false, err
-		}
-		dup, ambiguous := store.IsDuplicateKey(err), store.IsAmbiguous(err)
-		if first == nil && !dup && !ambiguous {
-			q.abandon(ctx, raw, seq)
-			return false, err
-		}
-		cause := err
-		if first == nil && ambiguous {
-			first = err
-		} else if first != nil {
-			cause = errors.Join(first, err)
-		}
-		if dup || ambiguous {
-			found, rerr := q.jobExists(ctx, id)
-			switch {
-			case rerr == nil && found:
-				return true, nil
-			case rerr == nil && dup && first == nil:
-				// Refused, and no copy in flight: the (key, sequence)
-				// place is taken by a tombstone.
-				return false, nil
-			case rerr == nil && !dup && resends < 3 && ctx.Err() == nil:
-				continue // not there: send it again
-			}
-			cause = errors.Join(cause, rerr, store.ContextError(ctx))
-		}
-		// A copy may be in flight, and no answer is true yet: settle.
-		landed, serr := q.settle(ctx, raw, seq, id)
+// holds judges a write that puts the thing id (a job, a tombstone) at a
+// place of a key from what holds the place: every copy of the write carries
+// the place, which the unique (k, s) index gives to one document only.
+func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
+	return func(h bson.ObjectID) (settle.Verdict, string) {
 		switch {
-		case serr != nil:
-			return false, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(cause, serr)}
-		case landed:
-			return true, nil
-		case dup:
-			return false, nil // the place is taken: enqueue again
+		case h == id:
+			return settle.Landed, ""
+		case h.IsZero():
+			return settle.Live, ""
 		}
-		return false, cause
+		return settle.Dead, ""
 	}
 }
 
-// settle decides whether the write that puts the job id at seq on key raw
-// (Enqueue's insert, Requeue's update), sent with an unknown outcome,
-// landed. It reads at majority what holds (key, seq): the job means it
-// landed; a tombstone means it did not and cannot any more (every copy of
-// the write carries seq, and the unique (k, s) index refuses it). When
-// nothing holds the place, it inserts the tombstone itself: once that
-// lands, "not landed" is final; refused for a reason other than a duplicate
-// or an ambiguity, it returns the refusal (the outcome stays unknown). It
-// reads again after a failure, for up to ResolveTimeout, even after ctx
-// ended.
+// place sends, through the settling engine, the write that puts the job id
+// at seq on key raw (Enqueue's insert, Requeue's update); send reports
+// whether its reply says it applied (false: an insert refused on the unique
+// index, an update that matched nothing). A lost reply is judged by what
+// holds (key, seq) at majority: the job means it landed; another document
+// (a tombstone) that no copy can land any more; nothing, that a copy may
+// still land, and the write is sent again (every copy carries seq, so at
+// most one lands).
+//
+// Its answers are honest: landed true means the job is at seq; false with
+// no error, that the write did not apply and no copy of it can (the place
+// is taken, or the update matched nothing); an error other than an
+// *UnknownOutcomeError, that it did not apply and no copy can: a first send
+// that failed for sure (outside a transaction its number gets a tombstone,
+// best effort, so that the key need not wait), or one whose outcome the
+// engine could not settle and whose number's tombstone settled it (settle).
+// When that cannot tell either, the answer is an *UnknownOutcomeError.
+func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (bool, error)) (bool, error) {
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			applied, err := send(ctx)
+			return struct{}{}, applied, err
+		},
+		Read:   func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) },
+		Judge:  holds(id),
+		Resend: true,
+	})
+	var ue *settle.UnknownError
+	switch {
+	case err == nil && res.Applied:
+		return true, nil
+	case err == nil && !res.HasRead:
+		// Refused at once: the place is taken, by a tombstone, or by this
+		// very job should the driver have sent it twice.
+		h, rerr := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) })
+		return rerr == nil && h == id, nil
+	case err == nil:
+		return false, nil
+	case !errors.As(err, &ue):
+		// The first send failed for sure, or inside a transaction, whose
+		// owner retries it whole.
+		if !settle.InTransaction(ctx) {
+			q.abandon(ctx, raw, seq)
+		}
+		return false, err
+	}
+	// A copy may be in flight, and no answer is true yet: settle.
+	landed, serr := q.settle(ctx, raw, seq, id)
+	switch {
+	case serr != nil:
+		return false, &UnknownOutcomeError{Pkg: "deferred", Op: op, ID: id, Subject: "job " + id.Hex(), Reason: ue.Reason, Err: errors.Join(ue.Err, serr)}
+	case landed:
+		return true, nil
+	}
+	return false, fmt.Errorf("%s: %w", ue.Reason, ue.Err)
+}
+
+// settle decides whether the write that puts the job id at seq on key raw,
+// sent with an outcome the engine could not settle, landed. It reads at
+// majority what holds (key, seq): the job means it landed; a tombstone
+// means it did not and cannot any more (every copy of the write carries
+// seq, and the unique (k, s) index refuses it). When nothing holds the
+// place, it inserts the tombstone itself, through the engine: once that
+// lands, "not landed" is final; when that cannot be settled, it returns the
+// error (the outcome stays unknown). It runs for up to ResolveTimeout, even
+// after ctx ended.
 func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
-	filter := bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
-	var last error
-	for ctx.Err() == nil {
-		var holder struct {
-			ID bson.ObjectID `bson:"_id"`
-		}
-		err := q.majority().FindOne(ctx, filter, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&holder)
-		switch {
-		case err == nil:
-			return holder.ID == id, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			err = q.tombstone(ctx, raw, seq)
-			if err == nil {
-				return false, nil
-			}
-			if !store.IsDuplicateKey(err) && !store.IsAmbiguous(err) && !retry.IsRetryable(err) {
-				return false, fmt.Errorf("write the tombstone of its number: %w", err)
-			}
-			// Taken meanwhile, or perhaps ours: read again.
-		}
-		last = err
-		sleep(ctx, 20*time.Millisecond)
+	read := func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }
+	h, err := settle.Reread(ctx, q.settleConfig(), read)
+	if err != nil || !h.IsZero() {
+		return h == id, err
 	}
-	return false, errors.Join(last, ctx.Err())
-}
-
-// jobExists reads, at majority, whether a job with id is stored, for up to
-// ResolveTimeout even after ctx ended.
-func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.c.resolve)
-	defer cancel()
-	coll := q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
-	var last error
-	for ctx.Err() == nil {
-		err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
-		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return false, nil
+	doc, tid := q.tombstoneDoc(ctx, raw, seq)
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
+		Send:   func(ctx context.Context) (struct{}, bool, error) { return struct{}{}, true, q.insert(ctx, doc) },
+		Read:   read,
+		Judge:  holds(tid),
+		Resend: true,
+	})
+	switch {
+	case err != nil && !store.IsDuplicateKey(err):
+		return false, fmt.Errorf("write the tombstone of its number: %w", err)
+	case err == nil && res.Applied:
+		return false, nil
+	case err == nil && res.HasRead:
+		h = res.Read
+	default:
+		// Refused: taken meanwhile.
+		if h, err = settle.Reread(ctx, q.settleConfig(), read); err != nil {
+			return false, err
 		}
-		last = err
-		sleep(ctx, 20*time.Millisecond)
 	}
-	return false, errors.Join(last, ctx.Err())
+	if h.IsZero() {
+		return false, errors.New("the number's tombstone was refused, and nothing holds the number")
+	}
+	return h == id, nil
 }
 
 // reserve takes the next sequence number of key: one findOneAndUpdate of
-// the key's document. The key's first reservation makes the document first
-// (createKey) and reserves again. After an ambiguous failure it re-reads
-// the document: the reservation id it sets says whether the number on it
-// is this reservation's. When it cannot tell, it reserves again (the
+// the key's document, which sets a fresh reservation id. The key's first
+// reservation makes the document first (createKey) and reserves again. A
+// lost reply is settled by the engine, re-reading the document at majority:
+// the reservation id on it says whether the number on it is this
+// reservation's. A reservation is not sent again as it is (each copy would
+// take a number): when the read does not show it, it reserves again (the
 // number it may have taken is skipped later: a hole).
-func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int64, error) {
+func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 	var last error
 	for try, creates := 1, 0; try <= 5; try++ {
 		rid := bson.NewObjectID()
@@ -763,34 +785,46 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
 		}
-		var kd keyDoc
-		err := q.resend(ctx, func() error {
-			return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
-				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&kd)
+		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[keyDoc, *keyDoc]{
+			Send: func(ctx context.Context) (kd keyDoc, _ bool, err error) {
+				err = q.try(ctx, func(ctx context.Context) error {
+					return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
+						options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&kd)
+				})
+				return kd, err == nil, err
+			},
+			Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
+			Judge: func(kd *keyDoc) (settle.Verdict, string) {
+				if kd != nil && kd.R == rid {
+					return settle.Landed, ""
+				}
+				return settle.Live, ""
+			},
 		})
+		var ue *settle.UnknownError
 		switch {
-		case err == nil:
-			return kd.Off + kd.Tail, nil
+		case err == nil && res.Applied && res.HasReply:
+			return res.Reply.Off + res.Reply.Tail, nil
+		case err == nil && res.Applied:
+			return res.Read.Off + res.Read.Tail, nil
 		case errors.Is(err, mongo.ErrNoDocuments) && creates < 3:
 			// Nothing was reserved: make the key's document and reserve
 			// again.
 			creates++
 			try--
-			if err := q.createKey(ctx, raw, inTx); err != nil {
+			if err := q.createKey(ctx, raw); err != nil {
 				return 0, err
 			}
 		case errors.Is(err, mongo.ErrNoDocuments):
 			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?): %w", creates, err)
-		case inTx:
-			return 0, err
-		case store.IsAmbiguous(err):
-			last = err
-			kd, found, rerr := q.readKey(ctx, raw)
-			if rerr == nil && found && kd.R == rid {
-				return kd.Off + kd.Tail, nil
+		case err == nil, errors.As(err, &ue):
+			// Not shown, or not settled: reserve again.
+			last = errors.New("the reservation's reply was lost, and re-reading the key did not show it")
+			if err != nil {
+				last = ue
 			}
 			if cerr := store.ContextError(ctx); cerr != nil {
-				return 0, errors.Join(err, cerr)
+				return 0, errors.Join(last, cerr)
 			}
 		default:
 			return 0, err
@@ -808,7 +842,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 // upserts of a new _id returns a document that is not the one stored, and
 // an $inc is lost), which gave two jobs of a key numbers off two different
 // offsets, behind the head.
-func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) error {
+func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 	doc := bson.D{
 		{Key: "_id", Value: raw},
 		// A key document made again after a deletion (Sweep deletes idle
@@ -817,11 +851,11 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) err
 		{Key: "off", Value: q.now(ctx).UnixMicro()},
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
-	err := q.resend(ctx, func() error { _, err := q.keys.InsertOne(ctx, doc); return err })
+	err := q.try(ctx, func(ctx context.Context) error { _, err := q.keys.InsertOne(ctx, doc); return err })
 	switch {
 	case err == nil:
 		return nil
-	case inTx:
+	case settle.InTransaction(ctx):
 		// A failed write ends the transaction: its owner retries it whole.
 		return err
 	case store.IsDuplicateKey(err) || store.IsAmbiguous(err):
@@ -835,7 +869,7 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) err
 // whose insert surely failed, so that the key need not wait HoleTimeout
 // for it. It is best effort: a failure leaves the hole to the workers.
 func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(noSession(ctx)), q.c.resolve)
+	ctx, cancel := q.settling(ctx)
 	defer cancel()
 	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
 		q.c.logger.Warn("deferred: could not skip an abandoned sequence number", "key", keyText(raw), "seq", seq, "err", err)
@@ -845,29 +879,49 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 // tombstoneRetention is the least time a tombstone is kept.
 const tombstoneRetention = time.Hour
 
-// tombstone inserts the tombstone of seq on key.
+// tombstone inserts the tombstone of seq on key. It is an insert with a
+// unique (key, seq): a copy sent again after a lost reply fails on the
+// index, which means "there".
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
-	now := q.now(ctx)
-	doc := bson.D{
-		{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
+	doc, _ := q.tombstoneDoc(ctx, raw, seq)
+	return q.insert(ctx, doc)
+}
+
+// tombstoneDoc returns the tombstone of seq on key, and its id.
+func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
+	now, id := q.now(ctx), bson.NewObjectID()
+	return bson.D{
+		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
 		// Kept at least an hour: while it is there, a copy of the skipped
 		// insert still in flight cannot land behind the key's head.
 		{Key: "expireAt", Value: now.Add(max(q.c.retention, tombstoneRetention))},
-	}
-	// A tombstone is an insert with a unique (key, seq): a copy sent again
-	// after a lost reply fails on the index, which means "there".
-	return q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+	}, id
 }
 
-// readKey reads a key's document.
-func (q *Queue) readKey(ctx context.Context, raw bson.RawValue) (keyDoc, bool, error) {
+// insert inserts doc into the jobs collection (see try).
+func (q *Queue) insert(ctx context.Context, doc bson.D) error {
+	return q.try(ctx, func(ctx context.Context) error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+}
+
+// readKey reads a key's document, at majority (settled: for settling a
+// lost reply) or from the primary; nil when there is none.
+func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
 	var kd keyDoc
-	err := q.resend(ctx, func() error { return q.keys.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) })
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return kd, false, nil
+	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) }
+	var err error
+	if _, keys := q.majority(); settled {
+		err = keys.Read(ctx, read)
+	} else {
+		err = read(q.keys)
 	}
-	return kd, err == nil, err
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil //nolint:nilnil // no document is an answer
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &kd, nil
 }
 
 func (q *Queue) notify() {
@@ -942,13 +996,6 @@ func checkCtx(ctx context.Context, op string) error {
 	return nil
 }
 
-// inTransaction reports whether ctx carries a session with a transaction
-// in progress.
-func inTransaction(ctx context.Context) bool {
-	s := mongo.SessionFromContext(ctx)
-	return s != nil && s.TransactionRunning()
-}
-
 // noSession returns ctx without the session it may carry.
 func noSession(ctx context.Context) context.Context {
 	if mongo.SessionFromContext(ctx) != nil {
@@ -964,34 +1011,23 @@ func shorten(s string) string {
 	return s
 }
 
-// resend runs op until it succeeds or fails with an error that is not
-// retryable (retry.IsRetryable), or that is ambiguous (which its caller
-// settles by re-reading: such a write may have been applied), sleeping a
-// backoff of Options.Retry between tries, for up to ResolveTimeout: the
-// failures it waits out are those of an operation that was not sent (a
-// connection pool cleared by another operation's network error, no server
-// selectable for a moment). Inside a transaction it runs op once: the
-// transaction is the unit its owner retries.
-func (q *Queue) resend(ctx context.Context, op func() error) error {
-	if inTransaction(ctx) {
-		return op()
+// try runs op under the package's retry policy (Options.Retry), retrying
+// the failures of an operation that was not sent (a connection pool cleared
+// by another operation's network error, no server selectable for a moment):
+// retry.Do's job. An ambiguous failure is returned at once: such a write may
+// have been applied, and settle.Exec settles it. Inside a transaction op runs
+// once: the transaction is the unit its owner retries.
+func (q *Queue) try(ctx context.Context, op func(context.Context) error) error {
+	if settle.InTransaction(ctx) {
+		return op(ctx)
 	}
-	var b interface{ Next() time.Duration }
-	deadline := time.Now().Add(q.c.resolve)
-	for {
-		err := op()
-		// retry.IsRetryable, not store.IsTransient: the driver's "connection
-		// pool cleared" error, which a write fails with before it is sent
-		// when another operation's connection broke, says so only through its
-		// Retryable method.
-		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
-			return err
+	return retry.Do(ctx, q.c.retry, func(ctx context.Context) error {
+		err := op(ctx)
+		if store.IsAmbiguous(err) {
+			return retry.Permanent(err)
 		}
-		if b == nil {
-			b = q.c.retry.NewBackoff()
-		}
-		sleep(ctx, b.Next())
-	}
+		return err
+	})
 }
 
 // sleep waits d or until ctx ends.

@@ -1,6 +1,7 @@
 package deferred
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -279,17 +281,17 @@ func (c *claim) renew() {
 func (c *claim) loop() {
 	q := c.q
 	ctx, cancel := c.book()
-	kd, found, err := q.readKey(ctx, c.key)
+	kd, err := retry.DoValue(ctx, q.c.retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
 	cancel()
-	if err != nil || !found {
+	if err != nil || kd == nil {
 		return
 	}
 	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; i++ {
-		next, ok := c.step(kd)
+		next, ok := c.step(*kd)
 		if !ok {
 			return
 		}
-		kd = next
+		kd = &next
 	}
 }
 
@@ -385,14 +387,10 @@ func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
 // comes after the due was written: if it does not see the job cancelled,
 // Cancel's clearing comes after the due too.
 func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
-	q := c.q
 	ctx, cancel := c.book()
-	var job Job
-	err := q.resend(ctx, func() error {
-		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
-	})
+	job, err := c.head(ctx, seq)
 	cancel()
-	if err == nil && finished(job.State) && !c.lost() {
+	if err == nil && job != nil && finished(job.State) && !c.lost() {
 		return c.advance(kd)
 	}
 	return kd, false
@@ -454,39 +452,80 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		}},
 		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
 	}
-	for try := 0; ; try++ {
-		var job Job
-		err := q.resend(ctx, func() error {
-			// The document before the claim: its state says whether an
-			// earlier attempt was lost while it ran.
-			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&job)
-		})
-		switch {
-		case err == nil:
-			// A job left running was taken over from a lost worker, whose
-			// handler may have written: the attempt carries that on.
-			job.q, job.att = q, &attempt{may: job.State == StateRunning}
-			job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
-			job.Attempt++
-			return &job, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
-		case !store.IsAmbiguous(err) || try >= 3:
-			return nil, err
-		}
-		// Lost reply: if the claim landed, the job is running under this
-		// epoch (and the resend below matches nothing).
-		var cur Job
-		rerr := q.resend(ctx, func() error {
-			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
-		})
-		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
-			// Whether the claim took the job over from a lost worker is
-			// not known: take it that it did.
-			cur.q, cur.att = q, &attempt{may: true}
-			return &cur, nil
-		}
+	mine := func(job *Job) bool {
+		return job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner
 	}
+	// Not a job this claim holds already: a copy sent again after one
+	// landed matches nothing, and counts no second attempt.
+	filter = append(filter, bson.E{Key: "$nor", Value: bson.A{
+		bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
+	}})
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
+		Send: func(ctx context.Context) (*Job, bool, error) {
+			var job Job
+			err := q.try(ctx, func(ctx context.Context) error {
+				// The document before the claim: its state says whether an
+				// earlier attempt was lost while it ran.
+				return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&job)
+			})
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return nil, false, nil
+			}
+			return &job, err == nil, err
+		},
+		// If the claim landed, the job is running under this claim.
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, c.headFilter(seq)) },
+		Judge: func(job *Job) (settle.Verdict, string) {
+			switch {
+			case job == nil:
+				return settle.Dead, ""
+			case mine(job):
+				return settle.Landed, ""
+			case (job.State == StateAvailable || job.State == StateRetryable || job.State == StateRunning) &&
+				job.Epoch <= c.l.Epoch() && q.handler(job.Name) != nil && !job.RunAt.After(now):
+				return settle.Live, ""
+			}
+			return settle.Dead, ""
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case !res.Applied:
+		return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
+	case res.HasReply:
+		// A job left running was taken over from a lost worker, whose
+		// handler may have written: the attempt carries that on.
+		job := res.Reply
+		job.q, job.att = q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+		job.Attempt++
+		return job, nil
+	}
+	// Whether the claim took the job over from a lost worker is not known:
+	// take it that it did.
+	job := res.Read
+	job.att = &attempt{may: true}
+	return job, nil
+}
+
+// headFilter matches the job (or tombstone) at seq on the claim's key.
+func (c *claim) headFilter(seq int64) bson.D {
+	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}
+}
+
+// head reads the job at seq on the claim's key: nil when there is none.
+func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
+	var job Job
+	err := c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, c.headFilter(seq)).Decode(&job) })
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil //nolint:nilnil // no job is an answer
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &job, nil
 }
 
 // noHead handles a key whose head seq has no job to claim: the job is
@@ -498,25 +537,23 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
-	var job Job
-	err := q.resend(ctx, func() error {
-		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
-	})
+	job, err := c.head(ctx, seq)
 	now := q.now(ctx)
 	switch {
-	case err == nil && finished(job.State):
-		return c.advance(kd)
-	case err == nil && job.Epoch > c.l.Epoch():
-		// A newer holder of the key claimed the job: this claim is lost.
-		return kd, false
-	case err == nil && q.handler(job.Name) == nil:
-		return c.noHandler(kd, &job)
-	case err == nil:
-		// Not due yet: wait for it.
-		return c.postpone(kd, seq, job.RunAt)
-	case !errors.Is(err, mongo.ErrNoDocuments):
+	case err != nil:
 		c.warn("read the head job", seq, err)
 		return kd, false
+	case job == nil:
+	case finished(job.State):
+		return c.advance(kd)
+	case job.Epoch > c.l.Epoch():
+		// A newer holder of the key claimed the job: this claim is lost.
+		return kd, false
+	case q.handler(job.Name) == nil:
+		return c.noHandler(kd, job)
+	default:
+		// Not due yet: wait for it.
+		return c.postpone(kd, seq, job.RunAt)
 	}
 	// No job has the number yet. Most often its enqueuer is between its two
 	// writes: look again a few times, holding the key, before giving it up.
@@ -532,7 +569,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 			if c.lost() || c.run.Err() != nil {
 				return kd, false
 			}
-			if n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}); err == nil && n > 0 {
+			if n, err := q.jobs.CountDocuments(ctx, c.headFilter(seq)); err == nil && n > 0 {
 				return kd, true // it landed: step again
 			}
 		}
@@ -655,28 +692,27 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State) (bool, error) {
 	q := c.q
 	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
-	for try := 0; ; try++ {
-		var res *mongo.UpdateResult
-		err := q.resend(ctx, func() (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
-		if err == nil && res.MatchedCount == 1 {
-			return true, nil
-		}
-		if err != nil && (!store.IsAmbiguous(err) || try >= 3) {
-			return false, err
-		}
-		var cur Job
-		if rerr := q.resend(ctx, func() error { return q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: job.ID}}).Decode(&cur) }); rerr != nil {
-			if err == nil {
-				return false, rerr
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			var res *mongo.UpdateResult
+			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: job.ID}}) },
+		Judge: func(cur *Job) (settle.Verdict, string) {
+			switch {
+			case cur == nil:
+				return settle.Dead, ""
+			case cur.Epoch == c.l.Epoch() && cur.State == to:
+				return settle.Landed, ""
+			case cur.Epoch == c.l.Epoch() && cur.State == StateRunning && cur.Owner == q.c.owner:
+				return settle.Live, "" // not applied yet
 			}
-			continue
-		}
-		if cur.State == StateRunning && cur.Epoch == c.l.Epoch() {
-			continue // not applied yet
-		}
-		// Applied by an earlier copy, or the job was taken over.
-		return cur.Epoch == c.l.Epoch() && cur.State == to, nil
-	}
+			return settle.Dead, "" // the job was taken over
+		},
+		Resend: true,
+	})
+	return res.Applied, err
 }
 
 // putBack returns a claimed job to the available state without counting
@@ -708,28 +744,38 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
 		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
-	for try := 0; ; try++ {
-		var next keyDoc
-		err := q.resend(ctx, func() error {
-			return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
-		})
-		if err == nil {
-			return next, true
-		}
-		if !errors.Is(err, mongo.ErrNoDocuments) && (!store.IsAmbiguous(err) || try >= 3) {
-			c.warn("move the head", kd.Off+kd.Done+1, err)
-			return kd, false
-		}
-		cur, found, rerr := q.readKey(ctx, c.key)
-		switch {
-		case rerr != nil || !found:
-			return kd, false
-		case cur.Done > kd.Done:
-			return cur, !c.lost() // an earlier copy moved it
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return kd, false // the fence failed: the claim is lost
-		}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[keyDoc, *keyDoc]{
+		Send: func(ctx context.Context) (next keyDoc, _ bool, err error) {
+			err = q.try(ctx, func(ctx context.Context) error {
+				return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
+			})
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return next, false, nil // the fence failed: the claim is lost
+			}
+			return next, err == nil, err
+		},
+		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, true) },
+		Judge: func(cur *keyDoc) (settle.Verdict, string) {
+			switch {
+			case cur == nil:
+				return settle.Dead, ""
+			case cur.Done > kd.Done:
+				return settle.Landed, "" // a copy moved it
+			}
+			return settle.Live, ""
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		c.warn("move the head", kd.Off+kd.Done+1, err)
+		return kd, false
+	case res.Applied && res.HasReply:
+		return res.Reply, true
+	case res.Applied:
+		return *res.Read, !c.lost()
 	}
+	return kd, false
 }
 
 // setKey sets fields of the key's document under this claim's fence.
@@ -738,14 +784,52 @@ func (c *claim) setKey(set bson.D) {
 	defer cancel()
 	filter := append(store.IDFilter(c.key), c.l.Fence()...)
 	set = append(set, bson.E{Key: "t", Value: c.q.now(ctx)})
-	// $set is idempotent: a copy sent again does no harm.
-	err := c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
-	if err != nil && store.IsAmbiguous(err) {
-		err = c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
-	}
+	// $set is idempotent: a copy sent again does no harm. A lost reply is
+	// settled by reading whether the key holds what it sets.
+	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, bson.Raw]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			var res *mongo.UpdateResult
+			err := c.q.try(ctx, func(ctx context.Context) (err error) {
+				res, err = c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}})
+				return err
+			})
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: func(ctx context.Context) (bson.Raw, error) {
+			_, keys := c.q.majority()
+			var doc bson.Raw
+			err := keys.Read(ctx, func(k *mongo.Collection) error { return k.FindOne(ctx, store.IDFilter(c.key)).Decode(&doc) })
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return nil, nil
+			}
+			return doc, err
+		},
+		Judge: func(doc bson.Raw) (settle.Verdict, string) {
+			if doc == nil {
+				return settle.Dead, ""
+			}
+			if holdsAll(doc, set) {
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Resend: true,
+	})
 	if err != nil {
 		c.warn("update the key", 0, err)
 	}
+}
+
+// holdsAll reports whether doc holds every field of set with its value.
+func holdsAll(doc bson.Raw, set bson.D) bool {
+	for _, e := range set {
+		t, v, err := bson.MarshalValue(e.Value)
+		got, lerr := doc.LookupErr(e.Key)
+		if err != nil || lerr != nil || got.Type != t || !bytes.Equal(got.Value, v) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *claim) warn(what string, seq int64, err error) {
