@@ -8,6 +8,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
@@ -30,16 +31,8 @@ func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
 }
 
 func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
-	var job Job
-	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no job is an answer, which the callers report
-	}
-	if err != nil {
-		return nil, err
-	}
-	job.q = q
-	return &job, nil
+	job := &Job{q: q}
+	return found(job, q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(job))
 }
 
 // Counts returns how many jobs are in each state (every state is present,
@@ -125,13 +118,8 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		// Every copy of the update carries the job's old number in its
-		// filter and the new one in the job: at most one lands.
-		matched, err := q.place(ctx, "requeue", job.Key, seq, id, func(ctx context.Context) (bool, error) {
-			var res *mongo.UpdateResult
-			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
-			return err == nil && res.MatchedCount == 1, err
-		})
+		// Every copy carries the old number in its filter: at most one lands.
+		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -218,6 +206,8 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 // a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
 // write fails, Cancel still returns nil (the job is cancelled) and logs it,
 // and the key's next jobs may wait until the cancelled job's run time.
+// A lost reply is settled by re-reading the job (cancelled: landed; waiting
+// or dead: sent again); unsettled, it is an *UnknownOutcomeError.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -228,27 +218,10 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
 	}}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
-		Send: func(ctx context.Context) (*Job, bool, error) {
-			var job Job
-			err := q.try(ctx, func(ctx context.Context) error { return q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job) })
-			if errors.Is(err, mongo.ErrNoDocuments) {
-				return nil, false, nil
-			}
-			return &job, err == nil, err
-		},
+		Send: modified[Job](q, q.jobs, filter, update, options.Before),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
-		// Cancelled: it landed (or another Cancel did, which is as good);
-		// still waiting or dead, a copy may land, and it is sent again.
 		Judge: func(job *Job) (settle.Verdict, string) {
-			switch {
-			case job == nil:
-				return settle.Dead, ""
-			case job.State == StateCancelled:
-				return settle.Landed, ""
-			case job.State == StateAvailable || job.State == StateRetryable || job.State == StateDead:
-				return settle.Live, ""
-			}
-			return settle.Dead, ""
+			return verdict(job != nil && job.State == StateCancelled, job != nil && (!finished(job.State) && job.State != StateRunning || job.State == StateDead))
 		},
 		Resend: true,
 		Unknown: func(_ *Job, _ bool, reason string, err error) error {
@@ -261,11 +234,8 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 		return err
 	case err != nil:
 		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
-	case res.Applied && res.HasReply:
-		q.freeKey(ctx, res.Reply.Key)
-		return nil
 	case res.Applied:
-		q.freeKey(ctx, res.Read.Key)
+		q.freeKey(ctx, shown(res).Key)
 		return nil
 	}
 	cur, err := q.readJob(ctx, id)
@@ -295,17 +265,10 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	// $unset is idempotent, and a copy sent again after one landed matches
 	// nothing.
 	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			var res *mongo.UpdateResult
-			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.keys.UpdateOne(ctx, filter, update); return err })
-			return struct{}{}, err == nil && res.MatchedCount == 1, err
-		},
+		Send: q.updated(q.keys, filter, update),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
 		Judge: func(kd *keyDoc) (settle.Verdict, string) {
-			if kd == nil || kd.Due.IsZero() && kd.H == "" {
-				return settle.Landed, ""
-			}
-			return settle.Live, ""
+			return verdict(kd == nil || kd.Due.IsZero() && kd.H == "", true)
 		},
 		Resend: true,
 	})

@@ -140,6 +140,7 @@ type keyDoc struct {
 	Due  time.Time     `bson:"due,omitempty"`
 	Hole *hole         `bson:"hole,omitempty"`
 	H    string        `bson:"h,omitempty"`
+	T    time.Time     `bson:"t,omitempty"`
 	R    bson.ObjectID `bson:"r"`
 }
 
@@ -481,13 +482,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		}
 		// Every copy of the insert has the same _id and the same (k, s):
 		// at most one lands. Refused on the unique index, the place is taken.
-		stored, err := q.place(ctx, "enqueue", raw, seq, id, func(ctx context.Context) (bool, error) {
-			err := q.insert(ctx, doc)
-			if store.IsDuplicateKey(err) {
-				return false, nil
-			}
-			return err == nil, err
-		})
+		stored, err := q.place(ctx, "enqueue", raw, seq, id, q.inserted(doc))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -567,55 +562,29 @@ func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool,
 
 // takeBack deletes the job id (update nil), or applies update to it, if it
 // is still available at seq, and reports whether it did: how a write that
-// landed late is undone. A lost reply is settled by the engine, re-reading
-// the job at majority: gone, or moved off seq (update restores the job's
-// old number), it was taken back; still available at seq, the write is
-// sent again; at seq in another state, a worker or Cancel has it, and it
-// was not taken back. An error means it could not tell.
+// landed late is undone. A lost reply is judged by the job at majority:
+// gone, or moved off seq (update restores its old number), it was taken
+// back; still available at seq, a copy may land; at seq in another state, a
+// worker or Cancel has it. An error means it could not tell.
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			var n int64
-			err := q.try(ctx, func(ctx context.Context) error {
-				if update == nil {
-					res, err := q.jobs.DeleteOne(ctx, filter)
-					if err == nil {
-						n = res.DeletedCount
-					}
-					return err
-				}
-				res, err := q.jobs.UpdateOne(ctx, filter, update)
-				if err == nil {
-					n = res.ModifiedCount
-				}
-				return err
-			})
-			return struct{}{}, n == 1, err
-		},
+		Send: q.updated(q.jobs, filter, update),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
 		Judge: func(job *Job) (settle.Verdict, string) {
-			switch {
-			case job == nil || job.Seq != seq:
-				return settle.Landed, ""
-			case job.State != StateAvailable:
-				return settle.Dead, ""
-			}
-			return settle.Live, ""
+			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)
 		},
 		Resend: true,
 	})
 	return res.Applied, err
 }
 
-// settleConfig is how the package uses the settling engine: its retry
-// policy for the re-reads, and its ResolveTimeout.
+// settleConfig is how the package uses the settling engine.
 func (q *Queue) settleConfig() settle.Config {
 	return settle.Config{Retry: q.c.retry, ResolveTimeout: q.c.resolve}
 }
 
-// majority returns the majority readers (settle.Majority) of the jobs and
-// keys collections, through which every settling read goes.
+// majority returns the majority readers of the jobs and keys collections.
 func (q *Queue) majority() (jobs, keys *settle.Majority) {
 	q.maj.once.Do(func() { q.maj.jobs, q.maj.keys = settle.NewMajority(q.jobs), settle.NewMajority(q.keys) })
 	return q.maj.jobs, q.maj.keys
@@ -625,89 +594,68 @@ func (q *Queue) majority() (jobs, keys *settle.Majority) {
 // is none.
 func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
 	jobs, _ := q.majority()
-	var job Job
-	err := jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(&job) })
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no job is an answer
-	}
-	if err != nil {
-		return nil, err
-	}
-	job.q = q
-	return &job, nil
+	job := new(Job)
+	return found(job, jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(job) }))
 }
 
 // holder reads at majority the id of what holds seq on key raw, a job or a
-// tombstone: zero when nothing does.
-func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (bson.ObjectID, error) {
-	jobs, _ := q.majority()
-	var h struct {
-		ID bson.ObjectID `bson:"_id"`
+// tombstone (zero: nothing).
+func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (id bson.ObjectID, err error) {
+	job, err := q.settledJob(ctx, at(raw, seq))
+	if job != nil {
+		id = job.ID
 	}
-	err := jobs.Read(ctx, func(c *mongo.Collection) error {
-		return c.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}},
-			options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&h)
-	})
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return h.ID, nil
+	return id, err
+}
+
+// at matches the job (or tombstone) at seq on key raw.
+func at(raw bson.RawValue, seq int64) bson.D {
+	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
+}
+
+// verdict is the engine's verdict on a read that shows the write (landed),
+// or else shows that a copy of it could still land (live), or neither.
+func verdict(landed, live bool) (settle.Verdict, string) {
+	switch {
+	case landed:
+		return settle.Landed, ""
+	case live:
+		return settle.Live, ""
 	}
-	return h.ID, err
+	return settle.Dead, ""
 }
 
 // holds judges a write that puts the thing id (a job, a tombstone) at a
 // place of a key from what holds the place: every copy of the write carries
 // the place, which the unique (k, s) index gives to one document only.
 func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
-	return func(h bson.ObjectID) (settle.Verdict, string) {
-		switch {
-		case h == id:
-			return settle.Landed, ""
-		case h.IsZero():
-			return settle.Live, ""
-		}
-		return settle.Dead, ""
-	}
+	return func(h bson.ObjectID) (settle.Verdict, string) { return verdict(h == id, h.IsZero()) }
 }
 
 // place sends, through the settling engine, the write that puts the job id
-// at seq on key raw (Enqueue's insert, Requeue's update); send reports
-// whether its reply says it applied (false: an insert refused on the unique
-// index, an update that matched nothing). A lost reply is judged by what
-// holds (key, seq) at majority: the job means it landed; another document
-// (a tombstone) that no copy can land any more; nothing, that a copy may
-// still land, and the write is sent again (every copy carries seq, so at
-// most one lands).
+// at seq on key raw (Enqueue's insert, Requeue's update); its reply says
+// applied false when an insert was refused on the unique index, or an
+// update matched nothing. A lost reply is judged by what holds (key, seq)
+// at majority: the job means it landed; another document (a tombstone) that
+// no copy can land any more; nothing, that a copy may still land, and the
+// write is sent again (every copy carries seq, so at most one lands).
 //
-// Its answers are honest: landed true means the job is at seq; false with
-// no error, that the write did not apply and no copy of it can (the place
-// is taken, or the update matched nothing); an error other than an
-// *UnknownOutcomeError, that it did not apply and no copy can: a first send
-// that failed for sure (outside a transaction its number gets a tombstone,
-// best effort, so that the key need not wait), or one whose outcome the
-// engine could not settle and whose number's tombstone settled it (settle).
-// When that cannot tell either, the answer is an *UnknownOutcomeError.
-func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (bool, error)) (bool, error) {
+// Its answers are honest: true means the job is at seq; false, or an error
+// other than an *UnknownOutcomeError, that the write did not apply and no
+// copy of it can: the place is taken, the first send failed for sure (its
+// number then gets a tombstone, best effort, outside a transaction), or the
+// number's tombstone settled what the engine could not (settle).
+func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (struct{}, bool, error)) (bool, error) {
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			applied, err := send(ctx)
-			return struct{}{}, applied, err
-		},
-		Read:   func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) },
-		Judge:  holds(id),
-		Resend: true,
+		Send: send, Read: func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }, Judge: holds(id), Resend: true,
 	})
 	var ue *settle.UnknownError
 	switch {
 	case err == nil && res.Applied:
 		return true, nil
-	case err == nil && !res.HasRead:
-		// Refused at once: the place is taken, by a tombstone, or by this
-		// very job should the driver have sent it twice.
-		h, rerr := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) })
-		return rerr == nil && h == id, nil
-	case err == nil:
-		return false, nil
-	case !errors.As(err, &ue):
+	case err == nil && res.HasRead:
+		return false, nil // the place is taken
+	case err != nil && !errors.As(err, &ue):
 		// The first send failed for sure, or inside a transaction, whose
 		// owner retries it whole.
 		if !settle.InTransaction(ctx) {
@@ -715,58 +663,48 @@ func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int
 		}
 		return false, err
 	}
-	// A copy may be in flight, and no answer is true yet: settle.
+	// Refused at once (the place is taken: by a tombstone, or by this very
+	// job should the driver have sent it twice), or not settled: what holds
+	// the place once its tombstone is in tells.
 	landed, serr := q.settle(ctx, raw, seq, id)
 	switch {
 	case serr != nil:
-		return false, &UnknownOutcomeError{Pkg: "deferred", Op: op, ID: id, Subject: "job " + id.Hex(), Reason: ue.Reason, Err: errors.Join(ue.Err, serr)}
-	case landed:
-		return true, nil
+		return false, &UnknownOutcomeError{Pkg: "deferred", Op: op, ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
+	case landed || ue == nil:
+		return landed, nil
 	}
-	return false, fmt.Errorf("%s: %w", ue.Reason, ue.Err)
+	return false, ue.Err
 }
 
-// settle decides whether the write that puts the job id at seq on key raw,
-// sent with an outcome the engine could not settle, landed. It reads at
-// majority what holds (key, seq): the job means it landed; a tombstone
-// means it did not and cannot any more (every copy of the write carries
-// seq, and the unique (k, s) index refuses it). When nothing holds the
-// place, it inserts the tombstone itself, through the engine: once that
-// lands, "not landed" is final; when that cannot be settled, it returns the
-// error (the outcome stays unknown). It runs for up to ResolveTimeout, even
-// after ctx ended.
+// settle decides whether the write that puts the job id at seq on key raw
+// landed, when the engine could not settle it: it inserts the number's
+// tombstone, through the engine. Once that lands, "not landed" is final
+// (every copy of the write carries seq, and the unique (k, s) index refuses
+// it); refused, what holds the number at majority tells: the job means it
+// landed. When that cannot be settled, it returns the error (the outcome
+// stays unknown). It runs for up to ResolveTimeout, even after ctx ended.
 func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
 	read := func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }
-	h, err := settle.Reread(ctx, q.settleConfig(), read)
-	if err != nil || !h.IsZero() {
-		return h == id, err
-	}
 	doc, tid := q.tombstoneDoc(ctx, raw, seq)
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
-		Send:   func(ctx context.Context) (struct{}, bool, error) { return struct{}{}, true, q.insert(ctx, doc) },
-		Read:   read,
-		Judge:  holds(tid),
-		Resend: true,
+		Send: q.inserted(doc), Read: read, Judge: holds(tid), Resend: true,
 	})
 	switch {
-	case err != nil && !store.IsDuplicateKey(err):
+	case err != nil:
 		return false, fmt.Errorf("write the tombstone of its number: %w", err)
-	case err == nil && res.Applied:
+	case res.Applied:
 		return false, nil
-	case err == nil && res.HasRead:
-		h = res.Read
-	default:
-		// Refused: taken meanwhile.
-		if h, err = settle.Reread(ctx, q.settleConfig(), read); err != nil {
-			return false, err
-		}
 	}
-	if h.IsZero() {
-		return false, errors.New("the number's tombstone was refused, and nothing holds the number")
+	h := res.Read
+	if !res.HasRead {
+		h, err = settle.Reread(ctx, q.settleConfig(), read)
 	}
-	return h == id, nil
+	if err == nil && h.IsZero() {
+		err = errors.New("the number's tombstone was refused, and nothing holds the number")
+	}
+	return h == id, err
 }
 
 // reserve takes the next sequence number of key: one findOneAndUpdate of
@@ -785,29 +723,17 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
 		}
-		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[keyDoc, *keyDoc]{
-			Send: func(ctx context.Context) (kd keyDoc, _ bool, err error) {
-				err = q.try(ctx, func(ctx context.Context) error {
-					return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
-						options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&kd)
-				})
-				return kd, err == nil, err
-			},
-			Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
-			Judge: func(kd *keyDoc) (settle.Verdict, string) {
-				if kd != nil && kd.R == rid {
-					return settle.Landed, ""
-				}
-				return settle.Live, ""
-			},
+		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
+			Send:  modified[keyDoc](q, q.keys, store.IDFilter(raw), update, options.After),
+			Read:  func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
+			Judge: func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.R == rid, true) },
 		})
 		var ue *settle.UnknownError
 		switch {
-		case err == nil && res.Applied && res.HasReply:
-			return res.Reply.Off + res.Reply.Tail, nil
 		case err == nil && res.Applied:
-			return res.Read.Off + res.Read.Tail, nil
-		case errors.Is(err, mongo.ErrNoDocuments) && creates < 3:
+			kd := shown(res)
+			return kd.Off + kd.Tail, nil
+		case err == nil && res.HasReply && creates < 3:
 			// Nothing was reserved: make the key's document and reserve
 			// again.
 			creates++
@@ -815,8 +741,8 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 			if err := q.createKey(ctx, raw); err != nil {
 				return 0, err
 			}
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?): %w", creates, err)
+		case err == nil && res.HasReply:
+			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?)", creates)
 		case err == nil, errors.As(err, &ue):
 			// Not shown, or not settled: reserve again.
 			last = errors.New("the reservation's reply was lost, and re-reading the key did not show it")
@@ -852,17 +778,10 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
 	err := q.try(ctx, func(ctx context.Context) error { _, err := q.keys.InsertOne(ctx, doc); return err })
-	switch {
-	case err == nil:
-		return nil
-	case settle.InTransaction(ctx):
-		// A failed write ends the transaction: its owner retries it whole.
-		return err
-	case store.IsDuplicateKey(err) || store.IsAmbiguous(err):
-		// There, or perhaps there: the next reservation tells.
-		return nil
+	if !settle.InTransaction(ctx) && (store.IsDuplicateKey(err) || store.IsAmbiguous(err)) {
+		return nil // there, or perhaps there: the next reservation tells
 	}
-	return err
+	return err // in a transaction, its owner retries it whole
 }
 
 // abandon writes the tombstone of a sequence number reserved by an enqueue
@@ -884,7 +803,8 @@ const tombstoneRetention = time.Hour
 // index, which means "there".
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
 	doc, _ := q.tombstoneDoc(ctx, raw, seq)
-	return q.insert(ctx, doc)
+	_, _, err := q.inserted(doc)(ctx)
+	return err
 }
 
 // tombstoneDoc returns the tombstone of seq on key, and its id.
@@ -899,29 +819,86 @@ func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) 
 	}, id
 }
 
-// insert inserts doc into the jobs collection (see try).
-func (q *Queue) insert(ctx context.Context, doc bson.D) error {
-	return q.try(ctx, func(ctx context.Context) error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+// The sends of the settled writes (see try): whether the reply says the
+// write applied. inserted inserts doc into the jobs collection (refused on a
+// unique index: not applied).
+func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, error) {
+	return func(ctx context.Context) (struct{}, bool, error) {
+		err := q.try(ctx, func(ctx context.Context) error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+		if store.IsDuplicateKey(err) {
+			return struct{}{}, false, nil
+		}
+		return struct{}{}, err == nil, err
+	}
+}
+
+// updated updates (an empty update: deletes) the document of coll that
+// matches filter.
+func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(context.Context) (struct{}, bool, error) {
+	return func(ctx context.Context) (struct{}, bool, error) {
+		var n int64
+		err := q.try(ctx, func(ctx context.Context) error {
+			if len(update) == 0 {
+				res, err := coll.DeleteOne(ctx, filter)
+				if err == nil {
+					n = res.DeletedCount
+				}
+				return err
+			}
+			res, err := coll.UpdateOne(ctx, filter, update)
+			if err == nil {
+				n = res.MatchedCount
+			}
+			return err
+		})
+		return struct{}{}, err == nil && n == 1, err
+	}
+}
+
+// modified runs findOneAndUpdate on coll, and returns the document before
+// or after the update (rd); nil when none matched.
+func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd options.ReturnDocument) func(context.Context) (*T, bool, error) {
+	return func(ctx context.Context) (*T, bool, error) {
+		var v T
+		err := q.try(ctx, func(ctx context.Context) error {
+			return coll.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(rd)).Decode(&v)
+		})
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return nil, false, nil
+		}
+		return &v, err == nil, err
+	}
 }
 
 // readKey reads a key's document, at majority (settled: for settling a
 // lost reply) or from the primary; nil when there is none.
 func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
-	var kd keyDoc
-	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) }
-	var err error
+	kd := new(keyDoc)
+	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(kd) }
 	if _, keys := q.majority(); settled {
-		err = keys.Read(ctx, read)
-	} else {
-		err = read(q.keys)
+		return found(kd, keys.Read(ctx, read))
 	}
+	return found(kd, read(q.keys))
+}
+
+// shown returns what shows that a write landed: its reply, or else the
+// read that settled it.
+func shown[T any](res settle.Result[*T, *T]) *T {
+	if res.HasReply {
+		return res.Reply
+	}
+	return res.Read
+}
+
+// found returns v, or nil when err says no document was found, or err.
+func found[T any](v *T, err error) (*T, error) {
 	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no document is an answer
+		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return &kd, nil
+	return v, nil
 }
 
 func (q *Queue) notify() {
@@ -1011,12 +988,10 @@ func shorten(s string) string {
 	return s
 }
 
-// try runs op under the package's retry policy (Options.Retry), retrying
-// the failures of an operation that was not sent (a connection pool cleared
-// by another operation's network error, no server selectable for a moment):
-// retry.Do's job. An ambiguous failure is returned at once: such a write may
-// have been applied, and settle.Exec settles it. Inside a transaction op runs
-// once: the transaction is the unit its owner retries.
+// try runs op under retry.Do and Options.Retry, which retry an operation
+// that was not sent (a connection pool cleared, no server selectable); an
+// ambiguous failure is returned at once, for settle.Exec to settle. Inside a
+// transaction op runs once: its owner retries the transaction whole.
 func (q *Queue) try(ctx context.Context, op func(context.Context) error) error {
 	if settle.InTransaction(ctx) {
 		return op(ctx)

@@ -1,7 +1,6 @@
 package deferred
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
@@ -434,9 +432,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	filter := bson.D{
-		{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
-		{Key: "s", Value: seq},
+	filter := append(at(c.key, seq), bson.D{
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
 		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
 		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
@@ -444,7 +440,12 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
 		}},
-	}
+		// Not a job this claim holds already: a copy sent again after one
+		// landed matches nothing, and counts no second attempt.
+		{Key: "$nor", Value: bson.A{
+			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
+		}},
+	}...)
 	update := bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.owner},
@@ -452,40 +453,15 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		}},
 		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
 	}
-	mine := func(job *Job) bool {
-		return job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner
-	}
-	// Not a job this claim holds already: a copy sent again after one
-	// landed matches nothing, and counts no second attempt.
-	filter = append(filter, bson.E{Key: "$nor", Value: bson.A{
-		bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
-	}})
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
-		Send: func(ctx context.Context) (*Job, bool, error) {
-			var job Job
-			err := q.try(ctx, func(ctx context.Context) error {
-				// The document before the claim: its state says whether an
-				// earlier attempt was lost while it ran.
-				return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&job)
-			})
-			if errors.Is(err, mongo.ErrNoDocuments) {
-				return nil, false, nil
-			}
-			return &job, err == nil, err
-		},
+		// The document before the claim: its state says whether an earlier
+		// attempt was lost while it ran.
+		Send: modified[Job](q, q.jobs, filter, update, options.Before),
 		// If the claim landed, the job is running under this claim.
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, c.headFilter(seq)) },
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
 		Judge: func(job *Job) (settle.Verdict, string) {
-			switch {
-			case job == nil:
-				return settle.Dead, ""
-			case mine(job):
-				return settle.Landed, ""
-			case (job.State == StateAvailable || job.State == StateRetryable || job.State == StateRunning) &&
-				job.Epoch <= c.l.Epoch() && q.handler(job.Name) != nil && !job.RunAt.After(now):
-				return settle.Live, ""
-			}
-			return settle.Dead, ""
+			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner,
+				job != nil && !finished(job.State) && job.Epoch <= c.l.Epoch())
 		},
 		Resend: true,
 	})
@@ -506,26 +482,14 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	// Whether the claim took the job over from a lost worker is not known:
 	// take it that it did.
 	job := res.Read
-	job.att = &attempt{may: true}
+	job.q, job.att = q, &attempt{may: true}
 	return job, nil
-}
-
-// headFilter matches the job (or tombstone) at seq on the claim's key.
-func (c *claim) headFilter(seq int64) bson.D {
-	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}
 }
 
 // head reads the job at seq on the claim's key: nil when there is none.
 func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
-	var job Job
-	err := c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, c.headFilter(seq)).Decode(&job) })
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no job is an answer
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &job, nil
+	job := new(Job)
+	return found(job, c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, at(c.key, seq)).Decode(job) }))
 }
 
 // noHead handles a key whose head seq has no job to claim: the job is
@@ -569,7 +533,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 			if c.lost() || c.run.Err() != nil {
 				return kd, false
 			}
-			if n, err := q.jobs.CountDocuments(ctx, c.headFilter(seq)); err == nil && n > 0 {
+			if n, err := q.jobs.CountDocuments(ctx, at(c.key, seq)); err == nil && n > 0 {
 				return kd, true // it landed: step again
 			}
 		}
@@ -693,22 +657,13 @@ func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State
 	q := c.q
 	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			var res *mongo.UpdateResult
-			err := q.try(ctx, func(ctx context.Context) (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
-			return struct{}{}, err == nil && res.MatchedCount == 1, err
-		},
+		Send: q.updated(q.jobs, filter, update),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: job.ID}}) },
+		// Still running under this claim: not applied yet. Otherwise taken
+		// over, unless in the state the update sets.
 		Judge: func(cur *Job) (settle.Verdict, string) {
-			switch {
-			case cur == nil:
-				return settle.Dead, ""
-			case cur.Epoch == c.l.Epoch() && cur.State == to:
-				return settle.Landed, ""
-			case cur.Epoch == c.l.Epoch() && cur.State == StateRunning && cur.Owner == q.c.owner:
-				return settle.Live, "" // not applied yet
-			}
-			return settle.Dead, "" // the job was taken over
+			mine := cur != nil && cur.Epoch == c.l.Epoch()
+			return verdict(mine && cur.State == to, mine && cur.State == StateRunning && cur.Owner == q.c.owner)
 		},
 		Resend: true,
 	})
@@ -744,25 +699,12 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
 		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[keyDoc, *keyDoc]{
-		Send: func(ctx context.Context) (next keyDoc, _ bool, err error) {
-			err = q.try(ctx, func(ctx context.Context) error {
-				return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
-			})
-			if errors.Is(err, mongo.ErrNoDocuments) {
-				return next, false, nil // the fence failed: the claim is lost
-			}
-			return next, err == nil, err
-		},
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
+		// Matching nothing, the fence failed: the claim is lost.
+		Send: modified[keyDoc](q, q.keys, filter, update, options.After),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, true) },
 		Judge: func(cur *keyDoc) (settle.Verdict, string) {
-			switch {
-			case cur == nil:
-				return settle.Dead, ""
-			case cur.Done > kd.Done:
-				return settle.Landed, "" // a copy moved it
-			}
-			return settle.Live, ""
+			return verdict(cur != nil && cur.Done > kd.Done, cur != nil)
 		},
 		Resend: true,
 	})
@@ -770,10 +712,8 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 	case err != nil:
 		c.warn("move the head", kd.Off+kd.Done+1, err)
 		return kd, false
-	case res.Applied && res.HasReply:
-		return res.Reply, true
 	case res.Applied:
-		return *res.Read, !c.lost()
+		return *shown(res), !c.lost()
 	}
 	return kd, false
 }
@@ -783,53 +723,19 @@ func (c *claim) setKey(set bson.D) {
 	ctx, cancel := c.book()
 	defer cancel()
 	filter := append(store.IDFilter(c.key), c.l.Fence()...)
-	set = append(set, bson.E{Key: "t", Value: c.q.now(ctx)})
-	// $set is idempotent: a copy sent again does no harm. A lost reply is
-	// settled by reading whether the key holds what it sets.
-	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, bson.Raw]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			var res *mongo.UpdateResult
-			err := c.q.try(ctx, func(ctx context.Context) (err error) {
-				res, err = c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}})
-				return err
-			})
-			return struct{}{}, err == nil && res.MatchedCount == 1, err
-		},
-		Read: func(ctx context.Context) (bson.Raw, error) {
-			_, keys := c.q.majority()
-			var doc bson.Raw
-			err := keys.Read(ctx, func(k *mongo.Collection) error { return k.FindOne(ctx, store.IDFilter(c.key)).Decode(&doc) })
-			if errors.Is(err, mongo.ErrNoDocuments) {
-				return nil, nil
-			}
-			return doc, err
-		},
-		Judge: func(doc bson.Raw) (settle.Verdict, string) {
-			if doc == nil {
-				return settle.Dead, ""
-			}
-			if holdsAll(doc, set) {
-				return settle.Landed, ""
-			}
-			return settle.Live, ""
-		},
+	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
+	set = append(set, bson.E{Key: "t", Value: t})
+	// $set is idempotent: a copy sent again does no harm. The time it sets
+	// tells whether it landed.
+	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
+		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}),
+		Read:   func(ctx context.Context) (*keyDoc, error) { return c.q.readKey(ctx, c.key, true) },
+		Judge:  func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.T.Equal(t), kd != nil) },
 		Resend: true,
 	})
 	if err != nil {
 		c.warn("update the key", 0, err)
 	}
-}
-
-// holdsAll reports whether doc holds every field of set with its value.
-func holdsAll(doc bson.Raw, set bson.D) bool {
-	for _, e := range set {
-		t, v, err := bson.MarshalValue(e.Value)
-		got, lerr := doc.LookupErr(e.Key)
-		if err != nil || lerr != nil || got.Type != t || !bytes.Equal(got.Value, v) {
-			return false
-		}
-	}
-	return true
 }
 
 func (c *claim) warn(what string, seq int64, err error) {
