@@ -144,7 +144,8 @@
 //     failed ambiguously and settling it (re-reading, or writing the
 //     tombstone of its number, for up to ResolveTimeout) could not tell
 //     whether the job was stored, or put back, where a worker will run it;
-//     its ID (the job's bson.ObjectID) says what to look for later.
+//     or a Cancel whose lost reply could not be settled (Op "cancel"). Its
+//     ID (the job's bson.ObjectID) says what to look for later.
 //   - A context that ended: the context's error, wrapped, never ErrInvalid,
 //     and promptly, also while another call makes the indexes. A nil context
 //     is ErrInvalid.

@@ -8,7 +8,9 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 )
@@ -30,16 +32,8 @@ func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
 }
 
 func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
-	var job Job
-	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no job is an answer, which the callers report
-	}
-	if err != nil {
-		return nil, err
-	}
-	job.q = q
-	return &job, nil
+	job := &Job{q: q}
+	return found(job, q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(job))
 }
 
 // Counts returns how many jobs are in each state (every state is present,
@@ -100,7 +94,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if _, err := q.EnsureIndexes(ctx); err != nil {
 		return err
 	}
-	inTx := inTransaction(ctx)
+	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		job, doc, err := q.readJobDoc(ctx, id)
 		switch {
@@ -116,7 +110,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := q.local.Now()
-		seq, err := q.reserve(ctx, job.Key, inTx)
+		seq, err := q.reserve(ctx, job.Key)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
 		}
@@ -125,23 +119,14 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		res, err := q.jobs.UpdateOne(ctx, filter, update)
-		matched := err == nil && res.MatchedCount == 1
+		// Every copy carries the old number in its filter: at most one lands.
+		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update))
+		var unknown *UnknownOutcomeError
 		switch {
-		case err != nil && inTx:
-			// A failed write ends the transaction: its owner retries it whole.
-			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
+		case errors.As(err, &unknown):
+			return err
 		case err != nil:
-			// Failed, or its reply lost: the job at the new number says it
-			// landed; the number's tombstone, that it never will.
-			landed, serr := q.settle(ctx, job.Key, seq, id)
-			if serr != nil {
-				return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
-			}
-			if !landed {
-				return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
-			}
-			matched = true
+			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
 		}
 		if matched {
 			if !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2 {
@@ -221,9 +206,10 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 // the key's document that keep workers away from it (when to look again,
 // set by a head job that failed or snoozed; the name of its handler, set by
 // a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
-// write fails, Cancel still returns nil (the job is cancelled) and reports it
-// (a QueueError to Options.Observer),
+// write fails, Cancel still returns nil (the job is cancelled) and logs it,
 // and the key's next jobs may wait until the cancelled job's run time.
+// A lost reply is settled by re-reading the job (cancelled: landed; waiting
+// or dead: sent again); unsettled, it is an *UnknownOutcomeError.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -233,29 +219,35 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	update := bson.D{{Key: "$set", Value: bson.D{
 		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
 	}}}
-	var job Job
-	err := q.jobs.FindOneAndUpdate(ctx, filter, update).Decode(&job)
-	if err == nil {
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
+		Send: modified[Job](q, q.jobs, filter, update, options.Before),
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
+		Judge: func(job *Job) (settle.Verdict, string) {
+			return verdict(job != nil && job.State == StateCancelled, job != nil && (!finished(job.State) && job.State != StateRunning || job.State == StateDead))
+		},
+		Resend: true,
+		Unknown: func(_ *Job, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "deferred", Op: "cancel", ID: id, Subject: "job " + id.Hex(), Reason: reason, Err: err}
+		},
+	})
+	var unknown *UnknownOutcomeError
+	switch {
+	case errors.As(err, &unknown):
+		return err
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
+	case res.Applied:
+		job := shown(res)
 		q.freeKey(ctx, job.Key)
-		q.jobEvent(ctx, observe.JobCancelled, opCancel, &job)
+		q.jobEvent(ctx, observe.JobCancelled, opCancel, job)
 		return nil
 	}
-	cur, rerr := q.readJob(ctx, id)
-	missed := errors.Is(err, mongo.ErrNoDocuments)
+	cur, err := q.readJob(ctx, id)
 	switch {
-	case rerr != nil && missed:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), rerr)
-	case rerr != nil:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), errors.Join(err, rerr))
+	case err != nil:
+		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	case cur == nil || cur.State == stateSkipped:
 		return &NotFoundError{ID: id}
-	case cur.State == StateCancelled && !missed:
-		// The reply was lost, and the re-read shows the job cancelled.
-		q.freeKey(ctx, cur.Key)
-		q.jobEvent(ctx, observe.JobCancelled, opCancel, cur)
-		return nil
-	case !missed:
-		return fmt.Errorf("deferred: cancel job %s: %w", id.Hex(), err)
 	}
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
 }
@@ -265,23 +257,25 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 // lack) after its head may have been cancelled, and wakes this process's
 // Run. The hints only say when and where to look: a worker that claims the
 // key derives them again from its head. It is best effort: a failure is
-// reported (a QueueError).
+// logged.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
+	ctx, cancel := q.settling(ctx)
 	defer cancel()
 	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
 		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
 	}})
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
-	// $unset is idempotent: a copy sent again after a lost reply does no harm.
-	var err error
-	for range 2 {
-		err = q.resend(ctx, func() error { _, err := q.keys.UpdateOne(ctx, filter, update); return err })
-		if err == nil || !store.IsAmbiguous(err) {
-			break
-		}
-	}
+	// $unset is idempotent, and a copy sent again after one landed matches
+	// nothing.
+	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
+		Send: q.updated(q.keys, filter, update),
+		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
+		Judge: func(kd *keyDoc) (settle.Verdict, string) {
+			return verdict(kd == nil || kd.Due.IsZero() && kd.H == "", true)
+		},
+		Resend: true,
+	})
 	if err != nil {
 		q.failed(ctx, "free_key", key, err)
 	}

@@ -89,7 +89,7 @@ func (c *claim) warn(what string, _ int64, err error) {
 
 // timed records how long the handler of the claim's current attempt ran,
 // since start: call defers it.
-func (c *claim) timed(start time.Time) { c.ran = time.Since(start) }
+func (c *claim) timed(start time.Time) { c.ran = c.q.local.Now().Sub(start) }
 
 // claimed reports the claim of job for an attempt, with its age.
 func (c *claim) claimed(job *Job) {

@@ -15,8 +15,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -139,6 +139,8 @@ type keyDoc struct {
 	N    int64         `bson:"n"`
 	Due  time.Time     `bson:"due,omitempty"`
 	Hole *hole         `bson:"hole,omitempty"`
+	H    string        `bson:"h,omitempty"`
+	T    time.Time     `bson:"t,omitempty"`
 	R    bson.ObjectID `bson:"r"`
 }
 
@@ -182,6 +184,11 @@ type Queue struct {
 	// (store.Capabilities): where it does, the fence also bounds the stamps a
 	// target document carries (Options.MaxStamps).
 	expr atomic.Bool
+	// maj holds the majority readers of the settling reads (see majority).
+	maj struct {
+		once       sync.Once
+		jobs, keys *settle.Majority
+	}
 }
 
 // New returns a Queue whose jobs live in jobs and whose keys live in the
@@ -462,10 +469,10 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		return none, err
 	}
 	id := bson.NewObjectID()
-	inTx := inTransaction(ctx)
+	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		reserved := q.local.Now()
-		seq, err := q.reserve(ctx, raw, inTx)
+		seq, err := q.reserve(ctx, raw)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
 		}
@@ -474,13 +481,15 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
 			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
-		stored, err := q.insertJob(ctx, doc, raw, seq, id, inTx)
+		// Every copy of the insert has the same _id and the same (k, s):
+		// at most one lands. Refused on the unique index, the place is taken.
+		stored, err := q.place(ctx, "enqueue", raw, seq, id, q.inserted(doc))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
 			return none, err // it names the job and the operation
 		case err != nil:
-			// Not stored, and no copy of the insert can land: see insertJob.
+			// Not stored, and no copy of the insert can land: see place.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
 		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2:
 			// Slow enough that the number may have been skipped, and its
@@ -536,7 +545,7 @@ func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.Objec
 // the caller's answer: ctx's values without its session, its cancellation
 // or its deadline, ended after ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
+	return settle.Detached(store.NoSession(ctx), q.c.resolve)
 }
 
 // passed reports whether the head of key has moved past seq. A job that
@@ -548,217 +557,168 @@ func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFu
 // caller takes it back. Only a slow write can land late: a number is skipped
 // HoleTimeout after it was found missing at the earliest. It reads the key
 // from the primary (the latest head, which a majority read may not show
-// yet), again after a failure, until ctx ends.
+// yet), retrying a failed read (settle.Reread).
 func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
-	var last error
-	for ctx.Err() == nil {
-		kd, found, err := q.readKey(ctx, raw)
-		if err == nil {
-			return found && kd.Off+kd.Done >= seq, nil
-		}
-		last = err
-		q.sleep(ctx, 20*time.Millisecond)
-	}
-	return false, errors.Join(last, ctx.Err())
+	kd, err := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, false) })
+	return kd != nil && kd.Off+kd.Done >= seq, err
 }
 
 // takeBack deletes the job id (update nil), or applies update to it, if it
 // is still available at seq, and reports whether it did: how a write that
-// landed late is undone. A write that failed, or whose reply was lost, is
-// settled by re-reading the job at majority: gone, or moved off seq (update
-// restores the job's old number), it was taken back; still available at
-// seq, the write is sent again; at seq in another state, a worker or Cancel
-// has it, and it was not taken back. It tries until ctx ends, and returns an
-// error only when it could not tell.
+// landed late is undone. A lost reply is judged by the job at majority:
+// gone, or moved off seq (update restores its old number), it was taken
+// back; still available at seq, a copy may land; at seq in another state, a
+// worker or Cancel has it. An error means it could not tell.
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
-	var last error
-	for ctx.Err() == nil {
-		var n int64
-		err := q.resend(ctx, func() error {
-			if update == nil {
-				res, err := q.jobs.DeleteOne(ctx, filter)
-				if err == nil {
-					n = res.DeletedCount
-				}
-				return err
-			}
-			res, err := q.jobs.UpdateOne(ctx, filter, update)
-			if err == nil {
-				n = res.ModifiedCount
-			}
-			return err
-		})
-		if err == nil && n == 1 {
-			return true, nil
-		}
-		// Failed, lost, or matched nothing (an earlier copy applied, or the
-		// job is not available at seq): the job's state tells.
-		job, rerr := q.settledJob(ctx, id)
-		switch {
-		case rerr != nil:
-			last = errors.Join(err, rerr)
-		case job == nil || job.Seq != seq:
-			return true, nil
-		case job.State != StateAvailable:
-			return false, nil
-		default:
-			last = err // still there: send it again
-		}
-		q.sleep(ctx, 20*time.Millisecond)
-	}
-	return false, errors.Join(last, ctx.Err())
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
+		Send: q.updated(q.jobs, filter, update),
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
+		Judge: func(job *Job) (settle.Verdict, string) {
+			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)
+		},
+		Resend: true,
+	})
+	return res.Applied, err
 }
 
-// settledJob reads the job id at majority: nil when there is none.
-func (q *Queue) settledJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
-	var job Job
-	err := q.majority().FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&job)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil //nolint:nilnil // no job is an answer
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &job, nil
+// settleConfig is how the package uses the settling engine.
+func (q *Queue) settleConfig() settle.Config {
+	return settle.Config{Retry: q.c.retry, ResolveTimeout: q.c.resolve}
 }
 
-// majority returns the jobs collection with read concern majority: what
-// settles an outcome reads only writes that cannot roll back.
-func (q *Queue) majority() *mongo.Collection {
-	return q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
+// majority returns the majority readers of the jobs and keys collections.
+func (q *Queue) majority() (jobs, keys *settle.Majority) {
+	q.maj.once.Do(func() { q.maj.jobs, q.maj.keys = settle.NewMajority(q.jobs), settle.NewMajority(q.keys) })
+	return q.maj.jobs, q.maj.keys
 }
 
-// insertJob inserts doc, the job id at seq on key raw. It reports stored
-// false, with no error, when the insert lost its number to a tombstone. After
-// an ambiguous failure it re-reads by id and sends the insert again while the
-// job is not there: every copy has the same _id and the same sequence number,
-// so at most one lands.
+// settledJob reads at majority the job that matches filter: nil when there
+// is none.
+func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
+	jobs, _ := q.majority()
+	job := new(Job)
+	return found(job, jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(job) }))
+}
+
+// holder reads at majority the id of what holds seq on key raw, a job or a
+// tombstone (zero: nothing).
+func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (id bson.ObjectID, err error) {
+	job, err := q.settledJob(ctx, at(raw, seq))
+	if job != nil {
+		id = job.ID
+	}
+	return id, err
+}
+
+// at matches the job (or tombstone) at seq on key raw.
+func at(raw bson.RawValue, seq int64) bson.D {
+	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
+}
+
+// verdict is the engine's verdict on a read that shows the write (landed),
+// or else shows that a copy of it could still land (live), or neither.
+func verdict(landed, live bool) (settle.Verdict, string) {
+	switch {
+	case landed:
+		return settle.Landed, ""
+	case live:
+		return settle.Live, ""
+	}
+	return settle.Dead, ""
+}
+
+// holds judges a write that puts the thing id (a job, a tombstone) at a
+// place of a key from what holds the place: every copy of the write carries
+// the place, which the unique (k, s) index gives to one document only.
+func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
+	return func(h bson.ObjectID) (settle.Verdict, string) { return verdict(h == id, h.IsZero()) }
+}
+
+// place sends, through the settling engine, the write that puts the job id
+// at seq on key raw (Enqueue's insert, Requeue's update); its reply says
+// applied false when an insert was refused on the unique index, or an
+// update matched nothing. A lost reply is judged by what holds (key, seq)
+// at majority: the job means it landed; another document (a tombstone) that
+// no copy can land any more; nothing, that a copy may still land, and the
+// write is sent again (every copy carries seq, so at most one lands).
 //
-// Its answers are honest: stored true means the job is stored; an error
-// other than an *UnknownOutcomeError means it is not, and that no copy of
-// the insert can land later. A first send that failed for sure left nothing
-// in flight (its number gets a tombstone, best effort, so the key need not
-// wait). Once a send was ambiguous, every other answer is settled first
-// (settle): the job found at seq is stored; a tombstone there means no copy
-// can land; when settling cannot tell, the answer is an
-// *UnknownOutcomeError.
-func (q *Queue) insertJob(ctx context.Context, doc bson.D, raw bson.RawValue, seq int64, id bson.ObjectID, inTx bool) (stored bool, err error) {
-	var first error // the first ambiguous send's error
-	for resends := 0; ; resends++ {
-		err := q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
-		if err == nil {
-			return true, nil
-		}
-		if inTx {
-			return false, err
-		}
-		dup, ambiguous := store.IsDuplicateKey(err), store.IsAmbiguous(err)
-		if first == nil && !dup && !ambiguous {
+// Its answers are honest: true means the job is at seq; false, or an error
+// other than an *UnknownOutcomeError, that the write did not apply and no
+// copy of it can: the place is taken, the first send failed for sure (its
+// number then gets a tombstone, best effort, outside a transaction), or the
+// number's tombstone settled what the engine could not (settle).
+func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (struct{}, bool, error)) (bool, error) {
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
+		Send: send, Read: func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }, Judge: holds(id), Resend: true,
+	})
+	var ue *settle.UnknownError
+	switch {
+	case err == nil && res.Applied:
+		return true, nil
+	case err == nil && res.HasRead:
+		return false, nil // the place is taken
+	case err != nil && !errors.As(err, &ue):
+		// The first send failed for sure, or inside a transaction, whose
+		// owner retries it whole.
+		if !settle.InTransaction(ctx) {
 			q.abandon(ctx, raw, seq)
-			return false, err
 		}
-		cause := err
-		if first == nil && ambiguous {
-			first = err
-		} else if first != nil {
-			cause = errors.Join(first, err)
-		}
-		if dup || ambiguous {
-			found, rerr := q.jobExists(ctx, id)
-			switch {
-			case rerr == nil && found:
-				return true, nil
-			case rerr == nil && dup && first == nil:
-				// Refused, and no copy in flight: the (key, sequence)
-				// place is taken by a tombstone.
-				return false, nil
-			case rerr == nil && !dup && resends < 3 && ctx.Err() == nil:
-				continue // not there: send it again
-			}
-			cause = errors.Join(cause, rerr, store.ContextError(ctx))
-		}
-		// A copy may be in flight, and no answer is true yet: settle.
-		landed, serr := q.settle(ctx, raw, seq, id)
-		switch {
-		case serr != nil:
-			return false, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: errors.Join(cause, serr)}
-		case landed:
-			return true, nil
-		case dup:
-			return false, nil // the place is taken: enqueue again
-		}
-		return false, cause
+		return false, err
 	}
+	// Refused at once (the place is taken: by a tombstone, or by this very
+	// job should the driver have sent it twice), or not settled: what holds
+	// the place once its tombstone is in tells.
+	landed, serr := q.settle(ctx, raw, seq, id)
+	switch {
+	case serr != nil:
+		return false, &UnknownOutcomeError{Pkg: "deferred", Op: op, ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
+	case landed || ue == nil:
+		return landed, nil
+	}
+	return false, ue.Err
 }
 
 // settle decides whether the write that puts the job id at seq on key raw
-// (Enqueue's insert, Requeue's update), sent with an unknown outcome,
-// landed. It reads at majority what holds (key, seq): the job means it
-// landed; a tombstone means it did not and cannot any more (every copy of
-// the write carries seq, and the unique (k, s) index refuses it). When
-// nothing holds the place, it inserts the tombstone itself: once that
-// lands, "not landed" is final; refused for a reason other than a duplicate
-// or an ambiguity, it returns the refusal (the outcome stays unknown). It
-// reads again after a failure, for up to ResolveTimeout, even after ctx
-// ended.
+// landed, when the engine could not settle it: it inserts the number's
+// tombstone, through the engine. Once that lands, "not landed" is final
+// (every copy of the write carries seq, and the unique (k, s) index refuses
+// it); refused, what holds the number at majority tells: the job means it
+// landed. When that cannot be settled, it returns the error (the outcome
+// stays unknown). It runs for up to ResolveTimeout, even after ctx ended.
 func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
-	filter := bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
-	var last error
-	for ctx.Err() == nil {
-		var holder struct {
-			ID bson.ObjectID `bson:"_id"`
-		}
-		err := q.majority().FindOne(ctx, filter, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Decode(&holder)
-		switch {
-		case err == nil:
-			return holder.ID == id, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			err = q.tombstone(ctx, raw, seq)
-			if err == nil {
-				return false, nil
-			}
-			if !store.IsDuplicateKey(err) && !store.IsAmbiguous(err) && !retry.IsRetryable(err) {
-				return false, fmt.Errorf("write the tombstone of its number: %w", err)
-			}
-			// Taken meanwhile, or perhaps ours: read again.
-		}
-		last = err
-		q.sleep(ctx, 20*time.Millisecond)
+	read := func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }
+	doc, tid := q.tombstoneDoc(ctx, raw, seq)
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
+		Send: q.inserted(doc), Read: read, Judge: holds(tid), Resend: true,
+	})
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("write the tombstone of its number: %w", err)
+	case res.Applied:
+		return false, nil
 	}
-	return false, errors.Join(last, ctx.Err())
-}
-
-// jobExists reads, at majority, whether a job with id is stored, for up to
-// ResolveTimeout even after ctx ended.
-func (q *Queue) jobExists(ctx context.Context, id bson.ObjectID) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.c.resolve)
-	defer cancel()
-	coll := q.jobs.Database().Collection(q.jobs.Name(), options.Collection().SetReadConcern(readconcern.Majority()))
-	var last error
-	for ctx.Err() == nil {
-		err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}, options.FindOne().SetProjection(bson.D{{Key: "_id", Value: 1}})).Err()
-		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return false, nil
-		}
-		last = err
-		q.sleep(ctx, 20*time.Millisecond)
+	h := res.Read
+	if !res.HasRead {
+		h, err = settle.Reread(ctx, q.settleConfig(), read)
 	}
-	return false, errors.Join(last, ctx.Err())
+	if err == nil && h.IsZero() {
+		err = errors.New("the number's tombstone was refused, and nothing holds the number")
+	}
+	return h == id, err
 }
 
 // reserve takes the next sequence number of key: one findOneAndUpdate of
-// the key's document. The key's first reservation makes the document first
-// (createKey) and reserves again. After an ambiguous failure it re-reads
-// the document: the reservation id it sets says whether the number on it
-// is this reservation's. When it cannot tell, it reserves again (the
+// the key's document, which sets a fresh reservation id. The key's first
+// reservation makes the document first (createKey) and reserves again. A
+// lost reply is settled by the engine, re-reading the document at majority:
+// the reservation id on it says whether the number on it is this
+// reservation's. A reservation is not sent again as it is (each copy would
+// take a number): when the read does not show it, it reserves again (the
 // number it may have taken is skipped later: a hole).
-func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int64, error) {
+func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 	var last error
 	for try, creates := 1, 0; try <= 5; try++ {
 		rid := bson.NewObjectID()
@@ -766,34 +726,34 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
 		}
-		var kd keyDoc
-		err := q.resend(ctx, func() error {
-			return q.keys.FindOneAndUpdate(ctx, store.IDFilter(raw), update,
-				options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&kd)
+		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
+			Send:  modified[keyDoc](q, q.keys, store.IDFilter(raw), update, options.After),
+			Read:  func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
+			Judge: func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.R == rid, true) },
 		})
+		var ue *settle.UnknownError
 		switch {
-		case err == nil:
+		case err == nil && res.Applied:
+			kd := shown(res)
 			return kd.Off + kd.Tail, nil
-		case errors.Is(err, mongo.ErrNoDocuments) && creates < 3:
+		case err == nil && res.HasReply && creates < 3:
 			// Nothing was reserved: make the key's document and reserve
 			// again.
 			creates++
 			try--
-			if err := q.createKey(ctx, raw, inTx); err != nil {
+			if err := q.createKey(ctx, raw); err != nil {
 				return 0, err
 			}
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?): %w", creates, err)
-		case inTx:
-			return 0, err
-		case store.IsAmbiguous(err):
-			last = err
-			kd, found, rerr := q.readKey(ctx, raw)
-			if rerr == nil && found && kd.R == rid {
-				return kd.Off + kd.Tail, nil
+		case err == nil && res.HasReply:
+			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?)", creates)
+		case err == nil, errors.As(err, &ue):
+			// Not shown, or not settled: reserve again.
+			last = errors.New("the reservation's reply was lost, and re-reading the key did not show it")
+			if err != nil {
+				last = ue
 			}
 			if cerr := store.ContextError(ctx); cerr != nil {
-				return 0, errors.Join(err, cerr)
+				return 0, errors.Join(last, cerr)
 			}
 		default:
 			return 0, err
@@ -811,7 +771,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue, inTx bool) (int6
 // upserts of a new _id returns a document that is not the one stored, and
 // an $inc is lost), which gave two jobs of a key numbers off two different
 // offsets, behind the head.
-func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) error {
+func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 	doc := bson.D{
 		{Key: "_id", Value: raw},
 		// A key document made again after a deletion (Sweep deletes idle
@@ -820,25 +780,18 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue, inTx bool) err
 		{Key: "off", Value: q.now(ctx).UnixMicro()},
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
-	err := q.resend(ctx, func() error { _, err := q.keys.InsertOne(ctx, doc); return err })
-	switch {
-	case err == nil:
-		return nil
-	case inTx:
-		// A failed write ends the transaction: its owner retries it whole.
-		return err
-	case store.IsDuplicateKey(err) || store.IsAmbiguous(err):
-		// There, or perhaps there: the next reservation tells.
-		return nil
+	err := q.try(ctx, func(ctx context.Context) error { _, err := q.keys.InsertOne(ctx, doc); return err })
+	if !settle.InTransaction(ctx) && (store.IsDuplicateKey(err) || store.IsAmbiguous(err)) {
+		return nil // there, or perhaps there: the next reservation tells
 	}
-	return err
+	return err // in a transaction, its owner retries it whole
 }
 
 // abandon writes the tombstone of a sequence number reserved by an enqueue
 // whose insert surely failed, so that the key need not wait HoleTimeout
 // for it. It is best effort: a failure leaves the hole to the workers.
 func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(store.NoSession(ctx)), q.c.resolve)
+	ctx, cancel := q.settling(ctx)
 	defer cancel()
 	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
 		q.failed(ctx, "skip_number", raw, err)
@@ -848,29 +801,107 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 // tombstoneRetention is the least time a tombstone is kept.
 const tombstoneRetention = time.Hour
 
-// tombstone inserts the tombstone of seq on key.
+// tombstone inserts the tombstone of seq on key. It is an insert with a
+// unique (key, seq): a copy sent again after a lost reply fails on the
+// index, which means "there".
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
-	now := q.now(ctx)
-	doc := bson.D{
-		{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
+	doc, _ := q.tombstoneDoc(ctx, raw, seq)
+	_, _, err := q.inserted(doc)(ctx)
+	return err
+}
+
+// tombstoneDoc returns the tombstone of seq on key, and its id.
+func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
+	now, id := q.now(ctx), bson.NewObjectID()
+	return bson.D{
+		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
 		// Kept at least an hour: while it is there, a copy of the skipped
 		// insert still in flight cannot land behind the key's head.
 		{Key: "expireAt", Value: now.Add(max(q.c.retention, tombstoneRetention))},
-	}
-	// A tombstone is an insert with a unique (key, seq): a copy sent again
-	// after a lost reply fails on the index, which means "there".
-	return q.resend(ctx, func() error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+	}, id
 }
 
-// readKey reads a key's document.
-func (q *Queue) readKey(ctx context.Context, raw bson.RawValue) (keyDoc, bool, error) {
-	var kd keyDoc
-	err := q.resend(ctx, func() error { return q.keys.FindOne(ctx, store.IDFilter(raw)).Decode(&kd) })
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return kd, false, nil
+// The sends of the settled writes (see try): whether the reply says the
+// write applied. inserted inserts doc into the jobs collection (refused on a
+// unique index: not applied).
+func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, error) {
+	return func(ctx context.Context) (struct{}, bool, error) {
+		err := q.try(ctx, func(ctx context.Context) error { _, err := q.jobs.InsertOne(ctx, doc); return err })
+		if store.IsDuplicateKey(err) {
+			return struct{}{}, false, nil
+		}
+		return struct{}{}, err == nil, err
 	}
-	return kd, err == nil, err
+}
+
+// updated updates (an empty update: deletes) the document of coll that
+// matches filter.
+func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(context.Context) (struct{}, bool, error) {
+	return func(ctx context.Context) (struct{}, bool, error) {
+		var n int64
+		err := q.try(ctx, func(ctx context.Context) error {
+			if len(update) == 0 {
+				res, err := coll.DeleteOne(ctx, filter)
+				if err == nil {
+					n = res.DeletedCount
+				}
+				return err
+			}
+			res, err := coll.UpdateOne(ctx, filter, update)
+			if err == nil {
+				n = res.MatchedCount
+			}
+			return err
+		})
+		return struct{}{}, err == nil && n == 1, err
+	}
+}
+
+// modified runs findOneAndUpdate on coll, and returns the document before
+// or after the update (rd); nil when none matched.
+func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd options.ReturnDocument) func(context.Context) (*T, bool, error) {
+	return func(ctx context.Context) (*T, bool, error) {
+		var v T
+		err := q.try(ctx, func(ctx context.Context) error {
+			return coll.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(rd)).Decode(&v)
+		})
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return nil, false, nil
+		}
+		return &v, err == nil, err
+	}
+}
+
+// readKey reads a key's document, at majority (settled: for settling a
+// lost reply) or from the primary; nil when there is none.
+func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
+	kd := new(keyDoc)
+	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(kd) }
+	if _, keys := q.majority(); settled {
+		return found(kd, keys.Read(ctx, read))
+	}
+	return found(kd, read(q.keys))
+}
+
+// shown returns what shows that a write landed: its reply, or else the
+// read that settled it.
+func shown[T any](res settle.Result[*T, *T]) *T {
+	if res.HasReply {
+		return res.Reply
+	}
+	return res.Read
+}
+
+// found returns v, or nil when err says no document was found, or err.
+func found[T any](v *T, err error) (*T, error) {
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 func (q *Queue) notify() {
@@ -945,13 +976,6 @@ func checkCtx(ctx context.Context, op string) error {
 	return nil
 }
 
-// inTransaction reports whether ctx carries a session with a transaction
-// in progress.
-func inTransaction(ctx context.Context) bool {
-	s := mongo.SessionFromContext(ctx)
-	return s != nil && s.TransactionRunning()
-}
-
 func shorten(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "…"
@@ -959,34 +983,21 @@ func shorten(s string) string {
 	return s
 }
 
-// resend runs op until it succeeds or fails with an error that is not
-// retryable (retry.IsRetryable), or that is ambiguous (which its caller
-// settles by re-reading: such a write may have been applied), sleeping a
-// backoff of Options.Retry between tries, for up to ResolveTimeout: the
-// failures it waits out are those of an operation that was not sent (a
-// connection pool cleared by another operation's network error, no server
-// selectable for a moment). Inside a transaction it runs op once: the
-// transaction is the unit its owner retries.
-func (q *Queue) resend(ctx context.Context, op func() error) error {
-	if inTransaction(ctx) {
-		return op()
+// try runs op under retry.Do and Options.Retry, which retry an operation
+// that was not sent (a connection pool cleared, no server selectable); an
+// ambiguous failure is returned at once, for settle.Exec to settle. Inside a
+// transaction op runs once: its owner retries the transaction whole.
+func (q *Queue) try(ctx context.Context, op func(context.Context) error) error {
+	if settle.InTransaction(ctx) {
+		return op(ctx)
 	}
-	var b interface{ Next() time.Duration }
-	deadline := q.local.Now().Add(q.c.resolve)
-	for {
-		err := op()
-		// retry.IsRetryable, not store.IsTransient: the driver's "connection
-		// pool cleared" error, which a write fails with before it is sent
-		// when another operation's connection broke, says so only through its
-		// Retryable method.
-		if err == nil || store.IsAmbiguous(err) || !retry.IsRetryable(err) || q.local.Now().After(deadline) || ctx.Err() != nil {
-			return err
+	return retry.Do(ctx, q.c.retry, func(ctx context.Context) error {
+		err := op(ctx)
+		if store.IsAmbiguous(err) {
+			return retry.Permanent(err)
 		}
-		if b == nil {
-			b = q.c.retry.NewBackoff()
-		}
-		q.sleep(ctx, b.Next())
-	}
+		return err
+	})
 }
 
 // sleep waits d on the queue's local clock, or until ctx ends.

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -280,17 +280,17 @@ func (c *claim) renew() {
 func (c *claim) loop() {
 	q := c.q
 	ctx, cancel := c.book()
-	kd, found, err := q.readKey(ctx, c.key)
+	kd, err := retry.DoValue(ctx, q.c.retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
 	cancel()
-	if err != nil || !found {
+	if err != nil || kd == nil {
 		return
 	}
 	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; i++ {
-		next, ok := c.step(kd)
+		next, ok := c.step(*kd)
 		if !ok {
 			return
 		}
-		kd = next
+		kd = &next
 	}
 }
 
@@ -386,14 +386,10 @@ func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
 // comes after the due was written: if it does not see the job cancelled,
 // Cancel's clearing comes after the due too.
 func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
-	q := c.q
 	ctx, cancel := c.book()
-	var job Job
-	err := q.resend(ctx, func() error {
-		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
-	})
+	job, err := c.head(ctx, seq)
 	cancel()
-	if err == nil && finished(job.State) && !c.lost() {
+	if err == nil && job != nil && finished(job.State) && !c.lost() {
 		return c.advance(kd)
 	}
 	return kd, false
@@ -402,7 +398,7 @@ func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 // call runs the handler with the attempt's context, and turns a panic into
 // a *PanicError.
 func (c *claim) call(h *handler, job *Job) (err error) {
-	defer c.timed(time.Now())
+	defer c.timed(c.q.local.Now())
 	ctx, cancel := c.jobs, context.CancelFunc(func() {})
 	if c.q.c.jobTimeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, c.q.c.jobTimeout)
@@ -438,9 +434,7 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	filter := bson.D{
-		{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
-		{Key: "s", Value: seq},
+	filter := append(at(c.key, seq), bson.D{
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
 		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
 		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
@@ -448,7 +442,12 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
 			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
 		}},
-	}
+		// Not a job this claim holds already: a copy sent again after one
+		// landed matches nothing, and counts no second attempt.
+		{Key: "$nor", Value: bson.A{
+			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
+		}},
+	}...)
 	update := bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.owner},
@@ -456,39 +455,43 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		}},
 		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
 	}
-	for try := 0; ; try++ {
-		var job Job
-		err := q.resend(ctx, func() error {
-			// The document before the claim: its state says whether an
-			// earlier attempt was lost while it ran.
-			return q.jobs.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.Before)).Decode(&job)
-		})
-		switch {
-		case err == nil:
-			// A job left running was taken over from a lost worker, whose
-			// handler may have written: the attempt carries that on.
-			job.q, job.att = q, &attempt{may: job.State == StateRunning}
-			job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
-			job.Attempt++
-			return &job, nil
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
-		case !store.IsAmbiguous(err) || try >= 3:
-			return nil, err
-		}
-		// Lost reply: if the claim landed, the job is running under this
-		// epoch (and the resend below matches nothing).
-		var cur Job
-		rerr := q.resend(ctx, func() error {
-			return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&cur)
-		})
-		if rerr == nil && cur.State == StateRunning && cur.Epoch == c.l.Epoch() && cur.Owner == q.c.owner {
-			// Whether the claim took the job over from a lost worker is
-			// not known: take it that it did.
-			cur.q, cur.att = q, &attempt{may: true}
-			return &cur, nil
-		}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
+		// The document before the claim: its state says whether an earlier
+		// attempt was lost while it ran.
+		Send: modified[Job](q, q.jobs, filter, update, options.Before),
+		// If the claim landed, the job is running under this claim.
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
+		Judge: func(job *Job) (settle.Verdict, string) {
+			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner,
+				job != nil && !finished(job.State) && job.Epoch <= c.l.Epoch())
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case !res.Applied:
+		return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
+	case res.HasReply:
+		// A job left running was taken over from a lost worker, whose
+		// handler may have written: the attempt carries that on.
+		job := res.Reply
+		job.q, job.att = q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+		job.Attempt++
+		return job, nil
 	}
+	// Whether the claim took the job over from a lost worker is not known:
+	// take it that it did.
+	job := res.Read
+	job.q, job.att = q, &attempt{may: true}
+	return job, nil
+}
+
+// head reads the job at seq on the claim's key: nil when there is none.
+func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
+	job := new(Job)
+	return found(job, c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, at(c.key, seq)).Decode(job) }))
 }
 
 // noHead handles a key whose head seq has no job to claim: the job is
@@ -500,25 +503,23 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
-	var job Job
-	err := q.resend(ctx, func() error {
-		return q.jobs.FindOne(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}).Decode(&job)
-	})
+	job, err := c.head(ctx, seq)
 	now := q.now(ctx)
 	switch {
-	case err == nil && finished(job.State):
-		return c.advance(kd)
-	case err == nil && job.Epoch > c.l.Epoch():
-		// A newer holder of the key claimed the job: this claim is lost.
-		return kd, false
-	case err == nil && q.handler(job.Name) == nil:
-		return c.noHandler(kd, &job)
-	case err == nil:
-		// Not due yet: wait for it.
-		return c.postpone(kd, seq, job.RunAt)
-	case !errors.Is(err, mongo.ErrNoDocuments):
+	case err != nil:
 		c.warn("read the head job", seq, err)
 		return kd, false
+	case job == nil:
+	case finished(job.State):
+		return c.advance(kd)
+	case job.Epoch > c.l.Epoch():
+		// A newer holder of the key claimed the job: this claim is lost.
+		return kd, false
+	case q.handler(job.Name) == nil:
+		return c.noHandler(kd, job)
+	default:
+		// Not due yet: wait for it.
+		return c.postpone(kd, seq, job.RunAt)
 	}
 	// No job has the number yet. Most often its enqueuer is between its two
 	// writes: look again a few times, holding the key, before giving it up.
@@ -534,7 +535,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 			if c.lost() || c.run.Err() != nil {
 				return kd, false
 			}
-			if n, err := q.jobs.CountDocuments(ctx, bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}}, {Key: "s", Value: seq}}); err == nil && n > 0 {
+			if n, err := q.jobs.CountDocuments(ctx, at(c.key, seq)); err == nil && n > 0 {
 				return kd, true // it landed: step again
 			}
 		}
@@ -658,28 +659,18 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State) (bool, error) {
 	q := c.q
 	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
-	for try := 0; ; try++ {
-		var res *mongo.UpdateResult
-		err := q.resend(ctx, func() (err error) { res, err = q.jobs.UpdateOne(ctx, filter, update); return err })
-		if err == nil && res.MatchedCount == 1 {
-			return true, nil
-		}
-		if err != nil && (!store.IsAmbiguous(err) || try >= 3) {
-			return false, err
-		}
-		var cur Job
-		if rerr := q.resend(ctx, func() error { return q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: job.ID}}).Decode(&cur) }); rerr != nil {
-			if err == nil {
-				return false, rerr
-			}
-			continue
-		}
-		if cur.State == StateRunning && cur.Epoch == c.l.Epoch() {
-			continue // not applied yet
-		}
-		// Applied by an earlier copy, or the job was taken over.
-		return cur.Epoch == c.l.Epoch() && cur.State == to, nil
-	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
+		Send: q.updated(q.jobs, filter, update),
+		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: job.ID}}) },
+		// Still running under this claim: not applied yet. Otherwise taken
+		// over, unless in the state the update sets.
+		Judge: func(cur *Job) (settle.Verdict, string) {
+			mine := cur != nil && cur.Epoch == c.l.Epoch()
+			return verdict(mine && cur.State == to, mine && cur.State == StateRunning && cur.Owner == q.c.owner)
+		},
+		Resend: true,
+	})
+	return res.Applied, err
 }
 
 // putBack returns a claimed job to the available state without counting
@@ -711,28 +702,23 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
 		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
-	for try := 0; ; try++ {
-		var next keyDoc
-		err := q.resend(ctx, func() error {
-			return q.keys.FindOneAndUpdate(ctx, filter, update, options.FindOneAndUpdate().SetReturnDocument(options.After)).Decode(&next)
-		})
-		if err == nil {
-			return next, true
-		}
-		if !errors.Is(err, mongo.ErrNoDocuments) && (!store.IsAmbiguous(err) || try >= 3) {
-			c.warn("move the head", kd.Off+kd.Done+1, err)
-			return kd, false
-		}
-		cur, found, rerr := q.readKey(ctx, c.key)
-		switch {
-		case rerr != nil || !found:
-			return kd, false
-		case cur.Done > kd.Done:
-			return cur, !c.lost() // an earlier copy moved it
-		case errors.Is(err, mongo.ErrNoDocuments):
-			return kd, false // the fence failed: the claim is lost
-		}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
+		// Matching nothing, the fence failed: the claim is lost.
+		Send: modified[keyDoc](q, q.keys, filter, update, options.After),
+		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, true) },
+		Judge: func(cur *keyDoc) (settle.Verdict, string) {
+			return verdict(cur != nil && cur.Done > kd.Done, cur != nil)
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		c.warn("move the head", kd.Off+kd.Done+1, err)
+		return kd, false
+	case res.Applied:
+		return *shown(res), !c.lost()
 	}
+	return kd, false
 }
 
 // setKey sets fields of the key's document under this claim's fence.
@@ -740,12 +726,16 @@ func (c *claim) setKey(set bson.D) {
 	ctx, cancel := c.book()
 	defer cancel()
 	filter := append(store.IDFilter(c.key), c.l.Fence()...)
-	set = append(set, bson.E{Key: "t", Value: c.q.now(ctx)})
-	// $set is idempotent: a copy sent again does no harm.
-	err := c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
-	if err != nil && store.IsAmbiguous(err) {
-		err = c.q.resend(ctx, func() error { _, err := c.q.keys.UpdateOne(ctx, filter, bson.D{{Key: "$set", Value: set}}); return err })
-	}
+	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
+	set = append(set, bson.E{Key: "t", Value: t})
+	// $set is idempotent: a copy sent again does no harm. The time it sets
+	// tells whether it landed.
+	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
+		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}),
+		Read:   func(ctx context.Context) (*keyDoc, error) { return c.q.readKey(ctx, c.key, true) },
+		Judge:  func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.T.Equal(t), kd != nil) },
+		Resend: true,
+	})
 	if err != nil {
 		c.warn("update the key", 0, err)
 	}
