@@ -9,7 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -56,38 +56,24 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			}
 		}
 		filter, update := m.claimOp(raw, a)
-		doc, err := m.findAndModify(ctx, filter, update)
-		var s snapshot
+		l, s, done, err := m.send(ctx, parent, id, raw, a, pending, func(ctx context.Context) (bson.Raw, error) {
+			return m.findAndModify(ctx, filter, update)
+		})
 		switch {
+		case done:
+			return l, err
 		case err == nil:
-			return m.claimed(ctx, parent, id, raw, doc, a)
+			// Not applied as far as a majority knows; it may still be (a
+			// write the server has not run yet): it is pending, and a later
+			// read that shows it settles it.
+			if cerr := store.ContextError(ctx); cerr != nil {
+				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
+			}
+		case errors.Is(err, ErrUnknownOutcome):
+			return nil, err
 		case errors.Is(err, mongo.ErrNoDocuments):
 			if s, err = m.read(ctx, raw, server); err != nil {
 				return nil, fmt.Errorf("lease: acquire %v: read after a failed claim: %w", idText(id), err)
-			}
-		case ambiguous(err):
-			var rerr error
-			if s, rerr = m.reread(ctx, raw, server); rerr != nil {
-				m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
-				if pending != nil {
-					*pending = append(*pending, a)
-				}
-				return nil, &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-			}
-			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
-				// The claim was applied; only its reply was lost.
-				m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
-				return m.newLease(ctx, parent, id, raw, s.rec, a)
-			}
-			// Not applied as far as a majority knows; it may still be (a
-			// write the server has not run yet): a later read that shows it
-			// settles it.
-			m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
-			if pending != nil {
-				*pending = append(*pending, a)
-			}
-			if cerr := store.ContextError(ctx); cerr != nil {
-				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
 			}
 		default:
 			// DocumentDB refuses $$NOW in a findAndModify on a collection
@@ -250,30 +236,16 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 	if !m.named {
 		opts = m.claimOptsNP // the document exists: never insert one
 	}
-	doc, err := m.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
+	l, _, done, err := m.send(ctx, parent, id, raw, a, pending, func(ctx context.Context) (bson.Raw, error) {
+		return m.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
+	})
 	switch {
-	case err == nil:
-		l, err := m.claimed(ctx, parent, id, raw, doc, a)
+	case done:
 		return l, false, err
-	case ambiguous(err):
-		s, rerr := m.reread(ctx, raw, a.server)
-		if rerr != nil {
-			m.settled(ctx, opAcquire, id, err, observe.SettledUnknown, rerr)
-			if pending != nil {
-				*pending = append(*pending, a)
-			}
-			return nil, false, &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		}
-		if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
-			m.settled(ctx, opAcquire, id, err, observe.SettledLanded, nil)
-			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
-			return l, false, err
-		}
-		m.settled(ctx, opAcquire, id, err, observe.SettledNotLanded, nil)
-		if pending != nil {
-			*pending = append(*pending, a) // as in claim
-		}
-		return nil, true, nil
+	case err == nil:
+		return nil, true, nil // pending, as in claim: judge the record
+	case errors.Is(err, ErrUnknownOutcome):
+		return nil, false, err
 	}
 	// A duplicate key (however the server reports it: DocumentDB answers
 	// InternalError inside findAndModify) or another refusal: if the
@@ -283,6 +255,42 @@ func (m *Manager) create(ctx context.Context, parent context.Context, id any, ra
 		return nil, true, nil
 	}
 	return nil, false, fmt.Errorf("lease: acquire %v: create the lock document: %w", idText(id), err)
+}
+
+// send sends the claim a through the settling engine (internal/settle): a
+// record read back after an ambiguous failure that shows a's claim id means
+// applied; any other, not yet (Live), but never sent again as it is (a try
+// takes a fresh claim id): it is pending, as is one left unknown, for a
+// later read to settle. done reports a applied, with its Lease or error;
+// otherwise s is the record read back (err nil), or err the failure.
+func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
+	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[bson.Raw, snapshot]{
+		Send: func(ctx context.Context) (bson.Raw, bool, error) {
+			doc, err := send(ctx)
+			return doc, err == nil, err
+		},
+		Read: m.reader(raw, a.server),
+		Judge: func(s snapshot) (settle.Verdict, string) {
+			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: reason, Err: err}
+		},
+	})
+	switch {
+	case res.Applied && res.HasReply:
+		l, err = m.claimed(ctx, parent, id, raw, res.Reply, a)
+		return l, s, true, err
+	case res.Applied:
+		l, err = m.newLease(ctx, parent, id, raw, res.Read.rec, a)
+		return l, s, true, err
+	case pending != nil && (res.HasRead || errors.Is(err, ErrUnknownOutcome)):
+		*pending = append(*pending, a)
+	}
+	return nil, res.Read, false, err
 }
 
 // claimed makes the Lease from the document a claim returned.

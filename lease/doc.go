@@ -106,10 +106,9 @@
 //   - The lease's own commands never use a session or transaction carried
 //     by the caller's context.
 //   - After an ambiguous write the record is re-read (for up to
-//     ResolveTimeout) with read concern majority before anything is
-//     retried, so a claim a replica set later rolls back never counts as
-//     held (on a server that refuses majority reads, with the collection's
-//     read concern). Acquire holds the lease when a re-read shows its own
+//     ResolveTimeout) at read concern majority (or the collection's, on a
+//     server that refuses it), so a claim a replica set later rolls back
+//     never counts as held; only a release or stamp is then sent again. Acquire holds the lease when a re-read shows its own
 //     earlier claim, and claims again if that claim's deadline has passed.
 //   - Acquire and Do calls for one lease in one process are served first
 //     come, first served: they wait in line (one line per document or name,
@@ -148,8 +147,8 @@
 //     it when the lease was lost while fn ran.
 //   - [ErrReleased]: Renew or Release of a released lease.
 //   - [*UnknownOutcomeError], matching [ErrUnknownOutcome]: a write failed
-//     ambiguously and the re-read failed too. No two owners can hold the
-//     lease because of it.
+//     ambiguously and could not be settled (the re-read failed too). No
+//     two owners can hold the lease because of it.
 //   - [store.ErrNoServerTime] (wrapped): ModeEstimated could not read the
 //     server's clock, so nothing was claimed or renewed.
 //   - [ErrNotNamed]: EnsureIndexes or Sweep on a Manager made by New.

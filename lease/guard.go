@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -75,34 +76,64 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 		bson.D{{Key: path, Value: bson.D{{Key: "$lte", Value: l.epoch}}}},
 	}})
 	update := bson.D{{Key: "$max", Value: bson.D{{Key: path, Value: l.epoch}}}}
-	res, err := coll.UpdateOne(ctx, filter, update)
+	stamp := func(doc bson.Raw) bson.RawValue { return doc.Lookup(strings.Split(path, ".")...) }
+	// A stamp that has not applied is sent again while the document shows
+	// no stamp of this epoch or later (or no epoch there): copies of a $max
+	// make one change. The document read back tells.
+	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.resolveTimeout}
+	read := func(ctx context.Context) (doc bson.Raw, err error) {
+		err = settle.NewMajority(coll).Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
+			if doc, err = coll.FindOne(store.NoSession(ctx), raw.Filter()).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
+				return nil // an answer: no document
+			}
+			return err
+		})
+		return doc, err
+	}
+	res, err := settle.Exec(ctx, cfg, settle.Write[struct{}, bson.Raw]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			res, err := coll.UpdateOne(ctx, filter, update)
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: read,
+		Judge: func(doc bson.Raw) (settle.Verdict, string) {
+			v := stamp(doc)
+			n, ok := v.AsInt64OK()
+			switch {
+			case ok && n == l.epoch:
+				return settle.Landed, ""
+			case doc != nil && (v.Type == 0 || ok && n < l.epoch):
+				return settle.Live, ""
+			}
+			return settle.Dead, ""
+		},
+		Resend: true,
+		Unknown: func(_ bson.Raw, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "lease", Op: "stamp", ID: id, Reason: reason, Err: err}
+		},
+	})
 	switch {
-	case err == nil && res.MatchedCount == 1:
+	case err == nil && res.Applied:
 		return nil
-	case err != nil && !ambiguous(err):
+	case errors.Is(err, ErrUnknownOutcome):
+		return err
+	case err != nil:
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), err)
+	case !res.HasRead:
+		if res.Read, err = settle.Reread(ctx, cfg, read); err != nil {
+			return fmt.Errorf("lease: stamp %s: read after a failed stamp: %w", idText(id), err)
+		}
 	}
-	// Not matched, or unknown: the stamp tells. $max is idempotent, so an
-	// ambiguous stamp that shows our epoch was applied.
-	rctx, cancel := l.m.detached(ctx)
-	defer cancel()
-	doc, rerr := coll.FindOne(rctx, raw.Filter()).Raw()
+	v := stamp(res.Read)
+	n, ok := v.AsInt64OK()
 	switch {
-	case errors.Is(rerr, mongo.ErrNoDocuments):
+	case res.Read == nil:
 		return fmt.Errorf("lease: stamp %s: %w", idText(id), ErrNotFound)
-	case rerr != nil && err != nil:
-		return &UnknownOutcomeError{Pkg: "lease", Op: "stamp", ID: id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-	case rerr != nil:
-		return fmt.Errorf("lease: stamp %s: read after a failed stamp: %w", idText(id), rerr)
-	}
-	v := doc.Lookup(strings.Split(path, ".")...)
-	stamped, ok := v.AsInt64OK()
-	switch {
-	case ok && stamped == l.epoch:
+	case ok && n == l.epoch:
 		return nil
-	case ok && stamped > l.epoch:
+	case ok && n > l.epoch:
 		lost := l.lost(TakenOver, record{})
-		lost.HolderEpoch = stamped
+		lost.HolderEpoch = n
 		return lost
 	}
 	return fmt.Errorf("lease: stamp %s: field %s holds a %v, not an epoch", idText(id), path, v.Type)

@@ -10,7 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -286,46 +286,10 @@ func (l *Lease) renewServer(ctx context.Context) error {
 		set = append(set, bson.E{Key: m.c.retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.retain, until}}}})
 	}
 	update := mongo.Pipeline{{{Key: "$set", Value: set}}}
-	doc, err := m.findAndModify(ctx, l.filter(), update)
-	var s snapshot
-	switch {
-	case err == nil:
-		rec, derr := m.decode(doc)
-		if derr != nil {
-			return derr
-		}
-		l.extend(rec, m.deadline(a, rec.ExpiresAt))
-		return nil
-	case errors.Is(err, mongo.ErrNoDocuments):
-		s, err = m.read(ctx, l.raw, true)
-		if err != nil {
-			lost := l.lost(Unread, record{})
-			lost.Err = err
-			return l.finish(lost)
-		}
-		return l.finish(l.lostFrom(s.rec, s.found))
-	case ambiguous(err):
-		s, rerr := m.reread(ctx, l.raw, true)
-		switch {
-		case rerr != nil:
-			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		case !l.ours(s.rec, s.found):
-			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
-			return l.finish(l.lostFrom(s.rec, s.found))
-		case s.rec.Renewal == a.claim:
-			m.settled(ctx, opRenew, l.id, err, observe.SettledLanded, nil)
-			l.extend(s.rec, m.deadline(a, s.rec.ExpiresAt))
-			return nil
-		default:
-			// Not applied: the deadline stays where it was, which is safe
-			// whether or not the renewal lands later.
-			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
-			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
-		}
-	default:
-		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
-	}
+	return l.renew(ctx, a, func(ctx context.Context) (bson.Raw, bool, error) {
+		doc, err := m.findAndModify(ctx, l.filter(), update)
+		return doc, err == nil, err
+	}, func(r record) bool { return r.Renewal == a.claim }, func(r record) { l.extend(r, m.deadline(a, r.ExpiresAt)) })
 }
 
 func (l *Lease) renewEstimated(ctx context.Context) error {
@@ -352,44 +316,71 @@ func (l *Lease) renewEstimated(ctx context.Context) error {
 		until := a.est.Time.Add(m.c.retainFor).Truncate(time.Millisecond)
 		update = append(update, bson.E{Key: "$max", Value: bson.D{{Key: m.c.retain, Value: until}}})
 	}
-	res, err := m.coll.UpdateOne(ctx, filter, update)
+	return l.renew(ctx, a, func(ctx context.Context) (bson.Raw, bool, error) {
+		res, err := m.coll.UpdateOne(ctx, filter, update)
+		return nil, err == nil && res.MatchedCount == 1, err
+	}, func(r record) bool { return r.ExpiresAt.Equal(expires) }, func(record) { l.extend(record{ExpiresAt: expires}, deadline) })
+}
+
+// renew sends a renewal a through the settling engine (internal/settle),
+// and extends the lease by the record it wrote if it applied. A record read
+// back after an ambiguous failure that shows it (landed) means applied; one
+// no longer this lease's, lost; any other, not applied yet: the renewal is
+// not sent again, and the deadline stays, which is safe whether or not it
+// lands later. A renewal that matched nothing is judged by a read.
+func (l *Lease) renew(ctx context.Context, a attempt, send func(context.Context) (bson.Raw, bool, error), landed func(record) bool, extend func(record)) error {
+	var last error // the last send's error
+	res, err := settle.Exec(ctx, l.m.settling(ctx, opRenew, l.id), settle.Write[bson.Raw, snapshot]{
+		Send: func(ctx context.Context) (doc bson.Raw, ok bool, err error) {
+			doc, ok, err = send(ctx)
+			last = err
+			return doc, ok, err
+		},
+		Read: l.m.reader(l.raw, a.server),
+		Judge: func(s snapshot) (settle.Verdict, string) {
+			switch {
+			case !l.ours(s.rec, s.found):
+				return settle.Dead, ""
+			case landed(s.rec):
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: reason, Err: err}
+		},
+	})
+	s := res.Read
 	switch {
-	case err == nil && res.MatchedCount == 1:
-		l.extend(record{ExpiresAt: expires}, deadline)
+	case err == nil && res.Applied:
+		if res.Reply != nil {
+			if s.rec, err = l.m.decode(res.Reply); err != nil {
+				return err
+			}
+		}
+		extend(s.rec)
 		return nil
-	case err == nil:
-		s, rerr := m.read(ctx, l.raw, false)
-		if rerr != nil {
-			lost := l.lost(Unread, record{})
-			lost.Err = rerr
-			return l.finish(lost)
-		}
-		if l.ours(s.rec, s.found) {
-			// Our record, with an expiry at or past the new one: nothing to
-			// extend, nothing lost.
-			return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), s.rec.ExpiresAt)
-		}
+	case err == nil && res.HasRead && l.ours(s.rec, s.found):
+		return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), last)
+	case err == nil && res.HasRead:
 		return l.finish(l.lostFrom(s.rec, s.found))
-	case ambiguous(err):
-		s, rerr := m.reread(ctx, l.raw, false)
-		switch {
-		case rerr != nil:
-			m.settled(ctx, opRenew, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		case !l.ours(s.rec, s.found):
-			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
-			return l.finish(l.lostFrom(s.rec, s.found))
-		case s.rec.ExpiresAt.Equal(expires):
-			m.settled(ctx, opRenew, l.id, err, observe.SettledLanded, nil)
-			l.extend(record{ExpiresAt: expires}, deadline)
-			return nil
-		default:
-			m.settled(ctx, opRenew, l.id, err, observe.SettledNotLanded, nil)
-			return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), err)
-		}
-	default:
+	case errors.Is(err, ErrUnknownOutcome):
+		return err
+	case err != nil && !errors.Is(err, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
+	// Matched nothing: the record tells.
+	if s, err = l.m.read(ctx, l.raw, a.server); err != nil {
+		lost := l.lost(Unread, record{})
+		lost.Err = err
+		return l.finish(lost)
+	}
+	if l.ours(s.rec, s.found) {
+		// Our record, with an expiry at or past the new one: nothing to
+		// extend, nothing lost.
+		return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), s.rec.ExpiresAt)
+	}
+	return l.finish(l.lostFrom(s.rec, s.found))
 }
 
 // extend records a renewal that was applied and wrote rec.
@@ -418,10 +409,6 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 	}
 }
 
-// maxReleaseAttempts bounds how often Release sends its update again after
-// an ambiguous failure that re-reading shows was not applied.
-const maxReleaseAttempts = 3
-
 // Release gives the lease up with one updateOne filtered on _id, owner and
 // epoch that clears the owner and the expiry (the epoch stays), and ends the
 // lease's context with cause ErrReleased. It returns a *LostError (and
@@ -430,8 +417,9 @@ const maxReleaseAttempts = 3
 // passed is still released if nobody took it over, so others need not wait
 // for it; Release then returns its *LostError all the same, since the work
 // done under it was not protected to the end. After an ambiguous failure
-// Release re-reads the record and sends the update again if it was not
-// applied. A named lease's lock document keeps an expiry set to the server's
+// Release re-reads the record and sends the update again (at most three
+// times) while it was not applied; when that cannot settle it, it returns
+// an *UnknownOutcomeError. A named lease's lock document keeps an expiry set to the server's
 // time of release, for the clean-up. A session in ctx is not used.
 func (l *Lease) Release(ctx context.Context) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
@@ -492,51 +480,54 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		}
 		return nil
 	}
-	for attempt := 1; ; attempt++ {
-		sent := m.c.now()
-		res, err := m.coll.UpdateOne(ctx, l.filter(), update)
-		switch {
-		case err == nil && res.MatchedCount == 1:
-			return released()
-		case err == nil:
-			s, rerr := m.read(ctx, l.raw, false)
-			lost := l.lostFrom(s.rec, s.found)
-			if rerr != nil {
-				lost = l.lost(Unread, record{})
-				lost.Err = rerr
+	var sent time.Time // when the last copy was sent
+	res, err := settle.Exec(ctx, m.settling(ctx, opRelease, l.id), settle.Write[struct{}, snapshot]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			sent = m.c.now()
+			res, err := m.coll.UpdateOne(ctx, l.filter(), update)
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: m.reader(l.raw, false),
+		Judge: func(s snapshot) (settle.Verdict, string) {
+			r, found := s.rec, s.found
+			switch {
+			case l.ours(r, found):
+				return settle.Live, ""
+			case found && r.Owner == "" && r.Epoch == l.epoch:
+				// The record is cleared and nobody claimed it since.
+				return settle.Landed, ""
+			case found && r.Epoch > l.epoch && sent.Before(expiredAt):
+				// Claimed by another owner since. Before our deadline only
+				// our release could have freed it, so it was applied.
+				return settle.Landed, ""
 			}
-			_ = l.finish(lost)
-			return lost
-		case !ambiguous(err):
-			return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
-		}
-		s, rerr := m.reread(ctx, l.raw, false)
-		r, found := s.rec, s.found
-		switch {
-		case rerr != nil:
-			m.settled(ctx, opRelease, l.id, err, observe.SettledUnknown, rerr)
-			return &UnknownOutcomeError{Pkg: "lease", Op: "release", ID: l.id, Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		case l.ours(r, found):
-			// Not applied: send it again.
-			m.settled(ctx, opRelease, l.id, err, observe.SettledNotLanded, nil)
-			if attempt >= maxReleaseAttempts || ctx.Err() != nil {
-				return fmt.Errorf("lease: release %s: not applied: %w", idText(l.id), err)
-			}
-			continue
-		case found && r.Owner == "" && r.Epoch == l.epoch:
-			// Applied: the record is cleared and nobody claimed it since.
-			m.settled(ctx, opRelease, l.id, err, observe.SettledLanded, nil)
-			return released()
-		case found && r.Epoch > l.epoch && sent.Before(expiredAt):
-			// Claimed by another owner since. Before our deadline only our
-			// release could have freed it, so it was applied.
-			m.settled(ctx, opRelease, l.id, err, observe.SettledLanded, nil)
-			return released()
-		default:
-			m.settled(ctx, opRelease, l.id, err, observe.SettledNotLanded, nil)
-			lost := l.lostFrom(r, found)
-			_ = l.finish(lost)
-			return lost
-		}
+			return settle.Dead, ""
+		},
+		// Every copy is filtered on this lease's owner, epoch and claim id,
+		// which the first that applies clears: at most one applies.
+		Resend: true,
+		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
+			return &UnknownOutcomeError{Pkg: "lease", Op: "release", ID: l.id, Reason: reason, Err: err}
+		},
+	})
+	switch {
+	case err != nil && errors.Is(err, ErrUnknownOutcome):
+		return err
+	case err != nil:
+		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
+	case res.Applied:
+		return released()
 	}
+	// Not applied: taken over or cleared by someone else.
+	s, rerr := res.Read, error(nil)
+	if !res.HasRead {
+		s, rerr = m.read(ctx, l.raw, false)
+	}
+	lost = l.lostFrom(s.rec, s.found)
+	if rerr != nil {
+		lost = l.lost(Unread, record{})
+		lost.Err = rerr
+	}
+	_ = l.finish(lost)
+	return lost
 }

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -23,12 +22,11 @@ import (
 // Manager is safe for concurrent use; goroutines sharing it share its owner.
 type Manager struct {
 	coll *mongo.Collection
-	// majority is coll with read concern majority: the re-reads that judge
-	// or settle a claim read only what a majority has (see read).
-	majority   *mongo.Collection
-	noMajority atomic.Bool // the server refused read concern majority
-	named      bool
-	c          config
+	// majority reads coll at read concern majority (settle.Majority): the
+	// reads that judge or settle a claim see only what a majority has.
+	majority *settle.Majority
+	named    bool
+	c        config
 
 	// Dotted paths of the lease record's fields.
 	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
@@ -79,7 +77,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	f := c.field
 	m := &Manager{
 		coll:      coll,
-		majority:  coll.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
+		majority:  settle.NewMajority(coll),
 		named:     named,
 		c:         c,
 		pOwner:    f + ".owner",
@@ -326,55 +324,30 @@ type snapshot struct {
 }
 
 // read returns the lease record of id, retrying transient failures for up
-// to ResolveTimeout. In ModeServer it reads the server's $$NOW with it.
-//
-// It reads with read concern majority: what it shows judges a claim, or
-// settles one whose outcome was unknown, and after a writeConcernError on a
-// replica set the old primary may show a claim that is rolled back later.
-// A claim a majority does not show is not held (it may still be applied:
-// the claim stays pending in Acquire, and otherwise simply expires). On a
-// server that refuses read concern majority (refusesMajority) the Manager
-// reads with the collection's own read concern from then on: such a server
-// has no replica set to roll back.
+// to ResolveTimeout while ctx lives. In ModeServer it reads the server's
+// $$NOW with it. It reads at majority (settle.Majority): what it shows
+// judges a claim, and after a writeConcernError on a replica set the old
+// primary may show a claim that is rolled back later (see DESIGN.md).
 func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
-	ctx = store.NoSession(ctx)
-	var s snapshot
-	p := retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
-	err := retry.Do(ctx, p, func(ctx context.Context) error {
-		if m.noMajority.Load() {
-			var err error
-			s, err = m.readOnce(ctx, m.coll, raw, server)
-			return err
-		}
-		var err error
-		s, err = m.readOnce(ctx, m.majority, raw, server)
-		if err != nil && refusesMajority(err) {
-			m.noMajority.Store(true)
-			s, err = m.readOnce(ctx, m.coll, raw, server)
-		}
-		return err
-	})
-	return s, err
+	return retry.DoValue(store.NoSession(ctx), m.readPolicy(), m.reader(raw, server))
 }
 
-// Error codes of a server that does not do read concern majority.
-const (
-	codeInvalidOptions                = 72
-	codeReadConcernMajorityNotEnabled = 148
-)
+// reader is one majority read of the lease record of id: read's attempt,
+// and the settling engine's Write.Read.
+func (m *Manager) reader(raw docKey, server bool) func(context.Context) (snapshot, error) {
+	return func(ctx context.Context) (s snapshot, err error) {
+		err = m.majority.Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
+			s, err = m.readOnce(ctx, coll, raw, server)
+			return err
+		})
+		return s, err
+	}
+}
 
-// refusesMajority reports whether err is a server's refusal of read concern
-// majority (not a failure of the read itself).
-func refusesMajority(err error) bool {
-	var se mongo.ServerError
-	if !errors.As(err, &se) {
-		return false
-	}
-	if se.HasErrorCode(codeReadConcernMajorityNotEnabled) {
-		return true
-	}
-	return (se.HasErrorCode(codeInvalidOptions) || se.HasErrorCode(codeNotImplemented)) &&
-		strings.Contains(strings.ToLower(err.Error()), "readconcern")
+// readPolicy is the retry policy of the reads: the Manager's, bounded by
+// ResolveTimeout.
+func (m *Manager) readPolicy() retry.Policy {
+	return retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
 }
 
 // readOnce is one read of read, on coll.
@@ -417,23 +390,8 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 	return s, retry.Permanent(err)
 }
 
-// reread is read after an ambiguous write, on a context that lives on for
-// ResolveTimeout when ctx has ended (a timeout is one cause of ambiguity).
-func (m *Manager) reread(ctx context.Context, raw docKey, server bool) (snapshot, error) {
-	rctx, cancel := m.detached(ctx)
-	defer cancel()
-	return m.read(rctx, raw, server)
-}
-
 // detached returns a context for finishing work after ctx may have ended,
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(store.NoSession(context.WithoutCancel(ctx)), m.c.resolveTimeout)
-}
-
-// ambiguous reports whether a write that failed with err may have been
-// applied: store.IsAmbiguous, or an interruption by the context's end (the
-// request may already have reached the server).
-func ambiguous(err error) bool {
-	return store.IsAmbiguous(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	return settle.Detached(store.NoSession(ctx), m.c.resolveTimeout)
 }

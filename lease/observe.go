@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mongocas/mongocas/internal/ended"
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 )
 
@@ -82,18 +83,21 @@ func (m *Manager) heldBy(ctx context.Context, id any, r record, left time.Durati
 	m.c.observer.Observe(ctx, e)
 }
 
-// settled reports a write of operation op on id that failed ambiguously
-// with cause, and what the re-read made of it (why: the re-read's error,
-// for observe.SettledUnknown).
-func (m *Manager) settled(ctx context.Context, op string, id any, cause error, how observe.Settlement, why error) {
-	if m.c.observer == nil {
-		return
+// settling is the settling engine's Config for a write of operation op on
+// id: the Manager's read policy and ResolveTimeout, and, with an Observer,
+// the observe.Ambiguous and observe.Settled events.
+func (m *Manager) settling(ctx context.Context, op string, id any) settle.Config {
+	c := settle.Config{Retry: m.readPolicy(), ResolveTimeout: m.c.resolveTimeout}
+	if o := m.c.observer; o != nil {
+		report := func(k observe.Kind, how observe.Settlement, err error) {
+			e := m.event(k, op, id)
+			e.Settlement, e.Err = how, err
+			o.Observe(ctx, e)
+		}
+		c.Ambiguous = func(cause error) { report(observe.Ambiguous, 0, cause) }
+		c.Settled = func(how observe.Settlement, why error) { report(observe.Settled, how, why) }
 	}
-	e := m.event(observe.Ambiguous, op, id)
-	e.Err = cause
-	m.c.observer.Observe(ctx, e)
-	e.Kind, e.Settlement, e.Err = observe.Settled, how, why
-	m.c.observer.Observe(ctx, e)
+	return c
 }
 
 // endRenew reports how Renew ended: renewed, or failed without losing the

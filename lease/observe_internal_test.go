@@ -57,7 +57,7 @@ func TestObserveAllocations(t *testing.T) {
 	lost := error(&LostError{ID: "a", Reason: TakenOver})
 	require.Zero(t, testing.AllocsPerRun(100, func() {
 		m.heldBy(ctx, "a", record{Owner: "b"}, time.Second)
-		m.settled(ctx, opAcquire, "a", lost, observe.SettledUnknown, lost)
+		_ = m.settling(ctx, opAcquire, "a")
 		l.ended(lost)
 	}), "no Observer: the rarer events build nothing either")
 }
