@@ -241,7 +241,7 @@ func (c *cli) connect(ctx context.Context) (*conn, error) {
 		ServerSelectionTimeout: c.timeout,
 	})
 	if err != nil {
-		return nil, connectError(err, c.uri, c.timeout)
+		return nil, connectError(err, c.timeout)
 	}
 	if name == "" {
 		_ = st.Close(context.Background())
@@ -251,7 +251,7 @@ func (c *cli) connect(ctx context.Context) (*conn, error) {
 }
 
 // connectError says what was tried and what to do about it.
-func connectError(err error, uri string, timeout time.Duration) error {
+func connectError(err error, timeout time.Duration) error {
 	msg := strings.ToLower(err.Error())
 	tried := fmt.Sprintf("connect (timeout %v)", timeout)
 	var fix string

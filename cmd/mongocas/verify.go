@@ -110,7 +110,7 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 		st, err := store.Connect(setup, c.uri, &store.Options{AppName: fmt.Sprintf("mongocas-verify-%d", i),
 			ConnectTimeout: c.timeout, ServerSelectionTimeout: c.timeout})
 		if err != nil {
-			return connectError(err, c.uri, c.timeout)
+			return connectError(err, c.timeout)
 		}
 		defer func() { _ = st.Close(context.Background()) }()
 		v.clients = append(v.clients, st.Database(k.db.Name()))
