@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		msg += "\n  to fix: " + ce.fix
 	}
 	if c.json {
-		_ = json.NewEncoder(c.out).Encode(map[string]any{"error": ce.err.Error(), "fix": ce.fix})
+		_ = json.NewEncoder(c.out).Encode(map[string]string{"error": ce.err.Error(), "fix": ce.fix}) //nolint:errchkjson // the message goes to stderr below as well: a failed stdout write has nowhere better to go
 	}
 	fmt.Fprintln(c.errw, msg)
 	return ce.code
