@@ -20,7 +20,7 @@ import (
 // its notices go to standard error, every 300 ms while it builds.
 const buildEnv = "MONGOTEST_TEST_BUILD"
 
-func init() {
+func init() { //nolint:gochecknoinits // the re-run binary must build and exit before TestMain, in the external test package, starts a server
 	if os.Getenv(buildEnv) == "" {
 		return
 	}
@@ -85,7 +85,7 @@ func TestBuildSaysWhatItDoes(t *testing.T) {
 	cache := t.TempDir()
 	dir := filepath.Join(cache, "mongocas")
 	require.NoError(t, os.MkdirAll(dir, 0o750))
-	var old []string
+	old := make([]string, 0, 3)
 	for i := range 3 {
 		p := filepath.Join(dir, fmt.Sprintf("%s%016x", binPrefix, i))
 		require.NoError(t, os.WriteFile(p, nil, 0o600))

@@ -123,7 +123,7 @@ func TestBackendLineShowsWithoutVerbose(t *testing.T) {
 	require.NotContains(t, stdout.String(), "TestCapabilitiesReported", "not verbose")
 	var found string
 	for l := range strings.Lines(stderr.String()) {
-		if strings.HasPrefix(l, "mongotest: mongotest: ") {
+		if strings.HasPrefix(l, "mongotest: mongotest: ") { //nolint:dupword // the notices' prefix, then the test binary's name: this package's
 			require.Empty(t, found, "one line per package:\n%s", stderr.String())
 			found = l
 		}

@@ -118,14 +118,14 @@ func (e *dockerEngine) send(ctx context.Context, method, path string, body any) 
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, r)
+	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, r) //nolint:gosec // G704: the path is an engine API path built here; the client only dials the local Docker engine, so nothing can be made to reach another host
 	if err != nil {
 		return nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := e.hc.Do(req)
+	resp, err := e.hc.Do(req) //nolint:gosec // G704: as above, a request to the local Docker engine
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -207,7 +207,10 @@ func owner() string {
 // reap removes the containers mongotest started on this machine for
 // processes that have exited.
 func (e *dockerEngine) reap(ctx context.Context) {
-	filters, _ := json.Marshal(map[string][]string{"label": {ownerLabel}})
+	filters, err := json.Marshal(map[string][]string{"label": {ownerLabel}})
+	if err != nil {
+		return
+	}
 	var list []struct {
 		ID     string            `json:"Id"`
 		Labels map[string]string `json:"Labels"`
@@ -353,7 +356,7 @@ func initiateReplicaSet(ctx context.Context, uri string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("replica set not ready: %w (last: %v)", ctx.Err(), err)
+			return fmt.Errorf("replica set not ready: %w (last: %w)", ctx.Err(), err)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}

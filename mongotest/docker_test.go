@@ -59,10 +59,21 @@ func (b *syncBuffer) String() string {
 type fakeEngine struct {
 	mu       sync.Mutex
 	requests []string
-	created  map[string]any
+	created  createdContainer
 	hasImage bool
 	pullErr  string
 	list     []map[string]any
+}
+
+// createdContainer is the part of a create request the test checks.
+type createdContainer struct {
+	HostConfig struct {
+		AutoRemove   bool `json:"AutoRemove"`
+		PortBindings map[string][]struct {
+			HostIP string `json:"HostIp"`
+		} `json:"PortBindings"`
+	} `json:"HostConfig"`
+	Labels map[string]string `json:"Labels"`
 }
 
 func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -92,7 +103,9 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"status":"Downloaded newer image for mongo:7.0"}` + "\n"))
 		f.hasImage = true
 	case r.URL.Path == "/containers/json":
-		_ = json.NewEncoder(w).Encode(f.list)
+		if err := json.NewEncoder(w).Encode(f.list); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
 	case r.URL.Path == "/containers/create":
 		_ = json.NewDecoder(r.Body).Decode(&f.created)
 		_, _ = w.Write([]byte(`{"Id":"c1"}`))
@@ -116,7 +129,7 @@ func (f *fakeEngine) got() []string {
 // serveFakeEngine serves f on a socket and points DOCKER_HOST at it.
 func serveFakeEngine(t *testing.T, f *fakeEngine) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "dk") // short: a socket path has a length limit
+	dir, err := os.MkdirTemp("", "dk") //nolint:usetesting // short: a socket path has a length limit, which t.TempDir's test-named path can pass
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "d.sock")
@@ -170,10 +183,11 @@ func TestDockerEngineLifecycle(t *testing.T) {
 		"GET /images/mongo:7.0/json",
 	}, f.got())
 	require.Contains(t, notes.String(), "mongotest: pulling the Docker image mongo:7.0 (once)\nmongotest: pulled mongo:7.0 in")
-	hc := f.created["HostConfig"].(map[string]any)
-	require.Equal(t, true, hc["AutoRemove"])
-	require.Equal(t, "127.0.0.1", hc["PortBindings"].(map[string]any)["27017/tcp"].([]any)[0].(map[string]any)["HostIp"])
-	require.Equal(t, owner(), f.created["Labels"].(map[string]any)[ownerLabel])
+	hc := f.created.HostConfig
+	require.True(t, hc.AutoRemove)
+	require.Len(t, hc.PortBindings["27017/tcp"], 1)
+	require.Equal(t, "127.0.0.1", hc.PortBindings["27017/tcp"][0].HostIP)
+	require.Equal(t, owner(), f.created.Labels[ownerLabel])
 }
 
 func TestDockerPullFailureSaysWhy(t *testing.T) {

@@ -28,9 +28,10 @@ import (
 // "inprocess" is an error that says so.
 const EnvEmbedded = "MONGOCAS_EMBEDDED"
 
-// EnvServerVersion, when set, is the version of the server module that
-// mongotest builds with `go install module@version` (a tag, a pseudo-version
-// or a commit), in place of the one it finds by itself (see serverSource).
+// EnvServerVersion names the variable that, when set, gives the version of
+// the server module that mongotest builds with `go install module@version`
+// (a tag, a pseudo-version or a commit), in place of the one it finds by
+// itself (see serverSource).
 const EnvServerVersion = "MONGOCAS_FERRETDBSERVER_VERSION"
 
 // The module the embedded server is built from, a module of its own so that

@@ -101,7 +101,7 @@ type progress struct {
 func startProgress(src serverSource, bin string, last lastBuild, hasLast bool) *progress {
 	expect := "no build recorded here yet; a cold build takes 1-3 minutes on two cores"
 	if hasLast {
-		expect = fmt.Sprintf("the last build here took %s (%s)", round(time.Duration(last.Seconds*float64(time.Second))), last.At.Local().Format("2006-01-02 15:04"))
+		expect = fmt.Sprintf("the last build here took %s (%s)", round(time.Duration(last.Seconds*float64(time.Second))), last.At.Local().Format("2006-01-02 15:04")) //nolint:gosmopolitan // the person at this machine reads it: their local time
 	}
 	noticef("mongotest: building the embedded MongoDB-wire server (FerretDB v1, %s) from %s into %s with the go command, once: %s",
 		serverModule, src, bin, expect)

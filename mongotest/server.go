@@ -315,7 +315,7 @@ func dockerAnswers(ctx context.Context) bool {
 		return false
 	}
 	if network == "unix" {
-		if _, err := os.Stat(addr); err != nil { //nolint:gosec // the path is the user's own DOCKER_HOST
+		if _, err := os.Stat(addr); err != nil {
 			return false
 		}
 	}

@@ -226,7 +226,7 @@ func TestPruneKeepsTheNewestBinaries(t *testing.T) {
 		require.NoError(t, os.Chtimes(p, when, when))
 		return p
 	}
-	var bins []string
+	bins := make([]string, 0, 6)
 	for i := range 6 {
 		bins = append(bins, touch(fmt.Sprintf("%s%016x", binPrefix, i), time.Duration(i)*time.Hour))
 	}

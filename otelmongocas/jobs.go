@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -135,7 +136,7 @@ func (o *Observer) ObserveQueue(q *deferred.Queue) (metric.Registration, error) 
 	base := []attribute.KeyValue{semconv.DBSystemNameMongoDB, semconv.DBNamespace(jobs.Database().Name()), semconv.DBCollectionName(jobs.Name())}
 	sets := make([]attribute.Set, len(depthStates))
 	for i, s := range depthStates {
-		sets[i] = attribute.NewSet(append(base[:len(base):len(base)], JobStateKey.String(string(s)))...)
+		sets[i] = attribute.NewSet(append(slices.Clip(base), JobStateKey.String(string(s)))...)
 	}
 	return o.jobs.meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, DepthTimeout)

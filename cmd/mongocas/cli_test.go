@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,27 +24,27 @@ func TestMain(m *testing.M) { mongotest.Main(m) }
 var (
 	buildOnce sync.Once
 	binPath   string
-	buildErr  error
+	errBuild  error
 )
 
-// binary builds the command once per test run, into a temporary directory of
-// the first test that needs it.
+// binary builds the command once per test run, when the first test needs it,
+// into a temporary directory that outlives that test.
 func binary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mongocas-cli-*")
+		dir, err := os.MkdirTemp("", "mongocas-cli-*") //nolint:usetesting // every later test runs this binary: t.TempDir would remove it with the first test
 		if err != nil {
-			buildErr = err
+			errBuild = err
 			return
 		}
 		binPath = filepath.Join(dir, "mongocas")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.CommandContext(t.Context(), "go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			errBuild = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if errBuild != nil {
+		t.Fatal(errBuild)
 	}
 	return binPath
 }
@@ -76,7 +77,7 @@ func run(t *testing.T, stdin string, args ...string) result {
 	start := time.Now()
 	err := cmd.Run()
 	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(start)}
-	if ee, ok := err.(*exec.ExitError); ok {
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
 		r.code = ee.ExitCode()
 	} else if err != nil {
 		t.Fatalf("run %v: %v", args, err)
@@ -181,7 +182,7 @@ func TestDoctor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	names := make([]string, 0, len(specs))
 	for _, s := range specs {
 		names = append(names, s.Name)
 	}
@@ -197,7 +198,7 @@ func TestDoctor(t *testing.T) {
 func TestConnectionErrors(t *testing.T) {
 	db := mongotest.New(t)
 	const pw = "n0tTheRealPassword"
-	host := strings.SplitN(strings.TrimPrefix(db.Server.URI, "mongodb://"), "/", 2)[0]
+	host, _, _ := strings.Cut(strings.TrimPrefix(db.Server.URI, "mongodb://"), "/")
 	if i := strings.LastIndex(host, "@"); i >= 0 {
 		host = host[i+1:]
 	}

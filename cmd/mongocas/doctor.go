@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -307,6 +309,7 @@ func topologyName(t string) string {
 		return "replica set"
 	case store.Sharded:
 		return "sharded cluster"
+	case store.Standalone:
 	}
 	return t
 }
@@ -316,7 +319,7 @@ func hasIndex(ctx context.Context, coll *mongo.Collection, want bson.D) (bool, e
 	cur, err := coll.Indexes().List(ctx)
 	if err != nil {
 		// A collection that does not exist has no indexes.
-		if ce, ok := err.(mongo.CommandError); ok && ce.Code == 26 {
+		if ce, ok := errors.AsType[mongo.CommandError](err); ok && ce.Code == 26 {
 			return false, nil
 		}
 		return false, err
@@ -344,14 +347,16 @@ func hasIndex(ctx context.Context, coll *mongo.Collection, want bson.D) (bool, e
 }
 
 func keyString(d bson.D) string {
-	s := "{"
+	var b strings.Builder
+	b.WriteString("{")
 	for i, e := range d {
 		if i > 0 {
-			s += ", "
+			b.WriteString(", ")
 		}
-		s += fmt.Sprintf("%s: %v", e.Key, e.Value)
+		fmt.Fprintf(&b, "%s: %v", e.Key, e.Value)
 	}
-	return s + "}"
+	b.WriteString("}")
+	return b.String()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

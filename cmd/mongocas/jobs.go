@@ -16,17 +16,17 @@ import (
 
 // jobRow is a job as the tables show it, read raw from the jobs collection.
 type jobRow struct {
-	ID         bson.ObjectID           `bson:"_id" json:"id"`
-	Key        bson.RawValue           `bson:"k" json:"-"`
-	KeyText    string                  `bson:"-" json:"key"`
-	Name       string                  `bson:"name" json:"kind"`
-	State      string                  `bson:"state" json:"state"`
-	Attempt    int                     `bson:"attempt" json:"attempt"`
-	Max        int                     `bson:"max" json:"maxAttempts"`
-	EnqueuedAt time.Time               `bson:"enqueued" json:"enqueuedAt"`
+	ID         bson.ObjectID           `bson:"_id"                json:"id"`
+	Key        bson.RawValue           `bson:"k"                  json:"-"`
+	KeyText    string                  `bson:"-"                  json:"key"`
+	Name       string                  `bson:"name"               json:"kind"`
+	State      string                  `bson:"state"              json:"state"`
+	Attempt    int                     `bson:"attempt"            json:"attempt"`
+	Max        int                     `bson:"max"                json:"maxAttempts"`
+	EnqueuedAt time.Time               `bson:"enqueued"           json:"enqueuedAt"`
 	FinishedAt time.Time               `bson:"finished,omitempty" json:"finishedAt,omitzero"`
-	Errors     []deferred.AttemptError `bson:"errors,omitempty" json:"errors,omitempty"`
-	MayApplied bool                    `bson:"mw,omitempty" json:"mayHaveApplied,omitempty"`
+	Errors     []deferred.AttemptError `bson:"errors,omitempty"   json:"errors,omitempty"`
+	MayApplied bool                    `bson:"mw,omitempty"       json:"mayHaveApplied,omitempty"`
 }
 
 func (j *jobRow) lastError() string {

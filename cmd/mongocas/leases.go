@@ -140,7 +140,7 @@ func (c *cli) leases(ctx context.Context, args []string) error {
 	for _, r := range rows {
 		left := ""
 		if r.State != "free" {
-			left = short(time.Duration(r.LeftMS*float64(time.Millisecond))) + fmt.Sprintf(" ±%s", short(est.Bound))
+			left = short(time.Duration(r.LeftMS*float64(time.Millisecond))) + " ±" + short(est.Bound)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Kind, r.Collection, r.ID, r.Holder, r.Epoch, r.State, left)
 	}

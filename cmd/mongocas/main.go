@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		msg += "\n  to fix: " + ce.fix
 	}
 	if c.json {
-		_ = json.NewEncoder(c.out).Encode(map[string]any{"error": ce.err.Error(), "fix": ce.fix})
+		_ = json.NewEncoder(c.out).Encode(map[string]string{"error": ce.err.Error(), "fix": ce.fix}) //nolint:errchkjson // the message goes to stderr below as well: a failed stdout write has nowhere better to go
 	}
 	fmt.Fprintln(c.errw, msg)
 	return ce.code
@@ -241,7 +241,7 @@ func (c *cli) connect(ctx context.Context) (*conn, error) {
 		ServerSelectionTimeout: c.timeout,
 	})
 	if err != nil {
-		return nil, connectError(err, c.uri, c.timeout)
+		return nil, connectError(err, c.timeout)
 	}
 	if name == "" {
 		_ = st.Close(context.Background())
@@ -251,7 +251,7 @@ func (c *cli) connect(ctx context.Context) (*conn, error) {
 }
 
 // connectError says what was tried and what to do about it.
-func connectError(err error, uri string, timeout time.Duration) error {
+func connectError(err error, timeout time.Duration) error {
 	msg := strings.ToLower(err.Error())
 	tried := fmt.Sprintf("connect (timeout %v)", timeout)
 	var fix string

@@ -51,7 +51,7 @@ var counterModel = porcupine.NondeterministicModel{
 		by := map[string][]porcupine.Operation{}
 		var keys []string
 		for _, o := range h {
-			k := o.Input.(vIn).Key
+			k := as[vIn](o.Input).Key
 			if _, ok := by[k]; !ok {
 				keys = append(keys, k)
 			}
@@ -65,7 +65,7 @@ var counterModel = porcupine.NondeterministicModel{
 	},
 	Init: func() []any { return []any{int64(initN)} },
 	Step: func(state, input, output any) []any {
-		s, in, out := state.(int64), input.(vIn), output.(vOut)
+		s, in, out := as[int64](state), as[vIn](input), as[vOut](output)
 		switch in.Op {
 		case 'g':
 			if out.N == s {
@@ -103,9 +103,9 @@ var counterModel = porcupine.NondeterministicModel{
 		}
 		return nil
 	},
-	Equal: func(a, b any) bool { return a.(int64) == b.(int64) },
+	Equal: func(a, b any) bool { return as[int64](a) == as[int64](b) },
 	DescribeOperation: func(input, output any) string {
-		in, out := input.(vIn), output.(vOut)
+		in, out := as[vIn](input), as[vOut](output)
 		call := map[byte]string{'g': "get()", 'm': "modify(+1)", 't': "guarded(-1 if n ≥ 1)"}[in.Op]
 		switch out.Res {
 		case resOK:
@@ -117,6 +117,16 @@ var counterModel = porcupine.NondeterministicModel{
 		}
 		return fmt.Sprintf("%s %s → outcome unknown", in.Key, call)
 	},
+}
+
+// as unwraps a value porcupine hands back to the model: only the states,
+// inputs and outputs this file gives it, so another type is a bug here.
+func as[T any](v any) T {
+	t, ok := v.(T)
+	if !ok {
+		panic(fmt.Sprintf("porcupine model: got %T, want %T", v, t))
+	}
+	return t
 }
 
 func toPorcupine(h []op) []porcupine.Operation {
@@ -155,6 +165,8 @@ func checkHistory(name string, h []op) checkResult {
 		res.Result = notTestable
 		res.Detail = fmt.Sprintf("porcupine did not decide %d operations within %v", len(h), limit)
 		return res
+	case porcupine.Illegal:
+		// Shown below: the shortest failing prefix of each broken document.
 	}
 	res.Result = broken
 	res.Detail = fmt.Sprintf("%d operations on %d documents are not linearizable (porcupine): a write was lost, doubled, or reported wrongly", len(h), len(docs))

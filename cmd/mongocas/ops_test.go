@@ -39,8 +39,9 @@ func queueWithDeadJobs(t *testing.T, db *mongotest.DB) (*deferred.Queue, []bson.
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dead []bson.ObjectID
-	for i, key := range []string{"ana", "bob"} {
+	keys := []string{"ana", "bob"}
+	dead := make([]bson.ObjectID, 0, len(keys))
+	for i, key := range keys {
 		id, err := charge.Enqueue(ctx, key, int64(10+i))
 		if err != nil {
 			t.Fatal(err)

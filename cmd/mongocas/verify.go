@@ -110,7 +110,7 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 		st, err := store.Connect(setup, c.uri, &store.Options{AppName: fmt.Sprintf("mongocas-verify-%d", i),
 			ConnectTimeout: c.timeout, ServerSelectionTimeout: c.timeout})
 		if err != nil {
-			return connectError(err, c.uri, c.timeout)
+			return connectError(err, c.timeout)
 		}
 		defer func() { _ = st.Close(context.Background()) }()
 		v.clients = append(v.clients, st.Database(k.db.Name()))
@@ -239,7 +239,7 @@ func (v *verifier) versioned(ctx context.Context) []checkResult {
 	for ci := range v.clients {
 		for g := range 2 {
 			wg.Go(func() {
-				rnd := mrand.New(mrand.NewPCG(uint64(ci), uint64(g)))
+				rnd := mrand.New(mrand.NewPCG(uint64(ci), uint64(g))) //nolint:gosec // range indexes: never negative
 				for time.Now().Before(v.until) && ctx.Err() == nil {
 					r := int(time.Since(v.start) / roundLen)
 					if r >= rounds {
@@ -365,7 +365,8 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 			return []checkResult{{name, "guarantee", notTestable, err.Error(), nil}}
 		}
 		wg.Go(func() {
-			rnd := mrand.New(mrand.NewPCG(uint64(ci), 7))
+			seed := uint64(ci) //nolint:gosec // a range index: never negative
+			rnd := mrand.New(mrand.NewPCG(seed, 7))
 			first := ci == 0 // client 0's first holder dies, so that every run sees a takeover
 			for time.Now().Add(1500*time.Millisecond).Before(v.until) && ctx.Err() == nil {
 				l, err := m.TryAcquire(ctx, "L")

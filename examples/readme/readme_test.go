@@ -56,7 +56,7 @@ func goBlocks(t *testing.T, root string) []block {
 		require.NoError(t, err)
 		rel, err := filepath.Rel(root, path)
 		require.NoError(t, err)
-		for _, m := range goFence.FindAllStringSubmatchIndex(string(src), -1) {
+		for _, m := range goFence.FindAllSubmatchIndex(src, -1) {
 			line := 1 + strings.Count(string(src[:m[2]]), "\n")
 			out = append(out, block{where: fmt.Sprintf("%s:%d", rel, line), code: strings.TrimSpace(string(src[m[2]:m[3]]))})
 		}

@@ -260,7 +260,7 @@ func TestDocLinks(t *testing.T) {
 						continue
 					}
 				}
-				ok := false
+				var ok bool
 				switch {
 				case l.Recv != "":
 					ok = target.members[l.Recv] != nil && target.members[l.Recv][l.Name]
@@ -343,8 +343,9 @@ var (
 func markdownLinks(src string) []string {
 	src = fenced.ReplaceAllString(src, "")
 	src = codeSpan.ReplaceAllString(src, "")
-	var out []string
-	for _, m := range mdLink.FindAllStringSubmatch(src, -1) {
+	matches := mdLink.FindAllStringSubmatch(src, -1)
+	out := make([]string, 0, len(matches))
+	for _, m := range matches {
 		out = append(out, m[1])
 	}
 	return out

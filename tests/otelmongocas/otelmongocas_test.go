@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func (tm *telemetry) metrics(t *testing.T) map[string]metricdata.Aggregation {
 func has(set attribute.Set, want map[string]string) bool {
 	for k, v := range want {
 		got, ok := set.Value(attribute.Key(k))
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}
@@ -398,12 +399,8 @@ func TestDeferredQueue(t *testing.T) {
 	ms := tm.metrics(t)
 	ev := func(event string, more map[string]string) int64 {
 		want := map[string]string{"mongocas.event": event, "mongocas.job.name": "credit"}
-		for k, v := range jobs {
-			want[k] = v
-		}
-		for k, v := range more {
-			want[k] = v
-		}
+		maps.Copy(want, jobs)
+		maps.Copy(want, more)
 		return sum(t, ms, "mongocas.jobs", want)
 	}
 	require.Equal(t, int64(3), ev("job.enqueued", map[string]string{"db.operation.name": "enqueue"}))

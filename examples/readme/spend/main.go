@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -121,5 +122,6 @@ func main() {
 		log.Fatal(err)
 	}
 	go func() { log.Print(jobs.Run(ctx)) }() // the workers, in every instance that should run them
-	log.Fatal(http.ListenAndServe("localhost:8080", handler))
+	srv := &http.Server{Addr: "localhost:8080", Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	log.Fatal(srv.ListenAndServe())
 }
