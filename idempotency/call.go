@@ -10,6 +10,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/store"
 )
@@ -223,30 +224,27 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 		{Key: "$push", Value: bson.D{{Key: "points", Value: p}}},
 		{Key: "$set", Value: bson.D{{Key: "expireAt", Value: now.Add(c.k.c.retention)}}},
 	}
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		// The $ne makes a second copy of the write change nothing.
 		filter := append(fenced(c.ref.id, c.l), bson.E{Key: "points.k", Value: bson.D{{Key: "$ne", Value: p.K}}})
 		res, err := c.k.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return false, record{}, err
-		}
-		return res.MatchedCount == 1, record{}, nil
+		return record{}, err == nil && res.MatchedCount == 1, err
 	}
 	// The write landed only if the point carries its write id: a point of
 	// the same k and epoch is another write of this claim's (which the
 	// name's lock rules out within the Call), one of another epoch a later
 	// claim's.
 	dup := false
-	landed := func(rec record) (bool, bool) {
+	judge := func(rec record) settle.Verdict {
 		for _, q := range rec.Points {
 			if q.K == p.K {
 				dup = q.W != p.W && q.Epoch == p.Epoch
-				return q.W == p.W, q.W != p.W
+				return verdict(q.W == p.W, q.W != p.W)
 			}
 		}
-		return false, false
+		return settle.Live
 	}
-	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, landed)
+	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, judge)
 	if err != nil {
 		if dup {
 			return fmt.Errorf("idempotency: key %s: %s %q: already recorded by another call of this run: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)

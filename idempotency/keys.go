@@ -6,15 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -24,12 +24,9 @@ import (
 // safe for concurrent use; goroutines sharing it share its claim owner.
 type Keys struct {
 	coll     *mongo.Collection
-	majority *mongo.Collection // coll with read concern majority, for settling re-reads
+	majority *settle.Majority // coll at read concern majority, for settling re-reads
 	leases   *lease.Manager
 	c        config
-	// noMajority is set once the server refused a majority read: it is no
-	// replica set that could roll a write back, so plain reads settle.
-	noMajority atomic.Bool
 }
 
 // Func is the work a request with an idempotency key does. It runs at most
@@ -92,7 +89,7 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	}
 	return &Keys{
 		coll:     coll,
-		majority: coll.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
+		majority: settle.NewMajority(coll),
 		leases:   leases,
 		c:        c,
 	}, nil
@@ -266,10 +263,18 @@ func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	return est.Time.Truncate(time.Millisecond), nil
 }
 
-// detached returns a context that outlives ctx (keeping its values), bounded
-// by ResolveTimeout, for settling re-reads.
-func (k *Keys) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), k.c.resolve)
+// settling is how these Keys use the settling engine: a re-read is tried
+// once (a failed one leaves the outcome unknown), for up to ResolveTimeout.
+func (k *Keys) settling() settle.Config {
+	return settle.Config{Retry: retry.Policy{MaxAttempts: 1}, ResolveTimeout: k.c.resolve}
+}
+
+// unknown makes the *UnknownOutcomeError of op on ref's record, for
+// settle.Write.Unknown.
+func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
+	return func(_ *record, _ bool, reason string, err error) error {
+		return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
+	}
 }
 
 // maxSends bounds how often one write is sent again after a re-read showed
@@ -314,14 +319,19 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		}
 		// Another request made it first (a duplicate key), or the reply was
 		// lost: the record tells.
-		rec, found, rerr := k.read(ctx, ref.id, !dup)
+		read := k.reread
+		if dup {
+			read = func(ctx context.Context, id string) (*record, error) { return find(ctx, k.coll, id) }
+		}
+		rec, rerr := read(ctx, ref.id)
+		found := rec != nil
 		switch {
 		case rerr != nil && dup:
 			return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), rerr)
 		case rerr != nil:
 			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
 		case found:
-			return rec, nil
+			return *rec, nil
 		case ctx.Err() != nil:
 			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), store.ContextError(ctx))
 		case try >= maxSends:
@@ -346,22 +356,24 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
 	}
 	opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		// The epoch condition makes a second copy of the write change
 		// nothing: attempts counts claims, not sends.
 		filter := append(fenced(ref.id, l), bson.E{Key: "epoch", Value: bson.D{{Key: "$ne", Value: epoch}}})
 		raw, err := k.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
 		if errors.Is(err, mongo.ErrNoDocuments) {
-			return false, record{}, nil
+			return record{}, false, nil
 		}
 		if err != nil {
-			return false, record{}, err
+			return record{}, false, err
 		}
 		rec, err := decode(raw)
-		return err == nil, rec, err
+		return rec, err == nil, err
 	}
-	landed := func(rec record) (bool, bool) { return rec.Epoch == epoch, rec.Epoch > epoch }
-	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
+	judge := func(rec record) settle.Verdict {
+		return verdict(rec.Epoch == epoch, rec.Epoch > epoch)
+	}
+	return k.fencedWrite(ctx, "begin", ref, l, send, judge)
 }
 
 // complete stores the result of the claim l, fenced on it. It runs on a
@@ -369,7 +381,7 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 // run, and its result is worth recording even if the caller has gone, as
 // long as the claim still holds.
 func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
-	ctx, cancel := k.detached(ctx)
+	ctx, cancel := settle.Detached(ctx, k.c.resolve)
 	defer cancel()
 	now, err := k.estimate(ctx)
 	if err != nil {
@@ -378,62 +390,70 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	epoch := l.Epoch()
 	s := storedResult{Status: r.Status, Header: headerFields(r.Header), Body: r.Body, Epoch: epoch, At: now}
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: s}, {Key: "expireAt", Value: now.Add(k.c.retention)}}}}
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		filter := append(fenced(ref.id, l), bson.E{Key: "result", Value: bson.D{{Key: "$exists", Value: false}}})
 		res, err := k.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return false, record{}, err
-		}
-		return res.MatchedCount == 1, record{}, nil
+		return record{}, err == nil && res.MatchedCount == 1, err
 	}
-	landed := func(rec record) (bool, bool) {
-		return rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch
+	judge := func(rec record) settle.Verdict {
+		return verdict(rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch)
 	}
-	_, err = k.fencedWrite(ctx, "complete", ref, l, send, landed)
+	_, err = k.fencedWrite(ctx, "complete", ref, l, send, judge)
 	return err
 }
 
-// fencedWrite sends a write fenced on the claim l until it is known to be
-// applied: send reports whether it matched; after an ambiguous failure or
-// no match the record is re-read (at read concern majority) and landed
-// says whether it shows the write applied, or a later claim's. A write that
-// matched nothing and is not on the record failed its fence: the claim is
-// lost. One that failed ambiguously and is not on the record is sent
-// again, up to maxSends times.
+// fencedWrite sends a write fenced on the claim l through the settling
+// engine: send reports whether it matched; after an ambiguous failure the
+// record is re-read at majority and judge says whether it shows the write
+// (settle.Landed), a later claim's (settle.Dead: the claim is lost), or
+// neither (settle.Live: the write is sent again; every copy changes nothing
+// once one applied). A write that matched nothing is judged on a read of the
+// record too: it failed its fence unless the record shows it.
 func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
-	send func(context.Context) (bool, record, error), landed func(record) (mine, later bool)) (record, error) {
-	for try := 1; ; try++ {
-		ok, rec, err := send(ctx)
-		if ok {
-			return rec, nil
+	send func(context.Context) (record, bool, error), judge func(record) settle.Verdict) (record, error) {
+	read := func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) }
+	onRecord := func(rec *record) (settle.Verdict, string) {
+		if rec == nil {
+			return settle.Dead, "" // deleted: the claim is gone with it
 		}
-		if err != nil && !store.IsAmbiguous(err) {
-			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+		return judge(*rec), ""
+	}
+	res, err := settle.Exec(ctx, k.settling(), settle.Write[record, *record]{
+		Send: send, Read: read, Judge: onRecord, Resend: true, Unknown: unknown(op, ref),
+	})
+	var ue *UnknownOutcomeError
+	switch {
+	case errors.As(err, &ue):
+		return record{}, err
+	case err != nil:
+		return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+	case res.Applied && res.HasReply:
+		return res.Reply, nil
+	case res.Applied:
+		return *res.Read, nil
+	case !res.HasRead:
+		// It matched nothing: the record tells whether the fence failed.
+		rec, err := settle.Reread(ctx, k.settling(), read)
+		if err != nil {
+			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, err)
 		}
-		rctx, cancel := k.detached(ctx)
-		rec, found, rerr := k.read(rctx, ref.id, true)
-		cancel()
-		if rerr != nil {
-			if err != nil {
-				return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-			}
-			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, rerr)
-		}
-		mine, later := false, false
-		if found {
-			mine, later = landed(rec)
-		}
-		switch {
-		case mine:
-			return rec, nil
-		case !found || later || err == nil:
-			return record{}, k.lost(op, ref, l)
-		case ctx.Err() != nil:
-			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, store.ContextError(ctx))
-		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
+		if v, _ := onRecord(rec); v == settle.Landed {
+			return *rec, nil
 		}
 	}
+	return record{}, k.lost(op, ref, l)
+}
+
+// verdict is the verdict of a re-read that shows the write (mine), a later
+// claim's write (later), or neither.
+func verdict(mine, later bool) settle.Verdict {
+	switch {
+	case mine:
+		return settle.Landed
+	case later:
+		return settle.Dead
+	}
+	return settle.Live
 }
 
 // lost is the error of a fenced write that found the claim gone.
@@ -456,30 +476,26 @@ func idFilter(id string) bson.D {
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: id}}}}
 }
 
-// codeMajorityNotEnabled is ReadConcernMajorityNotEnabled.
-const codeMajorityNotEnabled = 148
-
-// read reads the record of id. With majority it reads at read concern
-// majority, as a re-read that settles an ambiguous write must (a write a
-// replica set later rolls back must not count), unless the server refused
-// that once (then it is no replica set that could roll back).
-func (k *Keys) read(ctx context.Context, id string, majority bool) (record, bool, error) {
-	coll := k.coll
-	if majority && !k.noMajority.Load() {
-		coll = k.majority
-	}
+// find reads the record of id through coll; nil if there is none.
+func find(ctx context.Context, coll *mongo.Collection, id string) (*record, error) {
 	raw, err := coll.FindOne(ctx, idFilter(id)).Raw()
-	var se mongo.ServerError
-	if coll == k.majority && errors.As(err, &se) && se.HasErrorCode(codeMajorityNotEnabled) {
-		k.noMajority.Store(true)
-		raw, err = k.coll.FindOne(ctx, idFilter(id)).Raw()
-	}
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
-		return record{}, false, nil
+		return nil, nil //nolint:nilnil // no record is an answer here, which the callers judge
 	case err != nil:
-		return record{}, false, err
+		return nil, err
 	}
 	rec, err := decode(raw)
-	return rec, err == nil, err
+	return &rec, err
+}
+
+// reread reads the record of id at read concern majority, as a re-read
+// that settles an ambiguous write must (settle.Majority: a write a replica
+// set later rolls back must not count); nil if there is none.
+func (k *Keys) reread(ctx context.Context, id string) (rec *record, err error) {
+	err = k.majority.Read(ctx, func(coll *mongo.Collection) error {
+		rec, err = find(ctx, coll, id)
+		return err
+	})
+	return rec, err
 }
