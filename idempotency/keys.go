@@ -165,20 +165,21 @@ const maxOpens = 3
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
 		rec, err := k.open(ctx, ref, fp)
-		if err != nil {
-			return Result{}, err
-		}
-		if !bytes.Equal(rec.FP, fp) {
+		var res Result
+		switch {
+		case err != nil:
+		case !bytes.Equal(rec.FP, fp):
 			return Result{}, &MismatchError{Key: ref.key}
-		}
-		if rec.Result != nil {
+		case rec.Result != nil:
 			return rec.Result.replay(), nil
+		default:
+			res, err = k.run(ctx, ref, fp, fn)
 		}
-		res, err := k.run(ctx, ref, fp, fn)
 		var gone *RecordGoneError
 		if errors.As(err, &gone) {
 			// Deleted between open and claim (the retention clean-up
-			// took an expiring record open had found): open it again.
+			// took an expiring record open had found), or between open's
+			// insert and its read: open it again.
 			if opens < maxOpens {
 				continue
 			}
@@ -277,10 +278,6 @@ func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
 	}
 }
 
-// maxSends bounds how often one write is sent again after a re-read showed
-// an ambiguous attempt was not applied.
-const maxSends = 3
-
 // open finds the key's record, making it if there is none: an insert of
 // the record (its id, the fingerprint, the retention time) and, when one is
 // there already, a read. It returns the record as it is after that write,
@@ -295,51 +292,58 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 	if err != nil {
 		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 	}
+	rid := bson.NewObjectID()
 	doc := bson.D{
 		{Key: "_id", Value: ref.id},
-		{Key: "rid", Value: bson.NewObjectID()},
+		{Key: "rid", Value: rid},
 		{Key: "key", Value: ref.key},
 		{Key: "scope", Value: ref.scope},
 		{Key: "fp", Value: fp},
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	for try := 1; ; try++ {
-		_, err := k.coll.InsertOne(ctx, doc)
-		if err == nil {
-			raw, err := bson.Marshal(doc)
-			if err != nil {
-				return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+	res, err := settle.Exec(ctx, k.settling(), settle.Write[struct{}, *record]{
+		// A duplicate key is an insert that matched nothing: the record is
+		// there, made by another request or by a copy of this insert.
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			_, err := k.coll.InsertOne(ctx, doc)
+			if store.IsDuplicateKey(err) {
+				return struct{}{}, false, nil
 			}
-			return decode(raw)
-		}
-		dup := store.IsDuplicateKey(err)
-		if !dup && !store.IsAmbiguous(err) {
-			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
-		}
-		// Another request made it first (a duplicate key), or the reply was
-		// lost: the record tells.
-		read := k.reread
-		if dup {
-			read = func(ctx context.Context, id string) (*record, error) { return find(ctx, k.coll, id) }
-		}
-		rec, rerr := read(ctx, ref.id)
-		found := rec != nil
-		switch {
-		case rerr != nil && dup:
-			return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), rerr)
-		case rerr != nil:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		case found:
-			return *rec, nil
-		case ctx.Err() != nil:
-			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), store.ContextError(ctx))
-		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
-		}
-		// Not there: send the insert again (a copy that lands after another
-		// fails on the _id, which the read then settles).
+			return struct{}{}, err == nil, err
+		},
+		Read: func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) },
+		// A record, whoever made it, is what open returns; none: the insert
+		// has not landed yet, and it is sent again (the _id lets one copy in).
+		Judge: func(rec *record) (settle.Verdict, string) {
+			if rec != nil {
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Resend:  true,
+		Unknown: unknown("open", ref),
+	})
+	var ue *UnknownOutcomeError
+	switch {
+	case errors.As(err, &ue):
+		return record{}, err
+	case err != nil:
+		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+	case res.Applied && res.HasReply:
+		return record{ID: ref.id, RID: rid, FP: fp}, nil // made by this insert
+	case res.Applied:
+		return *res.Read, nil
 	}
+	// A duplicate key: another request made it first.
+	rec, err := find(ctx, k.coll, ref.id)
+	switch {
+	case err != nil:
+		return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), err)
+	case rec == nil:
+		return record{}, &RecordGoneError{Key: ref.key, Err: errors.New("open: no record to read after a duplicate key")}
+	}
+	return *rec, nil
 }
 
 // begin marks the record as run by the claim l, fenced on it: it sets the
