@@ -165,28 +165,41 @@ const maxOpens = 3
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
 		rec, err := k.open(ctx, ref, fp)
-		var res Result
-		switch {
-		case err != nil:
-		case !bytes.Equal(rec.FP, fp):
-			return Result{}, &MismatchError{Key: ref.key}
-		case rec.Result != nil:
-			return rec.Result.replay(), nil
-		default:
-			res, err = k.run(ctx, ref, fp, fn)
-		}
-		var gone *RecordGoneError
-		if errors.As(err, &gone) {
-			// Deleted between open and claim (the retention clean-up
-			// took an expiring record open had found), or between open's
-			// insert and its read: open it again.
-			if opens < maxOpens {
+		if err != nil {
+			if reopen(err, opens) {
 				continue
 			}
-			gone.Opens = opens
+			return Result{}, err
+		}
+		if !bytes.Equal(rec.FP, fp) {
+			return Result{}, &MismatchError{Key: ref.key}
+		}
+		if rec.Result != nil {
+			return rec.Result.replay(), nil
+		}
+		res, err := k.run(ctx, ref, fp, fn)
+		if reopen(err, opens) {
+			continue
 		}
 		return res, err
 	}
+}
+
+// reopen reports whether do opens the record again after err: it was gone
+// (*RecordGoneError: deleted between open and claim, the retention clean-up
+// taking an expiring record open had found, or between open's insert and
+// its read) and do opened it fewer than maxOpens times. The last one gets
+// the count.
+func reopen(err error, opens int) bool {
+	var gone *RecordGoneError
+	if !errors.As(err, &gone) {
+		return false
+	}
+	if opens < maxOpens {
+		return true
+	}
+	gone.Opens = opens
+	return false
 }
 
 // run claims the record and runs fn under the claim (lease.Manager.Do: it
