@@ -14,7 +14,6 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
-	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -277,12 +276,6 @@ func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	return est.Time.Truncate(time.Millisecond), nil
 }
 
-// settling is how these Keys use the settling engine: a re-read is tried
-// once (a failed one leaves the outcome unknown), for up to ResolveTimeout.
-func (k *Keys) settling() settle.Config {
-	return settle.Config{Retry: retry.Policy{MaxAttempts: 1}, ResolveTimeout: k.c.resolve}
-}
-
 // unknown makes the *UnknownOutcomeError of op on ref's record, for
 // settle.Write.Unknown.
 func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
@@ -315,7 +308,7 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	res, err := settle.Exec(ctx, k.settling(), settle.Write[struct{}, *record]{
+	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[struct{}, *record]{
 		// A duplicate key is an insert that matched nothing: the record is
 		// there, made by another request or by a copy of this insert.
 		Send: func(ctx context.Context) (struct{}, bool, error) {
@@ -435,7 +428,7 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		}
 		return judge(*rec), ""
 	}
-	res, err := settle.Exec(ctx, k.settling(), settle.Write[record, *record]{
+	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[record, *record]{
 		Send: send, Read: read, Judge: onRecord, Resend: true, Unknown: unknown(op, ref),
 	})
 	var ue *UnknownOutcomeError
@@ -450,7 +443,7 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		return *res.Read, nil
 	case !res.HasRead:
 		// It matched nothing: the record tells whether the fence failed.
-		rec, err := settle.Reread(ctx, k.settling(), read)
+		rec, err := settle.Reread(ctx, k.c.settling(), read)
 		if err != nil {
 			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, err)
 		}

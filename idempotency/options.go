@@ -3,6 +3,7 @@ package idempotency
 import (
 	"time"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -124,4 +125,10 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 		RetainFor: c.retention,
 	}
 	return c, lo, nil
+}
+
+// settling is how Keys use the settling engine: a re-read is tried once (a
+// failed one leaves the outcome unknown), for up to ResolveTimeout.
+func (c config) settling() settle.Config {
+	return settle.Config{Retry: retry.Policy{MaxAttempts: 1}, ResolveTimeout: c.resolve}
 }
