@@ -10,7 +10,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/store"
 )
@@ -235,16 +234,16 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 	// name's lock rules out within the Call), one of another epoch a later
 	// claim's.
 	dup := false
-	judge := func(rec record) settle.Verdict {
+	landed := func(rec record) (bool, bool) {
 		for _, q := range rec.Points {
 			if q.K == p.K {
 				dup = q.W != p.W && q.Epoch == p.Epoch
-				return verdict(q.W == p.W, q.W != p.W)
+				return q.W == p.W, q.W != p.W
 			}
 		}
-		return settle.Live
+		return false, false
 	}
-	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, judge)
+	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, landed)
 	if err != nil {
 		if dup {
 			return fmt.Errorf("idempotency: key %s: %s %q: already recorded by another call of this run: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)

@@ -83,10 +83,9 @@
 //     nothing and fails with ErrLost. So a run that was presumed dead cannot
 //     record anything after its successor started.
 //   - A write whose reply was lost (store.IsAmbiguous) is settled by
-//     re-reading the record at read concern majority (the library's one
-//     settling engine, shared with versioned, lease and deferred), never
-//     guessed: each write is made so that a second copy changes nothing, so
-//     it is sent again only when the re-read shows it missing. A checkpoint or step
+//     re-reading the record at read concern majority, never guessed: each
+//     write is made so that a second copy changes nothing, so it is sent
+//     again only when the re-read shows it missing. A checkpoint or step
 //     start counts as this write's only if it carries this write's id.
 //   - A step's function runs once per step name across the key's runs, also
 //     when goroutines of one run call Step with that name at once (they run

@@ -138,9 +138,8 @@ type UnknownOutcomeError = store.UnknownOutcomeError
 // clean-up deleting an expiring record that open had found, or another
 // client deleting records). The function did not run and nothing of this
 // call is left on the key: a retry opens the record afresh. It matches
-// ErrUnknownOutcome, and unwraps to it and to the error of the last loss:
-// the claim's (which matches lease.ErrNotFound), or open's when the record
-// it was refused a duplicate of was gone when read.
+// ErrUnknownOutcome, and unwraps to it and to the last loss's error (the
+// claim's, matching lease.ErrNotFound, or open's read's).
 type RecordGoneError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string

@@ -184,21 +184,14 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 	}
 }
 
-// reopen reports whether do opens the record again after err: it was gone
-// (*RecordGoneError: deleted between open and claim, the retention clean-up
-// taking an expiring record open had found, or between open's insert and
-// its read) and do opened it fewer than maxOpens times. The last one gets
-// the count.
+// reopen reports whether do opens the record again: it was gone (deleted
+// between open and claim, or as open read it) fewer than maxOpens times.
 func reopen(err error, opens int) bool {
 	var gone *RecordGoneError
-	if !errors.As(err, &gone) {
-		return false
+	if errors.As(err, &gone) && opens >= maxOpens {
+		gone.Opens = opens
 	}
-	if opens < maxOpens {
-		return true
-	}
-	gone.Opens = opens
-	return false
+	return gone != nil && opens < maxOpens
 }
 
 // run claims the record and runs fn under the claim (lease.Manager.Do: it
@@ -276,8 +269,7 @@ func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	return est.Time.Truncate(time.Millisecond), nil
 }
 
-// unknown makes the *UnknownOutcomeError of op on ref's record, for
-// settle.Write.Unknown.
+// unknown makes the *UnknownOutcomeError of op on ref's record.
 func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
 	return func(_ *record, _ bool, reason string, err error) error {
 		return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
@@ -308,19 +300,21 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[struct{}, *record]{
-		// A duplicate key is an insert that matched nothing: the record is
-		// there, made by another request or by a copy of this insert.
-		Send: func(ctx context.Context) (struct{}, bool, error) {
+	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[*record, *record]{
+		Send: func(ctx context.Context) (*record, bool, error) {
 			_, err := k.coll.InsertOne(ctx, doc)
-			if store.IsDuplicateKey(err) {
-				return struct{}{}, false, nil
+			if !store.IsDuplicateKey(err) {
+				return &record{ID: ref.id, RID: rid, FP: fp}, err == nil, err
 			}
-			return struct{}{}, err == nil, err
+			// Another request's record, or a copy of this insert's.
+			rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
+			if err != nil {
+				err = fmt.Errorf("read after a duplicate key: %w", err)
+			}
+			return rec, rec != nil, err
 		},
 		Read: func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) },
-		// A record, whoever made it, is what open returns; none: the insert
-		// has not landed yet, and it is sent again (the _id lets one copy in).
+		// Any record is open's answer; none: the insert is sent again.
 		Judge: func(rec *record) (settle.Verdict, string) {
 			if rec != nil {
 				return settle.Landed, ""
@@ -330,26 +324,17 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		Resend:  true,
 		Unknown: unknown("open", ref),
 	})
-	var ue *UnknownOutcomeError
 	switch {
-	case errors.As(err, &ue):
+	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
 		return record{}, err
 	case err != nil:
 		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 	case res.Applied && res.HasReply:
-		return record{ID: ref.id, RID: rid, FP: fp}, nil // made by this insert
+		return *res.Reply, nil
 	case res.Applied:
 		return *res.Read, nil
 	}
-	// A duplicate key: another request made it first.
-	rec, err := find(ctx, k.coll, ref.id)
-	switch {
-	case err != nil:
-		return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), err)
-	case rec == nil:
-		return record{}, &RecordGoneError{Key: ref.key, Err: errors.New("open: no record to read after a duplicate key")}
-	}
-	return *rec, nil
+	return record{}, &RecordGoneError{Key: ref.key, Err: errors.New("open: refused on _id, and no record to read")}
 }
 
 // begin marks the record as run by the claim l, fenced on it: it sets the
@@ -370,20 +355,14 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 		// The epoch condition makes a second copy of the write change
 		// nothing: attempts counts claims, not sends.
 		filter := append(fenced(ref.id, l), bson.E{Key: "epoch", Value: bson.D{{Key: "$ne", Value: epoch}}})
-		raw, err := k.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return record{}, false, nil
-		}
-		if err != nil {
+		rec, err := one(k.coll.FindOneAndUpdate(ctx, filter, update, opts))
+		if rec == nil || err != nil {
 			return record{}, false, err
 		}
-		rec, err := decode(raw)
-		return rec, err == nil, err
+		return *rec, true, nil
 	}
-	judge := func(rec record) settle.Verdict {
-		return verdict(rec.Epoch == epoch, rec.Epoch > epoch)
-	}
-	return k.fencedWrite(ctx, "begin", ref, l, send, judge)
+	landed := func(rec record) (bool, bool) { return rec.Epoch == epoch, rec.Epoch > epoch }
+	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
 }
 
 // complete stores the result of the claim l, fenced on it. It runs on a
@@ -405,35 +384,38 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 		res, err := k.coll.UpdateOne(ctx, filter, update)
 		return record{}, err == nil && res.MatchedCount == 1, err
 	}
-	judge := func(rec record) settle.Verdict {
-		return verdict(rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch)
+	landed := func(rec record) (bool, bool) {
+		return rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch
 	}
-	_, err = k.fencedWrite(ctx, "complete", ref, l, send, judge)
+	_, err = k.fencedWrite(ctx, "complete", ref, l, send, landed)
 	return err
 }
 
-// fencedWrite sends a write fenced on the claim l through the settling
-// engine: send reports whether it matched; after an ambiguous failure the
-// record is re-read at majority and judge says whether it shows the write
-// (settle.Landed), a later claim's (settle.Dead: the claim is lost), or
-// neither (settle.Live: the write is sent again; every copy changes nothing
-// once one applied). A write that matched nothing is judged on a read of the
-// record too: it failed its fence unless the record shows it.
+// fencedWrite sends a write fenced on the claim l through settle.Exec: send
+// reports whether it matched; a re-read is judged on whether it shows the
+// write (landed), a later claim's (dead: the claim is lost) or neither
+// (live: sent again, a copy changes nothing once one applied). A write that
+// matched nothing failed its fence, unless a read shows it.
 func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
-	send func(context.Context) (record, bool, error), judge func(record) settle.Verdict) (record, error) {
+	send func(context.Context) (record, bool, error), landed func(record) (mine, later bool)) (record, error) {
 	read := func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) }
-	onRecord := func(rec *record) (settle.Verdict, string) {
+	judge := func(rec *record) (settle.Verdict, string) {
 		if rec == nil {
 			return settle.Dead, "" // deleted: the claim is gone with it
 		}
-		return judge(*rec), ""
+		switch mine, later := landed(*rec); {
+		case mine:
+			return settle.Landed, ""
+		case later:
+			return settle.Dead, ""
+		}
+		return settle.Live, ""
 	}
 	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[record, *record]{
-		Send: send, Read: read, Judge: onRecord, Resend: true, Unknown: unknown(op, ref),
+		Send: send, Read: read, Judge: judge, Resend: true, Unknown: unknown(op, ref),
 	})
-	var ue *UnknownOutcomeError
 	switch {
-	case errors.As(err, &ue):
+	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
 		return record{}, err
 	case err != nil:
 		return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
@@ -442,28 +424,15 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 	case res.Applied:
 		return *res.Read, nil
 	case !res.HasRead:
-		// It matched nothing: the record tells whether the fence failed.
 		rec, err := settle.Reread(ctx, k.c.settling(), read)
 		if err != nil {
 			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, err)
 		}
-		if v, _ := onRecord(rec); v == settle.Landed {
+		if v, _ := judge(rec); v == settle.Landed {
 			return *rec, nil
 		}
 	}
 	return record{}, k.lost(op, ref, l)
-}
-
-// verdict is the verdict of a re-read that shows the write (mine), a later
-// claim's write (later), or neither.
-func verdict(mine, later bool) settle.Verdict {
-	switch {
-	case mine:
-		return settle.Landed
-	case later:
-		return settle.Dead
-	}
-	return settle.Live
 }
 
 // lost is the error of a fenced write that found the claim gone.
@@ -486,9 +455,9 @@ func idFilter(id string) bson.D {
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: id}}}}
 }
 
-// find reads the record of id through coll; nil if there is none.
-func find(ctx context.Context, coll *mongo.Collection, id string) (*record, error) {
-	raw, err := coll.FindOne(ctx, idFilter(id)).Raw()
+// one decodes the record a find returned; nil if there is none.
+func one(r *mongo.SingleResult) (*record, error) {
+	raw, err := r.Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
 		return nil, nil //nolint:nilnil // no record is an answer here, which the callers judge
@@ -499,12 +468,11 @@ func find(ctx context.Context, coll *mongo.Collection, id string) (*record, erro
 	return &rec, err
 }
 
-// reread reads the record of id at read concern majority, as a re-read
-// that settles an ambiguous write must (settle.Majority: a write a replica
-// set later rolls back must not count); nil if there is none.
+// reread reads the record of id at majority (settle.Majority), as a read
+// that settles a lost reply must; nil if there is none.
 func (k *Keys) reread(ctx context.Context, id string) (rec *record, err error) {
 	err = k.majority.Read(ctx, func(coll *mongo.Collection) error {
-		rec, err = find(ctx, coll, id)
+		rec, err = one(coll.FindOne(ctx, idFilter(id)))
 		return err
 	})
 	return rec, err

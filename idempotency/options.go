@@ -127,8 +127,8 @@ func (o *Options) config(defaultClock func() *store.Clock) (config, *lease.Optio
 	return c, lo, nil
 }
 
-// settling is how Keys use the settling engine: a re-read is tried once (a
-// failed one leaves the outcome unknown), for up to ResolveTimeout.
+// settling is how Keys settle a lost reply: one try per re-read (a failed
+// one leaves the outcome unknown), for up to ResolveTimeout.
 func (c config) settling() settle.Config {
 	return settle.Config{Retry: retry.Policy{MaxAttempts: 1}, ResolveTimeout: c.resolve}
 }
