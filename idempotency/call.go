@@ -223,14 +223,11 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 		{Key: "$push", Value: bson.D{{Key: "points", Value: p}}},
 		{Key: "$set", Value: bson.D{{Key: "expireAt", Value: now.Add(c.k.c.retention)}}},
 	}
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		// The $ne makes a second copy of the write change nothing.
 		filter := append(fenced(c.ref.id, c.l), bson.E{Key: "points.k", Value: bson.D{{Key: "$ne", Value: p.K}}})
 		res, err := c.k.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return false, record{}, err
-		}
-		return res.MatchedCount == 1, record{}, nil
+		return record{}, err == nil && res.MatchedCount == 1, err
 	}
 	// The write landed only if the point carries its write id: a point of
 	// the same k and epoch is another write of this claim's (which the

@@ -138,14 +138,14 @@ type UnknownOutcomeError = store.UnknownOutcomeError
 // clean-up deleting an expiring record that open had found, or another
 // client deleting records). The function did not run and nothing of this
 // call is left on the key: a retry opens the record afresh. It matches
-// ErrUnknownOutcome, and unwraps to it and to the claim's error (which
-// matches lease.ErrNotFound).
+// ErrUnknownOutcome, and unwraps to it and to the last loss's error (the
+// claim's, matching lease.ErrNotFound, or open's read's).
 type RecordGoneError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string
 	// Opens is how often Do opened the record.
 	Opens int
-	// Err is the error of the last claim.
+	// Err is the error of the last claim, or of the last open.
 	Err error
 }
 

@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
@@ -25,12 +24,9 @@ import (
 // safe for concurrent use; goroutines sharing it share its claim owner.
 type Keys struct {
 	coll     *mongo.Collection
-	majority *mongo.Collection // coll with read concern majority, for settling re-reads
+	majority *settle.Majority // coll at read concern majority, for settling re-reads
 	leases   *lease.Manager
 	c        config
-	// noMajority is set once the server refused a majority read: it is no
-	// replica set that could roll a write back, so plain reads settle.
-	noMajority atomic.Bool
 }
 
 // Func is the work a request with an idempotency key does. It runs at most
@@ -91,7 +87,7 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	}
 	return &Keys{
 		coll:     coll,
-		majority: coll.Clone(options.Collection().SetReadConcern(readconcern.Majority())),
+		majority: settle.NewMajority(coll),
 		leases:   leases,
 		c:        c,
 	}, nil
@@ -168,6 +164,9 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 	for opens := 1; ; opens++ {
 		rec, err := k.open(ctx, ref, fp)
 		if err != nil {
+			if reopen(err, opens) {
+				continue
+			}
 			return Result{}, err
 		}
 		if !bytes.Equal(rec.FP, fp) {
@@ -179,17 +178,21 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 			return rec.Result.replay(), nil
 		}
 		res, err := k.run(ctx, ref, fp, fn)
-		var gone *RecordGoneError
-		if errors.As(err, &gone) {
-			// Deleted between open and claim (the retention clean-up
-			// took an expiring record open had found): open it again.
-			if opens < maxOpens {
-				continue
-			}
-			gone.Opens = opens
+		if reopen(err, opens) {
+			continue
 		}
 		return res, err
 	}
+}
+
+// reopen reports whether do opens the record again: it was gone (deleted
+// between open and claim, or as open read it) fewer than maxOpens times.
+func reopen(err error, opens int) bool {
+	var gone *RecordGoneError
+	if errors.As(err, &gone) && opens >= maxOpens {
+		gone.Opens = opens
+	}
+	return gone != nil && opens < maxOpens
 }
 
 // run claims the record and runs fn under the claim (lease.Manager.Do: it
@@ -271,15 +274,12 @@ func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	return est.Time.Truncate(time.Millisecond), nil
 }
 
-// detached returns a context that outlives ctx (keeping its values), bounded
-// by ResolveTimeout, for settling re-reads.
-func (k *Keys) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), k.c.resolve)
+// unknown makes the *UnknownOutcomeError of op on ref's record.
+func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
+	return func(_ *record, _ bool, reason string, err error) error {
+		return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
+	}
 }
-
-// maxSends bounds how often one write is sent again after a re-read showed
-// an ambiguous attempt was not applied.
-const maxSends = 3
 
 // open finds the key's record, making it if there is none: an insert of
 // the record (its id, the fingerprint, the retention time) and, when one is
@@ -295,46 +295,51 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 	if err != nil {
 		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
 	}
+	rid := bson.NewObjectID()
 	doc := bson.D{
 		{Key: "_id", Value: ref.id},
-		{Key: "rid", Value: bson.NewObjectID()},
+		{Key: "rid", Value: rid},
 		{Key: "key", Value: ref.key},
 		{Key: "scope", Value: ref.scope},
 		{Key: "fp", Value: fp},
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	for try := 1; ; try++ {
-		_, err := k.coll.InsertOne(ctx, doc)
-		if err == nil {
-			raw, err := bson.Marshal(doc)
-			if err != nil {
-				return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[*record, *record]{
+		Send: func(ctx context.Context) (*record, bool, error) {
+			_, err := k.coll.InsertOne(ctx, doc)
+			if !store.IsDuplicateKey(err) {
+				return &record{ID: ref.id, RID: rid, FP: fp}, err == nil, err
 			}
-			return decode(raw)
-		}
-		dup := store.IsDuplicateKey(err)
-		if !dup && !store.IsAmbiguous(err) {
-			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
-		}
-		// Another request made it first (a duplicate key), or the reply was
-		// lost: the record tells.
-		rec, found, rerr := k.read(ctx, ref.id, !dup)
-		switch {
-		case rerr != nil && dup:
-			return record{}, fmt.Errorf("idempotency: key %s: open: read after a duplicate key: %w", quoteKey(ref.key), rerr)
-		case rerr != nil:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-		case found:
-			return rec, nil
-		case ctx.Err() != nil:
-			return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), store.ContextError(ctx))
-		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: "open", ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
-		}
-		// Not there: send the insert again (a copy that lands after another
-		// fails on the _id, which the read then settles).
+			// Another request's record, or a copy of this insert's.
+			rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
+			if err != nil {
+				err = fmt.Errorf("read after a duplicate key: %w", err)
+			}
+			return rec, rec != nil, err
+		},
+		Read: func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) },
+		// Any record is open's answer; none: the insert is sent again.
+		Judge: func(rec *record) (settle.Verdict, string) {
+			if rec != nil {
+				return settle.Landed, ""
+			}
+			return settle.Live, ""
+		},
+		Resend:  true,
+		Unknown: unknown("open", ref),
+	})
+	switch {
+	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
+		return record{}, err
+	case err != nil:
+		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+	case res.Applied && res.HasReply:
+		return *res.Reply, nil
+	case res.Applied:
+		return *res.Read, nil
 	}
+	return record{}, &RecordGoneError{Key: ref.key, Err: errors.New("open: refused on _id, and no record to read")}
 }
 
 // begin marks the record as run by the claim l, fenced on it: it sets the
@@ -351,19 +356,15 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 		{Key: "$inc", Value: bson.D{{Key: "attempts", Value: 1}}},
 	}
 	opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		// The epoch condition makes a second copy of the write change
 		// nothing: attempts counts claims, not sends.
 		filter := append(fenced(ref.id, l), bson.E{Key: "epoch", Value: bson.D{{Key: "$ne", Value: epoch}}})
-		raw, err := k.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return false, record{}, nil
+		rec, err := one(k.coll.FindOneAndUpdate(ctx, filter, update, opts))
+		if rec == nil || err != nil {
+			return record{}, false, err
 		}
-		if err != nil {
-			return false, record{}, err
-		}
-		rec, err := decode(raw)
-		return err == nil, rec, err
+		return *rec, true, nil
 	}
 	landed := func(rec record) (bool, bool) { return rec.Epoch == epoch, rec.Epoch > epoch }
 	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
@@ -374,7 +375,7 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 // run, and its result is worth recording even if the caller has gone, as
 // long as the claim still holds.
 func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
-	ctx, cancel := k.detached(ctx)
+	ctx, cancel := settle.Detached(ctx, k.c.resolve)
 	defer cancel()
 	now, err := k.estimate(ctx)
 	if err != nil {
@@ -383,13 +384,10 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	epoch := l.Epoch()
 	s := storedResult{Status: r.Status, Header: headerFields(r.Header), Body: r.Body, Epoch: epoch, At: now}
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: s}, {Key: "expireAt", Value: now.Add(k.c.retention)}}}}
-	send := func(ctx context.Context) (bool, record, error) {
+	send := func(ctx context.Context) (record, bool, error) {
 		filter := append(fenced(ref.id, l), bson.E{Key: "result", Value: bson.D{{Key: "$exists", Value: false}}})
 		res, err := k.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return false, record{}, err
-		}
-		return res.MatchedCount == 1, record{}, nil
+		return record{}, err == nil && res.MatchedCount == 1, err
 	}
 	landed := func(rec record) (bool, bool) {
 		return rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch
@@ -398,47 +396,48 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	return err
 }
 
-// fencedWrite sends a write fenced on the claim l until it is known to be
-// applied: send reports whether it matched; after an ambiguous failure or
-// no match the record is re-read (at read concern majority) and landed
-// says whether it shows the write applied, or a later claim's. A write that
-// matched nothing and is not on the record failed its fence: the claim is
-// lost. One that failed ambiguously and is not on the record is sent
-// again, up to maxSends times.
+// fencedWrite sends a write fenced on the claim l through settle.Exec: send
+// reports whether it matched; a re-read is judged on whether it shows the
+// write (landed), a later claim's (dead: the claim is lost) or neither
+// (live: sent again, a copy changes nothing once one applied). A write that
+// matched nothing failed its fence, unless a read shows it.
 func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
-	send func(context.Context) (bool, record, error), landed func(record) (mine, later bool)) (record, error) {
-	for try := 1; ; try++ {
-		ok, rec, err := send(ctx)
-		if ok {
-			return rec, nil
+	send func(context.Context) (record, bool, error), landed func(record) (mine, later bool)) (record, error) {
+	read := func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) }
+	judge := func(rec *record) (settle.Verdict, string) {
+		if rec == nil {
+			return settle.Dead, "" // deleted: the claim is gone with it
 		}
-		if err != nil && !store.IsAmbiguous(err) {
-			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
-		}
-		rctx, cancel := k.detached(ctx)
-		rec, found, rerr := k.read(rctx, ref.id, true)
-		cancel()
-		if rerr != nil {
-			if err != nil {
-				return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: "re-reading failed", Err: errors.Join(err, rerr)}
-			}
-			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, rerr)
-		}
-		mine, later := false, false
-		if found {
-			mine, later = landed(rec)
-		}
-		switch {
+		switch mine, later := landed(*rec); {
 		case mine:
-			return rec, nil
-		case !found || later || err == nil:
-			return record{}, k.lost(op, ref, l)
-		case ctx.Err() != nil:
-			return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, store.ContextError(ctx))
-		case try >= maxSends:
-			return record{}, &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Err: err}
+			return settle.Landed, ""
+		case later:
+			return settle.Dead, ""
+		}
+		return settle.Live, ""
+	}
+	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[record, *record]{
+		Send: send, Read: read, Judge: judge, Resend: true, Unknown: unknown(op, ref),
+	})
+	switch {
+	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
+		return record{}, err
+	case err != nil:
+		return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+	case res.Applied && res.HasReply:
+		return res.Reply, nil
+	case res.Applied:
+		return *res.Read, nil
+	case !res.HasRead:
+		rec, err := settle.Reread(ctx, k.c.settling(), read)
+		if err != nil {
+			return record{}, fmt.Errorf("idempotency: key %s: %s: read after a fenced write matched nothing: %w", quoteKey(ref.key), op, err)
+		}
+		if v, _ := judge(rec); v == settle.Landed {
+			return *rec, nil
 		}
 	}
+	return record{}, k.lost(op, ref, l)
 }
 
 // lost is the error of a fenced write that found the claim gone.
@@ -461,30 +460,25 @@ func idFilter(id string) bson.D {
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: id}}}}
 }
 
-// codeMajorityNotEnabled is ReadConcernMajorityNotEnabled.
-const codeMajorityNotEnabled = 148
-
-// read reads the record of id. With majority it reads at read concern
-// majority, as a re-read that settles an ambiguous write must (a write a
-// replica set later rolls back must not count), unless the server refused
-// that once (then it is no replica set that could roll back).
-func (k *Keys) read(ctx context.Context, id string, majority bool) (record, bool, error) {
-	coll := k.coll
-	if majority && !k.noMajority.Load() {
-		coll = k.majority
-	}
-	raw, err := coll.FindOne(ctx, idFilter(id)).Raw()
-	var se mongo.ServerError
-	if coll == k.majority && errors.As(err, &se) && se.HasErrorCode(codeMajorityNotEnabled) {
-		k.noMajority.Store(true)
-		raw, err = k.coll.FindOne(ctx, idFilter(id)).Raw()
-	}
+// one decodes the record a find returned; nil if there is none.
+func one(r *mongo.SingleResult) (*record, error) {
+	raw, err := r.Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
-		return record{}, false, nil
+		return nil, nil //nolint:nilnil // no record is an answer here, which the callers judge
 	case err != nil:
-		return record{}, false, err
+		return nil, err
 	}
 	rec, err := decode(raw)
-	return rec, err == nil, err
+	return &rec, err
+}
+
+// reread reads the record of id at majority (settle.Majority), as a read
+// that settles a lost reply must; nil if there is none.
+func (k *Keys) reread(ctx context.Context, id string) (rec *record, err error) {
+	err = k.majority.Read(ctx, func(coll *mongo.Collection) error {
+		rec, err = one(coll.FindOne(ctx, idFilter(id)))
+		return err
+	})
+	return rec, err
 }

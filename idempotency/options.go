@@ -3,6 +3,7 @@ package idempotency
 import (
 	"time"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
@@ -135,4 +136,10 @@ func (o *Options) config() (config, *lease.Options, error) {
 		Observer:  opts.Observer,
 	}
 	return c, lo, nil
+}
+
+// settling is how Keys settle a lost reply: one try per re-read (a failed
+// one leaves the outcome unknown), for up to ResolveTimeout.
+func (c config) settling() settle.Config {
+	return settle.Config{Retry: retry.Policy{MaxAttempts: 1}, ResolveTimeout: c.resolve}
 }
