@@ -305,7 +305,7 @@ func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) 
 		{Key: "createdAt", Value: now},
 		{Key: "expireAt", Value: now.Add(k.c.retention)},
 	}
-	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[*record, *record]{
+	res, err := settle.Exec(ctx, k.settling(ctx, "open", ref), settle.Write[*record, *record]{
 		Send: func(ctx context.Context) (*record, bool, error) {
 			_, err := k.coll.InsertOne(ctx, doc)
 			if !store.IsDuplicateKey(err) {
@@ -416,7 +416,7 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		}
 		return settle.Live, ""
 	}
-	res, err := settle.Exec(ctx, k.c.settling(), settle.Write[record, *record]{
+	res, err := settle.Exec(ctx, k.settling(ctx, op, ref), settle.Write[record, *record]{
 		Send: send, Read: read, Judge: judge, Resend: true, Unknown: unknown(op, ref),
 	})
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 )
 
@@ -28,6 +29,27 @@ func (k *Keys) report(ctx context.Context, kind observe.Kind, ref keyRef) {
 	if k.c.observer != nil {
 		k.c.observer.Observe(ctx, k.event(kind, ref))
 	}
+}
+
+// settling is the engine's configuration for a write of ref's key (op):
+// its re-reads, and the Ambiguous and Settled events every package reports
+// alike, when there is an Observer.
+func (k *Keys) settling(ctx context.Context, op string, ref keyRef) settle.Config {
+	c := k.c.settling()
+	if k.c.observer == nil {
+		return c
+	}
+	c.Ambiguous = func(err error) {
+		e := k.event(observe.Ambiguous, ref)
+		e.Op, e.Err = op, err
+		k.c.observer.Observe(ctx, e)
+	}
+	c.Settled = func(s observe.Settlement, err error) {
+		e := k.event(observe.Settled, ref)
+		e.Op, e.Settlement, e.Err = op, s, err
+		k.c.observer.Observe(ctx, e)
+	}
+	return c
 }
 
 // completed reports that the run attempt of ref's key, under the claim of
