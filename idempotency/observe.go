@@ -3,8 +3,8 @@ package idempotency
 import (
 	"context"
 
-	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/observe"
 )
 
