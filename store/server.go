@@ -38,7 +38,7 @@ var servers sync.Map // weak.Pointer[mongo.Client] to *Server
 func For(client *mongo.Client) *Server {
 	k := weak.Make(client)
 	if s, ok := servers.Load(k); ok {
-		return s.(*Server)
+		return s.(*Server) //nolint:forcetypeassert // servers holds only *Server
 	}
 	s := &Server{client: k, ident: newLazy[Capabilities](), caps: newLazy[Capabilities](), clock: NewServerClock(func(ctx context.Context) (time.Time, error) {
 		if c := k.Value(); c != nil {
@@ -50,7 +50,7 @@ func For(client *mongo.Client) *Server {
 	if !loaded {
 		runtime.AddCleanup(client, func(k weak.Pointer[mongo.Client]) { servers.Delete(k) }, k)
 	}
-	return v.(*Server)
+	return v.(*Server) //nolint:forcetypeassert // servers holds only *Server
 }
 
 // Clock returns the estimate of the server's clock shared by everything made

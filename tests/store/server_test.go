@@ -153,7 +153,8 @@ func TestProbeOncePerClient(t *testing.T) {
 	require.Equal(t, 1, build, "buildInfo once per client")
 	require.Equal(t, oneProbe, probe, "the scratch commands of one Probe per client")
 	require.LessOrEqual(t, hello, 1+3, "one hello for the probe, and one sync of the shared clock (3 samples)")
-	require.Same(t, store.For(f.Client).Clock(), store.For(f.Client).Clock())
+	first := store.For(f.Client).Clock()
+	require.Same(t, first, store.For(f.Client).Clock(), "one server clock per client")
 }
 
 // A probe that fails is not kept: the next caller probes again, and then
