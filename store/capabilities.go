@@ -175,7 +175,7 @@ func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities,
 	c.Expr = probeExpr(ctx, coll, id, past)
 	c.UpdatePipelines = probePipeline(ctx, coll, id)
 	c.Transactions = probeTransactions(ctx, db.Client(), coll, id)
-	c.TTLIndexes = c.Server != FerretDBv1 && probeTTL(ctx, coll)
+	c.TTLIndexes = c.Server != FerretDBv1 && probeTTL(ctx, coll, id)
 	return c, ctx.Err()
 }
 
@@ -285,10 +285,16 @@ func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Co
 	return err == nil && there
 }
 
-func probeTTL(ctx context.Context, coll *mongo.Collection) bool {
-	const name = "mongocas_probe_ttl"
+// probeTTL reports whether coll accepts an index with expireAfterSeconds
+// and reports it back.
+func probeTTL(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
+	// A name and a key of this probe's own: two probes at once (two clients
+	// on one database) must not drop each other's index between its
+	// creation and its listing, which reported a server with TTL indexes as
+	// one without.
+	name := "mongocas_probe_ttl_" + id.Hex()
 	model := mongo.IndexModel{
-		Keys:    bson.D{{Key: "mongocasProbeExpiresAt", Value: 1}},
+		Keys:    bson.D{{Key: "mongocasProbeExpiresAt_" + id.Hex(), Value: 1}},
 		Options: options.Index().SetName(name).SetExpireAfterSeconds(3600),
 	}
 	if _, err := coll.Indexes().CreateOne(ctx, model); err != nil {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,5 +60,30 @@ func TestProbeKnowsEachServer(t *testing.T) {
 	require.NoError(t, err)
 	for _, ix := range names {
 		require.Equal(t, "_id_", ix.Name)
+	}
+}
+
+// TestConcurrentProbesAgree: probes that run at once on one database (two
+// clients of one service starting together, or store.For's probe beside
+// another) find the same capabilities: one must not drop the other's
+// scratch TTL index between its creation and its listing, which reported a
+// server with TTL indexes as one without (and a queue then made no TTL
+// index). Run where the server has TTL indexes.
+func TestConcurrentProbesAgree(t *testing.T) {
+	mongotest.Use(t, mongotest.TTLIndexes)
+	db := mongotest.New(t)
+	ctx := context.Background()
+	const probes = 8
+	caps := make([]store.Capabilities, probes)
+	errs := make([]error, probes)
+	var wg sync.WaitGroup
+	for i := range probes {
+		wg.Go(func() { caps[i], errs[i] = store.Probe(ctx, db.Database) })
+	}
+	wg.Wait()
+	for i := range probes {
+		require.NoError(t, errs[i])
+		require.True(t, caps[i].TTLIndexes, "probe %d: %s", i, caps[i])
+		require.Equal(t, db.Caps(), caps[i], "probe %d", i)
 	}
 }
