@@ -241,8 +241,7 @@ func TestManyWorkersInOrderExactlyOnce(t *testing.T) {
 					if err == nil {
 						break
 					}
-					var unknown *deferred.UnknownOutcomeError
-					if errors.As(err, &unknown) {
+					if unknown, ok := errors.AsType[*deferred.UnknownOutcomeError](err); ok {
 						if storedLater(b.ctx, other.q, tr, id, int64(i), unknown) {
 							unknownLater.Add(1)
 							break
