@@ -25,7 +25,9 @@ func TestCombinedModifyHonoursEachCallersContext(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, start))
 
 	// X leads the first batch and holds it until A and B wait behind it.
-	xIn, xGo := make(chan struct{}), make(chan struct{})
+	// xIn has room for the signal: X's fn may run before this goroutine
+	// waits on it, and a retried fn must not block on it.
+	xIn, xGo := make(chan struct{}, 1), make(chan struct{})
 	xDone := make(chan error, 1)
 	go func() {
 		_, err := repo.Modify(b.ctx, "a", func(a *account) error {
@@ -99,7 +101,9 @@ func TestCombinedModifyLeaderContextEndsBeforeItsFn(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, start))
 
 	// X leads the first batch and holds it until L and M wait behind it.
-	xIn, xGo := make(chan struct{}), make(chan struct{})
+	// xIn has room for the signal: X's fn may run before this goroutine
+	// waits on it, and a retried fn must not block on it.
+	xIn, xGo := make(chan struct{}, 1), make(chan struct{})
 	xDone := make(chan error, 1)
 	go func() {
 		_, err := repo.Modify(b.ctx, "a", func(a *account) error {
