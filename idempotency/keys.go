@@ -155,74 +155,67 @@ func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, 
 type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err error)
 
 // maxOpens bounds how often do opens a key's record that keeps
-// disappearing between open and claim.
+// disappearing between its read and its claim.
 const maxOpens = 3
 
-// do opens the key's record, answers from it when it can (replay,
-// mismatch), and runs fn under a claim otherwise.
+// do reads the key's record and answers from it when it can (replay,
+// mismatch); otherwise it runs fn under a claim: made with the record for a
+// new key, or of the record it found.
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
-		rec, err := k.open(ctx, ref, fp)
-		if err != nil {
-			if reopen(err, opens) {
-				continue
-			}
-			return Result{}, err
-		}
-		if !bytes.Equal(rec.FP, fp) {
+		rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
+		switch {
+		case err != nil:
+			return Result{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+		case rec == nil:
+		case !bytes.Equal(rec.FP, fp):
 			k.report(ctx, observe.KeyMismatch, ref)
 			return Result{}, &MismatchError{Key: ref.key}
-		}
-		if rec.Result != nil {
+		case rec.Result != nil:
 			k.report(ctx, observe.KeyReplayed, ref)
 			return rec.Result.replay(), nil
 		}
-		res, err := k.run(ctx, ref, fp, fn)
-		if reopen(err, opens) {
-			continue
+		res, err := k.run(ctx, ref, fp, rec == nil, fn)
+		var gone *RecordGoneError
+		if !errors.As(err, &gone) {
+			return res, err
 		}
-		return res, err
+		if gone.Opens = opens; opens == maxOpens {
+			return Result{}, gone
+		}
 	}
 }
 
-// reopen reports whether do opens the record again: it was gone (deleted
-// between open and claim, or as open read it) fewer than maxOpens times.
-func reopen(err error, opens int) bool {
-	var gone *RecordGoneError
-	if errors.As(err, &gone) && opens >= maxOpens {
-		gone.Opens = opens
-	}
-	return gone != nil && opens < maxOpens
-}
-
-// run claims the record and runs fn under the claim (lease.Manager.Do: it
-// renews the claim while fn runs, ends fn's context if the claim is lost,
-// and releases it afterwards).
-func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
+// run claims the record and runs fn under the claim (lease's Do: it renews
+// the claim while fn runs, ends fn's context if the claim is lost, and
+// releases it afterwards, with the result when there is one). A new key's
+// record is inserted with the claim in it (lease's DoInsert).
+func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn innerFunc) (Result, error) {
 	var (
 		entered, ran, stored bool
 		res                  Result
 		fnErr                error
+		c                    = &Call{k: k, ref: ref, attempt: 1, rid: bson.NewObjectID()}
 	)
-	err := k.leases.Do(ctx, ref.id, func(ctx context.Context, l *lease.Lease) error {
-		entered = true
-		rec, err := k.begin(ctx, ref, l)
-		if err != nil {
-			return err
+	body := func(ctx context.Context, l *lease.Lease) error {
+		entered, c.l = true, l
+		if !fresh {
+			rec, err := k.begin(ctx, ref, l)
+			switch {
+			case err != nil:
+				return err
+			case !bytes.Equal(rec.FP, fp):
+				// Deleted and made again by another request since it was read.
+				k.report(ctx, observe.KeyMismatch, ref)
+				return &MismatchError{Key: ref.key}
+			case rec.Result != nil:
+				// Completed by another claim since it was read.
+				res, stored = rec.Result.replay(), true
+				k.report(ctx, observe.KeyReplayed, ref)
+				return nil
+			}
+			c.rid, c.attempt, c.points = rec.RID, rec.Attempts, rec.Points
 		}
-		switch {
-		case !bytes.Equal(rec.FP, fp):
-			// Deleted by the clean-up and made again by another request
-			// between open and claim.
-			k.report(ctx, observe.KeyMismatch, ref)
-			return &MismatchError{Key: ref.key}
-		case rec.Result != nil:
-			// Completed by another claim between open and this claim.
-			res, stored = rec.Result.replay(), true
-			k.report(ctx, observe.KeyReplayed, ref)
-			return nil
-		}
-		c := &Call{k: k, ref: ref, l: l, rid: rec.RID, attempt: rec.Attempts, points: rec.Points}
 		r, final, err := fn(ctx, c)
 		ran = true
 		if err != nil {
@@ -240,7 +233,21 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 		stored = true
 		k.completed(ctx, ref, c.attempt, l.Epoch())
 		return nil
-	})
+	}
+	var err error
+	if fresh {
+		var now time.Time
+		if now, err = k.estimate(ctx); err != nil {
+			return Result{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
+		}
+		err = k.leases.DoInsert(ctx, ref.id, bson.D{
+			{Key: "rid", Value: c.rid}, {Key: "key", Value: ref.key}, {Key: "scope", Value: ref.scope},
+			{Key: "fp", Value: fp}, {Key: "attempts", Value: 1},
+			{Key: "createdAt", Value: now}, {Key: "expireAt", Value: now.Add(k.c.retention)},
+		}, body)
+	} else {
+		err = k.leases.Do(ctx, ref.id, body)
+	}
 	var held *lease.HeldError
 	switch {
 	case stored:
@@ -256,7 +263,8 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Re
 	case !entered && errors.As(err, &held):
 		k.inProgress(ctx, ref, held)
 		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
-	case !entered && errors.Is(err, lease.ErrNotFound):
+	case !entered && (errors.Is(err, lease.ErrNotFound) || store.IsDuplicateKey(err)):
+		// Deleted since it was read, or made by another request meanwhile.
 		return Result{}, &RecordGoneError{Key: ref.key, Err: err}
 	case err != nil && !entered:
 		return Result{}, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
@@ -279,67 +287,6 @@ func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
 	return func(_ *record, _ bool, reason string, err error) error {
 		return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
 	}
-}
-
-// open finds the key's record, making it if there is none: an insert of
-// the record (its id, the fingerprint, the retention time) and, when one is
-// there already, a read. It returns the record as it is after that write,
-// whoever made it. An insert, not an upsert with $setOnInsert: the unique
-// _id lets exactly one of two concurrent first requests make the record,
-// while a server may run two concurrent upserts of one new _id as two
-// inserts and answer each with the record it would have made (FerretDB v2
-// on DocumentDB does), so that a request with another payload would not see
-// the fingerprint it must be refused for.
-func (k *Keys) open(ctx context.Context, ref keyRef, fp []byte) (record, error) {
-	now, err := k.estimate(ctx)
-	if err != nil {
-		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
-	}
-	rid := bson.NewObjectID()
-	doc := bson.D{
-		{Key: "_id", Value: ref.id},
-		{Key: "rid", Value: rid},
-		{Key: "key", Value: ref.key},
-		{Key: "scope", Value: ref.scope},
-		{Key: "fp", Value: fp},
-		{Key: "createdAt", Value: now},
-		{Key: "expireAt", Value: now.Add(k.c.retention)},
-	}
-	res, err := settle.Exec(ctx, k.settling(ctx, "open", ref), settle.Write[*record, *record]{
-		Send: func(ctx context.Context) (*record, bool, error) {
-			_, err := k.coll.InsertOne(ctx, doc)
-			if !store.IsDuplicateKey(err) {
-				return &record{ID: ref.id, RID: rid, FP: fp}, err == nil, err
-			}
-			// Another request's record, or a copy of this insert's.
-			rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
-			if err != nil {
-				err = fmt.Errorf("read after a duplicate key: %w", err)
-			}
-			return rec, rec != nil, err
-		},
-		Read: func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) },
-		// Any record is open's answer; none: the insert is sent again.
-		Judge: func(rec *record) (settle.Verdict, string) {
-			if rec != nil {
-				return settle.Landed, ""
-			}
-			return settle.Live, ""
-		},
-		Resend:  true,
-		Unknown: unknown("open", ref),
-	})
-	switch {
-	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
-		return record{}, err
-	case err != nil:
-		return record{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
-	case res.Applied && res.HasReply:
-		return *res.Reply, nil
-	case res.Applied:
-		return *res.Read, nil
-	}
-	return record{}, &RecordGoneError{Key: ref.key, Err: errors.New("open: refused on _id, and no record to read")}
 }
 
 // begin marks the record as run by the claim l, fenced on it: it sets the
@@ -370,10 +317,10 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
 }
 
-// complete stores the result of the claim l, fenced on it. It runs on a
-// context that outlives ctx (bounded by ResolveTimeout): the function has
-// run, and its result is worth recording even if the caller has gone, as
-// long as the claim still holds.
+// complete stores the result of the claim l and releases the claim, in one
+// write (lease's ReleaseWith, settled by lease). It runs on a context that
+// outlives ctx (bounded by ResolveTimeout): the function has run, and its
+// result is worth recording even if the caller has gone.
 func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
 	ctx, cancel := settle.Detached(ctx, k.c.resolve)
 	defer cancel()
@@ -383,17 +330,23 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	}
 	epoch := l.Epoch()
 	s := storedResult{Status: r.Status, Header: headerFields(r.Header), Body: r.Body, Epoch: epoch, At: now}
-	update := bson.D{{Key: "$set", Value: bson.D{{Key: "result", Value: s}, {Key: "expireAt", Value: now.Add(k.c.retention)}}}}
-	send := func(ctx context.Context) (record, bool, error) {
-		filter := append(fenced(ref.id, l), bson.E{Key: "result", Value: bson.D{{Key: "$exists", Value: false}}})
-		res, err := k.coll.UpdateOne(ctx, filter, update)
-		return record{}, err == nil && res.MatchedCount == 1, err
+	err = l.ReleaseWith(ctx, bson.D{{Key: "result", Value: s}, {Key: "epoch", Value: epoch}, {Key: "expireAt", Value: now.Add(k.c.retention)}})
+	var (
+		lost *lease.LostError
+		u    *UnknownOutcomeError
+	)
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &u):
+		return &UnknownOutcomeError{Pkg: "idempotency", Op: "complete", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: u.Reason, Err: u.Err}
+	case errors.As(err, &lost) && lost.Reason == lease.Expired:
+		// Expired here, yet stored if nobody claimed it since: the record tells.
+		if rec, rerr := k.reread(ctx, ref.id); rerr == nil && rec != nil && rec.Result != nil && rec.Result.Epoch == epoch {
+			return nil
+		}
 	}
-	landed := func(rec record) (bool, bool) {
-		return rec.Result != nil && rec.Result.Epoch == epoch, rec.Result != nil && rec.Result.Epoch != epoch
-	}
-	_, err = k.fencedWrite(ctx, "complete", ref, l, send, landed)
-	return err
+	return fmt.Errorf("idempotency: key %s: complete: %w", quoteKey(ref.key), err)
 }
 
 // fencedWrite sends a write fenced on the claim l through settle.Exec: send

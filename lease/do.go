@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -22,8 +24,14 @@ import (
 // Do returns the error of acquiring; otherwise fn's error, wrapped in a
 // *LostError (which matches both ErrLost and fn's error) if the lease was lost
 // while fn ran; otherwise, if releasing failed, the release error (joined with
-// fn's error, if any). No goroutine of Do outlives it.
+// fn's error, if any). fn may release the lease itself (Release,
+// ReleaseWith); Do then sends no release. No goroutine of Do outlives it.
 func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l *Lease) error) (err error) {
+	return m.do(ctx, id, nil, fn)
+}
+
+// do is Do, and DoInsert when doc is not nil.
+func (m *Manager) do(ctx context.Context, id any, doc bson.D, fn func(ctx context.Context, l *Lease) error) (err error) {
 	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
 		return err
@@ -33,7 +41,12 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	}
 	ctx, ob := m.begin(ctx, opDo, id)
 	defer m.end(&ob, &err)
-	l, err := m.acquire(ctx, id, raw, ctx)
+	var l *Lease
+	if doc != nil {
+		l, err = m.insert(ctx, id, raw, doc, ctx)
+	} else {
+		l, err = m.acquire(ctx, id, raw, ctx)
+	}
 	if err != nil {
 		return err
 	}
@@ -54,6 +67,9 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 		rctx, cancel := m.detached(ctx)
 		relErr := l.Release(rctx)
 		cancel()
+		if errors.Is(relErr, ErrReleased) {
+			relErr = nil // fn released it
+		}
 		if !returned {
 			return // fn panicked or called runtime.Goexit: let that go on
 		}

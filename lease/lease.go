@@ -421,7 +421,25 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 // times) while it was not applied; when that cannot settle it, it returns
 // an *UnknownOutcomeError. A named lease's lock document keeps an expiry set to the server's
 // time of release, for the clean-up. A session in ctx is not used.
-func (l *Lease) Release(ctx context.Context) (err error) {
+func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, nil) }
+
+// ReleaseWith is Release of a document lease whose write also sets the
+// fields of set in the leased document ({$set: set}): a last write under
+// the lease and its release in one round trip. It is settled as Release is;
+// set applies exactly when the release does. Before the lease's local
+// deadline nobody else can clear it, so a nil error means set applied; a
+// *LostError means it did not, except one with Reason Expired, which is
+// returned whether or not the write applied (re-read the document to know).
+// A named lease refuses it (ErrInvalid): its lock document is not the one
+// it protects.
+func (l *Lease) ReleaseWith(ctx context.Context, set bson.D) error {
+	if l.m.named {
+		return fmt.Errorf("lease: release %s: a named lease cannot set fields: %w", idText(l.id), ErrInvalid)
+	}
+	return l.release(ctx, set)
+}
+
+func (l *Lease) release(ctx context.Context, set bson.D) (err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
@@ -451,6 +469,8 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		{Key: m.pExpires, Value: ""},
 	}}}
 	switch {
+	case set != nil:
+		update = append(update.(bson.D), bson.E{Key: "$set", Value: set})
 	case m.named && l.server:
 		// Keep an expiry for the clean-up: the server's time of release.
 		update = mongo.Pipeline{
