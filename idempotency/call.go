@@ -20,10 +20,9 @@ const MaxCheckpointNameLen = 100
 
 // Call is one run of a request under the claim of its key: what Func gets.
 // It carries the claim's epoch and the checkpoints recorded by every run of
-// the key so far, and records new ones. A Call is safe for concurrent use:
-// Step and Checkpoint calls of one name run one at a time (a second waits
-// for the first to return, or for its ctx to end), calls of different names
-// run concurrently. It is valid only while its Func runs.
+// the key so far, and records new ones. It is safe for concurrent use (Step
+// and Checkpoint calls of one name run one at a time), and valid only while
+// its Func runs.
 type Call struct {
 	k       *Keys
 	ref     keyRef
@@ -43,16 +42,13 @@ func (c *Call) Key() string { return c.ref.key }
 func (c *Call) Scope() string { return c.ref.scope }
 
 // Epoch returns the claim's epoch: a fencing token that every later claim of
-// the key exceeds (see lease.Lease.Epoch). Every checkpoint is fenced on it.
-// Pass it to a partner that can reject requests older than the last one it
-// saw. As an idempotency key for the partner it names this run only: a
-// retry after a crash runs with a larger epoch; use Step, whose partner key
-// stays the same across the runs that resume the step.
+// the key exceeds (see lease.Lease.Epoch), for a partner that can reject
+// requests older than the last one it saw. It names this run only: for a
+// partner's idempotency key, use Step's, the same across the runs.
 func (c *Call) Epoch() int64 { return c.l.Epoch() }
 
-// Attempt returns which run of the key this is: 1 for the first claim that
-// ran it, 2 after one claim ended without a result (an error, or a crash),
-// and so on.
+// Attempt returns which run of the key this is: 1 for the first, 2 after
+// one claim ended without a result (an error, or a crash), and so on.
 func (c *Call) Attempt() int { return c.attempt }
 
 // Last returns the name of the last checkpoint recorded for the key, by this
@@ -81,17 +77,32 @@ func (c *Call) Reached(name string) ([]byte, bool) {
 
 // find returns the point with key k, or nil. c.mu is held.
 func (c *Call) find(k string) *point {
-	for i := range c.points {
-		if c.points[i].K == k {
-			return &c.points[i]
-		}
+	if i := slices.IndexFunc(c.points, func(p point) bool { return p.K == k }); i >= 0 {
+		return &c.points[i]
 	}
 	return nil
 }
 
-// lock waits until no other Step or Checkpoint of name runs in this Call,
-// or until ctx ends, and returns the function that lets the next one run.
-func (c *Call) lock(ctx context.Context, op, name string) (unlock func(), err error) {
+// fail is the error of op on the checkpoint or step name.
+func (c *Call) fail(op, name string, err error) error {
+	return fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, name, err)
+}
+
+// enter checks ctx and name, then waits until no other Step or Checkpoint
+// of name runs in this Call (or ctx ends), and returns the function that
+// lets the next one run.
+func (c *Call) enter(ctx context.Context, op, name string) (unlock func(), err error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return nil, c.fail(op, name, err)
+	}
+	switch {
+	case name == "":
+		return nil, c.fail(op, name, fmt.Errorf("empty name: %w", ErrInvalid))
+	case len(name) > MaxCheckpointNameLen:
+		return nil, c.fail(op, name, fmt.Errorf("name longer than 100 bytes: %w", ErrInvalid))
+	case !utf8.ValidString(name):
+		return nil, c.fail(op, name, fmt.Errorf("name is not valid UTF-8: %w", ErrInvalid))
+	}
 	c.mu.Lock()
 	if c.names == nil {
 		c.names = map[string]chan struct{}{}
@@ -106,37 +117,21 @@ func (c *Call) lock(ctx context.Context, op, name string) (unlock func(), err er
 	case sem <- struct{}{}:
 		return func() { <-sem }, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, name, store.ContextError(ctx))
+		return nil, c.fail(op, name, store.ContextError(ctx))
 	}
 }
 
-// check validates ctx and name before anything waits or is sent.
-func (c *Call) check(ctx context.Context, op, name string) error {
-	if err := store.CheckContext(ctx); err != nil {
-		return fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, name, err)
-	}
-	if err := checkName(name); err != "" {
-		return fmt.Errorf("idempotency: key %s: %s %q: %s: %w", quoteKey(c.ref.key), op, name, err, ErrInvalid)
-	}
-	return nil
-}
-
-// Checkpoint records a recovery point: the work up to here is done and must
-// not be redone by a retry, which resumes after it (Reached reports it, with
-// data: the ids and facts the rest of the work needs). Stripe calls these
-// atomic phases' recovery points. It is one update of the key record, fenced
-// on the claim: if a later claim took the key over (this run's claim
-// expired), nothing is written and the error matches ErrLost, and this run
-// must stop. Recording a name twice is an error matching ErrInvalid (also
-// when two goroutines record it at once: one of them records it), as are an
-// empty name and one longer than MaxCheckpointNameLen or not UTF-8.
-// Checkpoints recorded concurrently have no order between them (Last names
-// one of them). An ambiguous failure is settled by re-reading the record.
+// Checkpoint records a recovery point (Stripe's atomic phases): the work up
+// to here is done, and a retry resumes after it (Reached reports it, with
+// data: the ids and facts the rest of the work needs). It is one update of
+// the key record, fenced on the claim: if a later claim took the key over,
+// nothing is written, the error matches ErrLost, and this run must stop.
+// Recording a name twice (also from two goroutines at once: one records
+// it), an empty name, and one longer than MaxCheckpointNameLen or not UTF-8
+// are errors matching ErrInvalid. Concurrent checkpoints have no order
+// between them. A lost reply is settled by re-reading the record.
 func (c *Call) Checkpoint(ctx context.Context, name string, data []byte) error {
-	if err := c.check(ctx, "checkpoint", name); err != nil {
-		return err
-	}
-	unlock, err := c.lock(ctx, "checkpoint", name)
+	unlock, err := c.enter(ctx, "checkpoint", name)
 	if err != nil {
 		return err
 	}
@@ -155,27 +150,20 @@ func (c *Call) checkpoint(ctx context.Context, name string, data []byte) error {
 // Checkpoint), calls fn, and records fn's data as the checkpoint name.
 //
 // fn gets partnerKey, an idempotency key for the partner it calls: the
-// record's id and the write id stored with the step's start (an ObjectID
-// made by the run that began the step). It is the same in every run that
-// resumes the step, whatever the order in which steps began, and differs
-// between steps and records; so when a run died after the partner acted
-// and before the checkpoint, the retry's call is recognised by the partner
-// as the same one (Stripe passes its own key record's id the same way). If
-// fn fails, no checkpoint is recorded and Step returns fn's error: a retry
-// calls fn again, with the same key.
+// record's id and the write id of the step's start. It is the same in every
+// run that resumes the step and differs between steps and records, so a
+// partner recognises a retry's call after a run died between the partner's
+// action and the checkpoint. If fn fails, nothing is recorded and Step
+// returns fn's error: a retry calls fn again, with the same key.
 //
-// Steps of one name in one Call run one at a time: a second Step of the
-// name waits for the first and then returns its checkpoint's data without
-// calling fn (or, if the first's fn failed, calls fn with the same key). fn
-// must therefore not call Step or Checkpoint of its own name.
+// Steps of one name in one Call run one at a time: a second waits for the
+// first, then returns its data (or, if the first's fn failed, calls fn with
+// the same key). fn must not call Step or Checkpoint of its own name.
 func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Context, partnerKey string) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
-		return nil, fmt.Errorf("idempotency: key %s: step %q: nil function: %w", quoteKey(c.ref.key), name, ErrInvalid)
+		return nil, c.fail("step", name, fmt.Errorf("nil function: %w", ErrInvalid))
 	}
-	if err := c.check(ctx, "step", name); err != nil {
-		return nil, err
-	}
-	unlock, err := c.lock(ctx, "step", name)
+	unlock, err := c.enter(ctx, "step", name)
 	if err != nil {
 		return nil, err
 	}
@@ -195,29 +183,25 @@ func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Contex
 			return nil, err
 		}
 	}
-	partnerKey := c.rid.Hex() + "-" + start.W.Hex()
-	data, err := fn(ctx, partnerKey)
+	data, err := fn(ctx, c.rid.Hex()+"-"+start.W.Hex())
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkpoint(ctx, name, data); err != nil {
-		return data, err
-	}
-	return data, nil
+	return data, c.checkpoint(ctx, name, data)
 }
 
-// record appends p to the record's points, fenced on the claim. The caller
-// checked ctx and p.Name and holds the name's lock.
+// record appends p to the record's points, fenced on the claim, with the
+// name's lock held.
 func (c *Call) record(ctx context.Context, op string, p point) error {
 	c.mu.Lock()
 	if c.find(p.K) != nil {
 		c.mu.Unlock()
-		return fmt.Errorf("idempotency: key %s: %s %q: already recorded: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)
+		return c.fail(op, p.Name, fmt.Errorf("already recorded: %w", ErrInvalid))
 	}
 	c.mu.Unlock()
 	now, err := c.k.estimate(ctx)
 	if err != nil {
-		return fmt.Errorf("idempotency: key %s: %s %q: %w", quoteKey(c.ref.key), op, p.Name, err)
+		return c.fail(op, p.Name, err)
 	}
 	update := bson.D{
 		{Key: "$push", Value: bson.D{{Key: "points", Value: p}}},
@@ -229,9 +213,8 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 		res, err := c.k.coll.UpdateOne(ctx, filter, update)
 		return record{}, err == nil && res.MatchedCount == 1, err
 	}
-	// The write landed only if the point carries its write id: a point of
-	// the same k and epoch is another write of this claim's (which the
-	// name's lock rules out within the Call), one of another epoch a later
+	// Landed only if the point carries this write's id: one of the same k
+	// and epoch is another write of this claim's, of another epoch a later
 	// claim's.
 	dup := false
 	landed := func(rec record) (bool, bool) {
@@ -246,14 +229,13 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 	rec, err := c.k.fencedWrite(ctx, op+" "+strconv.Quote(p.Name), c.ref, c.l, send, landed)
 	if err != nil {
 		if dup {
-			return fmt.Errorf("idempotency: key %s: %s %q: already recorded by another call of this run: %w", quoteKey(c.ref.key), op, p.Name, ErrInvalid)
+			return c.fail(op, p.Name, fmt.Errorf("already recorded by another call of this run: %w", ErrInvalid))
 		}
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// A re-read shows the points that landed before it; points of this run
-	// that landed after it (their writers heard back) are kept too.
+	// Merged: points of this run that landed after a re-read are kept.
 	for _, q := range rec.Points {
 		if c.find(q.K) == nil {
 			c.points = append(c.points, q)
@@ -263,16 +245,4 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 		c.points = append(c.points, p)
 	}
 	return nil
-}
-
-func checkName(name string) string {
-	switch {
-	case name == "":
-		return "empty name"
-	case len(name) > MaxCheckpointNameLen:
-		return "name longer than 100 bytes"
-	case !utf8.ValidString(name):
-		return "name is not valid UTF-8"
-	}
-	return ""
 }

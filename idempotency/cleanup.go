@@ -16,15 +16,12 @@ import (
 const TTLIndexName = "mongocas_idempotency_expire"
 
 // EnsureIndexes prepares the collection for the clean-up of old records.
-// Where the server deletes documents with TTL indexes (MongoDB, DocumentDB;
-// store.Capabilities, probed once per client), it creates one on the
-// records' expireAt (each record's retention time, moved forward each time
-// its request starts, renews its claim, records a checkpoint or completes)
-// and reports true: the server deletes a record some time after Retention has passed (MongoDB's TTL
-// monitor runs every minute). Elsewhere (FerretDB v1, which accepts TTL
-// indexes but never deletes with them) it creates nothing and reports
-// false: call Sweep from time to time instead. It is idempotent; the first
-// call on a client runs the probe, so call it once at start-up.
+// Where the server deletes with TTL indexes (MongoDB, DocumentDB; probed once
+// per client by store.Capabilities), it creates one on the records'
+// retention time and reports true: the server deletes a record some time
+// after Retention has passed. Elsewhere (FerretDB v1) it creates nothing and
+// reports false: call Sweep from time to time instead. It is idempotent;
+// call it once at start-up.
 func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
@@ -46,13 +43,11 @@ func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	return true, nil
 }
 
-// Sweep deletes the records whose retention time has passed, on the
-// server's clock ($$NOW where the server has $expr, the earliest the
-// Clock's estimate allows elsewhere), and returns how many it deleted. It is
-// one deleteMany: the server checks the filter on each record as it deletes
-// it, so a record whose request started meanwhile is kept, and a record
-// whose request is running is never past its retention time. It is the
-// clean-up for servers without TTL indexes; see EnsureIndexes.
+// Sweep deletes the records whose retention time has passed on the
+// server's clock ($$NOW where the server has $expr, else the earliest the
+// Clock's estimate allows) in one deleteMany, and returns how many it
+// deleted. A record whose request is running is never past its retention
+// time. It is the clean-up for servers without TTL indexes.
 func (k *Keys) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return 0, fmt.Errorf("idempotency: sweep: %w", err)

@@ -22,54 +22,43 @@
 // missing or invalid key, and replays marked Idempotent-Replayed: true.
 //
 // Each key (in its scope, [InScope]) has one record. The first request
-// creates it with its fingerprint, claims it with a lease on the record
-// (package lease: one findOneAndUpdate, a TTL while it runs, renewed while
-// the function runs, released at the end), runs the function and stores its
-// result. A request that dies leaves its claim to expire after the TTL; the
+// inserts it with its fingerprint and its claim (a lease on the record,
+// package lease: a TTL, renewed while the function runs), runs the function,
+// and stores its result in the write that releases the claim: three round
+// trips around the function with the record's read; a replay is that one
+// read. A request that dies leaves its claim to expire after the TTL; the
 // next retry claims the key and runs the function again, resuming after the
 // last checkpoint it recorded ([Call.Checkpoint], [Call.Step]: Stripe's
-// atomic phases and recovery points). The record, and the checkpoints, are
-// kept for Options.Retention (24 h) after the request last ran: the
-// renewals of a running request's claim move its retention time forward
-// too, so a request may run longer than Retention
-// ([Keys.EnsureIndexes], [Keys.Sweep]). A first request costs five round
-// trips around the function (seven where the server lacks $expr), a replay
-// two (the record's insert, refused, and a read).
-//
-// Leases and idempotency keys do not replace each other: a lease stops two
-// different requests from interleaving on one resource; a key makes a retry
-// of the same request safe. A partner call usually wants both. The protocol
-// and its failure cases are derived in DESIGN.md beside this file.
+// atomic phases and recovery points). Records are kept for
+// Options.Retention (24 h) after their request last ran ([Keys.EnsureIndexes],
+// [Keys.Sweep]). A lease stops two different requests from interleaving on
+// one resource; a key makes a retry of the same request safe: a partner
+// call usually wants both. DESIGN.md beside this file derives the protocol.
 //
 // # Final and transient results
 //
 // A Func that returns a nil error has produced the request's final result,
 // whatever its Status (a 4xx such as "card declined" included): it is stored
 // and every retry gets it. A Func that returns an error has failed
-// transiently (a 5xx, a partner that did not answer, a lost reply): nothing
-// is stored, Do returns the error, the claim is released, and a retry runs
-// the Func again, skipping the checkpoints already recorded. [Keys.Handler]
-// decides by status with HTTPOptions.Final: by default 5xx, 408 and 429 are
-// transient, everything else is final. A partner call whose reply was lost is
-// repeated by the retry with the same partner key ([Call.Step]), so the
-// partner can tell it is the same call.
+// transiently: nothing is stored, Do returns the error, the claim is
+// released, and a retry runs the Func again, skipping the checkpoints
+// already recorded. [Keys.Handler] decides by status with HTTPOptions.Final
+// (by default 5xx, 408 and 429 are transient).
 //
 // # Events
 //
-// Give Options.Observer an observe.Observer (observe.Slog, observe.Counters,
-// the OpenTelemetry adapter otelmongocas) to see what became of each
-// request: its result stored (KeyCompleted, with the run's attempt),
-// replayed (KeyReplayed), its key found in progress (KeyInProgress, with the
-// holder and its time left) or reused with another request (KeyMismatch,
-// which observe.Slog logs as a warning: a client bug, or a key collision).
-// The claim of a key that runs is the lease Manager's operation "do", with
-// its own events, to the same Observer.
+// Options.Observer (observe.Slog, observe.Counters, otelmongocas) gets
+// KeyCompleted (with the run's attempt), KeyReplayed, KeyInProgress (with
+// the holder and its time left) and KeyMismatch (which observe.Slog logs as
+// a warning: a client bug, or a key collision), and the claim's own events
+// from the lease Manager (operation "do").
 //
 // # Guarantees
 //
 // Given a server that applies single-document writes atomically, and the
 // lease package's assumptions (clock drift below lease.Options.DriftRate,
-// timers late by less than the safety margin):
+// timers late by less than the safety margin, estimates of the server's
+// clock within their bounds):
 //
 //   - The Func runs at most once per claim of a key, one claim holds a key
 //     at a time, and the Func never runs once a result is stored: of any
@@ -81,62 +70,38 @@
 //   - A record is not deleted while a claim on it holds, however long its
 //     request runs: each renewal of the claim (every TTL/3) sets the
 //     record's retention time to the renewal's time plus Retention, in the
-//     renewal's own write, and Retention is longer than TTL. Once the claim
-//     ends, the record is kept for Retention after the last of its
-//     request's writes (start, renewal, checkpoint, result), at least.
+//     renewal's own write. Once the claim ends, the record is kept for
+//     Retention after the last of its request's writes, at least.
 //   - The Func runs again only after the claim that ran it ended without a
-//     result: the Func returned an error, its result was not final, or its
-//     claim expired (the process died, or could not renew in time). The new
-//     run sees every checkpoint recorded before.
-//   - Checkpoints and results are written fenced on the claim (its owner,
-//     epoch and claim id; on servers with $expr also its deadline): once a
-//     later claim took the key over, a write of the earlier one changes
-//     nothing and fails with ErrLost. So a run that was presumed dead cannot
-//     record anything after its successor started.
+//     result (the Func returned an error, its result was not final, or its
+//     claim expired), and the new run sees every checkpoint recorded before.
+//   - Checkpoints and results are written fenced on the claim: once a later
+//     claim took the key over, a write of the earlier one changes nothing
+//     and fails with ErrLost.
 //   - A write whose reply was lost (store.IsAmbiguous) is settled by
-//     re-reading the record at read concern majority, never guessed: each
-//     write is made so that a second copy changes nothing, so it is sent
-//     again only when the re-read shows it missing. A checkpoint or step
-//     start counts as this write's only if it carries this write's id.
+//     re-reading the record at read concern majority, never guessed; it is
+//     sent again only when the re-read shows it missing.
 //   - A step's function runs once per step name across the key's runs, also
-//     when goroutines of one run call Step with that name at once (they run
-//     one at a time; the later ones get the recorded data), and its partner
-//     key is the same in every run that resumes it, whatever the order in
-//     which concurrent steps began.
+//     when goroutines of one run call Step with that name at once, and its
+//     partner key is the same in every run that resumes it.
 //   - A key is compared by $eq only; keys CheckKey refuses, bad options, a
 //     nil context or function are reported before anything is sent.
 //
-// A Func's side effects outside the record are its own: a crash between a
-// side effect and its checkpoint makes the retry repeat it. Put a
-// checkpoint after each effect that must not repeat, and give the partner a
-// key that stays the same across the retries (Call.Step's partnerKey).
+// A crash between a side effect outside the record and its checkpoint makes
+// the retry repeat it: checkpoint each effect that must not repeat, and give
+// partners Call.Step's partnerKey.
 //
 // # Errors
 //
 // Errors start with "idempotency: " and wrap their causes with %w, so
 // errors.Is and errors.As reach lease's, the driver's and the store
-// classifiers' errors.
-//
-//   - *InProgressError, matching ErrInProgress: another request with the key
-//     holds its claim; TimeLeft bounds how long it can without a renewal.
-//     HTTP 409 with Retry-After. Nothing ran.
-//   - *MismatchError, matching ErrMismatch: the key was first used with a
-//     request of another fingerprint. HTTP 422. Nothing ran.
-//   - *KeyError, matching ErrInvalidKey and ErrInvalid: a key (or scope) was
-//     refused; ErrInvalid (*OptionsError, a nil context or function, a bad
-//     checkpoint name): other bad input. HTTP 400. Nothing was sent.
-//   - An error matching ErrLost (a *lease.LostError): the claim ended before
-//     the result or a checkpoint could be written under it; nothing was
-//     written by that call, and a retry runs the Func again.
-//   - *UnknownOutcomeError, matching ErrUnknownOutcome: a write's reply was
-//     lost and re-reading could not settle it. After the Func ran ("complete"),
-//     its result may or may not be stored: a retry replays it, or runs again.
-//   - *RecordGoneError, matching ErrUnknownOutcome (and lease.ErrNotFound):
-//     the key's record was deleted between its open and its claim each of
-//     the three times Do opened it. Nothing ran; a retry opens it afresh.
-//     HTTP 503, as for any other store failure.
-//   - The Func's own error, as it returned it (wrapped in a *lease.LostError
-//     when the claim was lost while it ran).
-//   - An error wrapping context.Canceled or context.DeadlineExceeded: the
-//     context ended.
+// classifiers' errors. Nothing ran for *InProgressError (ErrInProgress,
+// HTTP 409), *MismatchError (ErrMismatch, HTTP 422), bad input (ErrInvalid,
+// *KeyError, *OptionsError: HTTP 400, nothing sent) and *RecordGoneError
+// (ErrUnknownOutcome, HTTP 503). ErrLost: the claim ended before a result or
+// checkpoint could be written under it. *UnknownOutcomeError
+// (ErrUnknownOutcome): a write's outcome could not be settled; after the
+// Func ran, a retry replays its result or runs again. The Func's own error
+// is returned as it is (wrapped in a *lease.LostError when the claim was
+// lost while it ran); an ended context, as a wrapped context error.
 package idempotency

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/mongocas/mongocas/lease"
@@ -11,59 +12,52 @@ import (
 
 // Sentinel errors. Every error the package returns for a key matches at most
 // one of ErrInProgress, ErrMismatch, ErrInvalid, ErrLost and
-// ErrUnknownOutcome through errors.Is, except that an error of the caller's
-// function is returned as it is. The typed errors below carry the facts.
+// ErrUnknownOutcome through errors.Is, except the caller's function's own
+// error, returned as it is. The typed errors below carry the facts.
 var (
-	// ErrInProgress is matched by the *InProgressError returned when another
-	// request with the same key holds its claim and has not finished: the
-	// caller's function did not run. HTTP: 409 Conflict with Retry-After.
+	// ErrInProgress is matched by *InProgressError: another request with
+	// the key holds its claim. Nothing ran. HTTP: 409 with Retry-After.
 	ErrInProgress = errors.New("a request with this key is in progress")
 
-	// ErrMismatch is matched by the *MismatchError returned when a key is
-	// reused with a request whose fingerprint differs from the first one's.
-	// Nothing ran and nothing was written. HTTP: 422 Unprocessable Content.
+	// ErrMismatch is matched by *MismatchError: the key was first used with
+	// a request of another fingerprint. Nothing ran. HTTP: 422.
 	ErrMismatch = errors.New("key reused with a different request")
 
 	// ErrInvalid is [store.ErrInvalid]: bad input (an Options field, a nil
-	// context or function, a key, a checkpoint name), refused before anything
-	// is sent. Nothing was written. HTTP: 400 Bad Request.
+	// context or function, a key, a checkpoint name), refused before
+	// anything is sent. HTTP: 400.
 	ErrInvalid = store.ErrInvalid
 
 	// ErrInvalidKey is matched by the *KeyError that refuses a key: empty,
-	// longer than [MaxKeyLen] bytes, not printable ASCII, or holding a "$"
-	// (shaped like a query operator). It matches ErrInvalid too.
+	// longer than [MaxKeyLen] bytes, not printable ASCII, or holding a "$".
+	// It matches ErrInvalid too.
 	ErrInvalidKey = fmt.Errorf("invalid idempotency key: %w", store.ErrInvalid)
 
 	// ErrLost is [lease.ErrLost]: the claim on the key ended (its TTL ran
 	// out without a renewal, or a later claim took it over) before the
-	// function's result or a checkpoint could be recorded under it. The
-	// result was not stored; a retry runs the function again, from the last
-	// checkpoint.
+	// function's result or a checkpoint could be recorded under it. A retry
+	// runs the function again, from the last checkpoint.
 	ErrLost = lease.ErrLost
 
-	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: the key's record could
-	// not be settled. A write of it failed ambiguously and re-reading it (for
-	// up to Options.ResolveTimeout) could not tell whether it was applied
-	// (*UnknownOutcomeError), or it was deleted between its open and its
-	// claim each time Do opened it (*RecordGoneError: the function did not
-	// run).
+	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: a write of the key's
+	// record failed ambiguously and re-reading it (for up to
+	// Options.ResolveTimeout) could not tell whether it applied
+	// (*UnknownOutcomeError), or the record was deleted before each of Do's
+	// claims (*RecordGoneError: nothing ran).
 	ErrUnknownOutcome = store.ErrUnknownOutcome
 )
 
 // InProgressError reports that another request with the same key holds the
 // key's claim: it is running, or it died and its claim has not expired yet.
-// It matches ErrInProgress. A service answers 409 Conflict with TimeLeft as
-// Retry-After.
+// It matches ErrInProgress.
 type InProgressError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string
-	// Owner is the owner string of the claim's holder (lease.Options.Owner
-	// of its Keys).
+	// Owner is the owner string of the claim's holder (its Options.Owner).
 	Owner string
 	// Epoch is the holder's claim epoch.
 	Epoch int64
-	// TimeLeft is the longest the claim can stay held without a renewal:
-	// the holder may finish sooner, and its renewals extend it.
+	// TimeLeft is the longest the claim can stay held without a renewal.
 	TimeLeft time.Duration
 }
 
@@ -90,8 +84,8 @@ func (e *MismatchError) Error() string {
 // Is reports whether target is ErrMismatch.
 func (e *MismatchError) Is(target error) bool { return target == ErrMismatch }
 
-// KeyError refuses a key (or a scope). It matches ErrInvalidKey and
-// ErrInvalid. Nothing was sent.
+// KeyError refuses a key or a scope; nothing was sent. It matches
+// ErrInvalidKey and ErrInvalid.
 type KeyError struct {
 	// Key is the refused key, as the caller gave it.
 	Key string
@@ -127,31 +121,28 @@ func (e *OptionsError) Error() string {
 func (e *OptionsError) Is(target error) bool { return target == store.ErrInvalid }
 
 // UnknownOutcomeError reports a write whose reply was lost and whose
-// outcome re-reading could not settle: it may or may not have been applied.
-// It is [store.UnknownOutcomeError], the one such type of the library (its
-// Pkg is "idempotency"); it matches ErrUnknownOutcome and unwraps to the
-// write's error.
+// outcome re-reading could not settle. It is [store.UnknownOutcomeError]
+// (Pkg "idempotency"); it matches ErrUnknownOutcome.
 type UnknownOutcomeError = store.UnknownOutcomeError
 
-// RecordGoneError reports that the key's record was deleted between its
-// open and its claim each of the Opens times Do opened it (the retention
-// clean-up deleting an expiring record that open had found, or another
-// client deleting records). The function did not run and nothing of this
-// call is left on the key: a retry opens the record afresh. It matches
-// ErrUnknownOutcome, and unwraps to it and to the last loss's error (the
-// claim's, matching lease.ErrNotFound, or open's read's).
+// RecordGoneError reports that the key's record was deleted between Do's
+// read of it and its claim, each of the Opens times Do read it (the
+// retention clean-up deleting an expiring record, or another client
+// deleting records). The function did not run; a retry opens the key
+// afresh. It matches ErrUnknownOutcome, and unwraps to it and to the last
+// claim's error (matching lease.ErrNotFound).
 type RecordGoneError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string
-	// Opens is how often Do opened the record.
+	// Opens is how often Do read the record.
 	Opens int
-	// Err is the error of the last claim, or of the last open.
+	// Err is the error of the last claim.
 	Err error
 }
 
 // Error names the key, the number of opens and the claim's error.
 func (e *RecordGoneError) Error() string {
-	return fmt.Sprintf("idempotency: key %s: the record was deleted between its open and its claim %d times; nothing ran: %v", quoteKey(e.Key), e.Opens, e.Err)
+	return fmt.Sprintf("idempotency: key %s: the record was deleted before its claim %d times; nothing ran: %v", quoteKey(e.Key), e.Opens, e.Err)
 }
 
 // Unwrap returns ErrUnknownOutcome and the claim's error.
@@ -159,9 +150,8 @@ func (e *RecordGoneError) Unwrap() []error { return []error{store.ErrUnknownOutc
 
 // quoteKey quotes a key for a message, shortened if long.
 func quoteKey(k string) string {
-	const limit = 64
-	if len(k) > limit {
-		return fmt.Sprintf("%q...(%d bytes)", k[:limit], len(k))
+	if len(k) > 64 {
+		return fmt.Sprintf("%q...(%d bytes)", k[:64], len(k))
 	}
-	return fmt.Sprintf("%q", k)
+	return strconv.Quote(k)
 }

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -14,25 +15,21 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Header field names.
 const (
 	// HeaderKey is the request header that carries the idempotency key.
 	HeaderKey = "Idempotency-Key"
-	// HeaderReplayed is set to "true" on a response replayed from a stored
-	// result (as Stripe does).
+	// HeaderReplayed is "true" on a replayed response (as Stripe does).
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
 // Defaults of the HTTPOptions fields.
 const (
-	// DefaultMaxRequestBody is the largest request body the handler reads
-	// to fingerprint it.
+	// DefaultMaxRequestBody is the largest request body the handler reads.
 	DefaultMaxRequestBody = 1 << 20
-	// DefaultMaxResponseBody is the largest response body the handler
-	// stores.
+	// DefaultMaxResponseBody is the largest response body the handler stores.
 	DefaultMaxResponseBody = 4 << 20
 )
 
@@ -40,18 +37,16 @@ const (
 // defaults; every zero field takes its default.
 type HTTPOptions struct {
 	// Methods are the methods whose requests go through the key store;
-	// others are passed to the handler untouched, key or not. Default POST
-	// and PATCH, the methods the IETF draft names (the others are
-	// idempotent by definition).
+	// others are passed to the handler untouched. Default POST and PATCH,
+	// as the IETF draft names (the others are idempotent by definition).
 	Methods []string
 
 	// Optional lets a request without an Idempotency-Key through to the
-	// handler, unprotected. By default such a request is answered 400 Bad
-	// Request: the handler guards an operation that needs a key.
+	// handler, unprotected. By default it is answered 400 Bad Request.
 	Optional bool
 
-	// Scope returns the scope of the request's key: the authenticated user,
-	// API key or tenant, so that two clients' keys never meet. Default: one
+	// Scope returns the scope of the request's key (the authenticated user,
+	// API key or tenant), so that two clients' keys never meet. Default: one
 	// scope for every request. An error is answered 400.
 	Scope func(r *http.Request) (string, error)
 
@@ -61,31 +56,29 @@ type HTTPOptions struct {
 	// DefaultFingerprint. An error is answered 400.
 	Fingerprint func(r *http.Request, body []byte) ([]byte, error)
 
-	// Final reports whether a response with this status is the request's
-	// final result: stored and replayed to every retry. Other responses are
-	// sent once and not stored, so a retry runs the handler again (from its
-	// last checkpoint). Default: every status except 5xx, 408 Request
-	// Timeout and 429 Too Many Requests.
+	// Final reports whether a response with this status is final: stored
+	// and replayed to every retry. Others are sent once and not stored: a
+	// retry runs the handler again, from its last checkpoint. Default: every
+	// status except 5xx, 408 and 429.
 	Final func(status int) bool
 
 	// MaxRequestBody is the largest request body read for the fingerprint;
 	// a larger one is answered 413 and nothing runs. Default 1 MiB.
 	MaxRequestBody int64
 
-	// MaxResponseBody is the largest response body stored. A larger final
-	// response is sent, but not stored (as if it were not final), and
-	// OnError is told. Default 4 MiB (a record holds at most 16 MiB).
+	// MaxResponseBody is the largest response body stored; a larger final
+	// response is sent, not stored, and OnError is told. Default 4 MiB (a
+	// record holds at most 16 MiB).
 	MaxResponseBody int
 
-	// ProblemType is the "type" member of the problem details (RFC 9457)
-	// sent with the handler's own answers (400, 409, 413, 422, 503): a URI
-	// of the service's documentation on idempotency keys. Default
-	// "about:blank".
+	// ProblemType is the "type" of the problem details (RFC 9457) sent with
+	// the handler's own answers (400, 409, 413, 422, 503): a URI of the
+	// service's documentation on idempotency keys. Default "about:blank".
 	ProblemType string
 
 	// OnError, if set, is told of failures the client does not see in full:
-	// a result that could not be stored (the response was sent all the same)
-	// and the store errors behind a 503. It must not block for long.
+	// a result that could not be stored (the response was sent all the
+	// same), the store errors behind a 503. It must not block for long.
 	OnError func(r *http.Request, err error)
 }
 
@@ -99,37 +92,28 @@ func DefaultFingerprint(r *http.Request, body []byte) ([]byte, error) {
 	return h.Sum(nil), nil
 }
 
-// defaultFinal is the default HTTPOptions.Final.
-func defaultFinal(status int) bool {
-	return status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
-}
-
 type handler struct {
 	k    *Keys
 	next http.Handler
 	o    HTTPOptions
 }
 
-// Handler wraps next so that requests with an Idempotency-Key header (IETF
-// draft "The Idempotency-Key HTTP Header Field") run at most once per claim
-// of the key and their retries get the first response back:
+// Handler wraps next so that requests with an Idempotency-Key header run at
+// most once per claim of the key and their retries get the first response:
 //
-//   - the first request with a key runs next and, if the response is final
-//     (HTTPOptions.Final), stores its status, header fields and body before
-//     sending it;
-//   - a retry with the same key and the same fingerprint gets the stored
-//     response, with Idempotent-Replayed: true, and next does not run;
-//   - a request while another with the key is running: 409 Conflict with
-//     Retry-After (the longest the running request's claim can last without
-//     a renewal, in whole seconds);
+//   - the first request with a key runs next and stores its response if it
+//     is final (HTTPOptions.Final): status, header fields and body;
+//   - a retry with the same key and fingerprint gets the stored response,
+//     with Idempotent-Replayed: true, and next does not run;
+//   - while another request with the key runs: 409 Conflict, Retry-After the
+//     longest its claim can last without a renewal (whole seconds);
 //   - the same key with another fingerprint: 422 Unprocessable Content;
 //   - no key (unless Optional), or an invalid one: 400 Bad Request;
 //   - the store failing before next ran: 503 Service Unavailable.
 //
-// These answers carry problem details (RFC 9457, application/problem+json).
-// next finds the run's *Call through [CallFrom] on the request's context,
-// which ends if the claim is lost. next's response is buffered in full and
-// sent when next returns, so streaming responses (Flush) are not supported.
+// These answers carry problem details (RFC 9457). next finds the run's *Call
+// with [CallFrom] on the request's context, which ends if the claim is lost.
+// next's response is buffered and sent when next returns (no streaming).
 // Handler fails only for invalid options.
 func (k *Keys) Handler(next http.Handler, opts *HTTPOptions) (http.Handler, error) {
 	if next == nil {
@@ -146,22 +130,21 @@ func (k *Keys) Handler(next http.Handler, opts *HTTPOptions) (http.Handler, erro
 		o.Fingerprint = DefaultFingerprint
 	}
 	if o.Final == nil {
-		o.Final = defaultFinal
+		o.Final = func(status int) bool {
+			return status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+		}
 	}
 	switch {
 	case o.MaxRequestBody < 0:
 		return nil, &OptionsError{Field: "MaxRequestBody", Reason: "is negative"}
-	case o.MaxRequestBody == 0:
-		o.MaxRequestBody = DefaultMaxRequestBody
-	}
-	switch {
 	case o.MaxResponseBody < 0:
 		return nil, &OptionsError{Field: "MaxResponseBody", Reason: "is negative"}
-	case o.MaxResponseBody == 0:
-		o.MaxResponseBody = DefaultMaxResponseBody
 	}
-	if o.ProblemType == "" {
-		o.ProblemType = "about:blank"
+	o.MaxRequestBody = cmp.Or(o.MaxRequestBody, DefaultMaxRequestBody)
+	o.MaxResponseBody = cmp.Or(o.MaxResponseBody, DefaultMaxResponseBody)
+	o.ProblemType = cmp.Or(o.ProblemType, "about:blank")
+	if o.OnError == nil {
+		o.OnError = func(*http.Request, error) {}
 	}
 	return &handler{k: k, next: next, o: o}, nil
 }
@@ -199,7 +182,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	id, err := recordID(scope, key)
+	ref, err := newRef(scope, key)
 	if err != nil {
 		h.problem(w, http.StatusBadRequest, "Idempotency-Key is invalid", err.Error(), 0)
 		return
@@ -220,7 +203,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	res, err := h.k.do(r.Context(), keyRef{id: id, key: key, scope: scope}, digest(fp),
+	res, err := h.k.do(r.Context(), ref, digest(fp),
 		func(ctx context.Context, c *Call) (Result, bool, error) {
 			rec := &recorder{w: w, header: make(http.Header)}
 			req := r.WithContext(context.WithValue(ctx, callKey{}, c))
@@ -230,7 +213,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			final := h.o.Final(out.Status)
 			if final && len(out.Body) > h.o.MaxResponseBody {
 				final = false
-				h.onError(r, fmt.Errorf("idempotency: key %s: a response body of %d bytes is larger than MaxResponseBody (%d): sent, not stored", quoteKey(key), len(out.Body), h.o.MaxResponseBody))
+				h.o.OnError(r, fmt.Errorf("idempotency: key %s: a response body of %d bytes is larger than MaxResponseBody (%d): sent, not stored", quoteKey(key), len(out.Body), h.o.MaxResponseBody))
 			}
 			return out, final, nil
 		})
@@ -242,9 +225,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		writeResult(w, res, res.Replayed)
 	case errors.As(err, &inProgress):
-		secs := max(1, int64(math.Ceil(inProgress.TimeLeft.Seconds())))
 		h.problem(w, http.StatusConflict, "A request with this Idempotency-Key is in progress",
-			"Retry after the time in Retry-After; you will then get this request's result.", time.Duration(secs)*time.Second)
+			"Retry after the time in Retry-After; you will then get this request's result.",
+			max(1, int64(math.Ceil(inProgress.TimeLeft.Seconds()))))
 	case errors.As(err, &mismatch):
 		h.problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request",
 			"This key was first used with a request of other content (method, target or body). Use a new key for a new request.", 0)
@@ -254,23 +237,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// next ran and answered, but its result could not be stored (the
 		// claim was lost, or the write's outcome is unknown): the client
 		// gets the answer all the same.
-		h.onError(r, err)
+		h.o.OnError(r, err)
 		writeResult(w, res, false)
 	default:
-		h.onError(r, err)
-		h.problem(w, http.StatusServiceUnavailable, "The idempotency key store is unavailable", "Nothing was done. Retry with the same Idempotency-Key.", time.Second)
-	}
-}
-
-func (h *handler) onError(r *http.Request, err error) {
-	if h.o.OnError != nil {
 		h.o.OnError(r, err)
+		h.problem(w, http.StatusServiceUnavailable, "The idempotency key store is unavailable", "Nothing was done. Retry with the same Idempotency-Key.", 1)
 	}
 }
 
 // problem answers with problem details (RFC 9457) and, when retryAfter is
-// not zero, a Retry-After in seconds.
-func (h *handler) problem(w http.ResponseWriter, status int, title, detail string, retryAfter time.Duration) {
+// not zero, a Retry-After of that many seconds.
+func (h *handler) problem(w http.ResponseWriter, status int, title, detail string, retryAfter int64) {
 	body, err := json.Marshal(struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
@@ -282,7 +259,7 @@ func (h *handler) problem(w http.ResponseWriter, status int, title, detail strin
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
@@ -295,21 +272,15 @@ func writeResult(w http.ResponseWriter, res Result, replayed bool) {
 	if replayed {
 		w.Header().Set(HeaderReplayed, "true")
 	}
-	status := res.Status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	w.WriteHeader(status)
+	w.WriteHeader(cmp.Or(res.Status, http.StatusOK))
 	_, _ = w.Write(res.Body)
 }
 
-// unstored are the header fields a recorded response leaves out: the
-// connection's own and the date, which the server sends afresh.
+// unstored are the header fields a recorded response leaves out.
 var unstored = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer", "Date"}
 
 // recorder is the ResponseWriter next writes to: it keeps the status, the
-// header fields as they were when the header was written, and the body.
-// Informational (1xx) responses go straight to the client.
+// header fields when written, and the body; 1xx go straight to the client.
 type recorder struct {
 	w       http.ResponseWriter
 	header  http.Header

@@ -12,18 +12,13 @@ const MaxKeyLen = 255
 // MaxScopeLen is the longest scope accepted, in bytes.
 const MaxScopeLen = 255
 
-// scopeSep separates a scope from the key in a record's _id. A key never
-// contains it (keys are printable ASCII), so the last one in an _id splits it
-// unambiguously.
-const scopeSep = "\n"
-
 // CheckKey reports whether key can be used as an idempotency key: 1 to
 // MaxKeyLen bytes of printable ASCII (0x20 to 0x7E, the characters of an HTTP
-// structured-field string, so that a UUID, a ULID or a base64 value all fit)
-// without "$". Keys are only ever compared with $eq, so no key could act as
-// an operator; keys shaped like one ($where, {"$gt": ""}) are refused all the
-// same, so that such input is reported to its sender instead of being
-// stored. It returns a *KeyError (matching ErrInvalidKey and ErrInvalid).
+// structured-field string: a UUID, a ULID or a base64 value all fit) without
+// "$". Keys are only compared with $eq, so no key could act as an operator;
+// keys shaped like one ($where, {"$gt": ""}) are refused all the same, to
+// tell their sender. It returns a *KeyError (matching ErrInvalidKey and
+// ErrInvalid).
 func CheckKey(key string) error {
 	switch {
 	case key == "":
@@ -41,33 +36,28 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// checkScope reports whether scope can scope keys: valid UTF-8 of at most
-// MaxScopeLen bytes without NUL. The empty scope is the default one.
-func checkScope(key, scope string) error {
+// newRef checks key and scope (valid UTF-8 of at most MaxScopeLen bytes
+// without NUL) and names their record: its _id is the key in the default
+// scope "", else scope + "\n" + key (a key has no "\n", so the last one
+// splits the _id unambiguously).
+func newRef(scope, key string) (keyRef, error) {
+	if err := CheckKey(key); err != nil {
+		return keyRef{}, err
+	}
+	var reason string
 	switch {
 	case len(scope) > MaxScopeLen:
-		return &KeyError{Key: key, Reason: "scope longer than 255 bytes"}
+		reason = "scope longer than 255 bytes"
 	case !utf8.ValidString(scope):
-		return &KeyError{Key: key, Reason: "scope is not valid UTF-8"}
+		reason = "scope is not valid UTF-8"
 	case strings.ContainsRune(scope, 0):
-		return &KeyError{Key: key, Reason: "scope contains NUL"}
+		reason = "scope contains NUL"
+	case scope == "":
+		return keyRef{id: key, key: key}, nil
+	default:
+		return keyRef{id: scope + "\n" + key, key: key, scope: scope}, nil
 	}
-	return nil
-}
-
-// recordID returns the _id of the record of key in scope: the key itself in
-// the default scope, else scope + "\n" + key.
-func recordID(scope, key string) (string, error) {
-	if err := CheckKey(key); err != nil {
-		return "", err
-	}
-	if err := checkScope(key, scope); err != nil {
-		return "", err
-	}
-	if scope == "" {
-		return key, nil
-	}
-	return scope + scopeSep + key, nil
+	return keyRef{}, &KeyError{Key: key, Reason: reason}
 }
 
 // digest is what a record keeps of a fingerprint: its SHA-256.
@@ -98,16 +88,13 @@ func ParseHeader(values []string) (string, error) {
 	if !strings.HasPrefix(v, `"`) {
 		return v, CheckKey(v)
 	}
-	key, err := parseSFString(v)
-	if err != nil {
-		return "", err
-	}
-	return key, CheckKey(key)
+	return parseSFString(v)
 }
 
 // parseSFString parses a structured-field string (RFC 9651, 3.3.3):
 // DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE, where unescaped is
-// printable ASCII other than DQUOTE and "\". Nothing may follow it.
+// printable ASCII other than DQUOTE and "\". Nothing may follow it. The
+// string must be a key CheckKey accepts.
 func parseSFString(v string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {
@@ -123,7 +110,7 @@ func parseSFString(v string) (string, error) {
 			if i != len(v)-1 {
 				return "", &KeyError{Key: v, Reason: "characters after the closing quote"}
 			}
-			return b.String(), nil
+			return b.String(), CheckKey(b.String())
 		case c < 0x20 || c > 0x7e:
 			return "", &KeyError{Key: v, Reason: "not printable ASCII (0x20 to 0x7E)"}
 		default:

@@ -19,26 +19,25 @@ import (
 )
 
 // Keys keeps idempotency keys in one collection: a record per key (and
-// scope) holding the first request's fingerprint, the claim of the request
-// running it, its checkpoints and, once it completed, its result. Keys is
-// safe for concurrent use; goroutines sharing it share its claim owner.
+// scope) with the first request's fingerprint, the claim of the request
+// running it, its checkpoints and its result. Keys is safe for concurrent
+// use; goroutines sharing it share its claim owner.
 type Keys struct {
 	coll     *mongo.Collection
-	majority *settle.Majority // coll at read concern majority, for settling re-reads
+	majority *settle.Majority // for settling re-reads
 	leases   *lease.Manager
 	c        config
 }
 
-// Func is the work a request with an idempotency key does. It runs at most
-// once per claim of the key (see the package documentation): c records
-// checkpoints and carries the claim's epoch. A nil error makes the Result
+// Func is the work of a request with an idempotency key, run at most once
+// per claim of the key; c records checkpoints. A nil error makes the Result
 // final: it is stored and every retry with the key gets it back. An error is
 // transient: nothing is stored, Do returns it, and a retry runs Func again,
 // from the last checkpoint. ctx ends if the claim is lost.
 type Func func(ctx context.Context, c *Call) (Result, error)
 
 // Result is what a request produced: an HTTP response, or any value the
-// caller encodes in Body (and Status, if it likes).
+// caller encodes in Body and Status.
 type Result struct {
 	// Status is the HTTP status code, or any code of the caller's.
 	Status int
@@ -46,8 +45,7 @@ type Result struct {
 	Header http.Header
 	// Body is the response body, or the caller's encoded value.
 	Body []byte
-	// Replayed is true when the result was stored by an earlier call with
-	// the same key and returned without running anything.
+	// Replayed is true for a result stored by an earlier call with the key.
 	Replayed bool
 	// Epoch is the epoch of the claim whose run produced the result.
 	Epoch int64
@@ -59,9 +57,8 @@ type CallOption func(*callOptions)
 type callOptions struct{ scope string }
 
 // InScope puts the key in a scope of its own, such as the authenticated
-// user or API key (Stripe scopes keys by account): the same key in two scopes
-// names two records. A scope is valid UTF-8 of at most MaxScopeLen bytes
-// without NUL. The default scope is "".
+// user or API key: the same key in two scopes names two records. A scope is
+// valid UTF-8 of at most MaxScopeLen bytes without NUL. The default is "".
 func InScope(scope string) CallOption { return func(o *callOptions) { o.scope = scope } }
 
 // keyRef names a key's record.
@@ -70,9 +67,8 @@ type keyRef struct {
 }
 
 // New returns Keys that keep their records in coll, a collection of their
-// own (do not share it with other documents). It does no I/O; it fails only
-// for a nil coll or invalid opts, with an error matching ErrInvalid. See
-// [Keys.EnsureIndexes] for the clean-up of old records.
+// own. It does no I/O; it fails only for a nil coll or invalid opts, with an
+// error matching ErrInvalid. See [Keys.EnsureIndexes] for the clean-up.
 func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	if coll == nil {
 		return nil, &OptionsError{Field: "coll", Reason: "is nil"}
@@ -85,12 +81,7 @@ func New(coll *mongo.Collection, opts *Options) (*Keys, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	return &Keys{
-		coll:     coll,
-		majority: settle.NewMajority(coll),
-		leases:   leases,
-		c:        c,
-	}, nil
+	return &Keys{coll: coll, majority: settle.NewMajority(coll), leases: leases, c: c}, nil
 }
 
 // Collection returns the collection of the key records.
@@ -108,24 +99,25 @@ func (k *Keys) Retention() time.Duration { return k.c.retention }
 // Do runs fn once for key, as the first request with it, or returns what the
 // first request stored:
 //
-//   - The first call with a key (in its scope) creates the key's record
-//     with the request's fingerprint, claims it, runs fn, and stores fn's
-//     Result if fn returned no error; then it releases the claim.
+//   - The first call with a key (in its scope) reads the key's record, finds
+//     none, inserts it with the request's fingerprint and its claim, runs fn,
+//     and stores fn's Result (if fn returned no error) in the write that
+//     releases the claim: 3 round trips around fn.
 //   - A later call with the same fingerprint gets the stored Result (with
-//     Replayed set) without running anything.
-//   - A call while another holds the claim gets an *InProgressError (the
-//     function did not run); once the claim is released without a result
-//     (fn failed) or expired (its process died), the next call claims it
-//     and runs fn again, with the checkpoints recorded so far.
+//     Replayed set) from that read alone, without running anything.
+//   - A call while another holds the claim gets an *InProgressError (nothing
+//     ran); once the claim is released without a result (fn failed) or
+//     expired (its process died), the next call claims it and runs fn
+//     again, with the checkpoints recorded so far (a claim and a start
+//     of the run more than a first call).
 //   - A call with another fingerprint gets a *MismatchError.
 //
 // fingerprint identifies the request's content (for HTTP: method, target
-// and body; see [DefaultFingerprint]); the record keeps its SHA-256. An empty
-// fingerprint is a valid one. fn's error is returned as it is (wrapped in a
+// and body; see [DefaultFingerprint]); the record keeps its SHA-256; an empty
+// one is valid. fn's error is returned as it is (wrapped in a
 // *lease.LostError, matching ErrLost, if the claim was lost while fn ran).
-// When fn returned a Result that could not be stored (the claim was lost
-// meanwhile: ErrLost; the write could not be settled: ErrUnknownOutcome),
-// Do returns that Result with the error.
+// When fn's Result could not be stored (ErrLost; ErrUnknownOutcome), Do
+// returns it with the error.
 func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, opts ...CallOption) (Result, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Result{}, fmt.Errorf("idempotency: key %s: %w", quoteKey(key), err)
@@ -139,41 +131,33 @@ func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, 
 			o(&co)
 		}
 	}
-	id, err := recordID(co.scope, key)
+	ref, err := newRef(co.scope, key)
 	if err != nil {
 		return Result{}, err
 	}
-	return k.do(ctx, keyRef{id: id, key: key, scope: co.scope}, digest(fingerprint),
+	return k.do(ctx, ref, digest(fingerprint),
 		func(ctx context.Context, c *Call) (Result, bool, error) {
 			r, err := fn(ctx, c)
 			return r, err == nil, err
 		})
 }
 
-// innerFunc is Func with its verdict on the result: final results are
-// stored, others only returned.
+// innerFunc is Func with its verdict: a final result is stored.
 type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err error)
 
-// maxOpens bounds how often do opens a key's record that keeps
-// disappearing between its read and its claim.
+// maxOpens bounds how often do reads a record deleted before each claim.
 const maxOpens = 3
 
 // do reads the key's record and answers from it when it can (replay,
-// mismatch); otherwise it runs fn under a claim: made with the record for a
-// new key, or of the record it found.
+// mismatch); otherwise it runs fn under a claim.
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
 		rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
-		switch {
-		case err != nil:
+		if err != nil {
 			return Result{}, fmt.Errorf("idempotency: key %s: open: %w", quoteKey(ref.key), err)
-		case rec == nil:
-		case !bytes.Equal(rec.FP, fp):
-			k.report(ctx, observe.KeyMismatch, ref)
-			return Result{}, &MismatchError{Key: ref.key}
-		case rec.Result != nil:
-			k.report(ctx, observe.KeyReplayed, ref)
-			return rec.Result.replay(), nil
+		}
+		if res, ok, err := k.answer(ctx, ref, fp, rec); ok {
+			return res, err
 		}
 		res, err := k.run(ctx, ref, fp, rec == nil, fn)
 		var gone *RecordGoneError
@@ -186,10 +170,24 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 	}
 }
 
-// run claims the record and runs fn under the claim (lease's Do: it renews
-// the claim while fn runs, ends fn's context if the claim is lost, and
-// releases it afterwards, with the result when there is one). A new key's
-// record is inserted with the claim in it (lease's DoInsert).
+// answer is what rec answers without running anything (ok): a replay of its
+// result, or a *MismatchError for another fingerprint.
+func (k *Keys) answer(ctx context.Context, ref keyRef, fp []byte, rec *record) (res Result, ok bool, err error) {
+	switch {
+	case rec == nil:
+	case !bytes.Equal(rec.FP, fp):
+		k.report(ctx, observe.KeyMismatch, ref, nil)
+		return Result{}, true, &MismatchError{Key: ref.key}
+	case rec.Result != nil:
+		k.report(ctx, observe.KeyReplayed, ref, nil)
+		return rec.Result.replay(), true, nil
+	}
+	return Result{}, false, nil
+}
+
+// run runs fn under a claim of the record (lease's Do, or DoInsert for a
+// new key: the record is inserted with the claim in it), and stores its
+// result in the claim's release.
 func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn innerFunc) (Result, error) {
 	var (
 		entered, ran, stored bool
@@ -201,18 +199,14 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 		entered, c.l = true, l
 		if !fresh {
 			rec, err := k.begin(ctx, ref, l)
-			switch {
-			case err != nil:
+			if err != nil {
 				return err
-			case !bytes.Equal(rec.FP, fp):
-				// Deleted and made again by another request since it was read.
-				k.report(ctx, observe.KeyMismatch, ref)
-				return &MismatchError{Key: ref.key}
-			case rec.Result != nil:
-				// Completed by another claim since it was read.
-				res, stored = rec.Result.replay(), true
-				k.report(ctx, observe.KeyReplayed, ref)
-				return nil
+			}
+			// Completed, or deleted and made again by another request,
+			// since it was read.
+			if r, ok, err := k.answer(ctx, ref, fp, &rec); ok {
+				res, stored = r, err == nil
+				return err
 			}
 			c.rid, c.attempt, c.points = rec.RID, rec.Attempts, rec.Points
 		}
@@ -231,7 +225,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 			return err
 		}
 		stored = true
-		k.completed(ctx, ref, c.attempt, l.Epoch())
+		k.report(ctx, observe.KeyCompleted, ref, func(e *observe.Event) { e.Attempt, e.Epoch = c.attempt, l.Epoch() })
 		return nil
 	}
 	var err error
@@ -261,7 +255,9 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 	case ran:
 		return res, err // a final result that could not be stored
 	case !entered && errors.As(err, &held):
-		k.inProgress(ctx, ref, held)
+		k.report(ctx, observe.KeyInProgress, ref, func(e *observe.Event) {
+			e.Holder, e.Epoch, e.TimeLeft = held.Owner, held.Epoch, held.TimeLeft
+		})
 		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
 	case !entered && (errors.Is(err, lease.ErrNotFound) || store.IsDuplicateKey(err)):
 		// Deleted since it was read, or made by another request meanwhile.
@@ -272,8 +268,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 	return Result{}, err // begin's error, already prefixed
 }
 
-// estimate returns the server's time as the Clock estimates it, for the
-// retention times written in records.
+// estimate is the Clock's estimate of the server's time.
 func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	est, err := k.leases.Clock().Now(ctx)
 	if err != nil {
@@ -282,11 +277,9 @@ func (k *Keys) estimate(ctx context.Context) (time.Time, error) {
 	return est.Time.Truncate(time.Millisecond), nil
 }
 
-// unknown makes the *UnknownOutcomeError of op on ref's record.
-func unknown(op string, ref keyRef) func(*record, bool, string, error) error {
-	return func(_ *record, _ bool, reason string, err error) error {
-		return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
-	}
+// unknown is the *UnknownOutcomeError of op on ref's record.
+func unknown(op string, ref keyRef, reason string, err error) error {
+	return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
 }
 
 // begin marks the record as run by the claim l, fenced on it: it sets the
@@ -317,10 +310,9 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 	return k.fencedWrite(ctx, "begin", ref, l, send, landed)
 }
 
-// complete stores the result of the claim l and releases the claim, in one
-// write (lease's ReleaseWith, settled by lease). It runs on a context that
-// outlives ctx (bounded by ResolveTimeout): the function has run, and its
-// result is worth recording even if the caller has gone.
+// complete stores the result of the claim l and releases it, in one write
+// (lease's ReleaseWith, which settles it), on a context that outlives ctx
+// by ResolveTimeout: the function has run, and its result is worth keeping.
 func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
 	ctx, cancel := settle.Detached(ctx, k.c.resolve)
 	defer cancel()
@@ -339,7 +331,7 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	case err == nil:
 		return nil
 	case errors.As(err, &u):
-		return &UnknownOutcomeError{Pkg: "idempotency", Op: "complete", ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: u.Reason, Err: u.Err}
+		return unknown("complete", ref, u.Reason, u.Err)
 	case errors.As(err, &lost) && lost.Reason == lease.Expired:
 		// Expired here, yet stored if nobody claimed it since: the record tells.
 		if rec, rerr := k.reread(ctx, ref.id); rerr == nil && rec != nil && rec.Result != nil && rec.Result.Epoch == epoch {
@@ -349,11 +341,11 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	return fmt.Errorf("idempotency: key %s: complete: %w", quoteKey(ref.key), err)
 }
 
-// fencedWrite sends a write fenced on the claim l through settle.Exec: send
-// reports whether it matched; a re-read is judged on whether it shows the
-// write (landed), a later claim's (dead: the claim is lost) or neither
-// (live: sent again, a copy changes nothing once one applied). A write that
-// matched nothing failed its fence, unless a read shows it.
+// fencedWrite sends a write fenced on the claim l through settle.Exec. A
+// re-read is judged on whether it shows the write (landed), a later claim's
+// (dead) or neither (live: sent again, a copy changes nothing once one
+// applied). A write that matched nothing failed its fence, unless a read
+// shows it.
 func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
 	send func(context.Context) (record, bool, error), landed func(record) (mine, later bool)) (record, error) {
 	read := func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) }
@@ -370,7 +362,8 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 		return settle.Live, ""
 	}
 	res, err := settle.Exec(ctx, k.settling(ctx, op, ref), settle.Write[record, *record]{
-		Send: send, Read: read, Judge: judge, Resend: true, Unknown: unknown(op, ref),
+		Send: send, Read: read, Judge: judge, Resend: true,
+		Unknown: func(_ *record, _ bool, reason string, err error) error { return unknown(op, ref, reason, err) },
 	})
 	switch {
 	case errors.Is(err, ErrUnknownOutcome): // the engine's, built by unknown
@@ -390,20 +383,13 @@ func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.
 			return *rec, nil
 		}
 	}
-	return record{}, k.lost(op, ref, l)
-}
-
-// lost is the error of a fenced write that found the claim gone.
-func (k *Keys) lost(op string, ref keyRef, l *lease.Lease) error {
 	if err := l.Err(); errors.Is(err, lease.ErrLost) {
-		return fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
+		return record{}, fmt.Errorf("idempotency: key %s: %s: %w", quoteKey(ref.key), op, err)
 	}
-	return fmt.Errorf("idempotency: key %s: %s: the claim of epoch %d no longer holds the key: %w", quoteKey(ref.key), op, l.Epoch(), ErrLost)
+	return record{}, fmt.Errorf("idempotency: key %s: %s: the claim of epoch %d no longer holds the key: %w", quoteKey(ref.key), op, l.Epoch(), ErrLost)
 }
 
-// fenced is the filter of a write made under the claim l: the record's _id
-// and l's fence (its owner, epoch and claim id; in lease.ModeServer also
-// its deadline on the server's clock).
+// fenced is the filter of a write made under the claim l.
 func fenced(id string, l *lease.Lease) bson.D {
 	return append(idFilter(id), l.Fence()...)
 }
@@ -422,12 +408,14 @@ func one(r *mongo.SingleResult) (*record, error) {
 	case err != nil:
 		return nil, err
 	}
-	rec, err := decode(raw)
-	return &rec, err
+	var rec record
+	if err := bson.Unmarshal(raw, &rec); err != nil {
+		return nil, fmt.Errorf("decode the key record: %w", err)
+	}
+	return &rec, nil
 }
 
-// reread reads the record of id at majority (settle.Majority), as a read
-// that settles a lost reply must; nil if there is none.
+// reread reads the record of id at majority (settle.Majority); nil if none.
 func (k *Keys) reread(ctx context.Context, id string) (rec *record, err error) {
 	err = k.majority.Read(ctx, func(coll *mongo.Collection) error {
 		rec, err = one(coll.FindOne(ctx, idFilter(id)))

@@ -29,13 +29,11 @@ type Options struct {
 	// 30s.
 	TTL time.Duration
 
-	// Retention is how long a key's record is kept, counted from the last
-	// time a request with it started, renewed its claim, recorded a
-	// checkpoint or completed (on the server's clock: $$NOW for a renewal in
-	// lease.ModeServer, store.ServerClock's estimate otherwise): a retry within
-	// Retention is replayed or resumed, a request after it runs as new. A
-	// request that runs longer than Retention keeps its record, since each
-	// renewal of its claim (every TTL/3) moves the retention time forward.
+	// Retention is how long a key's record is kept after the last write of
+	// its request (start, claim renewal, checkpoint, result), on the
+	// server's clock: a retry within Retention is replayed or resumed, a
+	// request after it runs as new. A request may run longer than
+	// Retention: each renewal of its claim moves the retention time forward.
 	// It must be longer than TTL. Default 24h.
 	Retention time.Duration
 
@@ -44,37 +42,28 @@ type Options struct {
 	// "host/pid/random" string.
 	Owner string
 
-	// Mode says how a claim's expiry is judged (see lease.Mode): ModeAuto
-	// (the default) uses $$NOW on servers that have it, an estimate of the
-	// server's clock elsewhere.
+	// Mode says how a claim's expiry is judged (see lease.Mode). Default
+	// ModeAuto: $$NOW where the server has it, else the Clock's estimate.
 	Mode lease.Mode
 
-	// Clock estimates the server's clock, for the retention times written in
-	// records and for claims in lease.ModeEstimated. Default: the client's
-	// shared one (store.For(client).Clock()), which reads the server's clock
-	// only when first needed and then every 30s at most.
+	// Clock estimates the server's clock, for the records' retention times
+	// and the claims made with a new record or in lease.ModeEstimated.
+	// Default: the client's shared one (store.For(client).Clock()).
 	Clock *store.ServerClock
 
-	// ResolveTimeout bounds the work that settles an ambiguous write (the
-	// re-reads after a lost reply), and the storing of a result after the
-	// function returned, which run on contexts that outlive the caller's.
-	// Default min(max(TTL, 1s), 10s).
+	// ResolveTimeout bounds the re-reads that settle a lost reply, and the
+	// storing of a result after the function returned, which outlive the
+	// caller's context. Default min(max(TTL, 1s), 10s).
 	ResolveTimeout time.Duration
 
-	// Retry tunes the renewals of a running request's claim (its Jitter,
-	// Rand, Budget, OnRetry and Clock; see lease.Options.Retry). A key is
-	// claimed once per call: a request that finds it in progress gets
-	// ErrInProgress at once, never waits. An invalid Policy is an error.
+	// Retry tunes the renewals of a running request's claim (see
+	// lease.Options.Retry). A key is claimed once per call: a request that
+	// finds it in progress gets ErrInProgress at once, never waits.
 	Retry retry.Policy
 
 	// Observer, if not nil, receives the events of these Keys (see the
-	// observe package): each request whose result was stored
-	// (KeyCompleted), replayed (KeyReplayed), that found its key in
-	// progress (KeyInProgress) or reused with another request
-	// (KeyMismatch, which observe.Slog logs as a warning). The lease
-	// Manager of the claims reports to it too (a claim, its renewals and
-	// release, as the operation "do"), and so does the Retry policy of the
-	// renewals unless it has an Observer of its own. Nil means none.
+	// package documentation), of the lease Manager of their claims, and of
+	// the Retry policy of the renewals unless it has an Observer of its own.
 	Observer observe.Observer
 }
 
@@ -90,25 +79,22 @@ func (o *Options) config() (config, *lease.Options, error) {
 		opts = *o
 	}
 	c := config{ttl: opts.TTL, retention: opts.Retention, resolve: opts.ResolveTimeout, observer: opts.Observer}
-	switch {
-	case c.ttl < 0:
-		return config{}, nil, &OptionsError{Field: "TTL", Reason: "is negative"}
-	case c.ttl == 0:
-		c.ttl = DefaultTTL
-	}
-	switch {
-	case c.retention < 0:
-		return config{}, nil, &OptionsError{Field: "Retention", Reason: "is negative"}
-	case c.retention == 0:
-		c.retention = DefaultRetention
+	for _, d := range []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+	}{{"TTL", &c.ttl, DefaultTTL}, {"Retention", &c.retention, DefaultRetention}, {"ResolveTimeout", &c.resolve, 0}} {
+		switch {
+		case *d.v < 0:
+			return config{}, nil, &OptionsError{Field: d.field, Reason: "is negative"}
+		case *d.v == 0:
+			*d.v = d.def
+		}
 	}
 	if c.retention <= c.ttl {
 		return config{}, nil, &OptionsError{Field: "Retention", Reason: "must be longer than TTL: a record must outlive the claims on it"}
 	}
-	switch {
-	case c.resolve < 0:
-		return config{}, nil, &OptionsError{Field: "ResolveTimeout", Reason: "is negative"}
-	case c.resolve == 0:
+	if c.resolve == 0 {
 		c.resolve = min(max(c.ttl, time.Second), 10*time.Second)
 	}
 	p := opts.Retry
@@ -121,21 +107,12 @@ func (o *Options) config() (config, *lease.Options, error) {
 	if p.Observer == nil {
 		p.Observer = opts.Observer
 	}
-	lo := &lease.Options{
-		TTL:            c.ttl,
-		Owner:          opts.Owner,
-		Mode:           opts.Mode,
-		Clock:          opts.Clock, // nil: the client's (see lease.Options.Clock)
-		ResolveTimeout: c.resolve,
-		Retry:          p,
-		// Each renewal of a running request's claim moves the record's
-		// retention time forward, in the renewal's write: the record
-		// outlives its claim, however long the request runs.
-		Retain:    "expireAt",
-		RetainFor: c.retention,
-		Observer:  opts.Observer,
-	}
-	return c, lo, nil
+	// Each renewal of a running request's claim moves the record's
+	// retention time forward, in the renewal's write (Retain).
+	return c, &lease.Options{
+		TTL: c.ttl, Owner: opts.Owner, Mode: opts.Mode, Clock: opts.Clock, ResolveTimeout: c.resolve,
+		Retry: p, Retain: "expireAt", RetainFor: c.retention, Observer: opts.Observer,
+	}, nil
 }
 
 // settling is how Keys settle a lost reply: one try per re-read (a failed

@@ -1,31 +1,26 @@
 package idempotency
 
 import (
-	"fmt"
 	"net/http"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
-// record is a key's document (DESIGN.md, "The record"). Fields it does not
-// name (_lease, the claim; createdAt, expireAt, key, scope) are skipped when
-// decoding.
+// record is a key's document, without the fields Keys only write
+// (DESIGN.md, "The record"). Epoch is that of the last claim that ran.
 type record struct {
-	ID  string        `bson:"_id"`
-	RID bson.ObjectID `bson:"rid"`
-	FP  []byte        `bson:"fp"`
-	// Epoch is the epoch of the last claim that began running the request.
+	ID       string        `bson:"_id"`
+	RID      bson.ObjectID `bson:"rid"`
+	FP       []byte        `bson:"fp"`
 	Epoch    int64         `bson:"epoch"`
 	Attempts int           `bson:"attempts"`
 	Points   []point       `bson:"points"`
 	Result   *storedResult `bson:"result"`
 }
 
-// point is a checkpoint ("c:" + name) or the start of a step ("b:" +
-// name), as recorded by the claim of epoch E with the write id W: made
-// afresh for each write, it tells a re-read that settles the write whether
-// the point is this write's, and a step's W is its partner key.
+// point is a checkpoint ("c:" + name) or the start of a step ("b:" + name),
+// recorded by the claim of epoch E with the write id W (a step's partner key).
 type point struct {
 	K     string        `bson:"k"`
 	Name  string        `bson:"n"`
@@ -63,19 +58,11 @@ func headerFields(h http.Header) []headerField {
 
 func (s *storedResult) replay() Result {
 	r := Result{Status: s.Status, Body: s.Body, Replayed: true, Epoch: s.Epoch}
-	if len(s.Header) > 0 {
-		r.Header = make(http.Header, len(s.Header))
-		for _, f := range s.Header {
-			r.Header[f.Name] = append([]string(nil), f.Values...)
+	for _, f := range s.Header {
+		if r.Header == nil {
+			r.Header = make(http.Header, len(s.Header))
 		}
+		r.Header[f.Name] = f.Values
 	}
 	return r
-}
-
-func decode(raw bson.Raw) (record, error) {
-	var rec record
-	if err := bson.Unmarshal(raw, &rec); err != nil {
-		return record{}, fmt.Errorf("decode the key record: %w", err)
-	}
-	return rec, nil
 }

@@ -199,12 +199,19 @@ func (m *Manager) serverClaim(a attempt, epoch any) mongo.Pipeline {
 
 // estimatedClaim is the $set of a claim in ModeEstimated.
 func (m *Manager) estimatedClaim(a attempt) bson.D {
+	expires, acquired := m.estimatedTimes(a)
 	return bson.D{
 		{Key: m.pOwner, Value: m.c.owner},
-		{Key: m.pExpires, Value: a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)},
-		{Key: m.pAcquired, Value: a.est.Time.Truncate(time.Millisecond)},
+		{Key: m.pExpires, Value: expires},
+		{Key: m.pAcquired, Value: acquired},
 		{Key: m.pClaim, Value: a.claim},
 	}
+}
+
+// estimatedTimes are the expiry and acquisition time of a claim a made from
+// the Clock's estimate.
+func (m *Manager) estimatedTimes(a attempt) (expires, acquired time.Time) {
+	return a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond), a.est.Time.Truncate(time.Millisecond)
 }
 
 // create makes the first claim of a record without an epoch. For a named

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -16,14 +15,14 @@ import (
 // DoInsert is Do for a document that does not exist yet: it inserts doc with
 // _id id and the lease already claimed in it, in one insert, and runs fn
 // under that lease as Do does. doc must hold neither "_id" nor the lease
-// field. The claim's expiry and first epoch are computed from the Clock's
-// estimate of the server's time, as in ModeEstimated, whatever the Mode: the
-// lease is then renewed and fenced as in ModeEstimated (its Fence has no
-// deadline on the server's clock). If a document with id exists, nothing is
-// written and the error reports a duplicate key (store.IsDuplicateKey). A
-// lost reply is settled by reading the document back: it is this claim's,
-// another's (a duplicate), or absent (the insert is sent again: a copy fails
-// on the unique _id). It is for a Manager made by New.
+// field. The claim's expiry and first epoch come from the Clock's estimate
+// of the server's time, whatever the Mode: the lease is renewed and fenced
+// as in ModeEstimated (its Fence has no deadline on the server's clock). If
+// a document with id exists, nothing is written and the error reports a
+// duplicate key (store.IsDuplicateKey). A lost reply is settled by reading
+// the document: this claim's, another's (a duplicate), or none (the insert
+// is sent again: a copy fails on the unique _id). A named lease refuses it
+// (ErrInvalid).
 func (m *Manager) DoInsert(ctx context.Context, id any, doc bson.D, fn func(ctx context.Context, l *Lease) error) error {
 	if m.named {
 		return fmt.Errorf("lease: insert: a named lease has no document to insert: %w", ErrInvalid)
@@ -39,12 +38,12 @@ func (m *Manager) insert(ctx context.Context, id any, raw docKey, doc bson.D, pa
 	if a.est, err = m.estimate(ctx); err != nil {
 		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
 	}
-	epoch := a.est.Latest().UnixMicro() + 1
-	rec := append(m.estimatedClaim(a), bson.E{Key: "epoch", Value: epoch})
-	for i := range rec[:4] {
-		rec[i].Key = rec[i].Key[len(m.c.field)+1:] // the paths' last parts
-	}
-	full := append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.field, Value: rec})
+	rec := record{Owner: m.c.owner, Epoch: a.est.Latest().UnixMicro() + 1, Claim: a.claim}
+	rec.ExpiresAt, rec.AcquiredAt = m.estimatedTimes(a)
+	full := append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.field, Value: bson.D{
+		{Key: "owner", Value: rec.Owner}, {Key: "expiresAt", Value: rec.ExpiresAt},
+		{Key: "acquiredAt", Value: rec.AcquiredAt}, {Key: "claim", Value: rec.Claim}, {Key: "epoch", Value: rec.Epoch},
+	}})
 	sent := 0
 	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[struct{}, snapshot]{
 		Send: func(ctx context.Context) (struct{}, bool, error) {
@@ -73,14 +72,12 @@ func (m *Manager) insert(ctx context.Context, id any, raw docKey, doc bson.D, pa
 	switch {
 	case errors.Is(err, ErrUnknownOutcome):
 		return nil, err
-	case err != nil:
-		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
-	case !res.Applied:
+	case err == nil && !res.Applied:
 		// Another's document, as a read showed: a duplicate key all the same.
-		dup := mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "the document exists"}}}
-		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), dup)
+		err = mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "the document exists"}}}
 	}
-	r := record{Owner: m.c.owner, Epoch: epoch, Claim: a.claim}
-	r.ExpiresAt, r.AcquiredAt = rec[1].Value.(time.Time), rec[2].Value.(time.Time)
-	return m.newLease(ctx, parent, id, raw, r, a)
+	if err != nil {
+		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
+	}
+	return m.newLease(ctx, parent, id, raw, rec, a)
 }

@@ -463,14 +463,16 @@ func (l *Lease) release(ctx context.Context, set bson.D) (err error) {
 		return prior
 	}
 
-	var update any = bson.D{{Key: "$unset", Value: bson.D{
+	fields := bson.D{{Key: "$unset", Value: bson.D{
 		{Key: m.pOwner, Value: ""},
 		{Key: m.pClaim, Value: ""},
 		{Key: m.pExpires, Value: ""},
 	}}}
+	if set != nil {
+		fields = append(fields, bson.E{Key: "$set", Value: set})
+	}
+	var update any = fields
 	switch {
-	case set != nil:
-		update = append(update.(bson.D), bson.E{Key: "$set", Value: set})
 	case m.named && l.server:
 		// Keep an expiry for the clean-up: the server's time of release.
 		update = mongo.Pipeline{

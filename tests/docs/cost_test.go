@@ -156,9 +156,10 @@ func TestRoundTripCosts(t *testing.T) {
 	ctx := t.Context()
 	c := &counter{}
 	mdb := monitored(t, db, c)
-	report := func(op string) {
+	report := func(op string) []string {
 		names := c.take()
 		t.Logf("%-40s %d  %v", op, len(names), names)
+		return names
 	}
 	t.Logf("backend %s", db.Server.Backend)
 	repo, err := versioned.New[account](mdb.Collection("accounts"), nil)
@@ -207,11 +208,12 @@ func TestRoundTripCosts(t *testing.T) {
 	c.take()
 	_, err = keys.Do(ctx, "k1", []byte("fp"), fn)
 	require.NoError(t, err)
-	report("idempotency Do, first request")
+	require.Equal(t, []string{"find", "insert", "update"}, report("idempotency Do, first request"),
+		"the record's read, its insert with the claim, the result stored with the release")
 	res, err := keys.Do(ctx, "k1", []byte("fp"), fn)
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
-	report("idempotency Do, replay")
+	require.Equal(t, []string{"find"}, report("idempotency Do, replay"))
 
 	q, err := deferred.New(mdb.Collection("jobs"), nil)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 // middleware sends around a handler that makes one insert of its own: a
 // first request sends 3 commands more than the handler (the record's read,
 // its insert with the claim in it, and the result stored with the release
-// in one update), and a replay 1 (the read), in both modes.
+// in one update), a replay 1 (the read), and a retry after a failed run 4
+// (the read, the claim, the run's start, the result with the release), in
+// both modes.
 func TestRoundTripsPerRequest(t *testing.T) { eachMode(t, testRoundTripsPerRequest) }
 
 //nolint:thelper // the body of a test, run once per mode
@@ -81,4 +84,23 @@ func testRoundTripsPerRequest(t *testing.T, mode lease.Mode) {
 	replay := take()
 	t.Logf("replay: %v", replay)
 	require.Equal(t, []string{"find"}, replay)
+
+	// A retry after a failed run claims the record and marks the run's
+	// start. The first such claim of the Keys is not counted: FerretDB v1
+	// refuses a findAndModify's projection once, and the claim is sent
+	// again without it.
+	retried := func(key string) []string {
+		_, err := k.Do(t.Context(), key, nil, func(context.Context, *idempotency.Call) (idempotency.Result, error) {
+			return idempotency.Result{}, errFirstRun
+		})
+		require.ErrorIs(t, err, errFirstRun)
+		take()
+		_, err = k.Do(t.Context(), key, nil, counting(new(atomic.Int32), idempotency.Result{Status: 201}))
+		require.NoError(t, err)
+		return take()
+	}
+	retried("k2-warm-up")
+	retry := retried("k2")
+	t.Logf("retry after a failed run: %v", retry)
+	require.Equal(t, []string{"find", "findAndModify", "findAndModify", "update"}, retry, "read, claim, begin, result with the release")
 }
