@@ -23,14 +23,11 @@ import (
 // BenchmarkHandler times a POST through the middleware beside the bare
 // handler in the same run. The handler does what a real one does at least
 // once: one write (an insertOne of the order). "first" is a request with a
-// new key each time (it creates, claims, begins, completes and releases the
-// key record around the handler); "replay" is a retry of a completed one
-// (two round trips: its insert, refused, and a read; the handler does not
-// run). roundtrips/op counts the
-// commands sent, so the overhead reads in round trips on any server. (In
-// lease.ModeEstimated, the embedded backend's, the first claim of a new
-// record takes three: a claim that finds no epoch, a read, and the claim
-// that makes the first epoch.)
+// new key each time (the record's read, its insert with the claim, and the
+// result stored with the release around the handler: three round trips);
+// "replay" is a retry of a completed one (one round trip: the read; the
+// handler does not run). roundtrips/op counts the commands sent, so the
+// overhead reads in round trips on any server.
 //
 //	go test -run='^$' -bench=Handler -benchmem -benchtime=200x ./tests/idempotency
 func BenchmarkHandler(b *testing.B) {
