@@ -58,13 +58,15 @@ func testRoundTripsPerRequest(t *testing.T, mode lease.Mode) {
 	require.NoError(t, err)
 	orders := mdb.Collection("orders")
 	h, err := k.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, err := orders.InsertOne(r.Context(), bson.D{{Key: "item", Value: "mug"}})
-		require.NoError(t, err)
+		if _, err := orders.InsertOne(r.Context(), bson.D{{Key: "item", Value: "mug"}}); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
 		w.WriteHeader(http.StatusCreated)
 	}), nil)
 	require.NoError(t, err)
 	send := func(key string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"mug"}`))
+		req := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/orders", strings.NewReader(`{"item":"mug"}`))
 		req.Header.Set(idempotency.HeaderKey, key)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
