@@ -51,8 +51,8 @@ type HTTPOptions struct {
 	Scope func(r *http.Request) (string, error)
 
 	// Fingerprint returns what identifies the request's content, given the
-	// request and its body (already read; r.Body reads it again). A retry
-	// whose fingerprint differs from the first request's gets 422. Default
+	// request and its body (already read; r.Body reads it again): another
+	// fingerprint than the first request's gets 422. Default
 	// DefaultFingerprint. An error is answered 400.
 	Fingerprint func(r *http.Request, body []byte) ([]byte, error)
 

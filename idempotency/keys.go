@@ -202,8 +202,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 			if err != nil {
 				return err
 			}
-			// Completed, or deleted and made again by another request,
-			// since it was read.
+			// Completed, or made again by another request, since it was read.
 			if r, ok, err := k.answer(ctx, ref, fp, &rec); ok {
 				res, stored = r, err == nil
 				return err
@@ -242,16 +241,19 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 	} else {
 		err = k.leases.Do(ctx, ref.id, body)
 	}
-	var held *lease.HeldError
+	var (
+		held       *lease.HeldError
+		unknownErr *UnknownOutcomeError
+	)
 	switch {
 	case stored:
-		// The result is recorded; a failed release only keeps the claim
-		// until it expires, and replays do not look at claims.
-		return res, nil
+		return res, nil // a failed plain release after a replay: the claim expires
 	case ran && fnErr == nil && err == nil:
 		return res, nil // not final: returned, not stored
 	case ran && fnErr != nil:
 		return Result{}, err // fn's error (wrapped by lease if the claim was lost)
+	case ran && errors.As(err, &unknownErr) && unknownErr.Op == "complete":
+		return res, unknownErr // complete's (the claim's end that lease adds is its own)
 	case ran:
 		return res, err // a final result that could not be stored
 	case !entered && errors.As(err, &held):
@@ -260,8 +262,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 		})
 		return Result{}, &InProgressError{Key: ref.key, Owner: held.Owner, Epoch: held.Epoch, TimeLeft: held.TimeLeft}
 	case !entered && (errors.Is(err, lease.ErrNotFound) || store.IsDuplicateKey(err)):
-		// Deleted since it was read, or made by another request meanwhile.
-		return Result{}, &RecordGoneError{Key: ref.key, Err: err}
+		return Result{}, &RecordGoneError{Key: ref.key, Err: err} // or made by another request
 	case err != nil && !entered:
 		return Result{}, fmt.Errorf("idempotency: key %s: claim: %w", quoteKey(ref.key), err)
 	}

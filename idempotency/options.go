@@ -14,8 +14,7 @@ import (
 const (
 	// DefaultTTL is the TTL of a key's claim while its request runs.
 	DefaultTTL = lease.DefaultTTL
-	// DefaultRetention is how long a key's record is kept after its request
-	// last ran (the common choice: Stripe's, and the IETF draft's example).
+	// DefaultRetention is how long a key's record is kept (Stripe's choice).
 	DefaultRetention = 24 * time.Hour
 )
 
@@ -37,9 +36,8 @@ type Options struct {
 	// It must be longer than TTL. Default 24h.
 	Retention time.Duration
 
-	// Owner identifies these Keys in claims (see lease.Options.Owner):
-	// unique among the processes that share the collection. Default: a fresh
-	// "host/pid/random" string.
+	// Owner identifies these Keys in claims, unique among the processes that
+	// share the collection. Default: a fresh "host/pid/random" string.
 	Owner string
 
 	// Mode says how a claim's expiry is judged (see lease.Mode). Default

@@ -58,10 +58,10 @@ func headerFields(h http.Header) []headerField {
 
 func (s *storedResult) replay() Result {
 	r := Result{Status: s.Status, Body: s.Body, Replayed: true, Epoch: s.Epoch}
+	if len(s.Header) > 0 {
+		r.Header = make(http.Header, len(s.Header))
+	}
 	for _, f := range s.Header {
-		if r.Header == nil {
-			r.Header = make(http.Header, len(s.Header))
-		}
 		r.Header[f.Name] = f.Values
 	}
 	return r
