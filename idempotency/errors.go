@@ -130,7 +130,7 @@ type UnknownOutcomeError = store.UnknownOutcomeError
 // retention clean-up deleting an expiring record, or another client
 // deleting records). The function did not run; a retry opens the key
 // afresh. It matches ErrUnknownOutcome, and unwraps to it and to the last
-// claim's error (matching lease.ErrNotFound).
+// claim's error (lease.ErrNotFound, or a duplicate key from a new record's).
 type RecordGoneError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string
