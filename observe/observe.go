@@ -6,13 +6,11 @@ import (
 	"time"
 )
 
-// Observer receives the events of the operations of the packages that take
-// one: versioned.Options.Observer, lease.Options.Observer,
-// retry.Policy.Observer and store.ServerClockOptions.Observer. Its methods run on
-// the goroutine of the operation, synchronously, before the operation goes
-// on: keep them short, and never block in them. An Observer shared by
-// several repositories or managers (the usual case) is called from many
-// goroutines at once, so it must be safe for concurrent use.
+// Observer receives the events of the packages that take one (their
+// Observer fields). Its methods run on the goroutine of the operation,
+// synchronously: keep them short, and never block in them. An Observer
+// shared by several repositories or managers (the usual case) is called from
+// many goroutines at once, so it must be safe for concurrent use.
 //
 // The Event is passed by value: an Observer may keep it. Its ID and Err are
 // the operation's own values; do not change what they point to.
@@ -35,18 +33,16 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency (and on those of a store.ServerClock made by a
-// lease.Manager, Collection and Op excepted); retry.Do, which does not know
-// the operation it runs in, sets none of them: its events carry the
-// operation's context instead.
+// events of versioned, lease, deferred and idempotency; retry.Do and
+// store.ServerClock, which do not know the operation they run in, leave
+// them empty: their events carry the operation's context instead.
 const (
 	// OpStart: an operation begins. Sent to Observer.Start.
 	OpStart Kind = iota + 1
 
 	// OpEnd: the operation ends. Outcome, Err (nil on success), Elapsed;
-	// Attempt is the number of attempts of versioned Modify (each calls
-	// its fn once, on the document read, or on the one a write that met a
-	// conflict returned), 0 for the other operations.
+	// Attempt is the number of attempts of versioned Modify, 0 for the
+	// other operations.
 	OpEnd
 
 	// Conflict: a write expected a version and found another. Expected and
@@ -247,20 +243,14 @@ const (
 	SettledUnknown
 )
 
+var settlementNames = [...]string{SettledLanded: "landed", SettledResent: "resent", SettledNotLanded: "not_landed", SettledUnknown: "unknown"}
+
 // String returns "landed", "resent", "not_landed" or "unknown".
 func (s Settlement) String() string {
-	switch s {
-	case SettledLanded:
-		return "landed"
-	case SettledResent:
-		return "resent"
-	case SettledNotLanded:
-		return "not_landed"
-	case SettledUnknown:
-		return "unknown"
-	default:
-		return "Settlement(" + strconv.Itoa(int(s)) + ")"
+	if s >= SettledLanded && s <= SettledUnknown {
+		return settlementNames[s]
 	}
+	return "Settlement(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Outcome is how an operation ended: a short, fixed name, fit for a metric
@@ -334,47 +324,36 @@ type Event struct {
 
 	// Op names the operation: "insert", "get", "update", "delete",
 	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease); "enqueue", "requeue", "cancel", "run" or
-	// the failed step of a QueueError (deferred); "do" (idempotency). The events of a lease's claim (LeaseHeld,
-	// and Ambiguous and Settled of a claim) say "acquire" whichever call
-	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
-	// of retry.Do and store.ServerClock, have none.
+	// "renew", "release" (lease: a claim's events say "acquire" whichever
+	// call claimed; LeaseLost has none); "enqueue", "requeue", "cancel",
+	// "run" or a QueueError's step (deferred); "do" (idempotency).
 	Op string
-	// Database and Collection are the names of the operation's database and
-	// collection (a lease Manager's: the leased documents', or the lock
-	// documents').
+	// Database and Collection name the operation's collection.
 	Database, Collection string
-	// ID is the document's id, or a named lease's name, as the caller gave
-	// it (after validation); a job's id (deferred); the idempotency key.
+	// ID is the document's id or a named lease's name, as the caller gave
+	// it; a job's id (deferred); the idempotency key.
 	ID any
-	// Key (deferred) is the job's key, as text (its BSON value in extended
-	// JSON, cut to 64 bytes).
-	Key string
-	// Name (deferred) is the name of the job's handler: its kind.
-	Name string
+	// Key (deferred) is the job's key as text (extended JSON, cut to 64
+	// bytes), and Name the job's handler.
+	Key, Name string
 
-	// Outcome (OpEnd, JobCompleted, JobFailed, JobDead) says how the
-	// operation, or the job's attempt, ended.
+	// Outcome (OpEnd and the job events) says how the operation, or the
+	// job's attempt, ended.
 	Outcome Outcome
-	// Err is the error of the event: the operation's (OpEnd), the cause
-	// (Retry, BudgetRefused, Ambiguous, LeaseRenewFailed), why the outcome
-	// is unknown (Settled), the *lease.LostError (LeaseLost), the handler's
-	// (JobFailed, JobDead), the failure (QueueError).
+	// Err is the event's error: the operation's, the cause, or the failure
+	// (see each Kind).
 	Err error
-	// Elapsed (OpEnd) is how long the operation took; how long the
-	// handler ran (JobCompleted, JobFailed, JobDead, JobSnoozed).
+	// Elapsed is how long the operation (OpEnd), or the handler (job
+	// events), took.
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
-	// BudgetRefused), or the attempts made (OpEnd); a job's attempt (the
-	// Job events), the run of an idempotency key (KeyCompleted).
+	// BudgetRefused), the attempts made (OpEnd), a job's attempt, or the run
+	// of an idempotency key (KeyCompleted).
 	Attempt int
-	// Delay (Retry) is how long the operation waits before the next
-	// attempt: 0 for a retry made at once (retry.Immediately; Modify's
-	// first conflict where the failed write returned the document); how
-	// long a job waits before its next attempt (JobFailed, JobSnoozed).
+	// Delay is the wait before the next attempt (Retry: 0 for a retry made
+	// at once; JobFailed, JobSnoozed).
 	Delay time.Duration
-	// Age (JobClaimed) is the time from the job's enqueue to its claim:
-	// how long it waited in the queue (backoffs and snoozes included).
+	// Age (JobClaimed) is the time from the job's enqueue to its claim.
 	Age time.Duration
 
 	// Expected and Current (Conflict) are the version the write expected
@@ -384,30 +363,27 @@ type Event struct {
 	// Settlement (Settled) says what became of an ambiguous write.
 	Settlement Settlement
 
-	// Epoch is the lease's fencing token (the holder's, for LeaseHeld and
-	// KeyInProgress; the claim's that stored the result, for KeyCompleted).
+	// Epoch is the lease's fencing token (the holder's for LeaseHeld and
+	// KeyInProgress; the storing claim's for KeyCompleted).
 	Epoch int64
 	// Owner is this Manager's owner string (lease events).
 	Owner string
-	// Holder (LeaseHeld, LeaseLost, KeyInProgress) is the owner the lease record names,
-	// when it was read: the holder that keeps this owner waiting, or the
-	// one that took the lease over.
+	// Holder (LeaseHeld, LeaseLost, KeyInProgress) is the owner the lease
+	// record names, when it was read.
 	Holder string
-	// Reason (LeaseLost) says why the lease was lost: "expired",
-	// "taken_over", "cleared" or "unread"; (QueueKeySkipped) why a worker
-	// left a key: "no_handler".
+	// Reason says why a lease was lost (LeaseLost: "expired", "taken_over",
+	// "cleared", "unread") or a key skipped (QueueKeySkipped: "no_handler").
 	Reason string
 	// Wait (LeaseAcquired) is how long the claim took, waiting included.
 	Wait time.Duration
-	// Held (LeaseReleased, LeaseLost) is how long the lease was held, from
-	// its claim to its release or loss.
+	// Held (LeaseReleased, LeaseLost) is how long the lease was held.
 	Held time.Duration
 	// TimeLeft is the holder's time left: another owner's (LeaseHeld,
 	// KeyInProgress), this owner's after a renewal (LeaseRenewed).
 	TimeLeft time.Duration
 
-	// Bound (ClockSync) is the error bound of the server-clock reading a
-	// store.ServerClock keeps; RTT its round trip.
+	// Bound and RTT (ClockSync) are the error bound and round trip of the
+	// server-clock reading kept.
 	Bound, RTT time.Duration
 }
 

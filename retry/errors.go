@@ -97,46 +97,18 @@ func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhaus
 // Retryable reports false: the budget says to stop retrying.
 func (e *BudgetExhaustedError) Retryable() bool { return false }
 
-// stoppedError is returned by Do when the caller's context ends: it wraps the
-// context's error, its cause if that differs, and the last error of fn.
-type stoppedError struct {
-	attempts int
-	ctxErr   error
-	cause    error // nil if it is ctxErr
-	last     error // nil if fn was never called
-}
-
-func (e *stoppedError) Error() string {
-	msg := fmt.Sprintf("retry: stopped after %d attempts: %v", e.attempts, e.ctxErr)
-	if e.cause != nil {
-		msg += fmt.Sprintf(" (cause: %v)", e.cause)
-	}
-	if e.last != nil {
-		msg += fmt.Sprintf("; last error: %v", e.last)
-	}
-	return msg
-}
-
-func (e *stoppedError) Unwrap() []error {
-	errs := make([]error, 0, 3)
-	errs = append(errs, e.ctxErr)
-	if e.cause != nil {
-		errs = append(errs, e.cause)
-	}
-	if e.last != nil {
-		errs = append(errs, e.last)
-	}
-	return errs
-}
-
-// newStoppedError builds the error for a Do whose context ended after the
-// given number of attempts; last is the last error of fn, or nil.
+// newStoppedError builds the error of a Do whose context ended after the
+// given number of attempts: it wraps ctx.Err(), the context's cause if that
+// is another error, and last, fn's last error (nil if fn was never called).
 func newStoppedError(ctx context.Context, attempts int, last error) error {
-	e := &stoppedError{attempts: attempts, ctxErr: ctx.Err(), last: last}
-	if cause := context.Cause(ctx); cause != nil && cause != e.ctxErr { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
-		e.cause = cause
+	format, args := "retry: stopped after %d attempts: %w", []any{attempts, ctx.Err()}
+	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
+		format, args = format+" (cause: %w)", append(args, cause)
 	}
-	return e
+	if last != nil {
+		format, args = format+"; last error: %w", append(args, last)
+	}
+	return fmt.Errorf(format, args...)
 }
 
 // Permanent wraps err so that Do stops at once and returns err itself (not the

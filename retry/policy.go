@@ -130,20 +130,14 @@ const (
 	DecorrelatedJitter
 )
 
+var jitterNames = [...]string{"FullJitter", "EqualJitter", "NoJitter", "DecorrelatedJitter"}
+
 // String returns the name of the jitter kind, such as "FullJitter".
 func (j Jitter) String() string {
-	switch j {
-	case FullJitter:
-		return "FullJitter"
-	case EqualJitter:
-		return "EqualJitter"
-	case NoJitter:
-		return "NoJitter"
-	case DecorrelatedJitter:
-		return "DecorrelatedJitter"
-	default:
-		return fmt.Sprintf("Jitter(%d)", int(j))
+	if j >= FullJitter && j <= DecorrelatedJitter {
+		return jitterNames[j]
 	}
+	return fmt.Sprintf("Jitter(%d)", int(j))
 }
 
 // Default returns the default Policy with every numeric field filled in:
@@ -215,14 +209,8 @@ func (p Policy) resolve() settings {
 		clock:      p.Clock,
 		rand:       p.Rand,
 	}
-	if s.initial < 0 {
-		s.initial = 0
-	}
-	if s.max < 0 {
-		s.max = 0
-	}
-	s.initial = min(s.initial, maxDelay)
-	s.max = min(s.max, maxDelay)
+	s.initial = min(max(s.initial, 0), maxDelay)
+	s.max = min(max(s.max, 0), maxDelay)
 	switch {
 	case s.initial == 0 && s.max == 0:
 		s.initial, s.max = DefaultInitialInterval, DefaultMaxInterval

@@ -72,14 +72,12 @@ type ServerClockOptions struct {
 	// clocks drift). Default 1e-4.
 	DriftRate float64
 	// Now is the local clock. Only differences between its readings are
-	// used, never its absolute value, so a host whose wall clock is set wrong
-	// gets the same estimate. Default time.Now (whose differences use the
-	// monotonic clock). Tests inject a fake here.
+	// used, so a host whose wall clock is set wrong gets the same estimate.
+	// Default time.Now. Tests inject a fake here.
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
 	// sync that took a reading, with the bound and round trip of the reading
-	// kept. A lease.Manager gives the ServerClock it makes its own Observer. Nil
-	// means none.
+	// kept. Nil means none.
 	Observer observe.Observer
 }
 
@@ -112,11 +110,12 @@ func (o *ServerClockOptions) withDefaults() ServerClockOptions {
 // Estimate is the server's current time as a ServerClock knows it. An Estimate
 // that a ServerClock returns with a nil error is never the zero value.
 type Estimate struct {
-	// Time is the best estimate of the server's clock now.
+	// Time is the best estimate of the server's clock now: the reading plus
+	// half its round trip (and of localTime's 1 ms resolution) plus the
+	// local time elapsed since.
 	Time time.Time
-	// Bound is the most the server's clock can differ from Time: half the
-	// round trip of the reading plus the 1 ms resolution of localTime, plus
-	// DriftRate for every second since the reading.
+	// Bound is the most the server's clock can differ from Time: (round
+	// trip + 1 ms) / 2, plus DriftRate for every second since the reading.
 	Bound time.Duration
 	// RTT is the round trip of the reading the estimate comes from.
 	RTT time.Duration
@@ -137,19 +136,16 @@ type reading struct {
 
 func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 
-// ServerClock estimates the database server's current time from readings of its
-// clock (hello's localTime) and the local clock's elapsed time since.
-//
-// The estimate from a reading taken between local times sent and recv is
-// server + (rtt + 1ms)/2 + (now - recv), within ± (rtt + 1ms)/2 + DriftRate ×
-// (now - recv). The ServerClock keeps one reading: a new reading replaces it when
-// it is stale (older than ResyncInterval) or when the new one's bound is
-// smaller now, so a slower network widens the bound but never leaves the ServerClock
-// without a fresh reading. Now re-reads lazily, when the kept reading is
-// stale; it runs no goroutine. Concurrent callers share one sync, and one
-// call of Now sends at most Samples readings, so at most Samples × (1 +
-// ⌊T / ResyncInterval⌋) readings are sent in a span T in which every reading
-// succeeds (see store/DESIGN.md). A ServerClock is safe for concurrent use.
+// ServerClock estimates the database server's current time from readings of
+// its clock (hello's localTime) and the local clock's elapsed time since (see
+// Estimate for the bound). It keeps one reading: a new reading replaces it
+// when it is stale (older than ResyncInterval) or when the new one's bound is
+// smaller now, so a slower network widens the bound but never leaves the
+// ServerClock without a fresh reading. Now re-reads lazily, when the kept
+// reading is stale; it runs no goroutine. Concurrent callers share one sync,
+// so at most Samples × (1 + ⌊T / ResyncInterval⌋) readings are sent in a
+// span T in which every reading succeeds (see DESIGN.md). A ServerClock is
+// safe for concurrent use.
 type ServerClock struct {
 	sample Sampler
 	opts   ServerClockOptions
@@ -264,10 +260,9 @@ func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
 // Estimate with a nil error. It answers from the kept reading while that is
 // fresh. When the reading is stale or missing it syncs (see Sync), unless
 // another caller is syncing: then it answers from the kept reading if that is
-// younger than MaxAge, else it waits for that sync and shares its outcome. A
-// call sends at most Samples readings. If a sync fails, Now answers from the
-// kept reading while it is younger than MaxAge (with its wider bound). A nil
-// ctx is an error matching ErrInvalid.
+// younger than MaxAge, else it waits for that sync and shares its outcome. If
+// a sync fails, Now answers from the kept reading while it is younger than
+// MaxAge. A nil ctx is an error matching ErrInvalid.
 func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 	if ctx == nil {
 		return Estimate{}, CheckContext(ctx)
