@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -80,27 +79,19 @@ type Capabilities struct {
 	TTLIndexes bool
 }
 
-// String summarizes the capabilities in one line.
+// String summarizes the capabilities in one line: the server, its version
+// and topology, then each feature after a + (present) or a - (absent).
 func (c Capabilities) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s %s", c.Server, c.Version, c.Topology)
-	for _, f := range []struct {
-		on   bool
-		name string
-	}{
-		{c.Transactions, "transactions"},
-		{c.RetryableWrites, "retryable-writes"},
-		{c.Expr, "$expr/$$NOW"},
-		{c.UpdatePipelines, "update-pipelines"},
-		{c.TTLIndexes, "ttl-indexes"},
-	} {
-		if f.on {
-			b.WriteString(" +" + f.name)
-		} else {
-			b.WriteString(" -" + f.name)
+	s := fmt.Sprintf("%s %s %s", c.Server, c.Version, c.Topology)
+	names := []string{"transactions", "retryable-writes", "$expr/$$NOW", "update-pipelines", "ttl-indexes"}
+	for i, on := range []bool{c.Transactions, c.RetryableWrites, c.Expr, c.UpdatePipelines, c.TTLIndexes} {
+		sign := " -"
+		if on {
+			sign = " +"
 		}
+		s += sign + names[i]
 	}
-	return b.String()
+	return s
 }
 
 // Probe finds what the server behind db can do by trying each feature and
@@ -242,9 +233,8 @@ func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID
 
 // probeTransactions inserts a document in a transaction it aborts, and one
 // in a transaction it commits, and reads both back outside the session: the
-// first must be gone and the second there. Trying alone is not enough: the
-// driver's AbortTransaction ignores the server's answer, and FerretDB v2
-// applies writes sent in a "transaction" at once.
+// first must be gone and the second there (the driver's AbortTransaction
+// ignores the server's answer, and FerretDB v2 applies each write at once).
 func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection, probe bson.ObjectID) bool {
 	sess, err := client.StartSession()
 	if err != nil {
@@ -286,12 +276,9 @@ func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Co
 }
 
 // probeTTL reports whether coll accepts an index with expireAfterSeconds
-// and reports it back.
+// and reports it back. The index's name and key are this probe's own, so
+// that two probes at once do not drop each other's index.
 func probeTTL(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
-	// A name and a key of this probe's own: two probes at once (two clients
-	// on one database) must not drop each other's index between its
-	// creation and its listing, which reported a server with TTL indexes as
-	// one without.
 	name := "mongocas_probe_ttl_" + id.Hex()
 	model := mongo.IndexModel{
 		Keys:    bson.D{{Key: "mongocasProbeExpiresAt_" + id.Hex(), Value: 1}},

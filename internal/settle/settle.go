@@ -1,13 +1,11 @@
-// Package settle is the library's one engine for the hardest thing it does:
-// learning what became of a write whose reply was lost. Every package that
-// writes (versioned, lease, deferred, idempotency) sends its writes through
-// Exec and supplies only what is its own: how to send the write, how to read
-// back what shows whether it landed, and how to judge that read. The rules
-// live here, once: which errors leave an outcome unknown (store.IsAmbiguous),
-// how long to keep trying after the caller's context ended (ResolveTimeout),
-// how often to send a write again (MaxResends), and how to read at majority
-// (Majority, with its one documented fallback). See DESIGN.md beside this
-// file.
+// Package settle is the library's one engine for learning what became of a
+// write whose reply was lost. Every package that writes sends its writes
+// through Exec and supplies only what is its own: how to send the write, how
+// to read back what shows whether it landed, and how to judge that read. The
+// rules live here, once: which errors leave an outcome unknown
+// (store.IsAmbiguous), how long to keep trying after the caller's context
+// ended (ResolveTimeout), how often to send a write again (MaxResends), and
+// how to read at majority (Majority). See DESIGN.md beside this file.
 package settle
 
 import (
@@ -122,15 +120,14 @@ type UnknownError struct {
 func (u *UnknownError) Error() string { return u.Reason + ": " + u.Err.Error() }
 func (u *UnknownError) Unwrap() error { return u.Err }
 
-// Exec sends w and, if the send fails ambiguously (store.IsAmbiguous: a
-// network error, a timeout, a write-concern error, a RetryableWriteError
-// label), reads back to learn whether it landed: Landed is success; Dead is
-// not applied; Live sends it again (w.Resend) while the caller's context
-// lives, at most MaxResends times, or is not applied (without Resend);
-// Unknown, a failed read, or running out of resends is an *UnknownError error,
-// with the last read in the Result. A send that fails for sure is returned
-// as it is; so is every failure inside a transaction, which is the unit its
-// owner retries.
+// Exec sends w and, if the send fails ambiguously (store.IsAmbiguous), reads
+// back to learn whether it landed: Landed is success; Dead is not applied;
+// Live sends it again (w.Resend) while the caller's context lives, at most
+// MaxResends times, or is not applied (without Resend); Unknown, a failed
+// read, or running out of resends is w.Unknown's error (an *UnknownError
+// without it), with the last read in the Result. A send that fails for sure
+// is returned as it is; so is every failure inside a transaction, which is
+// the unit its owner retries.
 func Exec[R, S any](ctx context.Context, c Config, w Write[R, S]) (res Result[R, S], err error) {
 	reply, applied, err := w.Send(ctx)
 	if err == nil {
@@ -218,7 +215,7 @@ func (w *Write[R, S]) unknown(res Result[R, S], reason string, err error) error 
 // not ctx has ended, retrying transient failures under c.Retry: how every
 // settling read is made.
 func Reread[S any](ctx context.Context, c Config, read func(context.Context) (S, error)) (S, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpOr(c.ResolveTimeout, DefaultResolveTimeout))
+	rctx, cancel := Detached(ctx, c.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, c.Retry, read)
 }
@@ -265,14 +262,6 @@ func (m *Majority) Read(ctx context.Context, read func(*mongo.Collection) error)
 		m.refused.Store(true)
 	}
 	return read(m.coll)
-}
-
-// Collection returns the collection a settling read should use now.
-func (m *Majority) Collection() *mongo.Collection {
-	if m.refused.Load() {
-		return m.coll
-	}
-	return m.majority
 }
 
 // Error codes of a server that does not do read concern majority.
