@@ -9,27 +9,23 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Sentinel errors. Match them with errors.Is; the typed errors below carry the
-// facts.
+// Sentinel errors, matched with errors.Is by the typed errors below, which
+// carry the facts.
 var (
-	// ErrInvalidPolicy is matched by every *ConfigError: a Policy field (or
-	// its Budget) is out of range. Do returns it without calling fn.
+	// ErrInvalidPolicy: a Policy field (or its Budget) is out of range.
 	ErrInvalidPolicy = errors.New("retry: invalid policy")
-
-	// ErrExhausted is matched by every *ExhaustedError: fn kept failing with
-	// a retryable error until MaxAttempts or MaxElapsedTime ran out.
+	// ErrExhausted: fn kept failing with a retryable error until
+	// MaxAttempts or MaxElapsedTime ran out.
 	ErrExhausted = errors.New("retry: attempts exhausted")
-
-	// ErrBudgetExhausted is matched by every *BudgetExhaustedError: fn failed
-	// with a retryable error, but the shared retry Budget had no token left.
+	// ErrBudgetExhausted: fn failed with a retryable error, but the shared
+	// retry Budget had no token left.
 	ErrBudgetExhausted = errors.New("retry: retry budget exhausted")
 )
 
-// ConfigError reports an invalid Policy field. It matches ErrInvalidPolicy
-// through errors.Is.
+// ConfigError reports an invalid Policy field. It matches ErrInvalidPolicy.
 type ConfigError struct {
-	// Field is the name of the offending Policy field, such as "Multiplier",
-	// or "Budget" for a Budget made with invalid arguments.
+	// Field is the offending Policy field, such as "Multiplier", or
+	// "Budget" for a Budget made with invalid arguments.
 	Field string
 	// Reason says what is wrong with the value.
 	Reason string
@@ -44,12 +40,10 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidPolicy }
 
 // ExhaustedError is returned by Do when fn failed with a retryable error and
-// another attempt would exceed MaxAttempts or MaxElapsedTime. errors.Is
-// matches both ErrExhausted and any error that Last matches, and errors.As
-// reaches Last's types (for example a driver error).
-//
-// ExhaustedError is itself not retryable: its Retryable method reports false,
-// so a Do nested inside another Do does not multiply retries.
+// another attempt would exceed MaxAttempts or MaxElapsedTime. It matches
+// ErrExhausted and whatever Last matches, and errors.As reaches Last's types.
+// It is not retryable, so a Do nested inside another does not multiply
+// retries.
 type ExhaustedError struct {
 	// Attempts is the number of calls of fn that were made.
 	Attempts int
@@ -66,18 +60,16 @@ func (e *ExhaustedError) Error() string {
 	return fmt.Sprintf("retry: gave up after %d attempts in %v: %v", e.Attempts, e.Elapsed, e.Last)
 }
 
-// Unwrap returns ErrExhausted and Last, so errors.Is and errors.As see both.
+// Unwrap returns ErrExhausted and Last.
 func (e *ExhaustedError) Unwrap() []error { return []error{ErrExhausted, e.Last} }
 
 // Retryable reports false: the retries are used up.
 func (e *ExhaustedError) Retryable() bool { return false }
 
 // BudgetExhaustedError is returned by Do when fn failed with a retryable
-// error and the Policy's Budget had no token left for another attempt.
-// errors.Is matches both ErrBudgetExhausted and any error that Last matches.
-//
-// BudgetExhaustedError is itself not retryable: its Retryable method reports
-// false, so an outer retry loop does not defeat the budget.
+// error and the Policy's Budget had no token left for another attempt. It
+// matches ErrBudgetExhausted and whatever Last matches. It is not retryable,
+// so an outer retry loop does not defeat the budget.
 type BudgetExhaustedError struct {
 	// Attempts is the number of calls of fn that were made.
 	Attempts int
@@ -90,8 +82,7 @@ func (e *BudgetExhaustedError) Error() string {
 	return fmt.Sprintf("retry: retry budget exhausted after %d attempts: %v", e.Attempts, e.Last)
 }
 
-// Unwrap returns ErrBudgetExhausted and Last, so errors.Is and errors.As see
-// both.
+// Unwrap returns ErrBudgetExhausted and Last.
 func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhausted, e.Last} }
 
 // Retryable reports false: the budget says to stop retrying.
@@ -136,15 +127,13 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Immediately wraps a retryable err so that Do makes its next attempt at
-// once: no sleep, and the backoff sequence does not advance (the retry after
-// that one waits as long as it would have without it). Everything else about
-// the retry is as usual: MaxAttempts and MaxElapsedTime are checked, a
-// Budget token is taken, OnRetry and the Observer see it (Delay 0), and an
-// error Do returns holds err, not the wrapper. Use it when the failure itself
-// brought what the next attempt needs, such as the current document with a
-// version conflict, which a wait would make stale. Only the outermost error
-// fn returns is looked at; a non-retryable err is returned as such.
-// Immediately(nil) returns nil.
+// once: no sleep, and the backoff sequence does not advance. Everything else
+// about the retry is as usual (MaxAttempts, MaxElapsedTime, a Budget token,
+// OnRetry and the Observer with Delay 0), and an error Do returns holds err,
+// not the wrapper. Use it when the failure brought what the next attempt
+// needs, such as the current document with a version conflict. Only the
+// outermost error fn returns is looked at; a non-retryable err is returned
+// as such. Immediately(nil) returns nil.
 func Immediately(err error) error {
 	if err == nil {
 		return nil

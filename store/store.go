@@ -15,17 +15,14 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// ErrConnect is matched (through errors.Is) by every error Connect returns
-// when it cannot reach a server or cannot parse the URI.
+// ErrConnect is matched by every error Connect returns.
 var ErrConnect = errors.New("store: cannot connect")
 
-// ConnectError tells which URI (credentials redacted) could not be used, and
-// why. It matches ErrConnect and unwraps to the driver's error.
+// ConnectError tells which URI could not be used, and why. It matches
+// ErrConnect and unwraps to the driver's error.
 type ConnectError struct {
-	// URI is the connection string with its secrets redacted (RedactURI).
-	URI string
-	// Err is the underlying error.
-	Err error
+	URI string // the connection string with its secrets redacted (RedactURI)
+	Err error  // the underlying error
 }
 
 func (e *ConnectError) Error() string {
@@ -95,8 +92,7 @@ func ClientOptions(uri string, opts *Options) *options.ClientOptions {
 	return co
 }
 
-// Store is a connected client; Server tells what mongocas learns about its
-// server (its capabilities and its clock). It is safe for concurrent use.
+// Store is a connected client. It is safe for concurrent use.
 type Store struct {
 	client *mongo.Client
 	owns   bool
@@ -140,8 +136,7 @@ func (s *Store) Database(name string, opts ...options.Lister[options.DatabaseOpt
 	return s.client.Database(name, opts...)
 }
 
-// Server returns what mongocas knows about the server behind the Store's
-// client: For(s.Client()), shared with every package made on that client.
+// Server returns For(s.Client()): what mongocas knows about the server.
 func (s *Store) Server() *Server { return For(s.client) }
 
 // Close disconnects the client when the Store owns it (Connect); a Store
@@ -172,8 +167,7 @@ func RedactURI(uri string) string {
 		scheme, rest = "", uri
 	}
 	// Both kinds of secret are found on the original text and hidden
-	// together, so that neither search is misled by the other's edits (a
-	// password holding "?token=", an option value holding '@').
+	// together, so that neither search is misled by the other's edits.
 	spans := secretOptionSpans(rest)
 	if at := userInfoEnd(rest); at >= 0 {
 		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
