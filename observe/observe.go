@@ -47,24 +47,19 @@ const (
 
 	// Conflict: a write expected a version and found another. Expected and
 	// Current are the versions; Current is -1 when the repository did not
-	// read it (Modify reads it on its next attempt instead; where the server
-	// runs update pipelines, Modify's write returns it, and Current is
-	// set).
+	// read it.
 	Conflict
 
 	// Retry: an attempt failed with a retryable error and another one
-	// follows after Delay. Attempt is the number of the attempt that failed,
-	// Err its error (the cause).
+	// follows after Delay. Attempt is the attempt that failed, Err its error.
 	Retry
 
-	// BudgetRefused: an attempt failed with a retryable error, but the
-	// retry.Budget had no token for another one, so the operation stops.
-	// Attempt and Err as for Retry.
+	// BudgetRefused: as Retry, but the retry.Budget had no token for another
+	// attempt, so the operation stops.
 	BudgetRefused
 
-	// Ambiguous: a write failed in a way that leaves its outcome unknown (a
-	// lost reply, a timeout, a write-concern error); Err is that failure.
-	// The operation now settles it by re-reading; a Settled event follows.
+	// Ambiguous: a write failed in a way that leaves its outcome unknown;
+	// Err is that failure. A Settled event follows.
 	Ambiguous
 
 	// Settled: what re-reading found about the ambiguous write reported
@@ -72,46 +67,37 @@ const (
 	Settled
 
 	// LeaseAcquired: a lease was claimed. Epoch, Owner; Wait is the time
-	// from the call to the claim (0 for TryAcquire's single round trip,
-	// more when Acquire or Do waited for another holder).
+	// from the call to the claim.
 	LeaseAcquired
 
 	// LeaseRenewed: a renewal was applied. Epoch, Owner, TimeLeft (until
 	// the holder's new local deadline).
 	LeaseRenewed
 
-	// LeaseRenewFailed: a renewal failed without losing the lease (a
-	// network error, a timeout): the lease stays held until its deadline.
-	// Epoch, Owner, Err.
+	// LeaseRenewFailed: a renewal failed without losing the lease: it stays
+	// held until its deadline. Epoch, Owner, Err.
 	LeaseRenewFailed
 
-	// LeaseLost: the holder lost its lease. Epoch, Owner, Reason ("expired",
-	// "taken_over", "cleared", "unread"), Holder (the owner the record names
-	// now, if read), Held (how long the lease was held), Err (the
-	// *lease.LostError).
+	// LeaseLost: the holder lost its lease. Epoch, Owner, Reason, Holder (if
+	// read), Held, Err (the *lease.LostError).
 	LeaseLost
 
 	// LeaseReleased: the holder released its lease. Epoch, Owner, Held.
 	LeaseReleased
 
 	// LeaseHeld: a claim found the lease held by another owner. Holder, Epoch
-	// (the holder's), TimeLeft (the most this owner would wait before it may
-	// find the lease expired).
+	// and TimeLeft (the holder's).
 	LeaseHeld
 
-	// ClockSync: a store.ServerClock took new readings of the server's clock.
-	// Bound is the error bound of the reading it keeps, RTT its round trip.
+	// ClockSync: a store.ServerClock took new readings. Bound, RTT.
 	ClockSync
 
-	// The events of a deferred.Queue (deferred.Options.Observer). Database
-	// and Collection name the queue's jobs collection; ID is the job's id
-	// (a bson.ObjectID), Key the job's key as text, Name the job's handler.
-	// Op is the call that reports them: "enqueue", "requeue", "cancel", or
-	// "run" for the workers of Queue.Run. A claimed attempt ends with
+	// The events of a deferred.Queue: Database and Collection name the jobs
+	// collection; ID, Key and Name the job; Op is "enqueue", "requeue",
+	// "cancel", or "run" for the workers. A claimed attempt ends with
 	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped
-	// meanwhile (the job is put back, its attempt not counted) or the
-	// worker lost its claim on the key (a QueueError; another worker takes
-	// the job over).
+	// meanwhile (the job is put back) or the worker lost its claim on the
+	// key (a QueueError; another worker takes the job over).
 
 	// JobEnqueued: Enqueue stored a job (reported when it returns the id).
 	JobEnqueued
@@ -125,8 +111,7 @@ const (
 	JobCompleted
 
 	// JobFailed: an attempt failed and the job runs again after Delay.
-	// Attempt, Err (the handler's error), Outcome (how it failed: "error",
-	// "canceled" for a handler that ran past its JobTimeout, ...), Elapsed.
+	// Attempt, Err (the handler's), Outcome (how it failed), Elapsed.
 	JobFailed
 
 	// JobDead: the job failed for good (its last attempt, a permanent
@@ -150,35 +135,28 @@ const (
 	QueueKeySkipped
 
 	// QueueError: something a worker (or Cancel's clean-up) could not
-	// return to anyone failed: Op names the step ("sweep", "look_for_work",
-	// "claim_key", "release_key", "claim_job", "read_head", "skip_hole",
-	// "record_attempt", "put_back", "move_head", "update_key",
-	// "skip_number", "free_key"; "run" when the worker lost its claim while
-	// the job ran), Key when it is about one key, ID when about one job,
-	// Err.
+	// return to anyone failed: Op names the step ("sweep", "claim_key",
+	// "put_back", ...; "run" when the worker lost its claim while the job
+	// ran), Key or ID what it was about, Err.
 	QueueError
 
-	// The events of idempotency.Keys (idempotency.Options.Observer, for
-	// Keys.Do and the HTTP middleware). Op is "do"; Database and
-	// Collection name the records' collection; ID is the idempotency key
-	// as the caller gave it (its scope is not reported).
+	// The events of idempotency.Keys: Op is "do"; Database and Collection
+	// name the records' collection; ID is the idempotency key (without its
+	// scope).
 
 	// KeyCompleted: a request ran and its result was stored. Attempt is
 	// the run of the key (1 for the first claim that ran it), Epoch the
-	// claim's (the lease events of the claim, op "do", tell how long it
-	// took).
+	// claim's.
 	KeyCompleted
 
-	// KeyReplayed: a request got the result an earlier one stored; nothing
-	// ran.
+	// KeyReplayed: a request got an earlier one's result; nothing ran.
 	KeyReplayed
 
 	// KeyInProgress: another request holds the key's claim; nothing ran.
 	// Holder, Epoch (the holder's), TimeLeft.
 	KeyInProgress
 
-	// KeyMismatch: the key was first used with another request (another
-	// fingerprint); nothing ran.
+	// KeyMismatch: the key was first used with another request; nothing ran.
 	KeyMismatch
 
 	kindEnd // one past the last kind
