@@ -30,12 +30,10 @@ func (p Policy) NewBackoff() Backoff {
 	return newSequence(&s)
 }
 
-// sequence implements Backoff. The exponential caps come from backoff v4's
-// ExponentialBackOff with no randomization and no elapsed-time limit; jitter
-// is applied here, because backoff v4 only offers its own symmetric
-// randomization and draws from the global math/rand, which tests cannot
-// control. The exponential part is not safe for concurrent use, and neither is
-// sequence.
+// sequence implements Backoff. The exponential caps come from
+// github.com/cenkalti/backoff/v4 with no randomization and no elapsed-time
+// limit; jitter is applied here, from the Policy's Rand. It is not safe for
+// concurrent use.
 type sequence struct {
 	jitter       Jitter
 	initial, max time.Duration
@@ -114,12 +112,10 @@ func unit(r float64) float64 {
 	}
 }
 
-// defaultRand is the jitter source when Policy.Rand is nil. The top-level
-// math/rand/v2 functions are safe for concurrent use and need no seeding.
+// defaultRand is the jitter source when Policy.Rand is nil.
 func defaultRand() float64 { return rand.Float64() }
 
-// zeroClock is the clock of the ExponentialBackOff: it only needs one for an
-// elapsed time that a zero MaxElapsedTime makes unused.
+// zeroClock is the ExponentialBackOff's clock, unused with MaxElapsedTime 0.
 type zeroClock struct{}
 
 func (zeroClock) Now() time.Time { return time.Time{} }

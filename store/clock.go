@@ -15,22 +15,19 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// ErrNoServerTime is matched by every error a ServerClock returns when it has no
-// usable reading of the server's clock (none, or one older than MaxAge) and
-// cannot take one: the server is unreachable, its hello reply carries no
-// localTime, or the context ended (the error then matches the context's error
-// too).
+// ErrNoServerTime is matched by every error a ServerClock returns when it has
+// no usable reading of the server's clock (none, or one older than MaxAge)
+// and cannot take one (the error then also matches the context's error if
+// that ended).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
-// Sampler reads the server's current time once. The ServerClock times the call
-// itself, so a Sampler does only the round trip. A Sampler that returns the
-// zero time with a nil error counts as a failed reading.
+// Sampler reads the server's current time once; the ServerClock times the
+// call. The zero time with a nil error counts as a failed reading.
 type Sampler func(ctx context.Context) (time.Time, error)
 
 // HelloSampler reads the server's clock from the localTime field of the
-// hello command's reply, sent to the primary (the server that judges writes),
-// outside any session or transaction that ctx carries. hello needs no
-// privileges and is answered by every MongoDB-compatible server.
+// hello command's reply, sent to the primary outside any session or
+// transaction that ctx carries. hello needs no privileges.
 func HelloSampler(client *mongo.Client) Sampler {
 	admin := client.Database("admin")
 	primary := options.RunCmd().SetReadPreference(readpref.Primary())
@@ -38,10 +35,7 @@ func HelloSampler(client *mongo.Client) Sampler {
 		var reply struct {
 			LocalTime bson.DateTime `bson:"localTime"`
 		}
-		// A nil session in ctx hides the caller's: hello may not run inside a
-		// transaction, and a session pinned to one mongos would choose the
-		// server instead of the read preference.
-		ctx = mongo.NewSessionContext(ctx, nil)
+		ctx = mongo.NewSessionContext(ctx, nil) // see DESIGN.md, "Which server"
 		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}, primary).Decode(&reply); err != nil {
 			return time.Time{}, fmt.Errorf("%w: hello: %w", ErrNoServerTime, err)
 		}
@@ -59,17 +53,15 @@ type ServerClockOptions struct {
 	// Default 3.
 	Samples int
 	// ResyncInterval is the age after which a reading is stale: the next call
-	// to Now takes new readings, and any new reading replaces a stale one,
-	// however long its round trip. Default 30s.
+	// to Now takes new readings, and any new reading replaces it. Default 30s.
 	ResyncInterval time.Duration
 	// MaxAge is the age after which a reading is no longer used at all: Now
 	// then fails unless a new reading can be taken. Raised to ResyncInterval
 	// if smaller. Default 5m.
 	MaxAge time.Duration
 	// DriftRate is the assumed worst-case rate at which the local and server
-	// clocks drift apart, added to the error bound for every second since the
-	// reading (1e-4 is 100 µs per second, far above what NTP-disciplined
-	// clocks drift). Default 1e-4.
+	// clocks drift apart, added to the bound for every second since the
+	// reading. Default 1e-4 (100 µs per second).
 	DriftRate float64
 	// Now is the local clock. Only differences between its readings are
 	// used, so a host whose wall clock is set wrong gets the same estimate.
@@ -307,9 +299,8 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 }
 
 // settle answers from the kept reading if it is usable now, else fails with
-// the error of the sync that just ended (err), or, if that sync succeeded, with
-// the news that its reading is already older than MaxAge (the host was
-// suspended, say).
+// the error of the sync that just ended (err), or with the news that its
+// reading is already older than MaxAge.
 func (c *ServerClock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

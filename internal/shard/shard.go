@@ -1,8 +1,6 @@
 // Package shard turns a collection's shard key into the equality clauses
 // that route each command versioned and lease send to the one shard that
-// owns the document. It is the one place that checks a shard key, the
-// values a caller gives with an id (a store.Key) and the values a document
-// holds.
+// owns the document: the one place that checks a shard key and its values.
 package shard
 
 import (
@@ -43,10 +41,8 @@ func Parse(fields []string, owned func(root string) string) (Spec, error) {
 		if why := owned(root); why != "" {
 			return Spec{}, fmt.Errorf("field %q %s: a shard-key value must never change", f, why)
 		}
-		for _, p := range s.paths {
-			if p == f || strings.HasPrefix(f, p+".") || strings.HasPrefix(p, f+".") {
-				return Spec{}, fmt.Errorf("fields %q and %q overlap", p, f)
-			}
+		if p, ok := s.Touches(f); ok {
+			return Spec{}, fmt.Errorf("fields %q and %q overlap", p, f)
 		}
 		s.paths = append(s.paths, f)
 	}
@@ -96,9 +92,8 @@ type Doc struct {
 }
 
 // Filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field: what every filter on the document starts with, so that mongos
-// sends the command to the one shard that owns it. It is a fresh slice the
-// caller may append to.
+// field: what every filter on the document starts with. It is a fresh slice
+// the caller may append to.
 func (d Doc) Filter() bson.D {
 	return append(store.IDFilter(d.ID), d.Shard.Clauses()...)
 }
