@@ -61,9 +61,7 @@ func (c *Counters) Settled(s Settlement) int64 {
 // Failed returns how many operations ended with an Outcome that Failed.
 func (c *Counters) Failed() int64 { return c.failed.Load() }
 
-// Counts returns a snapshot of the counts. Each count is read on its own,
-// so a snapshot taken while operations run may be a moment apart between
-// fields.
+// Counts returns a snapshot of the counts, each read on its own.
 func (c *Counters) Counts() Counts {
 	return Counts{
 		Operations:     c.Count(OpStart),
@@ -140,12 +138,8 @@ func (c Counts) Add(o Counts) Counts {
 	return c
 }
 
-// String returns the counts on one line, every count named, in a fixed
-// order: operations (and how many failed), conflicts, retries, budget
-// refusals, ambiguous writes (and how each was settled), then the lease
-// events and clock syncs; then, only when any of them is not zero, the job
-// events (with the queue's skipped keys and errors) and the idempotency
-// events, so that a process without queues or keys keeps its line short.
+// String returns the counts on one line, every count named, in the order of
+// the fields; the job and idempotency counts only when any is not zero.
 func (c Counts) String() string {
 	s := fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
 		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+

@@ -15,7 +15,7 @@
 // Info in normal operation; [Counters] counts events in memory; [Join] sends
 // each event to several. The OpenTelemetry adapter (spans and metrics) is the
 // module github.com/mongocas/mongocas/otelmongocas, so that this module
-// depends on the driver and backoff only.
+// depends on the driver only.
 //
 // The field is named Observer everywhere: versioned, lease, deferred and
 // idempotency Options, retry.Policy and store.ServerClockOptions. A
