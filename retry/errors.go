@@ -103,10 +103,8 @@ func newStoppedError(ctx context.Context, attempts int, last error) error {
 }
 
 // Permanent wraps err so that Do stops at once and returns err itself (not the
-// wrapper). Anywhere in an error chain, it makes IsRetryable report false,
-// even if the chain also holds a transient or Retryable error. The wrapper has
-// err's message and unwraps to err, so errors.Is and errors.As reach err.
-// Permanent(nil) returns nil.
+// wrapper). Anywhere in an error chain, it makes IsRetryable report false.
+// The wrapper has err's message and unwraps to err. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -147,9 +145,9 @@ func (e *immediateError) Error() string { return e.err.Error() }
 func (e *immediateError) Unwrap() error { return e.err }
 
 // Retryable is implemented by error types that know whether the operation
-// that failed may be tried again, such as a version conflict of an optimistic
-// write (true) or an error that needs a re-read rather than a blind retry
-// (false). IsRetryable finds it anywhere in an error chain.
+// that failed may be tried again, such as a version conflict (true) or an
+// error that needs a re-read first (false). IsRetryable finds it anywhere in
+// an error chain.
 type Retryable interface {
 	// Retryable reports whether the failed operation may be tried again.
 	Retryable() bool
@@ -157,21 +155,16 @@ type Retryable interface {
 
 // IsRetryable reports whether an operation that failed with err may pass if
 // it is tried again. It looks at types and error labels through errors.Is and
-// errors.As, never at message text, so wrapping with fmt.Errorf("...: %w") or
-// errors.Join keeps the answer. In order:
+// errors.As, never at message text, so wrapping keeps the answer. In order:
 //
-//   - nil: false.
-//   - an error made by Permanent anywhere in the chain: false.
+//   - nil, or an error made by Permanent anywhere in the chain: false.
 //   - context.Canceled or context.DeadlineExceeded anywhere in the chain:
 //     false, since IsRetryable cannot tell whether the caller's own context
-//     ended. (Do, which knows the caller's context, does retry a deadline
-//     error while that context is still live: see Do.) The driver's
-//     "operation not sent, as Timeout would be exceeded" is such an error.
+//     ended (Do, which can, retries a deadline error while it is live).
 //   - a Retryable in the chain: its answer. The first one errors.As finds
 //     decides, so an outer error that says false overrides a transient error
 //     it wraps.
-//   - otherwise store.IsTransient(err): a network error, a timeout, a write
-//     conflict, or the RetryableWriteError or TransientTransactionError label.
+//   - otherwise store.IsTransient(err).
 func IsRetryable(err error) bool {
 	return classify(err, false)
 }

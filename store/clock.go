@@ -185,19 +185,13 @@ func (c *ServerClock) Sync(ctx context.Context) error {
 		}
 		c.offer(reading{sent: sent, recv: recv, server: st})
 	}
-	c.synced(ctx)
-	return nil
-}
-
-// synced tells the Observer, if any, about the reading a sync kept.
-func (c *ServerClock) synced(ctx context.Context) {
-	if c.opts.Observer == nil {
-		return
+	if o := c.opts.Observer; o != nil {
+		c.mu.Lock()
+		e := c.estimate(c.best, c.opts.Now())
+		c.mu.Unlock()
+		o.Observe(ctx, observe.Event{Kind: observe.ClockSync, Bound: e.Bound, RTT: e.RTT})
 	}
-	c.mu.Lock()
-	e := c.estimate(c.best, c.opts.Now())
-	c.mu.Unlock()
-	c.opts.Observer.Observe(ctx, observe.Event{Kind: observe.ClockSync, Bound: e.Bound, RTT: e.RTT})
+	return nil
 }
 
 // noServerTime wraps err so that it matches ErrNoServerTime, and the context's
@@ -237,14 +231,8 @@ func (c *ServerClock) bound(r reading, now time.Time) time.Duration {
 }
 
 func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
-	half := (r.rtt() + time.Millisecond) / 2
 	age := now.Sub(r.recv)
-	return Estimate{
-		Time:  r.server.Add(half + age),
-		Bound: c.bound(r, now),
-		RTT:   r.rtt(),
-		Age:   age,
-	}
+	return Estimate{Time: r.server.Add((r.rtt()+time.Millisecond)/2 + age), Bound: c.bound(r, now), RTT: r.rtt(), Age: age}
 }
 
 // Now returns the estimate of the server's current time, from a reading

@@ -74,16 +74,11 @@ func shortValue(v any) string {
 
 // CheckID reports whether id can name exactly one document by equality, and
 // returns its BSON encoding. It refuses, with an *IDError and before anything
-// is sent:
-//
-//   - nil, a nil pointer, map, slice or interface, and the zero value of any
-//     type ("", 0, the zero ObjectID, an empty struct);
-//   - a value the driver cannot encode;
-//   - BSON types that are not plain values: null, undefined, regular
-//     expressions, JavaScript code (with or without scope), DBPointer, MinKey,
-//     MaxKey, and arrays (MongoDB refuses an array _id);
-//   - documents, at any depth, with a key that starts with '$' or is empty, or
-//     that hold any of the refused types.
+// is sent: nil, a nil pointer, map, slice or interface, and the zero value of
+// any type; a value the driver cannot encode; null, undefined, regular
+// expressions, JavaScript code, DBPointer, MinKey, MaxKey and arrays; and
+// documents, at any depth, with a key that starts with '$' or is empty, or
+// that hold any of the refused types.
 //
 // The result is meant for IDFilter's {_id: {$eq: raw}}, in which even a
 // value that slipped through would be compared, never interpreted.

@@ -152,15 +152,11 @@ func (s *Store) Close(ctx context.Context) error {
 // scheme, user name, hosts, path and other options, so that an error can name
 // the URI without leaking them. The secrets are the password and the values of
 // options whose names contain "pass", "pwd", "secret" or "token" (in any case,
-// escaped or not: tlsCertificateKeyFilePassword, sslClientCertificateKeyPassword,
-// ...) and of authMechanismProperties (which can carry AWS_SESSION_TOKEN).
+// escaped or not) and of authMechanismProperties.
 //
-// It works on connection strings that do not parse too, which is when they get
-// printed: if the driver would accept the user information (no unescaped '/',
-// ':' or '@' in the password), exactly the password it would send is hidden;
-// otherwise everything from the ':' after the user name to the last '@' is,
-// since the writer may have meant all of it as the password (an unescaped '/',
-// '?' or '@' in it).
+// It works on connection strings that do not parse too: if the driver would
+// accept the user information, exactly the password it would send is hidden;
+// otherwise everything from the ':' after the user name to the last '@' is.
 func RedactURI(uri string) string {
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
