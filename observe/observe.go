@@ -269,10 +269,9 @@ const (
 	// OutcomeCanceled: the caller's context ended (context.Canceled or
 	// context.DeadlineExceeded).
 	OutcomeCanceled Outcome = "canceled"
-	// OutcomeAborted: the caller's own function returned an error
-	// (versioned Modify's fn: nothing was written; lease Do's fn: the lease
-	// was released), which the call returns: the caller's answer, such as
-	// "insufficient funds", or the caller's failure, not the library's.
+	// OutcomeAborted: the caller's own function returned an error, which
+	// the call returns (Modify's fn: nothing was written; lease Do's fn: the
+	// lease was released): the caller's answer, not the library's failure.
 	OutcomeAborted Outcome = "aborted"
 	// OutcomeError: any other error (network, server, decoding, the error
 	// of the caller's function).
@@ -280,11 +279,10 @@ const (
 )
 
 // Failed reports whether the outcome is a failure to do what was asked, as
-// opposed to success or an answer that the caller asked for in effect: a
-// conflict, a missing document, a failed condition, a duplicate, a held
-// lease, bad input, the caller's own function's error. The slog observer
-// logs failures at Info and answers at Debug; the OpenTelemetry adapter
-// marks only failures as span errors.
+// opposed to success or an answer (a conflict, a missing document, a failed
+// condition, a duplicate, a held lease, bad input, the caller's own
+// function's error). The slog observer logs failures at Info, and the
+// OpenTelemetry adapter marks only failures as span errors.
 func (o Outcome) Failed() bool {
 	switch o {
 	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:

@@ -22,12 +22,11 @@ import (
 // a collection that is not sharded, or sharded on _id.
 type Spec struct{ paths []string }
 
-// Parse checks fields, an Options.ShardKey: each a non-empty dotted path
-// whose segments are not empty and do not start with '$', without NUL
-// bytes, none named twice or under another. owned says why a top-level
-// field cannot be in a shard key (the field is the caller's to change on
-// every write, such as a version field), or "" when it can. Fields under
-// _id are dropped.
+// Parse checks fields, an Options.ShardKey: each a dotted path whose
+// segments are not empty and do not start with '$', without NUL bytes, none
+// named twice or under another. owned says why a top-level field cannot be
+// in a shard key (a version field, say), or "" when it can. Fields under _id
+// are dropped.
 func Parse(fields []string, owned func(root string) string) (Spec, error) {
 	var s Spec
 	for _, f := range fields {
@@ -203,8 +202,7 @@ func (v Values) Clauses() bson.D {
 }
 
 // Ident identifies the values in a cache key: equal for equal values, with
-// numbers compared by value (int32 7, int64 7 and 7.0 are one value to the
-// server's $eq and to its routing).
+// numbers compared by value (int32 7, int64 7 and 7.0 are one to $eq).
 func (v Values) Ident() string {
 	if len(v.vals) == 0 {
 		return ""
