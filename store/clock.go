@@ -78,25 +78,22 @@ func (o *ServerClockOptions) withDefaults() ServerClockOptions {
 	if o != nil {
 		r = *o
 	}
-	if r.Samples <= 0 {
-		r.Samples = 3
-	}
-	if r.ResyncInterval <= 0 {
-		r.ResyncInterval = 30 * time.Second
-	}
-	if r.MaxAge <= 0 {
-		r.MaxAge = 5 * time.Minute
-	}
-	if r.MaxAge < r.ResyncInterval {
-		r.MaxAge = r.ResyncInterval
-	}
-	if r.DriftRate <= 0 {
-		r.DriftRate = 1e-4
-	}
+	r.Samples = positiveOr(r.Samples, 3)
+	r.ResyncInterval = positiveOr(r.ResyncInterval, 30*time.Second)
+	r.MaxAge = max(positiveOr(r.MaxAge, 5*time.Minute), r.ResyncInterval)
+	r.DriftRate = positiveOr(r.DriftRate, 1e-4)
 	if r.Now == nil {
 		r.Now = time.Now
 	}
 	return r
+}
+
+// positiveOr returns v if it is above zero, else def: an option's default.
+func positiveOr[T int | float64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // Estimate is the server's current time as a ServerClock knows it. An Estimate

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,18 +56,10 @@ func (o *Options) withDefaults() Options {
 	if o != nil {
 		r = *o
 	}
-	if r.AppName == "" {
-		r.AppName = "mongocas"
-	}
-	if r.ConnectTimeout <= 0 {
-		r.ConnectTimeout = 10 * time.Second
-	}
-	if r.ServerSelectionTimeout <= 0 {
-		r.ServerSelectionTimeout = 10 * time.Second
-	}
-	if r.MaxPoolSize == 0 {
-		r.MaxPoolSize = 100
-	}
+	r.AppName = cmp.Or(r.AppName, "mongocas")
+	r.ConnectTimeout = positiveOr(r.ConnectTimeout, 10*time.Second)
+	r.ServerSelectionTimeout = positiveOr(r.ServerSelectionTimeout, 10*time.Second)
+	r.MaxPoolSize = cmp.Or(r.MaxPoolSize, 100)
 	return r
 }
 
