@@ -115,7 +115,7 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 			attrs = append(attrs, slog.Duration("held", e.Held))
 		default:
 		}
-	case LeaseHeld:
+	case LeaseHeld, KeyInProgress:
 		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	case ClockSync:
 		attrs = append(attrs, slog.Duration("bound", e.Bound), slog.Duration("rtt", e.RTT))
@@ -134,8 +134,6 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("reason", e.Reason))
 	case KeyCompleted:
 		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Int64("epoch", e.Epoch))
-	case KeyInProgress:
-		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	default:
 	}
 	if e.Err != nil {
