@@ -34,7 +34,7 @@ type sequence struct {
 	initial, max time.Duration
 	multiplier   float64
 	rand         func() float64
-	cap          time.Duration // the cap of the next delay, from initial to max
+	limit        time.Duration // the cap of the next delay, from initial to max
 	prev         time.Duration // DecorrelatedJitter's previous delay
 }
 
@@ -44,7 +44,7 @@ func newSequence(s *settings) *sequence {
 	return seq
 }
 
-func (s *sequence) Reset() { s.cap, s.prev = s.initial, s.initial }
+func (s *sequence) Reset() { s.limit, s.prev = s.initial, s.initial }
 
 func (s *sequence) Next() time.Duration {
 	r := unit(s.rand())
@@ -54,11 +54,11 @@ func (s *sequence) Next() time.Duration {
 		s.prev = min(s.initial+scale(r, hi-s.initial), s.max)
 		return s.prev
 	}
-	c := s.cap
-	if float64(s.cap) >= float64(s.max)/s.multiplier { // also where × would overflow
-		s.cap = s.max
+	c := s.limit
+	if float64(s.limit) >= float64(s.max)/s.multiplier { // also where × would overflow
+		s.limit = s.max
 	} else {
-		s.cap = time.Duration(float64(s.cap) * s.multiplier)
+		s.limit = time.Duration(float64(s.limit) * s.multiplier)
 	}
 	switch s.jitter {
 	case EqualJitter:
