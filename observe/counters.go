@@ -3,11 +3,11 @@ package observe
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 )
 
-// Counters is an Observer that counts the events it sees: by kind (the
-// job and idempotency events too), the
+// Counters is an Observer that counts the events it sees: by kind, the
 // settled ambiguous writes by settlement, and the operations that failed.
 // The zero value is ready to use; a Counters is safe for concurrent use and
 // allocates nothing per event. Give the same *Counters to every repository
@@ -61,9 +61,7 @@ func (c *Counters) Settled(s Settlement) int64 {
 // Failed returns how many operations ended with an Outcome that Failed.
 func (c *Counters) Failed() int64 { return c.failed.Load() }
 
-// Counts returns a snapshot of the counts. Each count is read on its own,
-// so a snapshot taken while operations run may be a moment apart between
-// fields.
+// Counts returns a snapshot of the counts, each read on its own.
 func (c *Counters) Counts() Counts {
 	return Counts{
 		Operations:     c.Count(OpStart),
@@ -133,31 +131,15 @@ type Counts struct {
 
 // Add returns the sum of c and o, field by field.
 func (c Counts) Add(o Counts) Counts {
-	return Counts{
-		Operations: c.Operations + o.Operations, Failed: c.Failed + o.Failed,
-		Conflicts: c.Conflicts + o.Conflicts, Retries: c.Retries + o.Retries, BudgetRefusals: c.BudgetRefusals + o.BudgetRefusals,
-		Ambiguous: c.Ambiguous + o.Ambiguous, Landed: c.Landed + o.Landed, Resent: c.Resent + o.Resent,
-		NotLanded: c.NotLanded + o.NotLanded, Unknown: c.Unknown + o.Unknown,
-		LeasesAcquired: c.LeasesAcquired + o.LeasesAcquired, LeasesHeld: c.LeasesHeld + o.LeasesHeld,
-		LeasesRenewed: c.LeasesRenewed + o.LeasesRenewed, RenewalsFailed: c.RenewalsFailed + o.RenewalsFailed,
-		LeasesLost: c.LeasesLost + o.LeasesLost, LeasesReleased: c.LeasesReleased + o.LeasesReleased,
-		ClockSyncs:   c.ClockSyncs + o.ClockSyncs,
-		JobsEnqueued: c.JobsEnqueued + o.JobsEnqueued, JobsClaimed: c.JobsClaimed + o.JobsClaimed,
-		JobsCompleted: c.JobsCompleted + o.JobsCompleted, JobsFailed: c.JobsFailed + o.JobsFailed,
-		JobsDead: c.JobsDead + o.JobsDead, JobsSnoozed: c.JobsSnoozed + o.JobsSnoozed,
-		JobsRequeued: c.JobsRequeued + o.JobsRequeued, JobsCancelled: c.JobsCancelled + o.JobsCancelled,
-		KeysSkipped: c.KeysSkipped + o.KeysSkipped, QueueErrors: c.QueueErrors + o.QueueErrors,
-		KeysCompleted: c.KeysCompleted + o.KeysCompleted, KeysReplayed: c.KeysReplayed + o.KeysReplayed,
-		KeysInProgress: c.KeysInProgress + o.KeysInProgress, KeysMismatched: c.KeysMismatched + o.KeysMismatched,
+	sum, other := reflect.ValueOf(&c).Elem(), reflect.ValueOf(o)
+	for i := range sum.NumField() {
+		sum.Field(i).SetInt(sum.Field(i).Int() + other.Field(i).Int())
 	}
+	return c
 }
 
-// String returns the counts on one line, every count named, in a fixed
-// order: operations (and how many failed), conflicts, retries, budget
-// refusals, ambiguous writes (and how each was settled), then the lease
-// events and clock syncs; then, only when any of them is not zero, the job
-// events (with the queue's skipped keys and errors) and the idempotency
-// events, so that a process without queues or keys keeps its line short.
+// String returns the counts on one line, every count named, in the order of
+// the fields; the job and idempotency counts only when any is not zero.
 func (c Counts) String() string {
 	s := fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
 		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+

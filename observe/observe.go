@@ -6,13 +6,11 @@ import (
 	"time"
 )
 
-// Observer receives the events of the operations of the packages that take
-// one: versioned.Options.Observer, lease.Options.Observer,
-// retry.Policy.Observer and store.ServerClockOptions.Observer. Its methods run on
-// the goroutine of the operation, synchronously, before the operation goes
-// on: keep them short, and never block in them. An Observer shared by
-// several repositories or managers (the usual case) is called from many
-// goroutines at once, so it must be safe for concurrent use.
+// Observer receives the events of the packages that take one (their
+// Observer fields). Its methods run on the goroutine of the operation,
+// synchronously: keep them short, and never block in them. An Observer
+// shared by several repositories or managers (the usual case) is called from
+// many goroutines at once, so it must be safe for concurrent use.
 //
 // The Event is passed by value: an Observer may keep it. Its ID and Err are
 // the operation's own values; do not change what they point to.
@@ -35,40 +33,33 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency (and on those of a store.ServerClock made by a
-// lease.Manager, Collection and Op excepted); retry.Do, which does not know
-// the operation it runs in, sets none of them: its events carry the
-// operation's context instead.
+// events of versioned, lease, deferred and idempotency; retry.Do and
+// store.ServerClock, which do not know the operation they run in, leave
+// them empty: their events carry the operation's context instead.
 const (
 	// OpStart: an operation begins. Sent to Observer.Start.
 	OpStart Kind = iota + 1
 
 	// OpEnd: the operation ends. Outcome, Err (nil on success), Elapsed;
-	// Attempt is the number of attempts of versioned Modify (each calls
-	// its fn once, on the document read, or on the one a write that met a
-	// conflict returned), 0 for the other operations.
+	// Attempt is the number of attempts of versioned Modify, 0 for the
+	// other operations.
 	OpEnd
 
 	// Conflict: a write expected a version and found another. Expected and
 	// Current are the versions; Current is -1 when the repository did not
-	// read it (Modify reads it on its next attempt instead; where the server
-	// runs update pipelines, Modify's write returns it, and Current is
-	// set).
+	// read it.
 	Conflict
 
 	// Retry: an attempt failed with a retryable error and another one
-	// follows after Delay. Attempt is the number of the attempt that failed,
-	// Err its error (the cause).
+	// follows after Delay. Attempt is the attempt that failed, Err its error.
 	Retry
 
-	// BudgetRefused: an attempt failed with a retryable error, but the
-	// retry.Budget had no token for another one, so the operation stops.
-	// Attempt and Err as for Retry.
+	// BudgetRefused: as Retry, but the retry.Budget had no token for another
+	// attempt, so the operation stops.
 	BudgetRefused
 
-	// Ambiguous: a write failed in a way that leaves its outcome unknown (a
-	// lost reply, a timeout, a write-concern error); Err is that failure.
-	// The operation now settles it by re-reading; a Settled event follows.
+	// Ambiguous: a write failed in a way that leaves its outcome unknown;
+	// Err is that failure. A Settled event follows.
 	Ambiguous
 
 	// Settled: what re-reading found about the ambiguous write reported
@@ -76,46 +67,37 @@ const (
 	Settled
 
 	// LeaseAcquired: a lease was claimed. Epoch, Owner; Wait is the time
-	// from the call to the claim (0 for TryAcquire's single round trip,
-	// more when Acquire or Do waited for another holder).
+	// from the call to the claim.
 	LeaseAcquired
 
 	// LeaseRenewed: a renewal was applied. Epoch, Owner, TimeLeft (until
 	// the holder's new local deadline).
 	LeaseRenewed
 
-	// LeaseRenewFailed: a renewal failed without losing the lease (a
-	// network error, a timeout): the lease stays held until its deadline.
-	// Epoch, Owner, Err.
+	// LeaseRenewFailed: a renewal failed without losing the lease: it stays
+	// held until its deadline. Epoch, Owner, Err.
 	LeaseRenewFailed
 
-	// LeaseLost: the holder lost its lease. Epoch, Owner, Reason ("expired",
-	// "taken_over", "cleared", "unread"), Holder (the owner the record names
-	// now, if read), Held (how long the lease was held), Err (the
-	// *lease.LostError).
+	// LeaseLost: the holder lost its lease. Epoch, Owner, Reason, Holder (if
+	// read), Held, Err (the *lease.LostError).
 	LeaseLost
 
 	// LeaseReleased: the holder released its lease. Epoch, Owner, Held.
 	LeaseReleased
 
 	// LeaseHeld: a claim found the lease held by another owner. Holder, Epoch
-	// (the holder's), TimeLeft (the most this owner would wait before it may
-	// find the lease expired).
+	// and TimeLeft (the holder's).
 	LeaseHeld
 
-	// ClockSync: a store.ServerClock took new readings of the server's clock.
-	// Bound is the error bound of the reading it keeps, RTT its round trip.
+	// ClockSync: a store.ServerClock took new readings. Bound, RTT.
 	ClockSync
 
-	// The events of a deferred.Queue (deferred.Options.Observer). Database
-	// and Collection name the queue's jobs collection; ID is the job's id
-	// (a bson.ObjectID), Key the job's key as text, Name the job's handler.
-	// Op is the call that reports them: "enqueue", "requeue", "cancel", or
-	// "run" for the workers of Queue.Run. A claimed attempt ends with
+	// The events of a deferred.Queue: Database and Collection name the jobs
+	// collection; ID, Key and Name the job; Op is "enqueue", "requeue",
+	// "cancel", or "run" for the workers. A claimed attempt ends with
 	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped
-	// meanwhile (the job is put back, its attempt not counted) or the
-	// worker lost its claim on the key (a QueueError; another worker takes
-	// the job over).
+	// meanwhile (the job is put back) or the worker lost its claim on the
+	// key (a QueueError; another worker takes the job over).
 
 	// JobEnqueued: Enqueue stored a job (reported when it returns the id).
 	JobEnqueued
@@ -129,8 +111,7 @@ const (
 	JobCompleted
 
 	// JobFailed: an attempt failed and the job runs again after Delay.
-	// Attempt, Err (the handler's error), Outcome (how it failed: "error",
-	// "canceled" for a handler that ran past its JobTimeout, ...), Elapsed.
+	// Attempt, Err (the handler's), Outcome (how it failed), Elapsed.
 	JobFailed
 
 	// JobDead: the job failed for good (its last attempt, a permanent
@@ -154,35 +135,28 @@ const (
 	QueueKeySkipped
 
 	// QueueError: something a worker (or Cancel's clean-up) could not
-	// return to anyone failed: Op names the step ("sweep", "look_for_work",
-	// "claim_key", "release_key", "claim_job", "read_head", "skip_hole",
-	// "record_attempt", "put_back", "move_head", "update_key",
-	// "skip_number", "free_key"; "run" when the worker lost its claim while
-	// the job ran), Key when it is about one key, ID when about one job,
-	// Err.
+	// return to anyone failed: Op names the step ("sweep", "claim_key",
+	// "put_back", ...; "run" when the worker lost its claim while the job
+	// ran), Key or ID what it was about, Err.
 	QueueError
 
-	// The events of idempotency.Keys (idempotency.Options.Observer, for
-	// Keys.Do and the HTTP middleware). Op is "do"; Database and
-	// Collection name the records' collection; ID is the idempotency key
-	// as the caller gave it (its scope is not reported).
+	// The events of idempotency.Keys: Op is "do"; Database and Collection
+	// name the records' collection; ID is the idempotency key (without its
+	// scope).
 
 	// KeyCompleted: a request ran and its result was stored. Attempt is
 	// the run of the key (1 for the first claim that ran it), Epoch the
-	// claim's (the lease events of the claim, op "do", tell how long it
-	// took).
+	// claim's.
 	KeyCompleted
 
-	// KeyReplayed: a request got the result an earlier one stored; nothing
-	// ran.
+	// KeyReplayed: a request got an earlier one's result; nothing ran.
 	KeyReplayed
 
 	// KeyInProgress: another request holds the key's claim; nothing ran.
 	// Holder, Epoch (the holder's), TimeLeft.
 	KeyInProgress
 
-	// KeyMismatch: the key was first used with another request (another
-	// fingerprint); nothing ran.
+	// KeyMismatch: the key was first used with another request; nothing ran.
 	KeyMismatch
 
 	kindEnd // one past the last kind
@@ -247,20 +221,14 @@ const (
 	SettledUnknown
 )
 
+var settlementNames = [...]string{SettledLanded: "landed", SettledResent: "resent", SettledNotLanded: "not_landed", SettledUnknown: "unknown"}
+
 // String returns "landed", "resent", "not_landed" or "unknown".
 func (s Settlement) String() string {
-	switch s {
-	case SettledLanded:
-		return "landed"
-	case SettledResent:
-		return "resent"
-	case SettledNotLanded:
-		return "not_landed"
-	case SettledUnknown:
-		return "unknown"
-	default:
-		return "Settlement(" + strconv.Itoa(int(s)) + ")"
+	if s >= SettledLanded && s <= SettledUnknown {
+		return settlementNames[s]
 	}
+	return "Settlement(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Outcome is how an operation ended: a short, fixed name, fit for a metric
@@ -301,10 +269,9 @@ const (
 	// OutcomeCanceled: the caller's context ended (context.Canceled or
 	// context.DeadlineExceeded).
 	OutcomeCanceled Outcome = "canceled"
-	// OutcomeAborted: the caller's own function returned an error
-	// (versioned Modify's fn: nothing was written; lease Do's fn: the lease
-	// was released), which the call returns: the caller's answer, such as
-	// "insufficient funds", or the caller's failure, not the library's.
+	// OutcomeAborted: the caller's own function returned an error, which
+	// the call returns (Modify's fn: nothing was written; lease Do's fn: the
+	// lease was released): the caller's answer, not the library's failure.
 	OutcomeAborted Outcome = "aborted"
 	// OutcomeError: any other error (network, server, decoding, the error
 	// of the caller's function).
@@ -312,11 +279,10 @@ const (
 )
 
 // Failed reports whether the outcome is a failure to do what was asked, as
-// opposed to success or an answer that the caller asked for in effect: a
-// conflict, a missing document, a failed condition, a duplicate, a held
-// lease, bad input, the caller's own function's error. The slog observer
-// logs failures at Info and answers at Debug; the OpenTelemetry adapter
-// marks only failures as span errors.
+// opposed to success or an answer (a conflict, a missing document, a failed
+// condition, a duplicate, a held lease, bad input, the caller's own
+// function's error). The slog observer logs failures at Info, and the
+// OpenTelemetry adapter marks only failures as span errors.
 func (o Outcome) Failed() bool {
 	switch o {
 	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:
@@ -334,47 +300,36 @@ type Event struct {
 
 	// Op names the operation: "insert", "get", "update", "delete",
 	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease); "enqueue", "requeue", "cancel", "run" or
-	// the failed step of a QueueError (deferred); "do" (idempotency). The events of a lease's claim (LeaseHeld,
-	// and Ambiguous and Settled of a claim) say "acquire" whichever call
-	// claimed, and LeaseReleased says "release"; LeaseLost, and the events
-	// of retry.Do and store.ServerClock, have none.
+	// "renew", "release" (lease: a claim's events say "acquire" whichever
+	// call claimed; LeaseLost has none); "enqueue", "requeue", "cancel",
+	// "run" or a QueueError's step (deferred); "do" (idempotency).
 	Op string
-	// Database and Collection are the names of the operation's database and
-	// collection (a lease Manager's: the leased documents', or the lock
-	// documents').
+	// Database and Collection name the operation's collection.
 	Database, Collection string
-	// ID is the document's id, or a named lease's name, as the caller gave
-	// it (after validation); a job's id (deferred); the idempotency key.
+	// ID is the document's id or a named lease's name, as the caller gave
+	// it; a job's id (deferred); the idempotency key.
 	ID any
-	// Key (deferred) is the job's key, as text (its BSON value in extended
-	// JSON, cut to 64 bytes).
-	Key string
-	// Name (deferred) is the name of the job's handler: its kind.
-	Name string
+	// Key (deferred) is the job's key as text (extended JSON, cut to 64
+	// bytes), and Name the job's handler.
+	Key, Name string
 
-	// Outcome (OpEnd, JobCompleted, JobFailed, JobDead) says how the
-	// operation, or the job's attempt, ended.
+	// Outcome (OpEnd and the job events) says how the operation, or the
+	// job's attempt, ended.
 	Outcome Outcome
-	// Err is the error of the event: the operation's (OpEnd), the cause
-	// (Retry, BudgetRefused, Ambiguous, LeaseRenewFailed), why the outcome
-	// is unknown (Settled), the *lease.LostError (LeaseLost), the handler's
-	// (JobFailed, JobDead), the failure (QueueError).
+	// Err is the event's error: the operation's, the cause, or the failure
+	// (see each Kind).
 	Err error
-	// Elapsed (OpEnd) is how long the operation took; how long the
-	// handler ran (JobCompleted, JobFailed, JobDead, JobSnoozed).
+	// Elapsed is how long the operation (OpEnd), or the handler (job
+	// events), took.
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
-	// BudgetRefused), or the attempts made (OpEnd); a job's attempt (the
-	// Job events), the run of an idempotency key (KeyCompleted).
+	// BudgetRefused), the attempts made (OpEnd), a job's attempt, or the run
+	// of an idempotency key (KeyCompleted).
 	Attempt int
-	// Delay (Retry) is how long the operation waits before the next
-	// attempt: 0 for a retry made at once (retry.Immediately; Modify's
-	// first conflict where the failed write returned the document); how
-	// long a job waits before its next attempt (JobFailed, JobSnoozed).
+	// Delay is the wait before the next attempt (Retry: 0 for a retry made
+	// at once; JobFailed, JobSnoozed).
 	Delay time.Duration
-	// Age (JobClaimed) is the time from the job's enqueue to its claim:
-	// how long it waited in the queue (backoffs and snoozes included).
+	// Age (JobClaimed) is the time from the job's enqueue to its claim.
 	Age time.Duration
 
 	// Expected and Current (Conflict) are the version the write expected
@@ -384,30 +339,27 @@ type Event struct {
 	// Settlement (Settled) says what became of an ambiguous write.
 	Settlement Settlement
 
-	// Epoch is the lease's fencing token (the holder's, for LeaseHeld and
-	// KeyInProgress; the claim's that stored the result, for KeyCompleted).
+	// Epoch is the lease's fencing token (the holder's for LeaseHeld and
+	// KeyInProgress; the storing claim's for KeyCompleted).
 	Epoch int64
 	// Owner is this Manager's owner string (lease events).
 	Owner string
-	// Holder (LeaseHeld, LeaseLost, KeyInProgress) is the owner the lease record names,
-	// when it was read: the holder that keeps this owner waiting, or the
-	// one that took the lease over.
+	// Holder (LeaseHeld, LeaseLost, KeyInProgress) is the owner the lease
+	// record names, when it was read.
 	Holder string
-	// Reason (LeaseLost) says why the lease was lost: "expired",
-	// "taken_over", "cleared" or "unread"; (QueueKeySkipped) why a worker
-	// left a key: "no_handler".
+	// Reason says why a lease was lost (LeaseLost: "expired", "taken_over",
+	// "cleared", "unread") or a key skipped (QueueKeySkipped: "no_handler").
 	Reason string
 	// Wait (LeaseAcquired) is how long the claim took, waiting included.
 	Wait time.Duration
-	// Held (LeaseReleased, LeaseLost) is how long the lease was held, from
-	// its claim to its release or loss.
+	// Held (LeaseReleased, LeaseLost) is how long the lease was held.
 	Held time.Duration
 	// TimeLeft is the holder's time left: another owner's (LeaseHeld,
 	// KeyInProgress), this owner's after a renewal (LeaseRenewed).
 	TimeLeft time.Duration
 
-	// Bound (ClockSync) is the error bound of the server-clock reading a
-	// store.ServerClock keeps; RTT its round trip.
+	// Bound and RTT (ClockSync) are the error bound and round trip of the
+	// server-clock reading kept.
 	Bound, RTT time.Duration
 }
 

@@ -7,27 +7,14 @@ import (
 
 // Slog returns an Observer that logs each event to logger (slog.Default()
 // if nil), with the message "mongocas " and the kind ("mongocas conflict")
-// and the event's fields as attributes. Levels are chosen so that normal
-// operation is quiet at Info:
+// and the event's fields as attributes. Normal operation is quiet at Info:
 //
-//   - Warn: a lost lease (LeaseLost), an operation that ended with an
-//     unknown outcome (OpEnd with OutcomeUnknown), a dead job (JobDead), a
-//     queue's worker that failed at something it cannot return to anyone
-//     or left a key to other processes (QueueError, QueueKeySkipped), an
-//     idempotency key reused with another request (KeyMismatch): someone
-//     must look.
-//   - Info: an operation that failed (OpEnd whose Outcome.Failed), a retry
-//     the budget refused (BudgetRefused), a failed renewal that kept the
-//     lease (LeaseRenewFailed), an ambiguous write that could not be
-//     settled (Settled with SettledUnknown), a job's attempt that failed
-//     and will be tried again (JobFailed).
-//   - Debug: everything else: operations that start, and that end well or
-//     with an answer (a conflict, a missing document, a held lease, the
-//     caller's own function's error: Outcome.Failed is false), conflicts,
-//     retries, ambiguous writes settled, leases acquired, renewed, released
-//     and held by another, clock syncs, jobs enqueued, claimed, completed,
-//     snoozed, requeued and cancelled, idempotent requests completed,
-//     replayed and found in progress.
+//   - Warn, where someone must look: LeaseLost, OpEnd with OutcomeUnknown,
+//     JobDead, QueueError, QueueKeySkipped, KeyMismatch.
+//   - Info: OpEnd whose Outcome.Failed, BudgetRefused, LeaseRenewFailed,
+//     Settled with SettledUnknown, JobFailed.
+//   - Debug: everything else (operations that start, or end well or with an
+//     answer such as a conflict, and the events of normal work).
 //
 // An event below the logger's level costs one call of its Enabled method and
 // allocates nothing; Start never changes the context.
@@ -128,7 +115,7 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 			attrs = append(attrs, slog.Duration("held", e.Held))
 		default:
 		}
-	case LeaseHeld:
+	case LeaseHeld, KeyInProgress:
 		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	case ClockSync:
 		attrs = append(attrs, slog.Duration("bound", e.Bound), slog.Duration("rtt", e.RTT))
@@ -147,8 +134,6 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("reason", e.Reason))
 	case KeyCompleted:
 		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Int64("epoch", e.Epoch))
-	case KeyInProgress:
-		attrs = append(attrs, slog.String("holder", e.Holder), slog.Int64("epoch", e.Epoch), slog.Duration("time_left", e.TimeLeft))
 	default:
 	}
 	if e.Err != nil {

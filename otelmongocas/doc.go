@@ -15,7 +15,7 @@
 // observe.Join(obs, observe.Slog(logger)).
 //
 // This package is a module of its own, github.com/mongocas/mongocas/otelmongocas,
-// so that the library module depends on the driver and backoff only; this one
+// so that the library module depends on the driver only; this one
 // adds go.opentelemetry.io/otel, its metric and trace APIs, and nothing else
 // beyond the library's own dependencies (the SDK is the application's
 // choice).

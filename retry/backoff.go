@@ -4,8 +4,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
-
-	"github.com/cenkalti/backoff/v4"
 )
 
 // Backoff is a sequence of delays, one per retry, that a Policy describes.
@@ -30,56 +28,38 @@ func (p Policy) NewBackoff() Backoff {
 	return newSequence(&s)
 }
 
-// sequence implements Backoff. The exponential caps come from backoff v4's
-// ExponentialBackOff with no randomization and no elapsed-time limit; jitter
-// is applied here, because backoff v4 only offers its own symmetric
-// randomization and draws from the global math/rand, which tests cannot
-// control. The exponential part is not safe for concurrent use, and neither is
-// sequence.
+// sequence implements Backoff. It is not safe for concurrent use.
 type sequence struct {
 	jitter       Jitter
 	initial, max time.Duration
+	multiplier   float64
 	rand         func() float64
-	exp          *backoff.ExponentialBackOff // nil for DecorrelatedJitter
-	prev         time.Duration               // DecorrelatedJitter's previous delay
+	limit        time.Duration // the cap of the next delay, from initial to max
+	prev         time.Duration // DecorrelatedJitter's previous delay
 }
 
 func newSequence(s *settings) *sequence {
-	seq := &sequence{jitter: s.jitter, initial: s.initial, max: s.max, rand: s.rand, prev: s.initial}
-	if s.jitter != DecorrelatedJitter {
-		seq.exp = &backoff.ExponentialBackOff{
-			InitialInterval:     s.initial,
-			RandomizationFactor: 0,
-			Multiplier:          s.multiplier,
-			MaxInterval:         s.max,
-			MaxElapsedTime:      0, // never returns backoff.Stop; Do enforces MaxElapsedTime
-			Stop:                backoff.Stop,
-			Clock:               zeroClock{}, // elapsed time is unused with MaxElapsedTime 0
-		}
-		seq.exp.Reset()
-	}
+	seq := &sequence{jitter: s.jitter, initial: s.initial, max: s.max, multiplier: s.multiplier, rand: s.rand}
+	seq.Reset()
 	return seq
 }
 
-func (s *sequence) Reset() {
-	s.prev = s.initial
-	if s.exp != nil {
-		s.exp.Reset()
-	}
-}
+func (s *sequence) Reset() { s.limit, s.prev = s.initial, s.initial }
 
 func (s *sequence) Next() time.Duration {
 	r := unit(s.rand())
 	if s.jitter == DecorrelatedJitter {
 		// uniform in [initial, 3×prev), then capped by max.
-		lo := s.initial
 		hi := min(s.prev, maxDelay/3) * 3
-		d := lo + scale(r, hi-lo)
-		s.prev = min(d, s.max)
+		s.prev = min(s.initial+scale(r, hi-s.initial), s.max)
 		return s.prev
 	}
-	c := min(s.exp.NextBackOff(), s.max) // the cap; the first one is InitialInterval
-	c = max(c, 0)
+	c := s.limit
+	if float64(s.limit) >= float64(s.max)/s.multiplier { // also where × would overflow
+		s.limit = s.max
+	} else {
+		s.limit = time.Duration(float64(s.limit) * s.multiplier)
+	}
 	switch s.jitter {
 	case EqualJitter:
 		half := c / 2
@@ -114,12 +94,5 @@ func unit(r float64) float64 {
 	}
 }
 
-// defaultRand is the jitter source when Policy.Rand is nil. The top-level
-// math/rand/v2 functions are safe for concurrent use and need no seeding.
+// defaultRand is the jitter source when Policy.Rand is nil.
 func defaultRand() float64 { return rand.Float64() }
-
-// zeroClock is the clock of the ExponentialBackOff: it only needs one for an
-// elapsed time that a zero MaxElapsedTime makes unused.
-type zeroClock struct{}
-
-func (zeroClock) Now() time.Time { return time.Time{} }

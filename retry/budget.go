@@ -13,10 +13,8 @@ import (
 // Policy points to it, so that a storm of conflicts or failures cannot turn
 // into a storm of retries. Each retry takes one token (first attempts take
 // none); when the bucket is empty, Do stops at once with a
-// *BudgetExhaustedError. Tokens come back at a steady rate up to a burst.
-//
-// A Budget is safe for concurrent use. Make it with NewBudget, typically once
-// per process or per repository, and never copy it.
+// *BudgetExhaustedError. Tokens come back at a steady rate up to a burst. A
+// Budget is safe for concurrent use. Make it with NewBudget; never copy it.
 type Budget struct {
 	mu       sync.Mutex
 	clock    store.Clock   // nil: the clock of the Policy in use
@@ -33,8 +31,7 @@ type Budget struct {
 type BudgetOption func(*Budget)
 
 // WithBudgetClock makes the Budget refill on clock instead of on the Clock of
-// each Policy that uses it. Give one when Policies with different clocks share
-// the Budget, or when a test drives the Budget with a fake clock.
+// each Policy that uses it (Policies with different clocks, a fake clock).
 func WithBudgetClock(clock store.Clock) BudgetOption {
 	return func(b *Budget) { b.clock = clock }
 }
@@ -71,10 +68,7 @@ func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
 }
 
 // take takes one token if one is left, after refilling the bucket on the
-// Budget's own clock or else on the given one. The clock is read under the
-// lock, so refills see the times in the order they happen; refill ignores a
-// time earlier than one it already counted, so even out-of-order readings
-// (two Policies' clocks, a clock stepped back) never mint a token.
+// Budget's own clock or else on the given one, read under the lock.
 func (b *Budget) take(clock store.Clock) bool {
 	if b.clock != nil {
 		clock = b.clock
@@ -90,10 +84,8 @@ func (b *Budget) take(clock store.Clock) bool {
 }
 
 // refill adds the tokens earned since the latest time it has counted. b.mu
-// must be held. Time only moves forward for a Budget: a now earlier than the
-// latest one seen earns nothing and leaves the mark where it is, so no stretch
-// of time is ever counted twice (restarting the count at an earlier time
-// would count the stretch between it and the mark again).
+// must be held. A now earlier than the latest one seen earns nothing and
+// leaves the mark where it is, so no stretch of time is counted twice.
 func (b *Budget) refill(now time.Time) {
 	if !b.started {
 		b.last, b.started = now, true

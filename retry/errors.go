@@ -9,27 +9,23 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Sentinel errors. Match them with errors.Is; the typed errors below carry the
-// facts.
+// Sentinel errors, matched with errors.Is by the typed errors below, which
+// carry the facts.
 var (
-	// ErrInvalidPolicy is matched by every *ConfigError: a Policy field (or
-	// its Budget) is out of range. Do returns it without calling fn.
+	// ErrInvalidPolicy: a Policy field (or its Budget) is out of range.
 	ErrInvalidPolicy = errors.New("retry: invalid policy")
-
-	// ErrExhausted is matched by every *ExhaustedError: fn kept failing with
-	// a retryable error until MaxAttempts or MaxElapsedTime ran out.
+	// ErrExhausted: fn kept failing with a retryable error until
+	// MaxAttempts or MaxElapsedTime ran out.
 	ErrExhausted = errors.New("retry: attempts exhausted")
-
-	// ErrBudgetExhausted is matched by every *BudgetExhaustedError: fn failed
-	// with a retryable error, but the shared retry Budget had no token left.
+	// ErrBudgetExhausted: fn failed with a retryable error, but the shared
+	// retry Budget had no token left.
 	ErrBudgetExhausted = errors.New("retry: retry budget exhausted")
 )
 
-// ConfigError reports an invalid Policy field. It matches ErrInvalidPolicy
-// through errors.Is.
+// ConfigError reports an invalid Policy field. It matches ErrInvalidPolicy.
 type ConfigError struct {
-	// Field is the name of the offending Policy field, such as "Multiplier",
-	// or "Budget" for a Budget made with invalid arguments.
+	// Field is the offending Policy field, such as "Multiplier", or
+	// "Budget" for a Budget made with invalid arguments.
 	Field string
 	// Reason says what is wrong with the value.
 	Reason string
@@ -44,12 +40,10 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidPolicy }
 
 // ExhaustedError is returned by Do when fn failed with a retryable error and
-// another attempt would exceed MaxAttempts or MaxElapsedTime. errors.Is
-// matches both ErrExhausted and any error that Last matches, and errors.As
-// reaches Last's types (for example a driver error).
-//
-// ExhaustedError is itself not retryable: its Retryable method reports false,
-// so a Do nested inside another Do does not multiply retries.
+// another attempt would exceed MaxAttempts or MaxElapsedTime. It matches
+// ErrExhausted and whatever Last matches, and errors.As reaches Last's types.
+// It is not retryable, so a Do nested inside another does not multiply
+// retries.
 type ExhaustedError struct {
 	// Attempts is the number of calls of fn that were made.
 	Attempts int
@@ -66,18 +60,16 @@ func (e *ExhaustedError) Error() string {
 	return fmt.Sprintf("retry: gave up after %d attempts in %v: %v", e.Attempts, e.Elapsed, e.Last)
 }
 
-// Unwrap returns ErrExhausted and Last, so errors.Is and errors.As see both.
+// Unwrap returns ErrExhausted and Last.
 func (e *ExhaustedError) Unwrap() []error { return []error{ErrExhausted, e.Last} }
 
 // Retryable reports false: the retries are used up.
 func (e *ExhaustedError) Retryable() bool { return false }
 
 // BudgetExhaustedError is returned by Do when fn failed with a retryable
-// error and the Policy's Budget had no token left for another attempt.
-// errors.Is matches both ErrBudgetExhausted and any error that Last matches.
-//
-// BudgetExhaustedError is itself not retryable: its Retryable method reports
-// false, so an outer retry loop does not defeat the budget.
+// error and the Policy's Budget had no token left for another attempt. It
+// matches ErrBudgetExhausted and whatever Last matches. It is not retryable,
+// so an outer retry loop does not defeat the budget.
 type BudgetExhaustedError struct {
 	// Attempts is the number of calls of fn that were made.
 	Attempts int
@@ -90,60 +82,29 @@ func (e *BudgetExhaustedError) Error() string {
 	return fmt.Sprintf("retry: retry budget exhausted after %d attempts: %v", e.Attempts, e.Last)
 }
 
-// Unwrap returns ErrBudgetExhausted and Last, so errors.Is and errors.As see
-// both.
+// Unwrap returns ErrBudgetExhausted and Last.
 func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhausted, e.Last} }
 
 // Retryable reports false: the budget says to stop retrying.
 func (e *BudgetExhaustedError) Retryable() bool { return false }
 
-// stoppedError is returned by Do when the caller's context ends: it wraps the
-// context's error, its cause if that differs, and the last error of fn.
-type stoppedError struct {
-	attempts int
-	ctxErr   error
-	cause    error // nil if it is ctxErr
-	last     error // nil if fn was never called
-}
-
-func (e *stoppedError) Error() string {
-	msg := fmt.Sprintf("retry: stopped after %d attempts: %v", e.attempts, e.ctxErr)
-	if e.cause != nil {
-		msg += fmt.Sprintf(" (cause: %v)", e.cause)
-	}
-	if e.last != nil {
-		msg += fmt.Sprintf("; last error: %v", e.last)
-	}
-	return msg
-}
-
-func (e *stoppedError) Unwrap() []error {
-	errs := make([]error, 0, 3)
-	errs = append(errs, e.ctxErr)
-	if e.cause != nil {
-		errs = append(errs, e.cause)
-	}
-	if e.last != nil {
-		errs = append(errs, e.last)
-	}
-	return errs
-}
-
-// newStoppedError builds the error for a Do whose context ended after the
-// given number of attempts; last is the last error of fn, or nil.
+// newStoppedError builds the error of a Do whose context ended after the
+// given number of attempts: it wraps ctx.Err(), the context's cause if that
+// is another error, and last, fn's last error (nil if fn was never called).
 func newStoppedError(ctx context.Context, attempts int, last error) error {
-	e := &stoppedError{attempts: attempts, ctxErr: ctx.Err(), last: last}
-	if cause := context.Cause(ctx); cause != nil && cause != e.ctxErr { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
-		e.cause = cause
+	format, args := "retry: stopped after %d attempts: %w", []any{attempts, ctx.Err()}
+	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
+		format, args = format+" (cause: %w)", append(args, cause)
 	}
-	return e
+	if last != nil {
+		format, args = format+"; last error: %w", append(args, last)
+	}
+	return fmt.Errorf(format, args...)
 }
 
 // Permanent wraps err so that Do stops at once and returns err itself (not the
-// wrapper). Anywhere in an error chain, it makes IsRetryable report false,
-// even if the chain also holds a transient or Retryable error. The wrapper has
-// err's message and unwraps to err, so errors.Is and errors.As reach err.
-// Permanent(nil) returns nil.
+// wrapper). Anywhere in an error chain, it makes IsRetryable report false.
+// The wrapper has err's message and unwraps to err. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -164,15 +125,13 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Immediately wraps a retryable err so that Do makes its next attempt at
-// once: no sleep, and the backoff sequence does not advance (the retry after
-// that one waits as long as it would have without it). Everything else about
-// the retry is as usual: MaxAttempts and MaxElapsedTime are checked, a
-// Budget token is taken, OnRetry and the Observer see it (Delay 0), and an
-// error Do returns holds err, not the wrapper. Use it when the failure itself
-// brought what the next attempt needs, such as the current document with a
-// version conflict, which a wait would make stale. Only the outermost error
-// fn returns is looked at; a non-retryable err is returned as such.
-// Immediately(nil) returns nil.
+// once: no sleep, and the backoff sequence does not advance. Everything else
+// about the retry is as usual (MaxAttempts, MaxElapsedTime, a Budget token,
+// OnRetry and the Observer with Delay 0), and an error Do returns holds err,
+// not the wrapper. Use it when the failure brought what the next attempt
+// needs, such as the current document with a version conflict. Only the
+// outermost error fn returns is looked at; a non-retryable err is returned
+// as such. Immediately(nil) returns nil.
 func Immediately(err error) error {
 	if err == nil {
 		return nil
@@ -186,9 +145,9 @@ func (e *immediateError) Error() string { return e.err.Error() }
 func (e *immediateError) Unwrap() error { return e.err }
 
 // Retryable is implemented by error types that know whether the operation
-// that failed may be tried again, such as a version conflict of an optimistic
-// write (true) or an error that needs a re-read rather than a blind retry
-// (false). IsRetryable finds it anywhere in an error chain.
+// that failed may be tried again, such as a version conflict (true) or an
+// error that needs a re-read first (false). IsRetryable finds it anywhere in
+// an error chain.
 type Retryable interface {
 	// Retryable reports whether the failed operation may be tried again.
 	Retryable() bool
@@ -196,21 +155,16 @@ type Retryable interface {
 
 // IsRetryable reports whether an operation that failed with err may pass if
 // it is tried again. It looks at types and error labels through errors.Is and
-// errors.As, never at message text, so wrapping with fmt.Errorf("...: %w") or
-// errors.Join keeps the answer. In order:
+// errors.As, never at message text, so wrapping keeps the answer. In order:
 //
-//   - nil: false.
-//   - an error made by Permanent anywhere in the chain: false.
+//   - nil, or an error made by Permanent anywhere in the chain: false.
 //   - context.Canceled or context.DeadlineExceeded anywhere in the chain:
 //     false, since IsRetryable cannot tell whether the caller's own context
-//     ended. (Do, which knows the caller's context, does retry a deadline
-//     error while that context is still live: see Do.) The driver's
-//     "operation not sent, as Timeout would be exceeded" is such an error.
+//     ended (Do, which can, retries a deadline error while it is live).
 //   - a Retryable in the chain: its answer. The first one errors.As finds
 //     decides, so an outer error that says false overrides a transient error
 //     it wraps.
-//   - otherwise store.IsTransient(err): a network error, a timeout, a write
-//     conflict, or the RetryableWriteError or TransientTransactionError label.
+//   - otherwise store.IsTransient(err).
 func IsRetryable(err error) bool {
 	return classify(err, false)
 }

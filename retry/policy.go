@@ -9,33 +9,24 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Default values of the Policy fields. A zero field of a Policy takes the
-// corresponding default.
+// The defaults of the Policy fields, which a zero field takes.
 const (
-	// DefaultInitialInterval is the default cap of the first delay.
-	DefaultInitialInterval = 5 * time.Millisecond
-	// DefaultMaxInterval is the default cap of any delay.
-	DefaultMaxInterval = 200 * time.Millisecond
-	// DefaultMultiplier is the default growth factor of the delay cap.
-	DefaultMultiplier = 2.0
-	// DefaultMaxAttempts is the default number of calls of fn, the first
-	// included.
-	DefaultMaxAttempts = 10
-	// DefaultMaxElapsedTime is the default time after which Do stops retrying.
-	DefaultMaxElapsedTime = 2 * time.Second
+	DefaultInitialInterval = 5 * time.Millisecond   // cap of the first delay
+	DefaultMaxInterval     = 200 * time.Millisecond // cap of any delay
+	DefaultMultiplier      = 2.0                    // growth of the cap
+	DefaultMaxAttempts     = 10                     // calls of fn, the first included
+	DefaultMaxElapsedTime  = 2 * time.Second        // time after which Do stops retrying
 )
 
-// maxDelay bounds every interval internally, so that no arithmetic on
-// durations overflows. It is about 146 years.
+// maxDelay (about 146 years) bounds every interval, so that no arithmetic on
+// durations overflows.
 const maxDelay = time.Duration(1 << 62)
 
-// Policy says how often and how long Do retries a failing function.
-//
-// The zero Policy is valid and means the defaults (see Default): full-jitter
-// exponential backoff from 5ms to 200ms, at most 10 attempts, at most 2s.
-// Each zero field takes the default its documentation gives. A Policy is a
-// plain value: copy it freely and share it between goroutines, provided that
-// its Rand and OnRetry functions (and its Clock) are safe for concurrent use.
+// Policy says how often and how long Do retries a failing function. The
+// zero Policy means the defaults (see Default); each zero field takes the
+// default its documentation gives. A Policy is a plain value: copy it freely
+// and share it between goroutines, provided that its Rand, OnRetry and Clock
+// are safe for concurrent use.
 //
 // The delay before retry n (n = 1 for the first retry) is drawn below a cap
 // that grows exponentially:
@@ -77,8 +68,7 @@ type Policy struct {
 	MaxElapsedTime time.Duration
 
 	// Budget, if not nil, is a token bucket shared by every Do call that uses
-	// it (typically one per process or per repository). Each retry, not the
-	// first attempt, takes a token; when none is left Do stops with a
+	// it: each retry takes a token; when none is left Do stops with a
 	// *BudgetExhaustedError. Nil means no budget.
 	Budget *Budget
 
@@ -89,21 +79,15 @@ type Policy struct {
 
 	// Observer, if not nil, receives an observe.Retry event before each
 	// sleep (after OnRetry) and an observe.BudgetRefused event when the
-	// Budget refuses a retry, with Do's context. Do sends no other event:
-	// the operation that calls it reports its own start and end. The
-	// versioned and lease packages fill it with their Options.Observer when
-	// it is nil. Nil means none, at no cost.
+	// Budget refuses a retry, with Do's context. Nil means none, at no cost.
 	Observer observe.Observer
 
-	// Clock supplies the current time and the timers Do sleeps on. Tests
-	// inject a fake one so that they never sleep. Nil means store.SystemClock()
-	// (time.Now and time.NewTimer).
+	// Clock supplies the current time and the timers Do sleeps on; tests
+	// inject a fake one. Nil means store.SystemClock().
 	Clock store.Clock
 
-	// Rand returns a pseudo-random number in [0, 1) for jitter. It must be
-	// safe for concurrent use if the Policy is shared between goroutines.
-	// Values outside [0, 1) are clamped into it. Nil means the top-level
-	// math/rand/v2 Float64, which is safe for concurrent use.
+	// Rand returns a pseudo-random number in [0, 1) for jitter (values
+	// outside are clamped into it). Nil means math/rand/v2's Float64.
 	Rand func() float64
 }
 
@@ -130,27 +114,19 @@ const (
 	DecorrelatedJitter
 )
 
+var jitterNames = [...]string{"FullJitter", "EqualJitter", "NoJitter", "DecorrelatedJitter"}
+
 // String returns the name of the jitter kind, such as "FullJitter".
 func (j Jitter) String() string {
-	switch j {
-	case FullJitter:
-		return "FullJitter"
-	case EqualJitter:
-		return "EqualJitter"
-	case NoJitter:
-		return "NoJitter"
-	case DecorrelatedJitter:
-		return "DecorrelatedJitter"
-	default:
-		return fmt.Sprintf("Jitter(%d)", int(j))
+	if j >= FullJitter && j <= DecorrelatedJitter {
+		return jitterNames[j]
 	}
+	return fmt.Sprintf("Jitter(%d)", int(j))
 }
 
-// Default returns the default Policy with every numeric field filled in:
-// InitialInterval 5ms, MaxInterval 200ms, Multiplier 2, FullJitter,
-// MaxAttempts 10, MaxElapsedTime 2s. Budget, OnRetry, Observer, Clock and Rand
-// stay nil, which means no budget, no hooks, the real clock and math/rand/v2.
-// Do(ctx, Default(), fn) behaves exactly like Do(ctx, Policy{}, fn).
+// Default returns the default Policy with every numeric field filled in
+// (the Default constants, FullJitter) and the others nil: Do(ctx, Default(),
+// fn) behaves exactly like Do(ctx, Policy{}, fn).
 func Default() Policy {
 	return Policy{
 		InitialInterval: DefaultInitialInterval,
@@ -162,10 +138,9 @@ func Default() Policy {
 	}
 }
 
-// Validate reports the first invalid field of p as a *ConfigError, which
-// matches ErrInvalidPolicy through errors.Is, or nil if p is valid. Zero
-// fields are valid: they mean their defaults. Do calls Validate before it
-// calls fn.
+// Validate reports the first invalid field of p as a *ConfigError
+// (ErrInvalidPolicy), or nil if p is valid. Zero fields are valid: they mean
+// their defaults. Do calls Validate before it calls fn.
 func (p Policy) Validate() error {
 	switch {
 	case p.InitialInterval < 0:
@@ -215,14 +190,8 @@ func (p Policy) resolve() settings {
 		clock:      p.Clock,
 		rand:       p.Rand,
 	}
-	if s.initial < 0 {
-		s.initial = 0
-	}
-	if s.max < 0 {
-		s.max = 0
-	}
-	s.initial = min(s.initial, maxDelay)
-	s.max = min(s.max, maxDelay)
+	s.initial = min(max(s.initial, 0), maxDelay)
+	s.max = min(max(s.max, 0), maxDelay)
 	switch {
 	case s.initial == 0 && s.max == 0:
 		s.initial, s.max = DefaultInitialInterval, DefaultMaxInterval

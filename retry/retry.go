@@ -22,35 +22,31 @@ type Attempt struct {
 	Elapsed time.Duration
 }
 
-// Do calls fn until it succeeds, fails with an error that is not retryable,
-// or the Policy, its Budget or ctx says to stop. fn receives ctx. Do returns:
+// Do calls fn with ctx until it succeeds, fails with an error that is not
+// retryable, or the Policy, its Budget or ctx says to stop. It returns:
 //
 //   - nil, as soon as fn returns nil;
-//   - a *ConfigError (errors.Is ErrInvalidPolicy) if p is invalid, without
-//     calling fn;
-//   - fn's error itself if it is not retryable (see IsRetryable); an error
-//     that Permanent or Immediately made is returned unwrapped, as the error
-//     given to it;
-//   - an *ExhaustedError (errors.Is ErrExhausted) when another attempt would
-//     exceed MaxAttempts, or its sleep would end after MaxElapsedTime;
-//   - a *BudgetExhaustedError (errors.Is ErrBudgetExhausted) when the
-//     Policy's Budget has no token for another attempt;
-//   - when ctx ends, before the first attempt, after a retryable failure or
-//     during a sleep, an error that wraps both ctx.Err() (and
-//     context.Cause(ctx) if it differs) and the last error of fn, so that
-//     errors.Is(err, context.Canceled) or errors.Is(err,
-//     context.DeadlineExceeded) holds, and so does errors.Is(err, e) for any e
-//     the last error matches. Cancellation interrupts a sleep at once, and once
-//     Do has seen ctx end it does not call fn again.
+//   - a *ConfigError (ErrInvalidPolicy) if p is invalid, without calling fn;
+//   - fn's error itself if it is not retryable (see IsRetryable); one that
+//     Permanent or Immediately made is returned as the error given to it;
+//   - an *ExhaustedError (ErrExhausted) when another attempt would exceed
+//     MaxAttempts, or its sleep would end after MaxElapsedTime;
+//   - a *BudgetExhaustedError (ErrBudgetExhausted) when the Policy's Budget
+//     has no token for another attempt;
+//   - when ctx ends (before the first attempt, after a retryable failure or
+//     during a sleep), an error that wraps ctx.Err(), context.Cause(ctx) if
+//     it differs, and fn's last error, so that errors.Is matches the
+//     context's error and whatever the last error matches. Cancellation
+//     interrupts a sleep at once, and once Do has seen ctx end it does not
+//     call fn again.
 //
-// Do classifies fn's errors as IsRetryable does, with one refinement: since
-// Do knows the caller's context, a context.DeadlineExceeded from fn while ctx
-// is still live (a per-attempt timeout that fn set, or the driver's operation
-// timeout) is retried if it is otherwise retryable.
-//
+// Do classifies errors as IsRetryable does, except that a
+// context.DeadlineExceeded from fn while ctx is still live (a per-attempt or
+// the driver's operation timeout) is retried if it is otherwise retryable.
 // Before each retry Do computes the delay (see Policy), checks MaxAttempts and
 // MaxElapsedTime, takes a Budget token, calls OnRetry, and sleeps on the
-// Policy's Clock (not after an error made by Immediately). A call that succeeds at once makes no allocation.
+// Policy's Clock (not after an error made by Immediately). A call that
+// succeeds at once makes no allocation.
 func Do(ctx context.Context, p Policy, fn func(ctx context.Context) error) error {
 	if err := p.Validate(); err != nil {
 		return err
@@ -63,8 +59,7 @@ func Do(ctx context.Context, p Policy, fn func(ctx context.Context) error) error
 // value when fn succeeds, and the zero value of T with the error otherwise.
 func DoValue[T any](ctx context.Context, p Policy, fn func(ctx context.Context) (T, error)) (T, error) {
 	var v T
-	err := Do(ctx, p, func(ctx context.Context) error {
-		var err error
+	err := Do(ctx, p, func(ctx context.Context) (err error) {
 		v, err = fn(ctx)
 		return err
 	})

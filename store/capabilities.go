@@ -34,11 +34,10 @@ const (
 	// engine over SQLite or PostgreSQL. Its conditional writes are not atomic
 	// under concurrency, and it accepts TTL indexes but never deletes.
 	FerretDBv1 ServerKind = "ferretdb-v1"
-	// FerretDBv2 is FerretDB 2.x (buildInfo has a ferretdb document), the
-	// wire protocol in front of PostgreSQL with the DocumentDB extension, the
-	// engine of Azure Cosmos DB for MongoDB (vCore). It has no multi-document
-	// transactions, and it reports a duplicate key inside findAndModify as an
-	// InternalError (see IsDuplicateKey).
+	// FerretDBv2 is FerretDB 2.x (buildInfo has a ferretdb document) on
+	// PostgreSQL with the DocumentDB extension. It has no multi-document
+	// transactions, and reports some errors as PostgreSQL's (see
+	// IsDuplicateKey).
 	FerretDBv2 ServerKind = "ferretdb-v2"
 )
 
@@ -50,12 +49,10 @@ const ProbeCollection = "mongocas_probe"
 type Capabilities struct {
 	// Topology is standalone, replica set or sharded, from hello.
 	Topology Topology
-	// Server is the kind of server, from buildInfo. It names the server for
-	// messages and for working around a server's known divergences; the
-	// features below are found by trying, not from this.
+	// Server is the kind of server, from buildInfo, for messages and for
+	// working around a server's known divergences.
 	Server ServerKind
-	// Version is the version the server reports. It is informational only:
-	// FerretDB v1 reports 7.0.42 while lacking features MongoDB 7.0 has.
+	// Version is the version the server reports, for information only.
 	Version string
 	// Transactions is true when a document inserted in a transaction that
 	// is then aborted is gone afterwards, and one inserted in a transaction
@@ -80,39 +77,30 @@ type Capabilities struct {
 	TTLIndexes bool
 }
 
-// String summarizes the capabilities in one line.
+// String summarizes the capabilities in one line: the server, its version
+// and topology, then each feature after a + (present) or a - (absent).
 func (c Capabilities) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s %s", c.Server, c.Version, c.Topology)
-	for _, f := range []struct {
-		on   bool
-		name string
-	}{
-		{c.Transactions, "transactions"},
-		{c.RetryableWrites, "retryable-writes"},
-		{c.Expr, "$expr/$$NOW"},
-		{c.UpdatePipelines, "update-pipelines"},
-		{c.TTLIndexes, "ttl-indexes"},
-	} {
-		if f.on {
-			b.WriteString(" +" + f.name)
-		} else {
-			b.WriteString(" -" + f.name)
+	names := []string{"transactions", "retryable-writes", "$expr/$$NOW", "update-pipelines", "ttl-indexes"}
+	for i, on := range []bool{c.Transactions, c.RetryableWrites, c.Expr, c.UpdatePipelines, c.TTLIndexes} {
+		sign := " -"
+		if on {
+			sign = " +"
 		}
+		b.WriteString(sign + names[i])
 	}
 	return b.String()
 }
 
 // Probe finds what the server behind db can do by trying each feature and
-// checking its effect, not by reading its version number. It runs hello and
-// buildInfo, then works on a few documents it inserts into ProbeCollection
-// and deletes at the end: a findOneAndUpdate whose filter compares a date to
-// $$NOW with $expr, an update pipeline that stores $$NOW, a transaction that
-// is aborted (its insert must be gone) and one that is committed (its insert
-// must be there), and a TTL index on that collection. It needs read and
+// checking its effect, not by reading its version number: hello and
+// buildInfo, then, on documents it inserts into ProbeCollection and deletes
+// at the end, each test its Capabilities field describes. It needs read and
 // write access to db. A feature whose attempt fails, or does not have its
 // effect, is reported absent; Probe itself fails only when the server cannot
-// be reached or the probe document cannot be written.
+// be reached or the probe document cannot be written. Server.Capabilities
+// probes once per client.
 func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	c, err := identify(ctx, db.Client())
 	if err != nil {
@@ -179,8 +167,7 @@ func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities,
 	return c, ctx.Err()
 }
 
-// serverKind tells FerretDB v1 (ferretdbVersion, ferretdbFeatures), FerretDB
-// v2 (a ferretdb document) and anything else apart from a buildInfo reply.
+// serverKind tells the ServerKind from a buildInfo reply.
 func serverKind(build bson.M) ServerKind {
 	if _, ok := build["ferretdb"]; ok {
 		return FerretDBv2
@@ -242,9 +229,8 @@ func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID
 
 // probeTransactions inserts a document in a transaction it aborts, and one
 // in a transaction it commits, and reads both back outside the session: the
-// first must be gone and the second there. Trying alone is not enough: the
-// driver's AbortTransaction ignores the server's answer, and FerretDB v2
-// applies writes sent in a "transaction" at once.
+// first must be gone and the second there (the driver's AbortTransaction
+// ignores the server's answer, and FerretDB v2 applies each write at once).
 func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection, probe bson.ObjectID) bool {
 	sess, err := client.StartSession()
 	if err != nil {
@@ -286,12 +272,9 @@ func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Co
 }
 
 // probeTTL reports whether coll accepts an index with expireAfterSeconds
-// and reports it back.
+// and reports it back. The index's name and key are this probe's own, so
+// that two probes at once do not drop each other's index.
 func probeTTL(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
-	// A name and a key of this probe's own: two probes at once (two clients
-	// on one database) must not drop each other's index between its
-	// creation and its listing, which reported a server with TTL indexes as
-	// one without.
 	name := "mongocas_probe_ttl_" + id.Hex()
 	model := mongo.IndexModel{
 		Keys:    bson.D{{Key: "mongocasProbeExpiresAt_" + id.Hex(), Value: 1}},

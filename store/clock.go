@@ -15,22 +15,19 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// ErrNoServerTime is matched by every error a ServerClock returns when it has no
-// usable reading of the server's clock (none, or one older than MaxAge) and
-// cannot take one: the server is unreachable, its hello reply carries no
-// localTime, or the context ended (the error then matches the context's error
-// too).
+// ErrNoServerTime is matched by every error a ServerClock returns when it has
+// no usable reading of the server's clock (none, or one older than MaxAge)
+// and cannot take one (the error then also matches the context's error if
+// that ended).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
-// Sampler reads the server's current time once. The ServerClock times the call
-// itself, so a Sampler does only the round trip. A Sampler that returns the
-// zero time with a nil error counts as a failed reading.
+// Sampler reads the server's current time once; the ServerClock times the
+// call. The zero time with a nil error counts as a failed reading.
 type Sampler func(ctx context.Context) (time.Time, error)
 
 // HelloSampler reads the server's clock from the localTime field of the
-// hello command's reply, sent to the primary (the server that judges writes),
-// outside any session or transaction that ctx carries. hello needs no
-// privileges and is answered by every MongoDB-compatible server.
+// hello command's reply, sent to the primary outside any session or
+// transaction that ctx carries. hello needs no privileges.
 func HelloSampler(client *mongo.Client) Sampler {
 	admin := client.Database("admin")
 	primary := options.RunCmd().SetReadPreference(readpref.Primary())
@@ -38,10 +35,7 @@ func HelloSampler(client *mongo.Client) Sampler {
 		var reply struct {
 			LocalTime bson.DateTime `bson:"localTime"`
 		}
-		// A nil session in ctx hides the caller's: hello may not run inside a
-		// transaction, and a session pinned to one mongos would choose the
-		// server instead of the read preference.
-		ctx = mongo.NewSessionContext(ctx, nil)
+		ctx = mongo.NewSessionContext(ctx, nil) // see DESIGN.md, "Which server"
 		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}, primary).Decode(&reply); err != nil {
 			return time.Time{}, fmt.Errorf("%w: hello: %w", ErrNoServerTime, err)
 		}
@@ -59,27 +53,23 @@ type ServerClockOptions struct {
 	// Default 3.
 	Samples int
 	// ResyncInterval is the age after which a reading is stale: the next call
-	// to Now takes new readings, and any new reading replaces a stale one,
-	// however long its round trip. Default 30s.
+	// to Now takes new readings, and any new reading replaces it. Default 30s.
 	ResyncInterval time.Duration
 	// MaxAge is the age after which a reading is no longer used at all: Now
 	// then fails unless a new reading can be taken. Raised to ResyncInterval
 	// if smaller. Default 5m.
 	MaxAge time.Duration
 	// DriftRate is the assumed worst-case rate at which the local and server
-	// clocks drift apart, added to the error bound for every second since the
-	// reading (1e-4 is 100 µs per second, far above what NTP-disciplined
-	// clocks drift). Default 1e-4.
+	// clocks drift apart, added to the bound for every second since the
+	// reading. Default 1e-4 (100 µs per second).
 	DriftRate float64
 	// Now is the local clock. Only differences between its readings are
-	// used, never its absolute value, so a host whose wall clock is set wrong
-	// gets the same estimate. Default time.Now (whose differences use the
-	// monotonic clock). Tests inject a fake here.
+	// used, so a host whose wall clock is set wrong gets the same estimate.
+	// Default time.Now. Tests inject a fake here.
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
 	// sync that took a reading, with the bound and round trip of the reading
-	// kept. A lease.Manager gives the ServerClock it makes its own Observer. Nil
-	// means none.
+	// kept. Nil means none.
 	Observer observe.Observer
 }
 
@@ -88,35 +78,33 @@ func (o *ServerClockOptions) withDefaults() ServerClockOptions {
 	if o != nil {
 		r = *o
 	}
-	if r.Samples <= 0 {
-		r.Samples = 3
-	}
-	if r.ResyncInterval <= 0 {
-		r.ResyncInterval = 30 * time.Second
-	}
-	if r.MaxAge <= 0 {
-		r.MaxAge = 5 * time.Minute
-	}
-	if r.MaxAge < r.ResyncInterval {
-		r.MaxAge = r.ResyncInterval
-	}
-	if r.DriftRate <= 0 {
-		r.DriftRate = 1e-4
-	}
+	r.Samples = positiveOr(r.Samples, 3)
+	r.ResyncInterval = positiveOr(r.ResyncInterval, 30*time.Second)
+	r.MaxAge = max(positiveOr(r.MaxAge, 5*time.Minute), r.ResyncInterval)
+	r.DriftRate = positiveOr(r.DriftRate, 1e-4)
 	if r.Now == nil {
 		r.Now = time.Now
 	}
 	return r
 }
 
+// positiveOr returns v if it is above zero, else def: an option's default.
+func positiveOr[T int | float64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
 // Estimate is the server's current time as a ServerClock knows it. An Estimate
 // that a ServerClock returns with a nil error is never the zero value.
 type Estimate struct {
-	// Time is the best estimate of the server's clock now.
+	// Time is the best estimate of the server's clock now: the reading plus
+	// half its round trip (and of localTime's 1 ms resolution) plus the
+	// local time elapsed since.
 	Time time.Time
-	// Bound is the most the server's clock can differ from Time: half the
-	// round trip of the reading plus the 1 ms resolution of localTime, plus
-	// DriftRate for every second since the reading.
+	// Bound is the most the server's clock can differ from Time: (round
+	// trip + 1 ms) / 2, plus DriftRate for every second since the reading.
 	Bound time.Duration
 	// RTT is the round trip of the reading the estimate comes from.
 	RTT time.Duration
@@ -137,19 +125,16 @@ type reading struct {
 
 func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 
-// ServerClock estimates the database server's current time from readings of its
-// clock (hello's localTime) and the local clock's elapsed time since.
-//
-// The estimate from a reading taken between local times sent and recv is
-// server + (rtt + 1ms)/2 + (now - recv), within ± (rtt + 1ms)/2 + DriftRate ×
-// (now - recv). The ServerClock keeps one reading: a new reading replaces it when
-// it is stale (older than ResyncInterval) or when the new one's bound is
-// smaller now, so a slower network widens the bound but never leaves the ServerClock
-// without a fresh reading. Now re-reads lazily, when the kept reading is
-// stale; it runs no goroutine. Concurrent callers share one sync, and one
-// call of Now sends at most Samples readings, so at most Samples × (1 +
-// ⌊T / ResyncInterval⌋) readings are sent in a span T in which every reading
-// succeeds (see store/DESIGN.md). A ServerClock is safe for concurrent use.
+// ServerClock estimates the database server's current time from readings of
+// its clock (hello's localTime) and the local clock's elapsed time since (see
+// Estimate for the bound). It keeps one reading: a new reading replaces it
+// when it is stale (older than ResyncInterval) or when the new one's bound is
+// smaller now, so a slower network widens the bound but never leaves the
+// ServerClock without a fresh reading. Now re-reads lazily, when the kept
+// reading is stale; it runs no goroutine. Concurrent callers share one sync,
+// so at most Samples × (1 + ⌊T / ResyncInterval⌋) readings are sent in a
+// span T in which every reading succeeds (see DESIGN.md). A ServerClock is
+// safe for concurrent use.
 type ServerClock struct {
 	sample Sampler
 	opts   ServerClockOptions
@@ -197,19 +182,13 @@ func (c *ServerClock) Sync(ctx context.Context) error {
 		}
 		c.offer(reading{sent: sent, recv: recv, server: st})
 	}
-	c.synced(ctx)
-	return nil
-}
-
-// synced tells the Observer, if any, about the reading a sync kept.
-func (c *ServerClock) synced(ctx context.Context) {
-	if c.opts.Observer == nil {
-		return
+	if o := c.opts.Observer; o != nil {
+		c.mu.Lock()
+		e := c.estimate(c.best, c.opts.Now())
+		c.mu.Unlock()
+		o.Observe(ctx, observe.Event{Kind: observe.ClockSync, Bound: e.Bound, RTT: e.RTT})
 	}
-	c.mu.Lock()
-	e := c.estimate(c.best, c.opts.Now())
-	c.mu.Unlock()
-	c.opts.Observer.Observe(ctx, observe.Event{Kind: observe.ClockSync, Bound: e.Bound, RTT: e.RTT})
+	return nil
 }
 
 // noServerTime wraps err so that it matches ErrNoServerTime, and the context's
@@ -249,14 +228,8 @@ func (c *ServerClock) bound(r reading, now time.Time) time.Duration {
 }
 
 func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
-	half := (r.rtt() + time.Millisecond) / 2
 	age := now.Sub(r.recv)
-	return Estimate{
-		Time:  r.server.Add(half + age),
-		Bound: c.bound(r, now),
-		RTT:   r.rtt(),
-		Age:   age,
-	}
+	return Estimate{Time: r.server.Add((r.rtt()+time.Millisecond)/2 + age), Bound: c.bound(r, now), RTT: r.rtt(), Age: age}
 }
 
 // Now returns the estimate of the server's current time, from a reading
@@ -264,10 +237,9 @@ func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
 // Estimate with a nil error. It answers from the kept reading while that is
 // fresh. When the reading is stale or missing it syncs (see Sync), unless
 // another caller is syncing: then it answers from the kept reading if that is
-// younger than MaxAge, else it waits for that sync and shares its outcome. A
-// call sends at most Samples readings. If a sync fails, Now answers from the
-// kept reading while it is younger than MaxAge (with its wider bound). A nil
-// ctx is an error matching ErrInvalid.
+// younger than MaxAge, else it waits for that sync and shares its outcome. If
+// a sync fails, Now answers from the kept reading while it is younger than
+// MaxAge. A nil ctx is an error matching ErrInvalid.
 func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 	if ctx == nil {
 		return Estimate{}, CheckContext(ctx)
@@ -312,9 +284,8 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 }
 
 // settle answers from the kept reading if it is usable now, else fails with
-// the error of the sync that just ended (err), or, if that sync succeeded, with
-// the news that its reading is already older than MaxAge (the host was
-// suspended, say).
+// the error of the sync that just ended (err), or with the news that its
+// reading is already older than MaxAge.
 func (c *ServerClock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

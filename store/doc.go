@@ -11,35 +11,21 @@
 // *mongo.Client the caller already has and leaves its lifecycle to the
 // caller.
 //
-// # Capabilities
+// # The server
 //
-// [Probe] finds what the server can do by trying each feature and checking its
-// effect: topology from hello, the kind of server (MongoDB, FerretDB v1,
-// FerretDB v2 on DocumentDB) from buildInfo, then $expr with $$NOW in a write
-// filter and $$NOW in an update pipeline, an update pipeline, a transaction
-// whose aborted insert must be gone and whose committed one must be there,
-// and a TTL index, on scratch documents it deletes afterwards. It never reads
-// the version number to decide: FerretDB v1 reports 7.0.42 and lacks most of
-// those, and FerretDB v2 accepts startTransaction but applies each write at
-// once.
+// [Probe] finds what the server can do by trying each feature and checking
+// its effect, never by reading the version number (FerretDB v1 reports
+// 7.0.42 and lacks most of them). [For] returns the one [Server] of a
+// client: its capabilities, probed once and lazily, its kind, and one
+// [ServerClock] shared by everything made on the client. The versioned,
+// lease, deferred and idempotency packages ask it, never the server
+// directly.
 //
-// [For] returns the one [Server] of a client: its capabilities, probed once
-// and lazily (a failed probe is tried again by the next caller), its kind, and
-// one [ServerClock] shared by everything made on the client. The versioned,
-// lease, deferred and idempotency packages ask it, never the server directly.
-//
-// # The server clock
-//
-// Lease expiry is judged on the database server's clock, not on the
-// application host's. Where the server has $expr and $$NOW, judge it inside
-// the server and need no estimate; elsewhere a [ServerClock] estimates the server's
-// time from the localTime field of hello (sent to the primary) plus the local
-// monotonic time elapsed since the reading. The error bound of an [Estimate] is
-// (round trip + 1 ms) / 2 + DriftRate × age. A ServerClock keeps its best fresh
-// reading: a stale one (older than ResyncInterval) is replaced by the next
-// successful reading whatever its round trip, so a slower network widens the
-// bound but never leaves the ServerClock on an old reading; one past MaxAge is never
-// used. The derivations are in DESIGN.md beside this file.
+// Lease expiry is judged on the database server's clock. Where the server
+// has $expr and $$NOW it is judged inside the server; elsewhere a
+// [ServerClock] estimates the server's time from hello's localTime plus the
+// local monotonic time elapsed since, within a bound (see [Estimate]). The
+// derivations are in DESIGN.md beside this file.
 //
 // # Guarantees
 //
@@ -47,31 +33,32 @@
 //   - An Estimate brackets the server's true time, Earliest() ≤ true ≤
 //     Latest(), as long as the clocks drift apart by less than DriftRate and
 //     the reading's round trip was real (not replayed).
-//   - [ServerClock.Now] returns an Estimate from a reading younger than MaxAge, or an
-//     error matching [ErrNoServerTime]; never the zero Estimate with a nil
-//     error. One call sends at most Samples hellos; concurrent callers share
-//     one sync; while every reading succeeds, a ServerClock sends at most Samples ×
-//     (1 + ⌊T / ResyncInterval⌋) hellos in any span T.
+//   - [ServerClock.Now] returns an Estimate from a reading younger than
+//     MaxAge, or an error matching [ErrNoServerTime]; never the zero
+//     Estimate with a nil error. One call sends at most Samples hellos;
+//     concurrent callers share one sync; while every reading succeeds, a
+//     ServerClock sends at most Samples × (1 + ⌊T / ResyncInterval⌋) hellos
+//     in any span T.
 //   - The error classifiers look only at error types, codes and labels,
-//     through errors.As and errors.Is, so they keep working on wrapped errors;
-//     they never match message text, with one narrow exception: [IsDuplicateKey]
-//     also recognises FerretDB v2's InternalError (code 1) carrying
-//     PostgreSQL's duplicate-key message, its answer to a duplicate key inside
-//     findAndModify.
+//     through errors.As and errors.Is, so they keep working on wrapped
+//     errors; they never match message text, with one narrow exception:
+//     [IsDuplicateKey] and [IsWriteConflict] also recognise FerretDB v2's
+//     pass-through of PostgreSQL's errors (code 1, InternalError).
 //
 // # Errors
 //
-//   - [ErrConnect] ([*ConnectError]): Connect could not parse the URI or reach a
-//     primary. The error names the URI with its secrets (password, secret
-//     options) redacted by [RedactURI], and wraps the driver's error.
-//   - [ErrNoServerTime]: a ServerClock has no usable reading of the server's clock
-//     (none, or one older than MaxAge) and could not take one (server
-//     unreachable, no localTime in hello, context ended: then the error
-//     matches the context's error too).
-//   - [IsDuplicateKey], [IsNetwork], [IsTimeout], [IsWriteConflict], [HasLabel],
-//     [IsTransient], [IsAmbiguous] and [IsDeadlineTooClose] classify the
-//     driver's errors. IsAmbiguous
-//     is the one that matters for writes: after such an error the write may or
-//     may not have been applied, and code that must apply a change exactly
-//     once re-reads before retrying.
+//   - [ErrConnect] ([*ConnectError]): Connect could not parse the URI or
+//     reach a primary. The error names the URI with its secrets redacted by
+//     [RedactURI], and wraps the driver's error.
+//   - [ErrNoServerTime]: a ServerClock has no usable reading of the server's
+//     clock and could not take one (server unreachable, no localTime in
+//     hello, context ended: then the error matches the context's error too).
+//   - [ErrInvalid], [ErrInvalidID] ([*IDError]): input refused before
+//     anything was sent; [ErrUnknownOutcome] ([*UnknownOutcomeError]): a
+//     write whose outcome could not be settled. Every package returns these.
+//   - [IsAmbiguous] classifies the driver's errors for writes: after such an
+//     error the write may or may not have been applied, and code that must
+//     apply a change exactly once re-reads before retrying. [IsTransient],
+//     [IsDuplicateKey], [IsWriteConflict], [IsNetwork], [IsTimeout],
+//     [HasLabel] and [IsDeadlineTooClose] classify the others.
 package store

@@ -17,8 +17,6 @@ const (
 	LabelRetryableWrite = "RetryableWriteError"
 	// LabelUnknownCommitResult marks a commit whose outcome is unknown.
 	LabelUnknownCommitResult = "UnknownTransactionCommitResult"
-	// LabelNetworkError is the label the driver adds to network failures.
-	LabelNetworkError = "NetworkError"
 )
 
 // Server error codes that the classification functions look for.
@@ -28,42 +26,21 @@ const (
 )
 
 // IsDuplicateKey reports whether err, or any error it wraps, is a duplicate
-// key error from the server: codes 11000, 11001 and 12582, or the one form
-// FerretDB v2 on DocumentDB gives a duplicate key inside findAndModify.
-//
-// That server answers findAndModify's unique-index violation with code 1,
-// codeName InternalError and PostgreSQL's own message: "duplicate key value
-// violates unique constraint ..." (the _id primary key) or "conflicting key
-// value violates exclusion constraint ..." (DocumentDB enforces a unique
-// secondary index with an exclusion constraint). Only that exact combination
-// of code, name and message prefix counts; no other InternalError does, and
-// this is the only place a classifier reads message text.
+// key error from the server: codes 11000, 11001 and 12582, or FerretDB v2's
+// answer to a duplicate key inside findAndModify: code 1, codeName
+// InternalError and PostgreSQL's own message for a unique violation (the _id
+// primary key) or an exclusion violation (a unique secondary index). Only
+// that exact combination of code, name and message prefix counts.
 func IsDuplicateKey(err error) bool {
-	return err != nil && (mongo.IsDuplicateKeyError(err) || isPostgresDuplicateKey(err))
+	return err != nil && (mongo.IsDuplicateKeyError(err) || isPostgresError(err,
+		"duplicate key value violates unique constraint ",
+		"conflicting key value violates exclusion constraint "))
 }
-
-// PostgreSQL's messages for unique_violation (23505) and exclusion_violation
-// (23P01), as DocumentDB passes them through.
-var postgresDuplicateKey = []string{
-	"duplicate key value violates unique constraint ",
-	"conflicting key value violates exclusion constraint ",
-}
-
-// isPostgresDuplicateKey recognises DocumentDB's InternalError for a
-// duplicate key in findAndModify (see IsDuplicateKey).
-func isPostgresDuplicateKey(err error) bool {
-	return isPostgresError(err, postgresDuplicateKey...)
-}
-
-// PostgreSQL's message for deadlock_detected (40P01): DocumentDB aborts one
-// of two racing writes with it (seen on upserts racing on a unique secondary
-// index). The aborted write was not applied.
-const postgresDeadlock = "deadlock detected"
 
 // isPostgresError reports whether err is DocumentDB's pass-through of a
-// PostgreSQL error in a command reply (findAndModify): code 1, codeName
-// InternalError, with a message that starts with one of prefixes. Nothing
-// else reads message text.
+// PostgreSQL error in a command reply: code 1, codeName InternalError, with
+// a message that starts with one of prefixes. Nothing else reads message
+// text.
 func isPostgresError(err error, prefixes ...string) bool {
 	var ce mongo.CommandError
 	if !errors.As(err, &ce) || ce.Code != codeInternalError || ce.Name != "InternalError" {
@@ -101,11 +78,11 @@ func HasLabel(err error, label string) bool {
 // IsWriteConflict reports whether err is the server's WriteConflict (code 112),
 // which a concurrent write inside a transaction or a storage-level conflict
 // can cause, or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
-// (InternalError, code 1), its storage-level equivalent. The write was not
-// applied; it is always safe to retry the operation that caused it.
+// (InternalError, code 1) that aborts one of two racing writes. The write was
+// not applied; it is always safe to retry the operation that caused it.
 func IsWriteConflict(err error) bool {
 	var se mongo.ServerError
-	return (errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)) || isPostgresError(err, postgresDeadlock)
+	return (errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)) || isPostgresError(err, "deadlock detected")
 }
 
 // IsTransient reports whether err is a failure that may pass if the same
@@ -151,9 +128,8 @@ func IsAmbiguous(err error) bool {
 }
 
 // hasWriteErrors reports whether the server returned write errors for the
-// write itself (a duplicate key, a validation failure). Such a write was not
-// applied, even when the reply also carries a writeConcernError: the write
-// error wins.
+// write itself: such a write was not applied, even when the reply also
+// carries a writeConcernError.
 func hasWriteErrors(err error) bool {
 	var we mongo.WriteException
 	if errors.As(err, &we) && len(we.WriteErrors) > 0 {

@@ -12,10 +12,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// The error vocabulary shared by every mongocas package. versioned, lease and
-// the packages above them return errors that match these sentinels through
-// errors.Is (each package also exports them under its own name, with the same
-// value), so one check works whichever package a call went through.
+// The error vocabulary shared by every mongocas package: each returns errors
+// that match these sentinels (and exports them under its own name, with the
+// same value), so one check works whichever package a call went through.
 var (
 	// ErrInvalid is matched by every error that refuses a caller's input
 	// (an id, an option, a field name, an update) before anything is sent to
@@ -30,10 +29,8 @@ var (
 	ErrInvalidID = &sentinel{msg: "invalid id", parent: ErrInvalid}
 
 	// ErrUnknownOutcome is matched by an error that reports a write whose
-	// outcome could not be settled: it may or may not have been applied,
-	// and re-reading could not tell (the re-read failed, or what it found
-	// cannot be told apart from a change made by someone else). A caller
-	// that needs to know reads the document again later.
+	// outcome could not be settled (see UnknownOutcomeError): it may or may
+	// not have been applied. A caller that needs to know reads again later.
 	ErrUnknownOutcome = errors.New("write outcome unknown")
 )
 
@@ -62,8 +59,7 @@ func (e *IDError) Error() string {
 // Is reports whether target is ErrInvalidID or ErrInvalid.
 func (e *IDError) Is(target error) bool { return target == ErrInvalidID || target == ErrInvalid }
 
-// shortValue formats v for an error message, cut to 64 bytes: ids come from
-// requests and may be large or hostile.
+// shortValue formats v for an error message, cut to 64 bytes.
 func shortValue(v any) string {
 	s := fmt.Sprintf("%#v", v)
 	if _, ok := v.(string); ok {
@@ -78,24 +74,16 @@ func shortValue(v any) string {
 
 // CheckID reports whether id can name exactly one document by equality, and
 // returns its BSON encoding. It refuses, with an *IDError and before anything
-// is sent:
+// is sent: nil, a nil pointer, map, slice or interface, and the zero value of
+// any type; a value the driver cannot encode; null, undefined, regular
+// expressions, JavaScript code, DBPointer, MinKey, MaxKey and arrays; and
+// documents, at any depth, with a key that starts with '$' or is empty, or
+// that hold any of the refused types.
 //
-//   - nil, a nil pointer, map, slice or interface, and the zero value of any
-//     type ("", 0, the zero ObjectID, an empty struct);
-//   - a value the driver cannot encode;
-//   - BSON types that are not plain values: null, undefined, regular
-//     expressions, JavaScript code (with or without scope), DBPointer, MinKey,
-//     MaxKey, and arrays (MongoDB refuses an array _id);
-//   - documents, at any depth, with a key that starts with '$' or is empty, or
-//     that hold any of the refused types.
-//
-// The result is meant for a filter of the form {_id: {$eq: raw}} (see
-// IDFilter): with $eq, even a value that slipped through would be compared,
-// never interpreted; refusing them as well means a hostile id is reported to
-// its caller instead of matching nothing silently.
+// The result is meant for IDFilter's {_id: {$eq: raw}}, in which even a
+// value that slipped through would be compared, never interpreted.
 func CheckID(id any) (bson.RawValue, error) {
-	// The common id types, encoded as the driver does, without reflection:
-	// neither can act as an operator.
+	// The common id types, encoded as the driver does, without reflection.
 	switch v := id.(type) {
 	case string:
 		if v != "" {
@@ -182,18 +170,16 @@ func refusedElements(data []byte, depth int, isDoc bool) string {
 	return ""
 }
 
-// IDFilter returns the filter {_id: {$eq: raw}} for an id checked by CheckID.
-// The $eq keeps the value a value: the server compares it and never reads it
-// as an operator expression.
+// IDFilter returns the filter {_id: {$eq: raw}} for an id checked by CheckID:
+// the $eq keeps the value a value.
 func IDFilter(raw bson.RawValue) bson.D {
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: raw}}}}
 }
 
 // CheckContext reports whether ctx can be used for a call that does I/O: it
-// returns an error matching ErrInvalid for a nil ctx, and ctx's own error
-// (context.Canceled or context.DeadlineExceeded, joined with its cause when
-// the cause says more) when ctx has already ended. A call that has ended is
-// the caller's context error, never "invalid input".
+// returns an error matching ErrInvalid for a nil ctx, and ContextError(ctx)
+// when ctx has already ended (the caller's context error, never "invalid
+// input").
 func CheckContext(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalid)
@@ -214,10 +200,9 @@ func ContextError(ctx context.Context) error {
 	return err
 }
 
-// NoSession returns ctx without the driver session it may carry: mongocas's
-// own commands (probes, clock readings, lease records) must not run inside
-// the caller's transaction, nor share its session with the caller's
-// goroutine (the driver forbids concurrent use).
+// NoSession returns ctx without the driver session it may carry, for
+// mongocas's own commands (probes, clock readings, lease records), which
+// must not run inside the caller's transaction nor share its session.
 func NoSession(ctx context.Context) context.Context {
 	if mongo.SessionFromContext(ctx) != nil {
 		return mongo.NewSessionContext(ctx, nil)

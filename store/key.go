@@ -8,13 +8,11 @@ import (
 )
 
 // Key names one document of a collection sharded on a key other than _id:
-// its _id and the value of each field of the collection's shard key. Pass a
-// Key where a mongocas call takes an id (versioned's Get, Modify and
-// Guarded; lease's TryAcquire, Acquire, Do and Stamp) when the repository or
-// Manager was configured with the collection's shard key (their
-// Options.ShardKey): every command the call sends then filters on the _id
-// and on an equality with each shard-key value, so that mongos routes it to
-// the one shard that owns the document.
+// its _id and the value of each field of the shard key. Pass a Key where a
+// mongocas call takes an id when the repository or Manager was configured
+// with the shard key (Options.ShardKey): every command the call sends then
+// filters on an equality with each value, so that mongos routes it to the
+// one shard that owns the document.
 //
 //	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
 //		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},

@@ -2,13 +2,12 @@ package store
 
 import "fmt"
 
-// UnknownOutcomeError reports a write whose reply was lost (a network
-// error, a timeout, a write-concern error: see IsAmbiguous) and whose
-// outcome re-reading could not settle: it may or may not have been
-// applied. It is the one such type of the library: versioned, lease,
-// deferred and idempotency each name it as their own UnknownOutcomeError
-// (an alias), and set Pkg. It matches ErrUnknownOutcome and unwraps to the
-// write's error. Never retry such a write blindly: it could apply twice.
+// UnknownOutcomeError reports a write whose reply was lost (see IsAmbiguous)
+// and whose outcome re-reading could not settle: it may or may not have been
+// applied. It is the one such type of the library (each package names it as
+// its own UnknownOutcomeError, an alias). It matches ErrUnknownOutcome and
+// unwraps to the write's error. Never retry such a write blindly: it could
+// apply twice.
 type UnknownOutcomeError struct {
 	// Pkg is the package whose write it was ("versioned", "lease",
 	// "deferred", "idempotency"): the message's prefix.
@@ -28,10 +27,8 @@ type UnknownOutcomeError struct {
 	Err error
 
 	// WriteID, Base and Current are set for versioned's writes: the
-	// write's id (if it landed, the document's list of write ids held it
-	// until later writes pushed it out), the version it was made against
-	// (for Guarded, a version the document had at or before the write),
-	// and the version last read (-1 if no read succeeded).
+	// write's id, the version it was made against, and the version last
+	// read (-1 if no read succeeded).
 	WriteID string
 	Base    int64
 	Current int64

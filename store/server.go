@@ -14,12 +14,11 @@ import (
 
 // Server is what mongocas knows about the server behind one client: what it
 // is (hello and buildInfo), what it can do (Probe), and an estimate of its
-// clock. For returns the one Server of a client, so that every repository,
-// lease manager, queue and key set made on the client shares one probe and
-// one ServerClock. Each fact is found lazily, by the first call that needs
-// it, with that call's context, and once: concurrent callers wait for it
-// (each with its own context). A failed attempt is not kept: the next call
-// tries again. A Server is safe for concurrent use.
+// clock, shared by everything made on the client. Each fact is found
+// lazily, by the first call that needs it, with that call's context, and
+// once: concurrent callers wait for it (each with its own context). A failed
+// attempt is not kept: the next call tries again. A Server is safe for
+// concurrent use.
 type Server struct {
 	client weak.Pointer[mongo.Client] // the client is never kept alive by its Server
 	clock  *ServerClock
@@ -60,13 +59,18 @@ func (s *Server) Clock() *ServerClock { return s.clock }
 // Kind returns the kind of server, from buildInfo (with hello), asked once
 // per client and shared with Capabilities.
 func (s *Server) Kind(ctx context.Context) (ServerKind, error) {
-	c, err := s.ident.get(ctx, func(ctx context.Context) (Capabilities, error) {
+	c, err := s.identity(ctx)
+	return c.Server, err
+}
+
+// identity returns what hello and buildInfo tell, asked once per client.
+func (s *Server) identity(ctx context.Context) (Capabilities, error) {
+	return s.ident.get(ctx, func(ctx context.Context) (Capabilities, error) {
 		if client := s.client.Value(); client != nil {
 			return identify(ctx, client)
 		}
 		return Capabilities{}, errNoClient
 	})
-	return c.Server, err
 }
 
 // Capabilities returns what the server can do (see Probe), probed once per
@@ -74,9 +78,7 @@ func (s *Server) Kind(ctx context.Context) (ServerKind, error) {
 // caller may write to; the first caller's is used).
 func (s *Server) Capabilities(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	return s.caps.get(ctx, func(ctx context.Context) (Capabilities, error) {
-		c, err := s.ident.get(ctx, func(ctx context.Context) (Capabilities, error) {
-			return identify(ctx, db.Client())
-		})
+		c, err := s.identity(ctx)
 		if err != nil {
 			return c, err
 		}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,17 +16,14 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
-// ErrConnect is matched (through errors.Is) by every error Connect returns
-// when it cannot reach a server or cannot parse the URI.
+// ErrConnect is matched by every error Connect returns.
 var ErrConnect = errors.New("store: cannot connect")
 
-// ConnectError tells which URI (credentials redacted) could not be used, and
-// why. It matches ErrConnect and unwraps to the driver's error.
+// ConnectError tells which URI could not be used, and why. It matches
+// ErrConnect and unwraps to the driver's error.
 type ConnectError struct {
-	// URI is the connection string with its secrets redacted (RedactURI).
-	URI string
-	// Err is the underlying error.
-	Err error
+	URI string // the connection string with its secrets redacted (RedactURI)
+	Err error  // the underlying error
 }
 
 func (e *ConnectError) Error() string {
@@ -58,18 +56,10 @@ func (o *Options) withDefaults() Options {
 	if o != nil {
 		r = *o
 	}
-	if r.AppName == "" {
-		r.AppName = "mongocas"
-	}
-	if r.ConnectTimeout <= 0 {
-		r.ConnectTimeout = 10 * time.Second
-	}
-	if r.ServerSelectionTimeout <= 0 {
-		r.ServerSelectionTimeout = 10 * time.Second
-	}
-	if r.MaxPoolSize == 0 {
-		r.MaxPoolSize = 100
-	}
+	r.AppName = cmp.Or(r.AppName, "mongocas")
+	r.ConnectTimeout = positiveOr(r.ConnectTimeout, 10*time.Second)
+	r.ServerSelectionTimeout = positiveOr(r.ServerSelectionTimeout, 10*time.Second)
+	r.MaxPoolSize = cmp.Or(r.MaxPoolSize, 100)
 	return r
 }
 
@@ -95,8 +85,7 @@ func ClientOptions(uri string, opts *Options) *options.ClientOptions {
 	return co
 }
 
-// Store is a connected client; Server tells what mongocas learns about its
-// server (its capabilities and its clock). It is safe for concurrent use.
+// Store is a connected client. It is safe for concurrent use.
 type Store struct {
 	client *mongo.Client
 	owns   bool
@@ -140,8 +129,7 @@ func (s *Store) Database(name string, opts ...options.Lister[options.DatabaseOpt
 	return s.client.Database(name, opts...)
 }
 
-// Server returns what mongocas knows about the server behind the Store's
-// client: For(s.Client()), shared with every package made on that client.
+// Server returns For(s.Client()): what mongocas knows about the server.
 func (s *Store) Server() *Server { return For(s.client) }
 
 // Close disconnects the client when the Store owns it (Connect); a Store
@@ -157,23 +145,18 @@ func (s *Store) Close(ctx context.Context) error {
 // scheme, user name, hosts, path and other options, so that an error can name
 // the URI without leaking them. The secrets are the password and the values of
 // options whose names contain "pass", "pwd", "secret" or "token" (in any case,
-// escaped or not: tlsCertificateKeyFilePassword, sslClientCertificateKeyPassword,
-// ...) and of authMechanismProperties (which can carry AWS_SESSION_TOKEN).
+// escaped or not) and of authMechanismProperties.
 //
-// It works on connection strings that do not parse too, which is when they get
-// printed: if the driver would accept the user information (no unescaped '/',
-// ':' or '@' in the password), exactly the password it would send is hidden;
-// otherwise everything from the ':' after the user name to the last '@' is,
-// since the writer may have meant all of it as the password (an unescaped '/',
-// '?' or '@' in it).
+// It works on connection strings that do not parse too: if the driver would
+// accept the user information, exactly the password it would send is hidden;
+// otherwise everything from the ':' after the user name to the last '@' is.
 func RedactURI(uri string) string {
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
 		scheme, rest = "", uri
 	}
 	// Both kinds of secret are found on the original text and hidden
-	// together, so that neither search is misled by the other's edits (a
-	// password holding "?token=", an option value holding '@').
+	// together, so that neither search is misled by the other's edits.
 	spans := secretOptionSpans(rest)
 	if at := userInfoEnd(rest); at >= 0 {
 		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {

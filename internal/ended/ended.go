@@ -1,6 +1,5 @@
 // Package ended names how an operation of the library ended, for
-// observe.Event.Outcome: one classification, in one order, so that versioned
-// and lease name the same errors alike.
+// observe.Event.Outcome: one classification, in one order, for every package.
 package ended
 
 import (

@@ -1,13 +1,11 @@
-// Package settle is the library's one engine for the hardest thing it does:
-// learning what became of a write whose reply was lost. Every package that
-// writes (versioned, lease, deferred, idempotency) sends its writes through
-// Exec and supplies only what is its own: how to send the write, how to read
-// back what shows whether it landed, and how to judge that read. The rules
-// live here, once: which errors leave an outcome unknown (store.IsAmbiguous),
-// how long to keep trying after the caller's context ended (ResolveTimeout),
-// how often to send a write again (MaxResends), and how to read at majority
-// (Majority, with its one documented fallback). See DESIGN.md beside this
-// file.
+// Package settle is the library's one engine for learning what became of a
+// write whose reply was lost. Every package that writes sends its writes
+// through Exec and supplies only what is its own: how to send the write, how
+// to read back what shows whether it landed, and how to judge that read. The
+// rules live here, once: which errors leave an outcome unknown
+// (store.IsAmbiguous), how long to keep trying after the caller's context
+// ended (ResolveTimeout), how often to send a write again (MaxResends), and
+// how to read at majority (Majority). See DESIGN.md beside this file.
 package settle
 
 import (
@@ -27,13 +25,10 @@ import (
 )
 
 // DefaultResolveTimeout is how long Exec keeps re-reading after an
-// ambiguous failure, whether or not the caller's context has ended: the
-// caller must learn what became of its write, and the write itself may have
-// failed on that context's deadline.
+// ambiguous failure, whether or not the caller's context has ended.
 const DefaultResolveTimeout = 5 * time.Second
 
-// MaxResends bounds how often one write is sent again after ambiguous
-// failures, when its judge says it has not landed and still could.
+// MaxResends bounds how often one write is sent again (Live, Resend).
 const MaxResends = 3
 
 // Verdict is what a read says about a write whose reply was lost.
@@ -43,10 +38,9 @@ const (
 	// Landed means the read shows the write.
 	Landed Verdict = iota + 1
 	// Live means the write has not landed, and a copy of it still in flight
-	// could land later. Exec sends it again when the Write allows it.
+	// could land later.
 	Live
-	// Dead means the write has not landed and never will (its condition no
-	// longer holds, or a fence shuts out every copy).
+	// Dead means the write has not landed and never will.
 	Dead
 	// Unknown means the write may have landed and its trace be gone since.
 	Unknown
@@ -64,29 +58,25 @@ type Write[R, S any] struct {
 	Read func(ctx context.Context) (S, error)
 	// Judge says what a read shows, and why when it is Unknown.
 	Judge func(S) (Verdict, string)
-	// Resend says the write may be sent again, with the same filter, while
-	// it has not landed and still could (Live): every copy carries a
-	// condition that lets at most one of them apply. A write that must not
-	// be sent again as it is (a claim that takes a fresh id each time)
-	// leaves it false: Live is then returned to the caller as not landed.
+	// Resend says the write may be sent again as it is while Live: every
+	// copy carries a condition that lets at most one of them apply. Without
+	// it, Live is returned to the caller as not landed.
 	Resend bool
 	// Unknown, if set, makes the error Exec returns when it cannot settle
-	// the write (the package's *store.UnknownOutcomeError, with its facts),
-	// from the last read (hasRead false: none succeeded), the reason and the
-	// errors; without it Exec returns an *UnknownError.
+	// the write (the package's *store.UnknownOutcomeError), from the last
+	// read (hasRead false: none succeeded), the reason and the errors;
+	// without it Exec returns an *UnknownError.
 	Unknown func(read S, hasRead bool, reason string, err error) error
 }
 
-// Config is how one caller uses the engine: its read retries, its
-// deadline past the caller's context, and its hooks for events.
+// Config is how one caller uses the engine.
 type Config struct {
 	// Retry is the policy of the re-reads (transient failures only).
 	Retry retry.Policy
 	// ResolveTimeout bounds the re-reads; zero is DefaultResolveTimeout.
 	ResolveTimeout time.Duration
 	// Pass, if set, reports read errors that Exec returns as they are
-	// rather than as an unknown outcome (a document that cannot be decoded
-	// as the caller's type, say).
+	// rather than as an unknown outcome.
 	Pass func(error) bool
 	// Ambiguous, if set, is called once when the first send failed
 	// ambiguously; Settled when Exec has judged it (with the error Exec
@@ -110,8 +100,8 @@ type Result[R, S any] struct {
 	Resent bool
 }
 
-// UnknownError is the error of a write Exec could not settle. The packages turn
-// it into their *store.UnknownOutcomeError, with their facts.
+// UnknownError is the error of a write Exec could not settle, when the
+// Write has no Unknown.
 type UnknownError struct {
 	// Reason says why.
 	Reason string
@@ -122,15 +112,14 @@ type UnknownError struct {
 func (u *UnknownError) Error() string { return u.Reason + ": " + u.Err.Error() }
 func (u *UnknownError) Unwrap() error { return u.Err }
 
-// Exec sends w and, if the send fails ambiguously (store.IsAmbiguous: a
-// network error, a timeout, a write-concern error, a RetryableWriteError
-// label), reads back to learn whether it landed: Landed is success; Dead is
-// not applied; Live sends it again (w.Resend) while the caller's context
-// lives, at most MaxResends times, or is not applied (without Resend);
-// Unknown, a failed read, or running out of resends is an *UnknownError error,
-// with the last read in the Result. A send that fails for sure is returned
-// as it is; so is every failure inside a transaction, which is the unit its
-// owner retries.
+// Exec sends w and, if the send fails ambiguously (store.IsAmbiguous), reads
+// back to learn whether it landed: Landed is success; Dead is not applied;
+// Live sends it again (w.Resend) while the caller's context lives, at most
+// MaxResends times, or is not applied (without Resend); Unknown, a failed
+// read, or running out of resends is w.Unknown's error (an *UnknownError
+// without it), with the last read in the Result. A send that fails for sure
+// is returned as it is; so is every failure inside a transaction, which is
+// the unit its owner retries.
 func Exec[R, S any](ctx context.Context, c Config, w Write[R, S]) (res Result[R, S], err error) {
 	reply, applied, err := w.Send(ctx)
 	if err == nil {
@@ -218,7 +207,7 @@ func (w *Write[R, S]) unknown(res Result[R, S], reason string, err error) error 
 // not ctx has ended, retrying transient failures under c.Retry: how every
 // settling read is made.
 func Reread[S any](ctx context.Context, c Config, read func(context.Context) (S, error)) (S, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cmpOr(c.ResolveTimeout, DefaultResolveTimeout))
+	rctx, cancel := Detached(ctx, c.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, c.Retry, read)
 }
@@ -227,7 +216,10 @@ func Reread[S any](ctx context.Context, c Config, read func(context.Context) (S,
 // (settle, record, release) whether or not ctx has ended: it keeps ctx's
 // values, and lasts ResolveTimeout.
 func Detached(ctx context.Context, resolve time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), cmpOr(resolve, DefaultResolveTimeout))
+	if resolve <= 0 {
+		resolve = DefaultResolveTimeout
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), resolve)
 }
 
 // InTransaction reports whether ctx carries a session with a transaction in
@@ -238,12 +230,9 @@ func InTransaction(ctx context.Context) bool {
 }
 
 // Majority reads a collection at read concern majority, as every settling
-// read must: after a write-concern error on a replica set the primary may
-// hold a write and then lose it in a rollback, so a local read could report
-// landed a write that is undone later. Its one fallback: a server that
-// refuses read concern majority (no replica set that could roll back, such
-// as a standalone server with majority reads disabled: codes 148, or 72/238
-// naming the read concern) is read at its default from then on.
+// read must (a local read could report landed a write that a rollback undoes
+// later). Its one fallback: a server that refuses read concern majority
+// (RefusesMajority) is read at its default from then on.
 type Majority struct {
 	coll, majority *mongo.Collection
 	refused        atomic.Bool
@@ -267,14 +256,6 @@ func (m *Majority) Read(ctx context.Context, read func(*mongo.Collection) error)
 	return read(m.coll)
 }
 
-// Collection returns the collection a settling read should use now.
-func (m *Majority) Collection() *mongo.Collection {
-	if m.refused.Load() {
-		return m.coll
-	}
-	return m.majority
-}
-
 // Error codes of a server that does not do read concern majority.
 const (
 	codeInvalidOptions                = 72
@@ -283,7 +264,8 @@ const (
 )
 
 // RefusesMajority reports whether err is a server's refusal of read concern
-// majority (not a failure of the read itself).
+// majority (code 148, or 72/238 naming the read concern), not a failure of
+// the read itself.
 func RefusesMajority(err error) bool {
 	var se mongo.ServerError
 	if !errors.As(err, &se) {
@@ -294,11 +276,4 @@ func RefusesMajority(err error) bool {
 	}
 	return (se.HasErrorCode(codeInvalidOptions) || se.HasErrorCode(codeNotImplemented)) &&
 		strings.Contains(strings.ToLower(err.Error()), "readconcern")
-}
-
-func cmpOr(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }

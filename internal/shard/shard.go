@@ -1,8 +1,6 @@
 // Package shard turns a collection's shard key into the equality clauses
 // that route each command versioned and lease send to the one shard that
-// owns the document. It is the one place that checks a shard key, the
-// values a caller gives with an id (a store.Key) and the values a document
-// holds.
+// owns the document: the one place that checks a shard key and its values.
 package shard
 
 import (
@@ -24,12 +22,11 @@ import (
 // a collection that is not sharded, or sharded on _id.
 type Spec struct{ paths []string }
 
-// Parse checks fields, an Options.ShardKey: each a non-empty dotted path
-// whose segments are not empty and do not start with '$', without NUL
-// bytes, none named twice or under another. owned says why a top-level
-// field cannot be in a shard key (the field is the caller's to change on
-// every write, such as a version field), or "" when it can. Fields under
-// _id are dropped.
+// Parse checks fields, an Options.ShardKey: each a dotted path whose
+// segments are not empty and do not start with '$', without NUL bytes, none
+// named twice or under another. owned says why a top-level field cannot be
+// in a shard key (a version field, say), or "" when it can. Fields under _id
+// are dropped.
 func Parse(fields []string, owned func(root string) string) (Spec, error) {
 	var s Spec
 	for _, f := range fields {
@@ -43,10 +40,8 @@ func Parse(fields []string, owned func(root string) string) (Spec, error) {
 		if why := owned(root); why != "" {
 			return Spec{}, fmt.Errorf("field %q %s: a shard-key value must never change", f, why)
 		}
-		for _, p := range s.paths {
-			if p == f || strings.HasPrefix(f, p+".") || strings.HasPrefix(p, f+".") {
-				return Spec{}, fmt.Errorf("fields %q and %q overlap", p, f)
-			}
+		if p, ok := s.Touches(f); ok {
+			return Spec{}, fmt.Errorf("fields %q and %q overlap", p, f)
 		}
 		s.paths = append(s.paths, f)
 	}
@@ -96,9 +91,8 @@ type Doc struct {
 }
 
 // Filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field: what every filter on the document starts with, so that mongos
-// sends the command to the one shard that owns it. It is a fresh slice the
-// caller may append to.
+// field: what every filter on the document starts with. It is a fresh slice
+// the caller may append to.
 func (d Doc) Filter() bson.D {
 	return append(store.IDFilter(d.ID), d.Shard.Clauses()...)
 }
@@ -208,8 +202,7 @@ func (v Values) Clauses() bson.D {
 }
 
 // Ident identifies the values in a cache key: equal for equal values, with
-// numbers compared by value (int32 7, int64 7 and 7.0 are one value to the
-// server's $eq and to its routing).
+// numbers compared by value (int32 7, int64 7 and 7.0 are one to $eq).
 func (v Values) Ident() string {
 	if len(v.vals) == 0 {
 		return ""
