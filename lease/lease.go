@@ -287,7 +287,7 @@ func (l *Lease) renewServer(ctx context.Context) error {
 	}
 	update := mongo.Pipeline{{{Key: "$set", Value: set}}}
 	return l.renew(ctx, a, func(ctx context.Context) (bson.Raw, bool, error) {
-		doc, err := m.findAndModify(ctx, l.filter(), update)
+		doc, err := m.findAndModify(ctx, l.filter(), update, false)
 		return doc, err == nil, err
 	}, func(r record) bool { return r.Renewal == a.claim }, func(r record) { l.extend(r, m.deadline(a, r.ExpiresAt)) })
 }

@@ -220,21 +220,20 @@ func drain(c chan struct{}) {
 	}
 }
 
-// wakeClock is a store.Clock whose timers last at most *clip (when set),
-// and fire early when wake is signalled: Acquire's sleep is the smaller of
-// the backoff delay and the time left on the holder's lease, and ends when
-// a lease of the id ends in this process.
+// wakeClock is a store.Clock whose timers last *sleep instead of the backoff
+// delay (when set: after a claim found the lease held, see pollDelay), and
+// fire early when wake is signalled: a lease of the id ended in this process.
 type wakeClock struct {
-	base store.Clock
-	clip *time.Duration
-	wake <-chan struct{}
+	base  store.Clock
+	sleep *time.Duration
+	wake  <-chan struct{}
 }
 
 func (c wakeClock) Now() time.Time { return c.base.Now() }
 
 func (c wakeClock) NewTimer(d time.Duration) store.Timer {
-	if *c.clip > 0 {
-		d = min(d, *c.clip)
+	if *c.sleep > 0 {
+		d = *c.sleep
 	}
 	t := c.base.NewTimer(d)
 	if c.wake == nil {

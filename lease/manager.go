@@ -1,9 +1,11 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -35,7 +37,7 @@ type Manager struct {
 
 	claimOpts   *options.FindOneAndUpdateOptionsBuilder // with a projection to the lease field
 	claimOptsNP *options.FindOneAndUpdateOptionsBuilder // without: for servers that lack it
-	createOpts  *options.FindOneAndUpdateOptionsBuilder // upsert, for a named lease's first claim
+	upsertOpts  *options.FindOneAndUpdateOptionsBuilder // for a lock document that may not exist
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
 
@@ -92,7 +94,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	proj := bson.D{{Key: f, Value: 1}}
 	m.claimOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(proj)
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
-	m.createOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
+	m.upsertOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
 	m.lines = linesOf(coll, f)
 	return m, nil
@@ -185,63 +187,52 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 	if p.MaxElapsedTime == 0 {
 		p.MaxElapsedTime = -1
 	}
-	var clip time.Duration
-	base := p.Clock
-	if base == nil {
-		base = store.SystemClock()
-	}
-	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
+	var sleep time.Duration
+	p.Clock = wakeClock{base: cmp.Or[store.Clock](p.Clock, store.SystemClock()), sleep: &sleep, wake: wake}
 	var (
-		l       *Lease
-		pending []attempt // claims whose outcome is unknown, to settle
-		last    error
-		held    *HeldError
+		l    *Lease
+		w    waiting
+		last error
 	)
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
 		var err error
-		l, err = m.claim(ctx, id, raw, parent, &pending)
-		last, clip = err, 0
-		var h *HeldError
+		l, err = m.claim(ctx, id, raw, parent, &w)
+		last, sleep = err, 0
+		var lost *LostError
 		switch {
 		case err == nil:
 			return nil
-		case errors.As(err, &h):
-			held, clip = h, max(h.TimeLeft, time.Millisecond)
-			return again{err}
+		case errors.Is(err, ErrHeld):
+			sleep = m.pollDelay(w.due.Sub(m.c.now()))
 		case errors.Is(err, ErrUnknownOutcome):
-			return again{err}
-		}
-		var lost *LostError
-		if errors.As(err, &lost) && lost.Reason == Expired {
+		case errors.As(err, &lost) && lost.Reason == Expired:
 			// A claim settled (or answered) too late: its deadline, counted
 			// from when it was sent, had passed, so it was released. The
 			// lease is free: claim again at once.
-			clip = time.Millisecond
-			return again{err}
+			sleep = time.Millisecond
+		default:
+			return err
 		}
-		return err
+		return again{err}
 	})
-	if err == nil {
-		return l, nil
+	if err == nil || last == nil || !(store.ContextError(ctx) != nil || errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)) {
+		return l, err // done, or the attempt's own error, returned as is
 	}
-	if last == nil || (!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
-		!errors.Is(err, retry.ErrExhausted) && !errors.Is(err, retry.ErrBudgetExhausted)) {
-		return nil, err // the attempt's own error, returned as is
-	}
-	// Stopped: by ctx, or by the Policy. Say so, with the last attempt.
-	why := err
+	// Stopped by ctx or by the Policy: say so, with the last attempt, and the
+	// holder found last if ctx ended during an attempt.
+	msg := fmt.Sprintf("lease: acquire %v: ", idText(id))
 	if cerr := store.ContextError(ctx); cerr != nil {
-		why = cerr
-	}
-	msg := fmt.Sprintf("lease: acquire %v: %v", id, why)
-	if errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted) {
-		msg = fmt.Sprintf("lease: acquire %v: retries stopped (%v)", id, firstLine(err))
+		msg += cerr.Error()
+	} else {
+		msg += "retries stopped (attempts or time used up)"
+		if errors.Is(err, retry.ErrBudgetExhausted) {
+			msg = strings.Replace(msg, "attempts or time used up", "retry budget exhausted", 1)
+		}
 	}
 	errs := []error{err}
-	if held != nil && !errors.Is(last, ErrHeld) {
-		// ctx ended during an attempt: say who held the lease before.
-		errs = append(errs, held)
-		msg += fmt.Sprintf("; held by %q (epoch %d) before that", held.Owner, held.Epoch)
+	if h := w.held; h != nil && !errors.Is(last, ErrHeld) {
+		errs = append(errs, h)
+		msg += fmt.Sprintf("; held by %q (epoch %d) before that", h.Owner, h.Epoch)
 	}
 	if h := (*HeldError)(nil); errors.As(last, &h) {
 		msg += fmt.Sprintf("; last attempt: held by %q (epoch %d) for up to %v more", h.Owner, h.Epoch, h.TimeLeft)
@@ -251,15 +242,16 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 	return nil, &joined{msg: msg, errs: errs}
 }
 
-// firstLine returns the kind of a retry stop, without the last error it
-// carries (reported separately).
-func firstLine(err error) string {
-	switch {
-	case errors.Is(err, retry.ErrBudgetExhausted):
-		return "retry budget exhausted"
-	default:
-		return "attempts or time used up"
+// pollDelay is how long Acquire sleeps after finding the lease held with
+// left to go: all of it, or, while more than 4 steps of Options.Retry
+// (MaxInterval) are left, half of it, at most 5 steps, before a claim (one
+// command) that sees an early release by another process.
+func (m *Manager) pollDelay(left time.Duration) time.Duration {
+	step := cmp.Or(m.c.retry.MaxInterval, retry.DefaultMaxInterval)
+	if left > 4*step {
+		return min(left/2, 5*step)
 	}
+	return max(left, time.Millisecond)
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid

@@ -10,9 +10,6 @@ import (
 // A claim in ModeEstimated, encoded as bytes: the driver sends them as they
 // are, instead of marshalling a tree of bson.D values built per claim.
 
-// existsTrue is the filter value {$exists: true}, boxed once.
-var existsTrue any = bson.D{{Key: "$exists", Value: true}}
-
 // freeOrExpired is the filter value [{owner: null}, {expiresAt: {$lt:
 // cutoff}}] (for $or): no owner, or a record expired before cutoff.
 func (m *Manager) freeOrExpired(cutoff time.Time) bson.Raw {

@@ -45,7 +45,12 @@ func TestEstimatedClaimEncoding(t *testing.T) {
 	}
 
 	want, err = bson.Marshal(bson.D{
-		{Key: "$set", Value: m.estimatedClaim(a)},
+		{Key: "$set", Value: bson.D{
+			{Key: m.pOwner, Value: m.c.owner},
+			{Key: m.pExpires, Value: a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)},
+			{Key: m.pAcquired, Value: a.est.Time.Truncate(time.Millisecond)},
+			{Key: m.pClaim, Value: a.claim},
+		}},
 		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
 	})
 	if err != nil {
