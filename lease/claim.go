@@ -179,7 +179,18 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	if !a.server {
 		// $inc starts a record without an epoch at 1: newLease then gives it
 		// its first epoch (firstEpoch).
-		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: m.freeOrExpired(cutoff(a.est))}}), m.estimatedUpdate(a)
+		return append(filter, bson.E{Key: "$or", Value: bson.A{
+				bson.D{{Key: m.pOwner, Value: nil}},
+				bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
+			}}), bson.D{
+				{Key: "$set", Value: bson.D{
+					{Key: m.pOwner, Value: m.c.owner},
+					{Key: m.pExpires, Value: a.est.Time.Add(m.c.ttl)},
+					{Key: m.pAcquired, Value: a.est.Time},
+					{Key: m.pClaim, Value: a.claim},
+				}},
+				{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
+			}
 	}
 	filter = append(filter, bson.E{Key: "$and", Value: bson.A{
 		// A pipeline's $set would replace a lease field that is not a

@@ -95,12 +95,7 @@ func (l *Lease) KeepAlive(ctx context.Context) {
 	l.keepAlive(ctx)
 }
 
-// keepAlive renews l every RenewEvery until ctx ends. A failed renewal is retried with retry.Do (Options.Retry's
-// Budget, OnRetry and Clock; delays from RenewEvery/20 up to RenewEvery/4)
-// while the store classifiers call it transient and the local deadline
-// allows; if none succeeds in time, the deadline timer ends the lease. A
-// renewal that finds the lease lost ends it at once.
-// ctx ends when Do returns or the lease ends.
+// keepAlive is KeepAlive's loop; ctx ends when Do returns or the lease ends.
 func (l *Lease) keepAlive(ctx context.Context) {
 	every := l.m.c.renewEvery
 	p := retry.Policy{

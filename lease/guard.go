@@ -35,8 +35,8 @@ func fenceKey(raw bson.RawValue) string {
 
 // Stamp records this named lease's epoch in the document of coll whose _id
 // is id, the resource the lease protects, so that [Lease.Fence] matches it
-// and the fenced writes of every earlier holder of
-// the name fail from then on. Stamp a document before the first write to it
+// and the fenced writes of every earlier holder of the name fail from then
+// on. Stamp a document before the first write to it
 // under the lease. It is one updateOne filtered on the stamp being absent or
 // not above this epoch, that sets it with $max: the stamp only moves forward,
 // and it lives in the protected document, so it survives the clean-up of
@@ -107,10 +107,8 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 			}
 			return settle.Dead, ""
 		},
-		Resend: true,
-		Unknown: func(_ bson.Raw, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "stamp", ID: id, Reason: reason, Err: err}
-		},
+		Resend:  true,
+		Unknown: unknown[bson.Raw]("stamp", id),
 	})
 	switch {
 	case err == nil && res.Applied:

@@ -13,13 +13,8 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Lines. Acquire and Do calls for one lease in one process wait in line,
-// first come first served, instead of each polling the database with
-// backoff: one call at a time (the head) claims, polling other processes'
-// holders as before; when the lease it got ends (released, lost or
-// expired), the next call in line claims at once. The lines are shared by
-// every Manager on the same collection and lease field of the same
-// *mongo.Client. See DESIGN.md, "Waiting in line".
+// Lines: Acquire and Do calls for one lease in one process wait in line;
+// one claims at a time (see DESIGN.md, "Waiting in line").
 
 // lineKey names the leases of one collection and lease field of a client.
 type lineKey struct {

@@ -139,24 +139,21 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 // Acquire claims the lease on id, waiting while another owner holds it.
 // Calls for one lease in one process (through any Manager on the same
 // collection and lease field of the same *mongo.Client) wait in line, first
-// come, first served: one claims at a time, and when the lease it got ends
-// (released, lost or expired) the next claims at once; a call whose context
-// ends while it waits in line leaves it, having sent nothing (with
-// Options.Retry.MaxAttempts 1, which allows no wait, there is no line: one
-// claim, as TryAcquire makes). The call whose
-// turn it is claims; while another process holds the lease, after
-// each failed attempt it sleeps the next delay of Options.Retry or the time
-// left on the holder's lease, whichever is shorter (or until a lease of the
-// id ends in this process), and tries again, until it
-// holds the lease, ctx ends, or the Policy's MaxAttempts, MaxElapsedTime or
-// Budget stop it. Transient errors (network, timeouts) are retried the same
-// way; other errors, such as ErrNotFound, end it at once. An attempt whose
-// outcome was unknown is settled by the next one: if the record shows that
-// claim, Acquire holds the lease (it never waits out its own claim); if that
-// claim's deadline has passed meanwhile, Acquire releases it and claims
-// again. When
-// ctx ends the error wraps both ctx's error and the last attempt's error.
-// The returned lease's context is as for TryAcquire.
+// come, first served, sending nothing: when the lease a call got ends, the
+// next claims at once; a call whose context ends in line leaves it. The call
+// whose turn it is claims; while another process holds the lease it reads
+// when that lease is up and sleeps until then (cut short when a lease of the
+// id ends in this process), trying one claim half-way while more than four
+// steps of Options.Retry (MaxInterval) are left, never sleeping more than
+// five steps at once, until it holds the lease, ctx ends, or the Policy's
+// MaxAttempts, MaxElapsedTime or Budget stop it. Transient errors are
+// retried with the Policy's backoff; other errors, such as ErrNotFound, end
+// it at once. An attempt whose outcome was unknown is settled by the next:
+// if the record shows that claim, Acquire holds the lease; if that claim's
+// deadline has passed meanwhile, Acquire releases it and claims again. With
+// Options.Retry.MaxAttempts 1 there is no wait and no line: one claim, as
+// TryAcquire makes. When ctx ends the error wraps both ctx's error and the
+// last attempt's. The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
 	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {

@@ -11,8 +11,7 @@ import (
 )
 
 // The Manager's events (see Options.Observer). Every function here checks
-// for an Observer before it builds anything, so that a Manager without one
-// allocates nothing more than before.
+// for an Observer before it builds anything.
 
 // The operations a Manager reports, as observe.Event.Op.
 const (
@@ -142,18 +141,10 @@ func (l *Lease) ended(err error) {
 
 // reasonName is r as observe.Event.Reason has it: one word, for metrics.
 func reasonName(r Reason) string {
-	switch r {
-	case Expired:
-		return "expired"
-	case TakenOver:
-		return "taken_over"
-	case Cleared:
-		return "cleared"
-	case Unread:
-		return "unread"
-	default:
-		return r.String()
+	if r > 0 && int(r) < len(reasons) {
+		return reasons[r][1]
 	}
+	return r.String()
 }
 
 // outcomes are the Manager's own errors, in the order ended.Outcome tries

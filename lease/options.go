@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -123,8 +124,9 @@ type Options struct {
 
 	// Retry is the retry engine of Acquire's wait and Do's renewals (see
 	// retry.Do): its intervals, Jitter, Rand, Budget, OnRetry and Clock are
-	// honoured. Acquire sleeps the next delay or the time left on the
-	// holder's lease, whichever is shorter. Acquire stops after MaxAttempts
+	// honoured. Acquire, finding the lease held, sleeps until the holder's
+	// time is up, at most 5 x MaxInterval at once (see Manager.Acquire);
+	// after other failures, the next delay. Acquire stops after MaxAttempts
 	// attempts or MaxElapsedTime if they are set; zero means no limit here
 	// (unlike retry.Do), so by default Acquire waits until its context ends.
 	// With MaxAttempts 1, Acquire and Do make one claim and do not wait in
@@ -243,27 +245,16 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		return c, &OptionsError{Field: "Owner", Reason: fmt.Sprintf("%q is blank", o.Owner)}
 	}
 
-	c.field = o.Field
-	if c.field == "" {
-		c.field = DefaultField
-	}
-	if err := checkField(c.field); err != "" {
-		return c, &OptionsError{Field: "Field", Reason: fmt.Sprintf("%q %s", c.field, err)}
-	}
-	c.fenceField = o.FenceField
-	if c.fenceField == "" {
-		c.fenceField = DefaultFenceField
-	}
-	if err := checkField(c.fenceField); err != "" {
-		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q %s", c.fenceField, err)}
+	c.field, c.fenceField = cmp.Or(o.Field, DefaultField), cmp.Or(o.FenceField, DefaultFenceField)
+	for _, f := range []struct{ name, v string }{{"Field", c.field}, {"FenceField", c.fenceField}, {"Retain", o.Retain}} {
+		if why := checkField(f.v); why != "" && f.v != "" {
+			return c, &OptionsError{Field: f.name, Reason: fmt.Sprintf("%q %s", f.v, why)}
+		}
 	}
 	if c.fenceField == c.field {
 		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.fenceField)}
 	}
 	if o.Retain != "" {
-		if err := checkField(o.Retain); err != "" {
-			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q %s", o.Retain, err)}
-		}
 		if o.Retain == c.field || o.Retain == c.fenceField {
 			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q is also Field or FenceField", o.Retain)}
 		}
@@ -284,27 +275,18 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		return c, &OptionsError{Field: "Mode", Reason: fmt.Sprintf("%v is not a mode", o.Mode)}
 	}
 
-	c.margin = o.SafetyMargin
-	switch {
-	case c.margin < 0:
-		return c, &OptionsError{Field: "SafetyMargin", Reason: fmt.Sprintf("%v is negative", c.margin)}
-	case c.margin == 0:
-		c.margin = c.ttl / 10
-	case c.margin >= c.ttl:
+	if c.margin, err = orDefault("SafetyMargin", o.SafetyMargin, c.ttl/10); err != nil {
+		return c, err
+	}
+	if c.margin >= c.ttl {
 		return c, &OptionsError{Field: "SafetyMargin", Reason: fmt.Sprintf("%v is not less than TTL %v", c.margin, c.ttl)}
 	}
-
-	c.renewEvery = o.RenewEvery
-	switch {
-	case c.renewEvery < 0:
-		return c, &OptionsError{Field: "RenewEvery", Reason: fmt.Sprintf("%v is negative", c.renewEvery)}
-	case c.renewEvery == 0:
-		c.renewEvery = c.ttl / 3
+	if c.renewEvery, err = orDefault("RenewEvery", o.RenewEvery, c.ttl/3); err != nil {
+		return c, err
 	}
 	if c.renewEvery >= c.ttl-c.margin {
 		return c, &OptionsError{Field: "RenewEvery", Reason: fmt.Sprintf("%v is not less than TTL %v minus SafetyMargin %v", c.renewEvery, c.ttl, c.margin)}
 	}
-
 	c.drift = o.DriftRate
 	switch {
 	case math.IsNaN(c.drift) || c.drift < 0 || c.drift >= 0.1:
@@ -322,24 +304,13 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		c.retry.Observer = o.Observer
 	}
 
-	c.resolveTimeout = o.ResolveTimeout
-	switch {
-	case c.resolveTimeout < 0:
-		return c, &OptionsError{Field: "ResolveTimeout", Reason: fmt.Sprintf("%v is negative", c.resolveTimeout)}
-	case c.resolveTimeout == 0:
-		c.resolveTimeout = min(max(c.ttl, time.Second), 10*time.Second)
+	if c.resolveTimeout, err = orDefault("ResolveTimeout", o.ResolveTimeout, min(max(c.ttl, time.Second), 10*time.Second)); err != nil {
+		return c, err
 	}
-
-	c.cleanupAfter = o.CleanupAfter
-	switch {
-	case c.cleanupAfter < 0:
-		return c, &OptionsError{Field: "CleanupAfter", Reason: fmt.Sprintf("%v is negative", c.cleanupAfter)}
-	case c.cleanupAfter == 0:
-		c.cleanupAfter = DefaultCleanupAfter
+	if c.cleanupAfter, err = orDefault("CleanupAfter", o.CleanupAfter, DefaultCleanupAfter); err != nil {
+		return c, err
 	}
-
-	c.now = o.Now
-	if c.now == nil {
+	if c.now = o.Now; c.now == nil {
 		c.now = time.Now
 	}
 	// Lazy: neither does I/O, and a Manager in ModeServer never asks the
@@ -352,6 +323,14 @@ func resolve(client *mongo.Client, o *Options) (config, error) {
 		c.clock = store.NewServerClock(store.HelloSampler(client), &store.ServerClockOptions{Now: c.now, Observer: o.Observer})
 	}
 	return c, nil
+}
+
+// orDefault returns v, or def when v is zero; a negative v is an error.
+func orDefault(field string, v, def time.Duration) (time.Duration, error) {
+	if v < 0 {
+		return 0, &OptionsError{Field: field, Reason: fmt.Sprintf("%v is negative", v)}
+	}
+	return cmp.Or(v, def), nil
 }
 
 // checkField returns why name cannot be a lease field, or "".
