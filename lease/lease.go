@@ -106,31 +106,23 @@ func (l *Lease) Err() error {
 // Fence returns the filter conditions that match the protected document only
 // while this lease holds it. Add them to the filter of every write made under
 // the lease (with the versioned package, as versioned.WhereErr(l.Fence(),
-// lease.ErrLost), so that it reports ErrLost); a fenced write that
-// matches nothing was made by a holder that had lost the lease, and changed
-// nothing. Call Fence for each write: once the Lease knows it was released
-// or lost (Err is not nil) Fence returns a condition that matches nothing
-// ({<key>: {$in: []}}), and in ModeServer its conditions also end at the
-// lease's local deadline as it stands at the call.
+// lease.ErrLost)); a fenced write that matches nothing was made by a holder
+// that had lost the lease, and changed nothing. Call Fence for each write:
+// once the Lease knows it was released or lost (Err is not nil) it returns
+// a condition that matches nothing ({<key>: {$in: []}}).
 //
-// For a document lease the protected document is the leased one and the
-// conditions are {<Field>.owner: owner, <Field>.epoch: epoch, <Field>.claim:
-// the claim id of this Lease}: they fail once another owner (or another
-// Lease of this Manager) claimed the lease, or this one released it. For a
-// named lease the protected documents are those stamped with [Lease.Stamp]
-// and the condition is {<FenceField>.<name>: epoch}: it fails on a document
-// once a later holder of the name stamped it. Release changes no stamp: a
-// write with a named lease's Fence taken before its release or loss, made
-// after another owner claimed the name but before it stamped the document,
-// still applies (in ModeServer, until the deadline below); it is ordered
-// before that stamp, so before every fenced write of the next holder.
-//
-// In ModeServer the conditions also hold {$expr: {$lt: ["$$NOW", t]}}, where
-// t is the server's time at the holder's local deadline at the earliest, so
-// a fenced write sent after the lease expired locally fails even if nobody
-// has claimed the lease since. In ModeEstimated (no $expr on the server)
-// such a write still applies until the record changes: it is ordered before
-// every write of a later holder, never after (see DESIGN.md).
+// For a document lease the conditions are {<Field>.owner: owner,
+// <Field>.epoch: epoch, <Field>.claim: the claim id of this Lease}: they fail
+// once anyone else claimed the lease, or this one released it. For a named
+// lease the condition is {<FenceField>.<name>: epoch}, on the documents
+// stamped with [Lease.Stamp]: it fails on a document once a later holder of
+// the name stamped it (Release changes no stamp; see the package's
+// Guarantees). In ModeServer the conditions also hold {$expr: {$lt:
+// ["$$NOW", t]}}, where t is the server's time at the holder's local
+// deadline at the earliest, so a fenced write sent after the lease expired
+// locally fails even if nobody has claimed it since; in ModeEstimated such a
+// write applies until the record changes, ordered before every write of a
+// later holder (see DESIGN.md).
 func (l *Lease) Fence() bson.D {
 	key := l.m.pOwner
 	if l.m.named {
@@ -342,7 +334,7 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
 	// Matched nothing, or read back no longer ours: the record tells.
-	return l.notOurs(ctx, res.Read, res.HasRead, func(r record) error {
+	return l.notOurs(ctx, res.Read, res.HasRead, l.server, func(r record) error {
 		// Our record, with an expiry at or past the new one: nothing to
 		// extend, nothing lost.
 		return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), r.ExpiresAt)
@@ -350,22 +342,24 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 }
 
 // notOurs ends the lease as lost for what the record s shows (read now
-// unless has), and returns its *LostError; ours, if the record is still
-// this lease's, says what to return instead.
-func (l *Lease) notOurs(ctx context.Context, s snapshot, has bool, ours func(record) error) error {
+// unless has; with the server's time if server), and returns that
+// *LostError, even if the lease had ended otherwise meanwhile; ours, if the
+// record is still this lease's, says what to return instead.
+func (l *Lease) notOurs(ctx context.Context, s snapshot, has, server bool, ours func(record) error) error {
 	var err error
 	if !has {
-		s, err = l.m.read(ctx, l.raw, false)
+		s, err = l.m.read(ctx, l.raw, server)
 	}
+	lost := l.lostFrom(s.rec, s.found)
 	switch {
 	case err != nil:
-		lost := l.lost(Unread, record{})
+		lost = l.lost(Unread, record{})
 		lost.Err = err
-		return l.finish(lost)
 	case ours != nil && l.ours(s.rec, s.found):
 		return ours(s.rec)
 	}
-	return l.finish(l.lostFrom(s.rec, s.found))
+	_ = l.finish(lost)
+	return lost
 }
 
 // extend records a renewal that was applied and wrote rec.
@@ -495,5 +489,5 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 		return nil
 	}
 	// Not applied: taken over or cleared by someone else.
-	return l.notOurs(ctx, res.Read, res.HasRead, nil)
+	return l.notOurs(ctx, res.Read, res.HasRead, false, nil)
 }

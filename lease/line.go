@@ -36,9 +36,9 @@ type lines struct {
 }
 
 // line is the calls for one lease: the one whose turn it is (claiming or
-// holding), and those waiting, in order.
+// holding), and those waiting, in order. A line exists while a call has
+// the turn.
 type line struct {
-	taken   bool          // a call claims or holds the lease through the line
 	claim   *lineWaiter   // the call claiming now, to wake when another lease of the id ends
 	holder  *Lease        // the lease the line's call holds, nil while it claims
 	waiting []*lineWaiter // FIFO
@@ -90,17 +90,12 @@ func lineID(raw docKey) string {
 func (ls *lines) join(k string, w *lineWaiter) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	l := ls.ids[k]
-	if l == nil {
-		l = &line{}
-		ls.ids[k] = l
+	if l := ls.ids[k]; l != nil {
+		l.waiting = append(l.waiting, w)
+		return false
 	}
-	if !l.taken {
-		l.taken, l.claim, w.turn = true, w, true
-		return true
-	}
-	l.waiting = append(l.waiting, w)
-	return false
+	ls.ids[k], w.turn = &line{claim: w}, true
+	return true
 }
 
 // leave takes w out of the line of k, if its turn has not come, and reports
@@ -136,11 +131,9 @@ func (ls *lines) passLocked(k string) {
 		delete(ls.ids, k)
 		return
 	}
-	w := l.waiting[0]
-	l.waiting = l.waiting[1:]
-	w.turn = true
-	l.claim = w
-	w.signal()
+	l.claim, l.waiting = l.waiting[0], l.waiting[1:]
+	l.claim.turn = true
+	l.claim.signal()
 }
 
 // hold records that the line's call holds l. If l has ended meanwhile, the

@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -185,7 +186,9 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 		p.MaxElapsedTime = -1
 	}
 	var sleep time.Duration
-	p.Clock = wakeClock{base: cmp.Or[store.Clock](p.Clock, store.SystemClock()), sleep: &sleep, wake: wake}
+	base := cmp.Or[store.Clock](p.Clock, store.SystemClock())
+	p.Clock = wakeClock{base: base, sleep: &sleep, wake: wake}
+	limit := base.Now().Add(p.MaxElapsedTime) // when positive: no sleep ends later
 	var (
 		l    *Lease
 		w    waiting
@@ -200,7 +203,9 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 		case err == nil:
 			return nil
 		case errors.Is(err, ErrHeld):
-			sleep = m.pollDelay(w.due.Sub(m.c.now()))
+			if sleep = m.pollDelay(w.due.Sub(m.c.now())); p.MaxElapsedTime > 0 {
+				sleep = max(min(sleep, limit.Sub(base.Now())), time.Millisecond)
+			}
 		case errors.Is(err, ErrUnknownOutcome):
 		case errors.As(err, &lost) && lost.Reason == Expired:
 			// A claim settled (or answered) too late: its deadline, counted
@@ -383,4 +388,103 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return settle.Detached(store.NoSession(ctx), m.c.resolveTimeout)
+}
+
+// Mode returns the mode the Manager judges expiry in: Options.Mode if it was
+// forced, else the one found by trying the server (once per client, see
+// store.For, on the first call that needs it; a failure to reach the server
+// is returned and tried again next time).
+func (m *Manager) Mode(ctx context.Context) (Mode, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return ModeAuto, fmt.Errorf("lease: mode: %w", err)
+	}
+	server, err := m.serverMode(store.NoSession(ctx))
+	switch {
+	case err != nil:
+		return ModeAuto, fmt.Errorf("lease: mode: %w", err)
+	case server:
+		return ModeServer, nil
+	default:
+		return ModeEstimated, nil
+	}
+}
+
+// serverMode reports whether the Manager runs in ModeServer, from the
+// client's capabilities in ModeAuto (store.Server.Capabilities: $expr with
+// $$NOW in a write filter and update pipelines, tried once per client).
+func (m *Manager) serverMode(ctx context.Context) (bool, error) {
+	if mode := Mode(m.mode.Load()); mode != ModeAuto {
+		return mode == ModeServer, nil
+	}
+	caps, err := store.For(m.coll.Database().Client()).Capabilities(ctx, m.coll.Database())
+	if err != nil {
+		return false, err
+	}
+	mode := ModeEstimated
+	if caps.Expr && caps.UpdatePipelines {
+		mode = ModeServer
+	}
+	m.mode.Store(int32(mode))
+	return mode == ModeServer, nil
+}
+
+// Key names a document of a sharded collection by its _id and its
+// shard-key values, for TryAcquire, Acquire and Do on a Manager made by New
+// with Options.ShardKey, and for Stamp on a named lease's Manager with
+// Options.ShardKey:
+//
+//	l, err := m.TryAcquire(ctx, lease.Key{ID: userID, Shard: bson.D{{Key: "tenant", Value: tenant}}})
+//
+// It is [store.Key]; see there for what is checked.
+type Key = store.Key
+
+// docKey names a leased (or stamped) document in every filter on it (its
+// Filter method builds them all): the encoded _id and the document's
+// shard-key values (none without a shard key, and for a named lease's lock
+// document, found by its name).
+type docKey = shard.Doc
+
+// parseShardKey checks Options.ShardKey: no field may be under the lease
+// record or the fence stamps, which every claim or Stamp changes.
+func parseShardKey(fields []string, c *config) (shard.Spec, error) {
+	spec, err := shard.Parse(fields, func(root string) string {
+		switch root {
+		case c.field:
+			return "is the lease record (Options.Field)"
+		case c.fenceField:
+			return "holds the fence stamps (Options.FenceField)"
+		}
+		return ""
+	})
+	if err != nil {
+		return shard.Spec{}, &OptionsError{Field: "ShardKey", Reason: err.Error()}
+	}
+	return spec, nil
+}
+
+// key checks id, a Key or a bare id, against spec and returns the bare id
+// and its docKey. Errors match ErrInvalidID.
+func key(spec shard.Spec, id any) (any, docKey, error) {
+	bare, vals, err := spec.Split(id)
+	if err != nil {
+		return nil, docKey{}, err
+	}
+	raw, err := store.CheckID(bare)
+	if err != nil {
+		return nil, docKey{}, err
+	}
+	return bare, docKey{ID: raw, Shard: vals}, nil
+}
+
+// leaseKey is key for the id of a lease: a document of the Manager's
+// collection, or the name of a named lease, whose lock document is found by
+// its _id alone.
+func (m *Manager) leaseKey(id any) (any, docKey, error) {
+	if !m.named {
+		return key(m.c.shard, id)
+	}
+	if k, ok := id.(Key); ok && len(k.Shard) > 0 {
+		return nil, docKey{}, &store.IDError{ID: id, Reason: fmt.Sprintf("a named lease is found by its name alone: pass the name, and shard the lock collection on hashed _id (Options.ShardKey %s is the shard key of the documents Stamp writes)", m.c.shard)}
+	}
+	return key(shard.Spec{}, id)
 }

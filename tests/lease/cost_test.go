@@ -13,6 +13,7 @@ import (
 
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/retry"
 )
 
 // commandLog returns b's database through a client of its own (to the
@@ -138,4 +139,33 @@ func testFirstLeaseCommands(t *testing.T, mode lease.Mode) {
 		require.Equal(t, l.Epoch()+1, next.Epoch(), tc.what)
 		require.NoError(t, next.Release(ctx))
 	}
+}
+
+// TestAcquireSleepsNoLongerThanMaxElapsedTime: Acquire sleeps until the
+// holder's time is up, but no sleep of it ends after the Policy's
+// MaxElapsedTime: waiting for a lease held another minute with a 300 ms
+// MaxElapsedTime, it gives up after about 300 ms with retry.ErrExhausted and
+// the holder's *HeldError.
+func TestAcquireSleepsNoLongerThanMaxElapsedTime(t *testing.T) {
+	eachMode(t, testAcquireSleepsNoLongerThanMaxElapsedTime)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testAcquireSleepsNoLongerThanMaxElapsedTime(t *testing.T, mode lease.Mode) {
+	const limit = 300 * time.Millisecond
+	b := setup(t, mode)
+	ctx := context.Background()
+	id := b.insert(t)
+	la, err := b.manager(t, "a", time.Minute, nil).TryAcquire(ctx, id)
+	require.NoError(t, err)
+	c := b.manager(t, "c", time.Minute, &lease.Options{Retry: retry.Policy{MaxElapsedTime: limit}})
+	start := time.Now()
+	_, err = c.Acquire(ctx, id)
+	took := time.Since(start)
+	t.Logf("gave up after %v: %v", took, err)
+	require.ErrorIs(t, err, retry.ErrExhausted)
+	require.ErrorIs(t, err, lease.ErrHeld)
+	require.GreaterOrEqual(t, took, limit-20*time.Millisecond, "waited")
+	require.Less(t, took, limit+oneStep, "no sleep past MaxElapsedTime")
+	require.NoError(t, la.Release(ctx))
 }
