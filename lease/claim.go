@@ -1,7 +1,9 @@
 package lease
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -179,18 +181,13 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	if !a.server {
 		// $inc starts a record without an epoch at 1: newLease then gives it
 		// its first epoch (firstEpoch).
-		return append(filter, bson.E{Key: "$or", Value: bson.A{
-				bson.D{{Key: m.pOwner, Value: nil}},
-				bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(a.est)}}}},
-			}}), bson.D{
-				{Key: "$set", Value: bson.D{
-					{Key: m.pOwner, Value: m.c.owner},
-					{Key: m.pExpires, Value: a.est.Time.Add(m.c.ttl)},
-					{Key: m.pAcquired, Value: a.est.Time},
-					{Key: m.pClaim, Value: a.claim},
-				}},
-				{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
-			}
+		t := m.estimated
+		or, update := bytes.Clone(t.or), bytes.Clone(t.update)
+		putDate(or, t.cutoff, cutoff(a.est))
+		putDate(update, t.expires, a.est.Time.Add(m.c.ttl))
+		putDate(update, t.acquired, a.est.Time)
+		copy(update[t.claim:], a.claim[:])
+		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: or}}), bson.Raw(update)
 	}
 	filter = append(filter, bson.E{Key: "$and", Value: bson.A{
 		// A pipeline's $set would replace a lease field that is not a
@@ -216,6 +213,45 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 		{Key: m.pClaim, Value: bson.D{{Key: "$literal", Value: a.claim}}},
 		{Key: m.pEpoch, Value: bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}}},
 	}}}}
+}
+
+// template is a claim in ModeEstimated, marshalled once per Manager with
+// placeholders (the driver then sends its bytes as they are, instead of
+// marshalling documents built per claim): the $or of the filter, {owner:
+// null} or {expiresAt: {$lt: cutoff}}, and the update, $set of the owner,
+// expiry, acquisition time and claim id and $inc of the epoch; with the
+// offsets of the values a claim writes into its copy.
+type template struct {
+	or, update                       []byte
+	cutoff, expires, acquired, claim int
+}
+
+func newTemplate(m *Manager) template {
+	const c, e, a = 0x6c_6561_7365_0001, 0x6c_6561_7365_0002, 0x6c_6561_7365_0003
+	id := bson.ObjectID([]byte("\x00lease.claim"))
+	or, _ := bson.Marshal(bson.D{
+		{Key: "0", Value: bson.D{{Key: m.pOwner, Value: nil}}},
+		{Key: "1", Value: bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: bson.DateTime(c)}}}}},
+	})
+	update, _ := bson.Marshal(bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: m.pOwner, Value: m.c.owner},
+			{Key: m.pExpires, Value: bson.DateTime(e)},
+			{Key: m.pAcquired, Value: bson.DateTime(a)},
+			{Key: m.pClaim, Value: id},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
+	})
+	// The last match: only the owner, before them, may hold the same bytes
+	// (field names hold no NUL byte).
+	at := func(b []byte, v uint64) int { return bytes.LastIndex(b, binary.LittleEndian.AppendUint64(nil, v)) }
+	return template{or: or, update: update, cutoff: at(or, c), expires: at(update, e), acquired: at(update, a), claim: bytes.LastIndex(update, id[:])}
+}
+
+// putDate writes t at b[i:] as a BSON date: milliseconds, truncated, as
+// the driver stores a time.Time.
+func putDate(b []byte, i int, t time.Time) {
+	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli())) //nolint:gosec // a date's two's complement, as BSON has it
 }
 
 // send sends the claim a through the settling engine: a record read back

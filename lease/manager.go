@@ -42,7 +42,8 @@ type Manager struct {
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
 
-	lines *lines // where Acquire and Do wait for their turn
+	lines     *lines   // where Acquire and Do wait for their turn
+	estimated template // a claim in ModeEstimated
 }
 
 // New returns a Manager for leases on the documents of coll. The lease record
@@ -98,6 +99,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	m.upsertOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
 	m.lines = linesOf(coll, f)
+	m.estimated = newTemplate(m)
 	return m, nil
 }
 
