@@ -42,7 +42,7 @@ const firstEpochFloor = 1 << 50
 // estimate returns the Clock's estimate, refusing one that cannot be used
 // (the zero Estimate, a negative bound) as if the Clock had none.
 func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
-	est, err := m.c.clock.Now(ctx)
+	est, err := m.c.Clock.Now(ctx)
 	if err != nil {
 		return est, err
 	}
@@ -63,7 +63,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 	}
 	absent := false // a lock document to make, in ModeServer
 	for try := 1; ; try++ {
-		a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: server}
+		a := attempt{claim: bson.NewObjectID(), t0: m.c.Now(), server: server}
 		if !server {
 			if a.est, err = m.estimate(ctx); err != nil {
 				return nil, fail(err)
@@ -95,7 +95,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			// upsert's duplicate _id; DocumentDB may answer InternalError),
 			// or DocumentDB refused $$NOW on a collection not made yet.
 			noMatch := errors.Is(err, mongo.ErrNoDocuments) || mongo.IsDuplicateKeyError(err)
-			if now := m.c.now(); noMatch && w != nil && w.held != nil && now.Before(w.due) {
+			if now := m.c.Now(); noMatch && w != nil && w.held != nil && now.Before(w.due) {
 				h := *w.held // nothing new before the holder's time is up
 				h.TimeLeft = w.due.Sub(now)
 				return nil, &h
@@ -133,7 +133,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			h := &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
 			if w != nil {
 				// Wake no earlier than the holder's expiry, drift included.
-				w.held, w.due = h, m.c.now().Add(left+time.Duration(float64(left)*m.c.drift)+time.Millisecond)
+				w.held, w.due = h, m.c.Now().Add(left+time.Duration(float64(left)*m.c.DriftRate)+time.Millisecond)
 			}
 			return nil, h
 		}
@@ -144,7 +144,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 // settle reports whether the record s shows one of the pending claims (whose
 // outcome was unknown) applied: the lease is then ours, from that claim.
 func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, w *waiting) (*Lease, bool, error) {
-	if w == nil || !s.found || s.rec.Owner != m.c.owner {
+	if w == nil || !s.found || s.rec.Owner != m.c.Owner {
 		return nil, false, nil
 	}
 	for _, a := range w.pending {
@@ -184,7 +184,7 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 		t := m.estimated
 		or, update := bytes.Clone(t.or), bytes.Clone(t.update)
 		putDate(or, t.cutoff, cutoff(a.est))
-		putDate(update, t.expires, a.est.Time.Add(m.c.ttl))
+		putDate(update, t.expires, a.est.Time.Add(m.c.TTL))
 		putDate(update, t.acquired, a.est.Time)
 		copy(update[t.claim:], a.claim[:])
 		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: or}}), bson.Raw(update)
@@ -193,8 +193,8 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 		// A pipeline's $set would replace a lease field that is not a
 		// document; leave such a document alone (read reports it).
 		bson.D{{Key: "$or", Value: bson.A{
-			bson.D{{Key: m.c.field, Value: bson.D{{Key: "$exists", Value: false}}}},
-			bson.D{{Key: m.c.field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
+			bson.D{{Key: m.c.Field, Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: m.c.Field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
 		}}},
 		bson.D{{Key: "$or", Value: bson.A{
 			bson.D{{Key: m.pOwner, Value: nil}},
@@ -206,8 +206,8 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	// through $literal: an owner starting with "$" is no field path.
 	micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
 	return filter, mongo.Pipeline{{{Key: "$set", Value: bson.D{
-		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.owner}}},
-		{Key: m.pExpires, Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}},
+		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.Owner}}},
+		{Key: m.pExpires, Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.TTL.Milliseconds()}}}},
 		{Key: m.pAcquired, Value: "$$NOW"},
 		{Key: m.pRenewed, Value: "$$NOW"},
 		{Key: m.pClaim, Value: bson.D{{Key: "$literal", Value: a.claim}}},
@@ -235,7 +235,7 @@ func newTemplate(m *Manager) template {
 	})
 	update, _ := bson.Marshal(bson.D{
 		{Key: "$set", Value: bson.D{
-			{Key: m.pOwner, Value: m.c.owner},
+			{Key: m.pOwner, Value: m.c.Owner},
 			{Key: m.pExpires, Value: bson.DateTime(e)},
 			{Key: m.pAcquired, Value: bson.DateTime(a)},
 			{Key: m.pClaim, Value: id},
@@ -268,7 +268,7 @@ func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw 
 		},
 		Read: m.reader(raw, a.server),
 		Judge: func(s snapshot) (settle.Verdict, string) {
-			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+			if s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim {
 				return settle.Landed, ""
 			}
 			return settle.Live, ""
@@ -278,7 +278,7 @@ func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw 
 	switch {
 	case res.Applied && res.HasReply:
 		rec, err := m.decode(res.Reply)
-		if err == nil && (rec.Owner != m.c.owner || rec.Claim != a.claim) {
+		if err == nil && (rec.Owner != m.c.Owner || rec.Claim != a.claim) {
 			err = fmt.Errorf("lease: acquire %v: the server returned a record that is not this claim (owner %q)", idText(id), rec.Owner)
 		}
 		if err != nil {
@@ -331,7 +331,7 @@ func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any, 
 // claim's reply came too late for any of the lease to be usable, or ctx
 // ended meanwhile, it releases the claim and fails.
 func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw docKey, rec record, a attempt) (*Lease, error) {
-	recv := m.c.now()
+	recv := m.c.Now()
 	deadline := m.deadline(a, rec.ExpiresAt)
 	l := &Lease{
 		m:          m,
@@ -354,13 +354,13 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 	if l.epoch < firstEpochFloor && !a.server {
 		fail = l.firstEpoch(ctx)
 	}
-	left := l.deadline.Sub(m.c.now())
+	left := l.deadline.Sub(m.c.Now())
 	switch {
 	case fail != nil:
 	case ctx.Err() != nil:
 		fail = fmt.Errorf("lease: acquire %v: %w", idText(id), store.ContextError(ctx))
 	case left <= 0:
-		fail = &LostError{ID: id, Owner: m.c.owner, Epoch: l.epoch, Reason: Expired}
+		fail = &LostError{ID: id, Owner: m.c.Owner, Epoch: l.epoch, Reason: Expired}
 	}
 	if fail != nil {
 		rctx, cancel := m.detached(ctx)
@@ -400,7 +400,7 @@ func (l *Lease) firstEpoch(ctx context.Context) error {
 			switch {
 			case l.ours(s.rec, s.found):
 				return settle.Live, ""
-			case s.found && s.rec.Owner == m.c.owner && s.rec.Claim == l.claim && s.rec.Epoch == epoch:
+			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == l.claim && s.rec.Epoch == epoch:
 				return settle.Landed, ""
 			}
 			return settle.Dead, ""
@@ -426,12 +426,12 @@ func (l *Lease) firstEpoch(ctx context.Context) error {
 // than t0 + (expires − est.Latest()) − TTL×DriftRate − SafetyMargin (see
 // DESIGN.md, "The holder's deadline").
 func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
-	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
-	d := a.t0.Add(m.c.ttl - drift - m.c.margin)
+	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
+	d := a.t0.Add(m.c.TTL - drift - m.c.SafetyMargin)
 	if a.server {
 		return d
 	}
-	return minTime(d, a.t0.Add(expires.Sub(a.est.Latest())-drift-m.c.margin))
+	return minTime(d, a.t0.Add(expires.Sub(a.est.Latest())-drift-m.c.SafetyMargin))
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -445,6 +445,6 @@ func minTime(a, b time.Time) time.Time {
 // (ModeServer): stamp + (deadline − recv) − TTL×DriftRate, where stamp is
 // the $$NOW of the write whose reply came at recv (see DESIGN.md).
 func (m *Manager) fenceUntil(stamp, deadline, recv time.Time) time.Time {
-	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
+	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
 	return stamp.Add(deadline.Sub(recv) - drift).Truncate(time.Millisecond)
 }

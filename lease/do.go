@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/mongocas/mongocas/retry"
@@ -40,17 +41,14 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	m.acquired(ctx, opDo, l, ob.start)
 
 	kctx, stop := context.WithCancel(l.ctx)
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		l.keepAlive(kctx)
-	}()
+	var renewing sync.WaitGroup
+	renewing.Go(func() { l.keepAlive(kctx) })
 
 	var fnErr error
 	returned := false
 	defer func() {
 		stop()
-		<-stopped
+		renewing.Wait()
 		rctx, cancel := m.detached(ctx)
 		relErr := l.Release(rctx)
 		cancel()
@@ -97,19 +95,10 @@ func (l *Lease) KeepAlive(ctx context.Context) {
 
 // keepAlive is KeepAlive's loop; ctx ends when Do returns or the lease ends.
 func (l *Lease) keepAlive(ctx context.Context) {
-	every := l.m.c.renewEvery
-	p := retry.Policy{
-		InitialInterval: max(every/20, time.Millisecond),
-		MaxInterval:     max(every/4, time.Millisecond),
-		Jitter:          l.m.c.retry.Jitter,
-		Rand:            l.m.c.retry.Rand,
-		MaxAttempts:     -1,
-		MaxElapsedTime:  -1,
-		Budget:          l.m.c.retry.Budget,
-		OnRetry:         l.m.c.retry.OnRetry,
-		Observer:        l.m.c.retry.Observer,
-		Clock:           l.m.c.retry.Clock,
-	}
+	every := l.m.c.RenewEvery
+	p := l.m.c.Retry // its Jitter, Rand, Budget, OnRetry, Observer and Clock
+	p.InitialInterval, p.MaxInterval, p.Multiplier = max(every/20, time.Millisecond), max(every/4, time.Millisecond), 0
+	p.MaxAttempts, p.MaxElapsedTime = -1, -1
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {

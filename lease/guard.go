@@ -20,7 +20,7 @@ import (
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.fenceField + "." + fenceKey(l.raw.ID)
+	return l.m.c.FenceField + "." + fenceKey(l.raw.ID)
 }
 
 func fenceKey(raw bson.RawValue) string {
@@ -80,7 +80,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	// A stamp that has not applied is sent again while the document shows
 	// no stamp of this epoch or later (or no epoch there): copies of a $max
 	// make one change. The document read back tells.
-	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.resolveTimeout}
+	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.ResolveTimeout}
 	read := func(ctx context.Context) (doc bson.Raw, err error) {
 		err = settle.NewMajority(coll).Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
 			if doc, err = coll.FindOne(store.NoSession(ctx), raw.Filter()).Raw(); errors.Is(err, mongo.ErrNoDocuments) {

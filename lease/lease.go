@@ -45,7 +45,7 @@ type Lease struct {
 func (l *Lease) ID() any { return l.id }
 
 // Owner returns the owner string written in the lease record.
-func (l *Lease) Owner() string { return l.m.c.owner }
+func (l *Lease) Owner() string { return l.m.c.Owner }
 
 // Epoch returns the lease's fencing token: the record's epoch after this
 // claim. Every claim of the same document or name, by any owner, gets a
@@ -83,7 +83,7 @@ func (l *Lease) TimeLeft() time.Duration {
 	if l.err != nil {
 		return 0
 	}
-	return max(l.deadline.Sub(l.m.c.now()), 0)
+	return max(l.deadline.Sub(l.m.c.Now()), 0)
 }
 
 // Context returns a context that ends when the lease is released or lost,
@@ -142,7 +142,7 @@ func (l *Lease) Fence() bson.D {
 		d = bson.D{{Key: key, Value: l.epoch}}
 	} else {
 		d = bson.D{
-			{Key: key, Value: l.m.c.owner},
+			{Key: key, Value: l.m.c.Owner},
 			{Key: l.m.pEpoch, Value: l.epoch},
 			{Key: l.m.pClaim, Value: l.claim},
 		}
@@ -155,17 +155,16 @@ func (l *Lease) Fence() bson.D {
 
 // String describes the lease for logs.
 func (l *Lease) String() string {
-	return fmt.Sprintf("lease %s owner %q epoch %d", idText(l.id), l.m.c.owner, l.epoch)
+	return fmt.Sprintf("lease %s owner %q epoch %d", idText(l.id), l.m.c.Owner, l.epoch)
 }
 
 // finish ends the lease with err unless it has ended already, and returns the
 // error it ended with.
 func (l *Lease) finish(err error) error {
 	l.mu.Lock()
-	if l.err != nil {
-		err = l.err
+	if prior := l.err; prior != nil {
 		l.mu.Unlock()
-		return err
+		return prior
 	}
 	l.err = err
 	if l.timer != nil {
@@ -182,21 +181,18 @@ func (l *Lease) finish(err error) error {
 // unless a renewal moved the deadline meanwhile.
 func (l *Lease) onDeadline() {
 	l.mu.Lock()
-	if l.err != nil {
-		l.mu.Unlock()
-		return
-	}
-	if left := l.deadline.Sub(l.m.c.now()); left > 0 {
+	left := l.deadline.Sub(l.m.c.Now())
+	if l.err == nil && left > 0 {
 		l.timer.Reset(left)
-		l.mu.Unlock()
-		return
 	}
 	l.mu.Unlock()
-	_ = l.finish(l.lost(Expired, record{}))
+	if left <= 0 {
+		_ = l.finish(l.lost(Expired, record{})) // nothing if it ended already
+	}
 }
 
 func (l *Lease) lost(reason Reason, now record) *LostError {
-	return &LostError{ID: l.id, Owner: l.m.c.owner, Epoch: l.epoch, Reason: reason, Holder: now.Owner, HolderEpoch: now.Epoch}
+	return &LostError{ID: l.id, Owner: l.m.c.Owner, Epoch: l.epoch, Reason: reason, Holder: now.Owner, HolderEpoch: now.Epoch}
 }
 
 // lostFrom returns the LostError that the record r (or its absence) shows.
@@ -209,14 +205,14 @@ func (l *Lease) lostFrom(r record, found bool) *LostError {
 
 // ours reports whether r is this lease's record.
 func (l *Lease) ours(r record, found bool) bool {
-	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch && r.Claim == l.claim
+	return found && r.Owner == l.m.c.Owner && r.Epoch == l.epoch && r.Claim == l.claim
 }
 
 // filter matches the record while it is this lease's: _id, owner, epoch and
 // claim id.
 func (l *Lease) filter() bson.D {
 	return append(l.raw.Filter(),
-		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
+		bson.E{Key: l.m.pOwner, Value: l.m.c.Owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
 		bson.E{Key: l.m.pClaim, Value: l.claim},
 	)
@@ -248,28 +244,28 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		return l.finish(l.lost(Expired, record{}))
 	}
 	m := l.m
-	a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: l.server}
+	a := attempt{claim: bson.NewObjectID(), t0: m.c.Now(), server: l.server}
 	filter, expires := l.filter(), time.Time{}
 	var update any
 	if l.server {
-		newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}
+		newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.TTL.Milliseconds()}}}
 		set := bson.D{
 			{Key: m.pExpires, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.pExpires, newExpiry}}}},
 			{Key: m.pRenewed, Value: "$$NOW"},
 			{Key: m.pRenewal, Value: bson.D{{Key: "$literal", Value: a.claim}}},
 		}
-		if m.c.retain != "" {
+		if m.c.Retain != "" {
 			// Retain moves with the renewal, in the same write; $max keeps a
 			// later time the document's own writes put there.
-			until := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.retainFor.Milliseconds()}}}
-			set = append(set, bson.E{Key: m.c.retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.retain, until}}}})
+			until := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.RetainFor.Milliseconds()}}}
+			set = append(set, bson.E{Key: m.c.Retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.Retain, until}}}})
 		}
 		update = mongo.Pipeline{{{Key: "$set", Value: set}}}
 	} else {
 		if a.est, err = m.estimate(ctx); err != nil {
 			return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 		}
-		expires = a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
+		expires = a.est.Time.Add(m.c.TTL).Truncate(time.Millisecond)
 		l.mu.Lock()
 		if !expires.After(l.lastSent) {
 			expires = l.lastSent.Add(time.Millisecond)
@@ -278,8 +274,8 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		l.mu.Unlock()
 		filter = append(filter, bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
 		up := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
-		if m.c.retain != "" {
-			up = append(up, bson.E{Key: "$max", Value: bson.D{{Key: m.c.retain, Value: a.est.Time.Add(m.c.retainFor).Truncate(time.Millisecond)}}})
+		if m.c.Retain != "" {
+			up = append(up, bson.E{Key: "$max", Value: bson.D{{Key: m.c.Retain, Value: a.est.Time.Add(m.c.RetainFor).Truncate(time.Millisecond)}}})
 		}
 		update = up
 	}
@@ -364,7 +360,7 @@ func (l *Lease) notOurs(ctx context.Context, s snapshot, has, server bool, ours 
 
 // extend records a renewal that was applied and wrote rec.
 func (l *Lease) extend(rec record, deadline time.Time) {
-	recv := l.m.c.now()
+	recv := l.m.c.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
@@ -382,7 +378,7 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 	// each of the expiries they were computed for.
 	if deadline.After(l.deadline) {
 		l.deadline = deadline
-		l.timer.Reset(max(deadline.Sub(l.m.c.now()), 0))
+		l.timer.Reset(max(deadline.Sub(l.m.c.Now()), 0))
 	}
 }
 
@@ -411,7 +407,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	prior := l.err
 	expiredAt := l.deadline
 	l.mu.Unlock()
-	if prior == nil && !m.c.now().Before(expiredAt) {
+	if prior == nil && !m.c.Now().Before(expiredAt) {
 		prior = l.finish(l.lost(Expired, record{}))
 	}
 	var lost *LostError
@@ -450,7 +446,7 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	var sent time.Time // when the last copy was sent
 	res, err := settle.Exec(ctx, m.settling(ctx, opRelease, l.id), settle.Write[struct{}, snapshot]{
 		Send: func(ctx context.Context) (struct{}, bool, error) {
-			sent = m.c.now()
+			sent = m.c.Now()
 			res, err := m.coll.UpdateOne(ctx, l.filter(), update)
 			return struct{}{}, err == nil && res.MatchedCount == 1, err
 		},

@@ -172,7 +172,7 @@ func (m *Manager) lineEnded(l *Lease) {
 // in the line of id, then claims, waiting while another process holds the
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.
 func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
-	if m.c.retry.MaxAttempts == 1 {
+	if m.c.Retry.MaxAttempts == 1 {
 		// One attempt, no wait (Options.Retry): waiting in line is a wait.
 		// The one claim finds a lease held in this process as one held
 		// elsewhere (the idempotency package answers ErrInProgress so).

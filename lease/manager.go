@@ -75,10 +75,10 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	if err != nil {
 		return nil, err
 	}
-	if named && c.retain != "" {
+	if named && c.Retain != "" {
 		return nil, &OptionsError{Field: "Retain", Reason: "applies to document leases only: a named lease's lock document is not the one it protects"}
 	}
-	f := c.field
+	f := c.Field
 	m := &Manager{
 		coll:      coll,
 		majority:  settle.NewMajority(coll),
@@ -92,7 +92,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 		pClaim:    f + ".claim",
 		pRenewal:  f + ".renewal",
 	}
-	m.mode.Store(int32(c.mode)) //nolint:gosec // resolve accepts only the three modes
+	m.mode.Store(int32(c.Mode)) //nolint:gosec // resolve accepts only the three modes
 	proj := bson.D{{Key: f, Value: 1}}
 	m.claimOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(proj)
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
@@ -105,17 +105,17 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 
 // Owner returns the owner string this Manager writes into the leases it
 // claims.
-func (m *Manager) Owner() string { return m.c.owner }
+func (m *Manager) Owner() string { return m.c.Owner }
 
 // TTL returns the lease duration.
-func (m *Manager) TTL() time.Duration { return m.c.ttl }
+func (m *Manager) TTL() time.Duration { return m.c.TTL }
 
 // Field returns the name of the lease subdocument.
-func (m *Manager) Field() string { return m.c.field }
+func (m *Manager) Field() string { return m.c.Field }
 
 // Clock returns the estimate of the server's clock the Manager judges expiry
 // by in ModeEstimated.
-func (m *Manager) Clock() *store.ServerClock { return m.c.clock }
+func (m *Manager) Clock() *store.ServerClock { return m.c.Clock }
 
 // Collection returns the collection the Manager works on.
 func (m *Manager) Collection() *mongo.Collection { return m.coll }
@@ -180,7 +180,7 @@ func (e again) Retryable() bool { return true }
 // (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
 // ended in this process.
 func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent context.Context, wake <-chan struct{}) (*Lease, error) {
-	p := m.c.retry
+	p := m.c.Retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
 	}
@@ -205,7 +205,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 		case err == nil:
 			return nil
 		case errors.Is(err, ErrHeld):
-			if sleep = m.pollDelay(w.due.Sub(m.c.now())); p.MaxElapsedTime > 0 {
+			if sleep = m.pollDelay(w.due.Sub(m.c.Now())); p.MaxElapsedTime > 0 {
 				sleep = max(min(sleep, limit.Sub(base.Now())), time.Millisecond)
 			}
 		case errors.Is(err, ErrUnknownOutcome):
@@ -251,7 +251,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 // (MaxInterval) are left, half of it, at most 5 steps, before a claim (one
 // command) that sees an early release by another process.
 func (m *Manager) pollDelay(left time.Duration) time.Duration {
-	step := cmp.Or(m.c.retry.MaxInterval, retry.DefaultMaxInterval)
+	step := cmp.Or(m.c.Retry.MaxInterval, retry.DefaultMaxInterval)
 	if left > 4*step {
 		return min(left/2, 5*step)
 	}
@@ -294,15 +294,15 @@ type record struct {
 
 func (m *Manager) decode(doc bson.Raw) (record, error) {
 	var r record
-	v := doc.Lookup(m.c.field) // the zero RawValue when absent
+	v := doc.Lookup(m.c.Field) // the zero RawValue when absent
 	if v.Type == 0 || v.Type == bson.TypeNull {
 		return r, nil // no lease record yet
 	}
 	if _, ok := v.DocumentOK(); !ok {
-		return r, fmt.Errorf("lease: field %q holds a %v, not a lease record", m.c.field, v.Type)
+		return r, fmt.Errorf("lease: field %q holds a %v, not a lease record", m.c.Field, v.Type)
 	}
 	if err := v.Unmarshal(&r); err != nil {
-		return r, fmt.Errorf("lease: decode field %q: %w", m.c.field, err)
+		return r, fmt.Errorf("lease: decode field %q: %w", m.c.Field, err)
 	}
 	return r, nil
 }
@@ -343,45 +343,32 @@ func (m *Manager) reader(raw docKey, server bool) func(context.Context) (snapsho
 // readPolicy is the retry policy of the reads: the Manager's, bounded by
 // ResolveTimeout.
 func (m *Manager) readPolicy() retry.Policy {
-	return retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
+	return retry.Policy{MaxElapsedTime: m.c.ResolveTimeout, Budget: m.c.Retry.Budget, OnRetry: m.c.Retry.OnRetry, Observer: m.c.Retry.Observer, Clock: m.c.Retry.Clock}
 }
 
 // readOnce is one read of read, on coll.
-func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (snapshot, error) {
-	var s snapshot
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (s snapshot, err error) {
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
 			{{Key: "$match", Value: raw.Filter()}},
-			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
+			{{Key: "$project", Value: bson.D{{Key: m.c.Field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
 			return s, err
 		}
 		defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
-		if cur.Next(ctx) {
-			doc = cur.Current
-		} else if err := cur.Err(); err != nil {
-			return s, err
+		if !cur.Next(ctx) {
+			return s, cur.Err() // nil: not found
 		}
-		if doc == nil {
-			return s, nil // not found
-		}
-		if t, ok := doc.Lookup("now").DateTimeOK(); ok {
-			s.now = time.UnixMilli(t)
-		}
-	} else {
-		var err error
-		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return s, nil
-		}
-		if err != nil {
-			return s, err
-		}
+		doc = cur.Current
+		s.now, _ = doc.Lookup("now").TimeOK()
+	} else if doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
+		return s, nil
+	} else if err != nil {
+		return s, err
 	}
 	s.found = true
-	var err error
 	s.rec, err = m.decode(doc)
 	return s, retry.Permanent(err)
 }
@@ -389,7 +376,7 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 // detached returns a context for finishing work after ctx may have ended,
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return settle.Detached(store.NoSession(ctx), m.c.resolveTimeout)
+	return settle.Detached(store.NoSession(ctx), m.c.ResolveTimeout)
 }
 
 // Mode returns the mode the Manager judges expiry in: Options.Mode if it was
@@ -451,9 +438,9 @@ type docKey = shard.Doc
 func parseShardKey(fields []string, c *config) (shard.Spec, error) {
 	spec, err := shard.Parse(fields, func(root string) string {
 		switch root {
-		case c.field:
+		case c.Field:
 			return "is the lease record (Options.Field)"
-		case c.fenceField:
+		case c.FenceField:
 			return "holds the fence stamps (Options.FenceField)"
 		}
 		return ""
