@@ -92,9 +92,9 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			return nil, err
 		default:
 			// Not applied: nothing matched, or a lock document exists (the
-			// upsert's duplicate _id; DocumentDB may answer InternalError),
-			// or DocumentDB refused $$NOW on a collection not made yet.
-			noMatch := errors.Is(err, mongo.ErrNoDocuments) || mongo.IsDuplicateKeyError(err)
+			// upsert's duplicate _id), or DocumentDB refused $$NOW on a
+			// collection not made yet.
+			noMatch := errors.Is(err, mongo.ErrNoDocuments) || store.IsDuplicateKey(err)
 			if now := m.c.Now(); noMatch && w != nil && w.held != nil && now.Before(w.due) {
 				h := *w.held // nothing new before the holder's time is up
 				h.TimeLeft = w.due.Sub(now)
@@ -431,14 +431,10 @@ func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
 	if a.server {
 		return d
 	}
-	return minTime(d, a.t0.Add(expires.Sub(a.est.Latest())-drift-m.c.SafetyMargin))
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
+	if e := a.t0.Add(expires.Sub(a.est.Latest()) - drift - m.c.SafetyMargin); e.Before(d) {
+		return e
 	}
-	return a
+	return d
 }
 
 // fenceUntil is the server time from which a fenced write must fail

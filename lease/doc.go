@@ -40,25 +40,16 @@
 //
 // # Costs
 //
-// A claim is one findAndModify; a release one update; Do adds the renewals,
-// one write each every RenewEvery. The first lease of a document or name in
-// ModeEstimated adds the write of its first epoch; a name's first in
-// ModeServer, a read and an upsert. A call waiting for another process's
-// holder reads the record once, then sleeps until that lease is up, trying
-// one claim half-way while more than four backoff steps are left: about four
-// commands for a holder that crashed with a 1 s lease. Calls of one process
-// wait in line instead, with no command while they wait.
+// A claim is one findAndModify; a release one update; Do adds one renewal
+// every RenewEvery. A first lease costs one write more in ModeEstimated (its
+// first epoch), and a name's first a read and an upsert in ModeServer. A
+// call waiting for another process's holder reads once when the lease is up
+// and sleeps until then, with one claim half-way while more than four
+// backoff steps are left: four commands for a crashed 1 s holder. Calls of
+// one process wait in line, sending nothing ([Manager.Acquire]).
 //
-// # Sharded collections
-//
-// On a collection sharded on a key other than _id, name the shard key's
-// fields in [Options].ShardKey and pass a [Key] (the _id and each shard-key
-// value) to TryAcquire, Acquire and Do: every command then filters on the
-// _id and on {field: {$eq: value}} for each field, so that mongos sends it
-// to the one shard that owns the document. A named lease's lock documents
-// are found by their name: shard the lock collection on hashed _id (or leave
-// it unsharded), and give Options.ShardKey the shard key of the collection
-// [Lease.Stamp] writes to, which then takes a Key.
+// On a collection sharded on a key other than _id, see [Options].ShardKey
+// and [Key]: every command then names the document's shard.
 //
 // # Guarantees
 //

@@ -20,17 +20,14 @@ import (
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.FenceField + "." + fenceKey(l.raw.ID)
-}
-
-func fenceKey(raw bson.RawValue) string {
+	raw := l.raw.ID
 	if s, ok := raw.StringValueOK(); ok && s != "" && checkField(s) == "" && !strings.HasPrefix(s, "#") {
-		return s
+		return l.m.c.FenceField + "." + s
 	}
 	h := sha256.New()
 	h.Write([]byte{byte(raw.Type)})
 	h.Write(raw.Value)
-	return "#" + hex.EncodeToString(h.Sum(nil)[:16])
+	return l.m.c.FenceField + ".#" + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Stamp records this named lease's epoch in the document of coll whose _id

@@ -173,7 +173,7 @@ func (l *Lease) finish(err error) error {
 	l.mu.Unlock()
 	l.ended(err)
 	l.cancel(err)
-	l.m.lineEnded(l)
+	l.m.lines.ended(lineID(l.raw), l)
 	return err
 }
 

@@ -163,11 +163,6 @@ func (ls *lines) ended(k string, l *Lease) {
 	}
 }
 
-// lineEnded is called by every Lease of the Manager when it ends.
-func (m *Manager) lineEnded(l *Lease) {
-	m.lines.ended(lineID(l.raw), l)
-}
-
 // acquire claims the lease on id for Acquire and Do: it waits for its turn
 // in the line of id, then claims, waiting while another process holds the
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -219,20 +218,22 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 		}
 		return again{err}
 	})
-	if err == nil || last == nil || !(store.ContextError(ctx) != nil || errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)) {
+	stopped := errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)
+	if last == nil || !(stopped || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		return l, err // done, or the attempt's own error, returned as is
 	}
 	// Stopped by ctx or by the Policy: say so, with the last attempt, and the
 	// holder found last if ctx ended during an attempt.
-	msg := fmt.Sprintf("lease: acquire %v: ", idText(id))
-	if cerr := store.ContextError(ctx); cerr != nil {
-		msg += cerr.Error()
-	} else {
-		msg += "retries stopped (attempts or time used up)"
-		if errors.Is(err, retry.ErrBudgetExhausted) {
-			msg = strings.Replace(msg, "attempts or time used up", "retry budget exhausted", 1)
-		}
+	why := err.Error()
+	switch cerr := store.ContextError(ctx); {
+	case cerr != nil:
+		why = cerr.Error()
+	case errors.Is(err, retry.ErrBudgetExhausted):
+		why = "retries stopped (retry budget exhausted)"
+	case stopped:
+		why = "retries stopped (attempts or time used up)"
 	}
+	msg := fmt.Sprintf("lease: acquire %v: %s", idText(id), why)
 	errs := []error{err}
 	if h := w.held; h != nil && !errors.Is(last, ErrHeld) {
 		errs = append(errs, h)

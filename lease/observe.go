@@ -49,7 +49,7 @@ func (m *Manager) end(ob *observed, err *error) {
 		return
 	}
 	e := m.event(observe.OpEnd, ob.op, ob.id)
-	e.Err, e.Outcome, e.Elapsed = *err, outcomeOf(*err), m.c.Now().Sub(ob.start)
+	e.Err, e.Outcome, e.Elapsed = *err, ended.Outcome(*err, outcomes...), m.c.Now().Sub(ob.start)
 	if ob.aborted && *err != nil && e.Outcome != observe.OutcomeLost {
 		e.Outcome = observe.OutcomeAborted
 	}
@@ -134,17 +134,9 @@ func (l *Lease) ended(err error) {
 	}
 	var lost *LostError // here, not above: errors.As moves it to the heap
 	if errors.As(err, &lost) {
-		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasonName(lost.Reason)
+		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasons[lost.Reason][1]
 		m.c.Observer.Observe(l.ctx, e)
 	}
-}
-
-// reasonName is r as observe.Event.Reason has it: one word, for metrics.
-func reasonName(r Reason) string {
-	if r > 0 && int(r) < len(reasons) {
-		return reasons[r][1]
-	}
-	return r.String()
 }
 
 // outcomes are the Manager's own errors, in the order ended.Outcome tries
@@ -155,6 +147,3 @@ var outcomes = []ended.Rule{
 	{Err: ErrHeld, Outcome: observe.OutcomeHeld},
 	{Err: ErrNotFound, Outcome: observe.OutcomeNotFound},
 }
-
-// outcomeOf names how an operation that returned err ended.
-func outcomeOf(err error) observe.Outcome { return ended.Outcome(err, outcomes...) }
