@@ -36,7 +36,9 @@ type waiting struct {
 const maxClaimAttempts = 3
 
 // firstEpochFloor: an epoch below it (2^50 µs is in 2005) was not taken from
-// the server's clock; a claim that returns one gives the record its first.
+// the server's clock: the record was claimed without an epoch, whose $inc
+// made it 1 (or it is from before epochs were), and the claim's holder is
+// giving it its first, the record's "first" (firstEpoch).
 const firstEpochFloor = 1 << 50
 
 // estimate returns the Clock's estimate, refusing one that cannot be used
@@ -125,8 +127,8 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 		if err != nil {
 			return nil, fail(err)
 		}
-		if held && s.rec.Epoch < firstEpochFloor && !server && try < maxClaimAttempts {
-			continue // the holder's first claim is getting its epoch (firstEpoch): look again
+		if s.rec.Epoch < firstEpochFloor && s.rec.First >= firstEpochFloor {
+			s.rec.Epoch = s.rec.First // the epoch the holder's Lease has
 		}
 		if held || try >= maxClaimAttempts {
 			m.heldBy(ctx, id, s.rec, left)
@@ -187,6 +189,7 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 		putDate(update, t.expires, a.est.Time.Add(m.c.TTL))
 		putDate(update, t.acquired, a.est.Time)
 		copy(update[t.claim:], a.claim[:])
+		binary.LittleEndian.PutUint64(update[t.first:], uint64(a.est.Latest().UnixMicro()+1)) //nolint:gosec // after 1971
 		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: or}}), bson.Raw(update)
 	}
 	filter = append(filter, bson.E{Key: "$and", Value: bson.A{
@@ -219,15 +222,15 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 // placeholders (the driver then sends its bytes as they are, instead of
 // marshalling documents built per claim): the $or of the filter, {owner:
 // null} or {expiresAt: {$lt: cutoff}}, and the update, $set of the owner,
-// expiry, acquisition time and claim id and $inc of the epoch; with the
-// offsets of the values a claim writes into its copy.
+// expiry, acquisition time, claim id and first epoch and $inc of the epoch;
+// with the offsets of the values a claim writes into its copy.
 type template struct {
-	or, update                       []byte
-	cutoff, expires, acquired, claim int
+	or, update                              []byte
+	cutoff, expires, acquired, claim, first int
 }
 
 func newTemplate(m *Manager) template {
-	const c, e, a = 0x6c_6561_7365_0001, 0x6c_6561_7365_0002, 0x6c_6561_7365_0003
+	const c, e, a, f = 0x6c_6561_7365_0001, 0x6c_6561_7365_0002, 0x6c_6561_7365_0003, 0x6c_6561_7365_0004
 	id := bson.ObjectID([]byte("\x00lease.claim"))
 	or, _ := bson.Marshal(bson.D{
 		{Key: "0", Value: bson.D{{Key: m.pOwner, Value: nil}}},
@@ -239,13 +242,14 @@ func newTemplate(m *Manager) template {
 			{Key: m.pExpires, Value: bson.DateTime(e)},
 			{Key: m.pAcquired, Value: bson.DateTime(a)},
 			{Key: m.pClaim, Value: id},
+			{Key: m.pFirst, Value: int64(f)},
 		}},
 		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
 	})
 	// The last match: only the owner, before them, may hold the same bytes
 	// (field names hold no NUL byte).
 	at := func(b []byte, v uint64) int { return bytes.LastIndex(b, binary.LittleEndian.AppendUint64(nil, v)) }
-	return template{or: or, update: update, cutoff: at(or, c), expires: at(update, e), acquired: at(update, a), claim: bytes.LastIndex(update, id[:])}
+	return template{or: or, update: update, cutoff: at(or, c), expires: at(update, e), acquired: at(update, a), claim: bytes.LastIndex(update, id[:]), first: at(update, f)}
 }
 
 // putDate writes t at b[i:] as a BSON date: milliseconds, truncated, as
@@ -352,7 +356,7 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 	l.ctx, l.cancel = context.WithCancelCause(parent)
 	var fail error
 	if l.epoch < firstEpochFloor && !a.server {
-		fail = l.firstEpoch(ctx)
+		fail = l.firstEpoch(ctx, rec.First)
 	}
 	left := l.deadline.Sub(m.c.Now())
 	switch {
@@ -376,18 +380,16 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 }
 
 // firstEpoch gives the record l claimed without an epoch (ModeEstimated,
-// whose $inc started it at 1) its first: the server's time in microseconds
-// + 1, from an estimate taken after the claim applied, so above every epoch
-// of an earlier incarnation of the document or name (see DESIGN.md). It is
-// one update, filtered on l's record; no Lease is handed out before it
-// applied.
-func (l *Lease) firstEpoch(ctx context.Context) error {
+// whose $inc started it at 1) its first: the "first" its claim wrote, the
+// server's time in microseconds + 1 by the claim's estimate (see DESIGN.md).
+// It is one update, filtered on l's record; no Lease is handed out before
+// it applied, and a contender that reads the record meanwhile reports that
+// epoch.
+func (l *Lease) firstEpoch(ctx context.Context, epoch int64) error {
 	m := l.m
-	est, err := m.estimate(ctx)
-	if err != nil {
-		return fmt.Errorf("lease: acquire %v: %w", idText(l.id), err)
+	if epoch < firstEpochFloor {
+		return fmt.Errorf("lease: acquire %v: the claim wrote no first epoch (%d)", idText(l.id), epoch)
 	}
-	epoch := est.Latest().UnixMicro() + 1
 	filter := l.filter()
 	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pEpoch, Value: epoch}}}}
 	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, l.id), settle.Write[struct{}, snapshot]{

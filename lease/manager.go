@@ -31,7 +31,7 @@ type Manager struct {
 	c        config
 
 	// Dotted paths of the lease record's fields.
-	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
+	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal, pFirst string
 
 	mode atomic.Int32 // the resolved Mode; ModeAuto until known
 
@@ -90,6 +90,7 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 		pRenewed:  f + ".renewedAt",
 		pClaim:    f + ".claim",
 		pRenewal:  f + ".renewal",
+		pFirst:    f + ".first",
 	}
 	m.mode.Store(int32(c.Mode)) //nolint:gosec // resolve accepts only the three modes
 	proj := bson.D{{Key: f, Value: 1}}
@@ -291,6 +292,7 @@ type record struct {
 	RenewedAt  time.Time     `bson:"renewedAt"`
 	Claim      bson.ObjectID `bson:"claim"`
 	Renewal    bson.ObjectID `bson:"renewal"`
+	First      int64         `bson:"first"` // ModeEstimated: the epoch a first claim gets (firstEpoch)
 }
 
 func (m *Manager) decode(doc bson.Raw) (record, error) {

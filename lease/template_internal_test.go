@@ -48,6 +48,7 @@ func TestEstimatedClaimTemplate(t *testing.T) {
 				{Key: m.pExpires, Value: now.Add(time.Minute)},
 				{Key: m.pAcquired, Value: now},
 				{Key: m.pClaim, Value: a.claim},
+				{Key: m.pFirst, Value: now.Add(time.Millisecond).UnixMicro() + 1},
 			}},
 			{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
 		}},
