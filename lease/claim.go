@@ -189,7 +189,7 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 		putDate(update, t.expires, a.est.Time.Add(m.c.TTL))
 		putDate(update, t.acquired, a.est.Time)
 		copy(update[t.claim:], a.claim[:])
-		binary.LittleEndian.PutUint64(update[t.first:], uint64(a.est.Latest().UnixMicro()+1)) //nolint:gosec // after 1971
+		binary.LittleEndian.PutUint64(update[t.first:], uint64(a.est.Latest().UnixMicro()+1))
 		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: or}}), bson.Raw(update)
 	}
 	filter = append(filter, bson.E{Key: "$and", Value: bson.A{
@@ -255,7 +255,7 @@ func newTemplate(m *Manager) template {
 // putDate writes t at b[i:] as a BSON date: milliseconds, truncated, as
 // the driver stores a time.Time.
 func putDate(b []byte, i int, t time.Time) {
-	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli())) //nolint:gosec // a date's two's complement, as BSON has it
+	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli()))
 }
 
 // send sends the claim a through the settling engine: a record read back

@@ -220,7 +220,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 		return again{err}
 	})
 	stopped := errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)
-	if last == nil || !(stopped || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+	if last == nil || !stopped && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return l, err // done, or the attempt's own error, returned as is
 	}
 	// Stopped by ctx or by the Policy: say so, with the last attempt, and the
