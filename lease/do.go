@@ -40,9 +40,9 @@ func (m *Manager) Do(ctx context.Context, id any, fn func(ctx context.Context, l
 	}
 	m.acquired(ctx, opDo, l, ob.start)
 
-	kctx, stop := context.WithCancel(l.ctx)
+	kctx, stop := context.WithCancel(ctx)
 	var renewing sync.WaitGroup
-	renewing.Go(func() { l.keepAlive(kctx) })
+	renewing.Go(func() { l.KeepAlive(kctx) })
 
 	var fnErr error
 	returned := false
@@ -88,13 +88,7 @@ func (l *Lease) KeepAlive(ctx context.Context) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(l.ctx, cancel)
-	defer stop()
-	l.keepAlive(ctx)
-}
-
-// keepAlive is KeepAlive's loop; ctx ends when Do returns or the lease ends.
-func (l *Lease) keepAlive(ctx context.Context) {
+	defer context.AfterFunc(l.ctx, cancel)()
 	every := l.m.c.RenewEvery
 	p := l.m.c.Retry // its Jitter, Rand, Budget, OnRetry, Observer and Clock
 	p.InitialInterval, p.MaxInterval, p.Multiplier = max(every/20, time.Millisecond), max(every/4, time.Millisecond), 0

@@ -222,7 +222,8 @@ func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 	if c.wake == nil {
 		return t
 	}
-	wt := &wakeTimer{t: t, c: make(chan time.Time, 1), stop: make(chan struct{})}
+	stopped, stop := context.WithCancel(context.Background())
+	wt := &wakeTimer{Timer: t, c: make(chan time.Time, 1), stop: stop}
 	go func() {
 		select {
 		case v := <-t.C():
@@ -230,7 +231,7 @@ func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 		case <-c.wake:
 			t.Stop()
 			wt.c <- c.base.Now()
-		case <-wt.stop:
+		case <-stopped.Done():
 		}
 	}()
 	return wt
@@ -238,16 +239,14 @@ func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 
 // wakeTimer is a timer that also fires on a wake.
 type wakeTimer struct {
-	t    store.Timer
+	store.Timer
 	c    chan time.Time
-	once sync.Once
-	stop chan struct{}
+	stop context.CancelFunc
 }
 
 func (t *wakeTimer) C() <-chan time.Time { return t.c }
 
 func (t *wakeTimer) Stop() bool {
-	stopped := t.t.Stop()
-	t.once.Do(func() { close(t.stop) })
-	return stopped
+	t.stop()
+	return t.Timer.Stop()
 }

@@ -261,13 +261,20 @@ func (m *Manager) pollDelay(left time.Duration) time.Duration {
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id (a Key, or a bare id). It returns the bare id, and its encoding and
-// shard-key values for the filters.
+// id (a Key, or a bare id; a named lease's lock document is found by its
+// name alone). It returns the bare id, and its encoding and shard-key
+// values for the filters.
 func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
 	}
-	bare, raw, err := m.leaseKey(id)
+	spec := m.c.shard
+	if k, ok := id.(Key); ok && len(k.Shard) > 0 && m.named {
+		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, &store.IDError{ID: id, Reason: fmt.Sprintf("a named lease is found by its name alone: pass the name, and shard the lock collection on hashed _id (Options.ShardKey %s is the shard key of the documents Stamp writes)", m.c.shard)})
+	} else if m.named {
+		spec = shard.Spec{}
+	}
+	bare, raw, err := key(spec, id)
 	if err != nil {
 		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, err)
 	}
@@ -466,17 +473,4 @@ func key(spec shard.Spec, id any) (any, docKey, error) {
 		return nil, docKey{}, err
 	}
 	return bare, docKey{ID: raw, Shard: vals}, nil
-}
-
-// leaseKey is key for the id of a lease: a document of the Manager's
-// collection, or the name of a named lease, whose lock document is found by
-// its _id alone.
-func (m *Manager) leaseKey(id any) (any, docKey, error) {
-	if !m.named {
-		return key(m.c.shard, id)
-	}
-	if k, ok := id.(Key); ok && len(k.Shard) > 0 {
-		return nil, docKey{}, &store.IDError{ID: id, Reason: fmt.Sprintf("a named lease is found by its name alone: pass the name, and shard the lock collection on hashed _id (Options.ShardKey %s is the shard key of the documents Stamp writes)", m.c.shard)}
-	}
-	return key(shard.Spec{}, id)
 }
