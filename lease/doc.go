@@ -43,10 +43,11 @@
 // A claim is one findAndModify; a release one update; Do adds one renewal
 // every RenewEvery. A first lease costs one write more in ModeEstimated (its
 // first epoch), and a name's first a read and an upsert in ModeServer. A
-// call waiting for another process's holder reads once when the lease is up
-// and sleeps until then, with one claim half-way while more than four
-// backoff steps are left: four commands for a crashed 1 s holder. Calls of
-// one process wait in line, sending nothing ([Manager.Acquire]).
+// call waiting for another process's holder reads the record once to learn
+// when that lease is up and sleeps until then, with one claim half-way
+// while more than four backoff steps are left: four commands for a crashed
+// 1 s holder. Calls of one process wait in line, sending nothing
+// ([Manager.Acquire]).
 //
 // On a collection sharded on a key other than _id, see [Options].ShardKey
 // and [Key]: every command then names the document's shard.

@@ -145,8 +145,9 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 // come, first served, sending nothing: when the lease a call got ends, the
 // next claims at once; a call whose context ends in line leaves it. The call
 // whose turn it is claims; while another process holds the lease it reads
-// when that lease is up and sleeps until then (cut short when a lease of the
-// id ends in this process), trying one claim half-way while more than four
+// the record to learn when that lease is up and sleeps until then (cut
+// short when a lease of the id ends in this process), no sleep ending past
+// MaxElapsedTime, trying one claim half-way while more than four
 // steps of Options.Retry (MaxInterval) are left, never sleeping more than
 // five steps at once, until it holds the lease, ctx ends, or the Policy's
 // MaxAttempts, MaxElapsedTime or Budget stop it. Transient errors are
