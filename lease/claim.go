@@ -1,7 +1,9 @@
 package lease
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -13,8 +15,8 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// attempt is one claim sent: its claim id, the local time before it was
-// sent, and (in ModeEstimated) the estimate it was computed from.
+// attempt is one claim or renewal sent: its id, the local time before it
+// was sent, and (in ModeEstimated) the estimate it was computed from.
 type attempt struct {
 	claim  bson.ObjectID
 	t0     time.Time
@@ -22,14 +24,27 @@ type attempt struct {
 	server bool
 }
 
+// waiting is what one Acquire call carries from attempt to attempt.
+type waiting struct {
+	pending []attempt  // claims whose outcome is unknown: a record showing one is ours
+	held    *HeldError // the holder the last read found
+	due     time.Time  // local time (Options.Now) at which its time is up
+}
+
 // maxClaimAttempts bounds how often one TryAcquire claims again after finding
 // the lease free or expired on re-reading, under heavy churn.
 const maxClaimAttempts = 3
 
+// firstEpochFloor: an epoch below it (2^50 µs is in 2005) was not taken from
+// the server's clock: the record was claimed without an epoch, whose $inc
+// made it 1 (or it is from before epochs were), and the claim's holder is
+// giving it its first, the record's "first" (firstEpoch).
+const firstEpochFloor = 1 << 50
+
 // estimate returns the Clock's estimate, refusing one that cannot be used
 // (the zero Estimate, a negative bound) as if the Clock had none.
 func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
-	est, err := m.c.clock.Now(ctx)
+	est, err := m.c.Clock.Now(ctx)
 	if err != nil {
 		return est, err
 	}
@@ -40,74 +55,89 @@ func (m *Manager) estimate(ctx context.Context) (store.Estimate, error) {
 }
 
 // claim is TryAcquire without the argument checks. parent is the parent of
-// the lease's context. pending, when not nil, holds the claims of earlier
-// attempts whose outcome was unknown: a record showing one of them is ours.
-func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.Context, pending *[]attempt) (*Lease, error) {
+// the lease's context; w, when not nil, is the state of an Acquire call.
+func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.Context, w *waiting) (*Lease, error) {
 	ctx = store.NoSession(ctx)
+	fail := func(err error) error { return fmt.Errorf("lease: acquire %v: %w", idText(id), err) }
 	server, err := m.serverMode(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+		return nil, fail(err)
 	}
+	absent := false // a lock document to make, in ModeServer
 	for try := 1; ; try++ {
-		a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: server}
+		a := attempt{claim: bson.NewObjectID(), t0: m.c.Now(), server: server}
 		if !server {
 			if a.est, err = m.estimate(ctx); err != nil {
-				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+				return nil, fail(err)
 			}
 		}
 		filter, update := m.claimOp(raw, a)
-		l, s, done, err := m.send(ctx, parent, id, raw, a, pending, func(ctx context.Context) (bson.Raw, error) {
-			return m.findAndModify(ctx, filter, update)
+		upsert := m.named && !server
+		if absent {
+			// An upsert may not carry $expr: match only a record without an
+			// epoch, so that it inserts, or fails on the duplicate _id.
+			filter, upsert = append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}}), true
+		}
+		l, s, done, err := m.send(ctx, parent, id, raw, a, w, func(ctx context.Context) (bson.Raw, error) {
+			return m.findAndModify(ctx, filter, update, upsert)
 		})
 		switch {
 		case done:
 			return l, err
 		case err == nil:
-			// Not applied as far as a majority knows; it may still be (a
-			// write the server has not run yet): it is pending, and a later
-			// read that shows it settles it.
+			// Not applied as far as a majority knows; it may still be: it is
+			// pending, and a later read that shows it settles it.
 			if cerr := store.ContextError(ctx); cerr != nil {
-				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), cerr)
+				return nil, fail(cerr)
 			}
 		case errors.Is(err, ErrUnknownOutcome):
 			return nil, err
-		case errors.Is(err, mongo.ErrNoDocuments):
-			if s, err = m.read(ctx, raw, server); err != nil {
-				return nil, fmt.Errorf("lease: acquire %v: read after a failed claim: %w", idText(id), err)
-			}
 		default:
-			// DocumentDB refuses $$NOW in a findAndModify on a collection
-			// that does not exist yet; any refusal on a document that does
-			// not exist is that document's absence.
-			// The same refusal raced with another owner's first claim, which
-			// made the collection: judge what is there now (once more at
-			// most).
+			// Not applied: nothing matched, or a lock document exists (the
+			// upsert's duplicate _id), or DocumentDB refused $$NOW on a
+			// collection not made yet.
+			noMatch := errors.Is(err, mongo.ErrNoDocuments) || store.IsDuplicateKey(err)
+			if now := m.c.Now(); noMatch && w != nil && w.held != nil && now.Before(w.due) {
+				h := *w.held // nothing new before the holder's time is up
+				h.TimeLeft = w.due.Sub(now)
+				return nil, &h
+			}
 			var rerr error
-			if s, rerr = m.read(ctx, raw, server); rerr != nil || (s.found && try >= maxClaimAttempts) {
-				return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			switch s, rerr = m.read(ctx, raw, server); {
+			case rerr != nil && errors.Is(err, mongo.ErrNoDocuments):
+				return nil, fail(fmt.Errorf("read after a failed claim: %w", rerr))
+			case rerr != nil || (s.found && !noMatch && try >= maxClaimAttempts):
+				return nil, fail(err)
+			case !s.found && m.named && try >= maxClaimAttempts:
+				return nil, fail(fmt.Errorf("create the lock document: %w", err))
 			}
 		}
-
-		if l, ok, err := m.settle(ctx, parent, id, raw, s, pending); ok || err != nil {
+		if l, ok, err := m.settle(ctx, parent, id, raw, s, w); ok || err != nil {
 			return l, err
 		}
-		if !s.found && !m.named {
-			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), ErrNotFound)
-		}
-		if !s.found || (!server && s.rec.Epoch == 0 && s.rec.Owner == "") {
-			l, exists, err := m.create(ctx, parent, id, raw, a, pending)
-			if !exists {
-				return l, err
+		if !s.found {
+			if !m.named {
+				return nil, fail(ErrNotFound)
 			}
-			continue // created meanwhile by another owner: judge it
+			absent = server
+			continue
 		}
+		absent = false
 		held, left, err := m.judge(ctx, s)
 		if err != nil {
-			return nil, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
+			return nil, fail(err)
+		}
+		if s.rec.Epoch < firstEpochFloor && s.rec.First >= firstEpochFloor {
+			s.rec.Epoch = s.rec.First // the epoch the holder's Lease has
 		}
 		if held || try >= maxClaimAttempts {
 			m.heldBy(ctx, id, s.rec, left)
-			return nil, &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
+			h := &HeldError{ID: id, Owner: s.rec.Owner, Epoch: s.rec.Epoch, ExpiresAt: s.rec.ExpiresAt, TimeLeft: left}
+			if w != nil {
+				// Wake no earlier than the holder's expiry, drift included.
+				w.held, w.due = h, m.c.Now().Add(left+time.Duration(float64(left)*m.c.DriftRate)+time.Millisecond)
+			}
+			return nil, h
 		}
 		// Released or expired since the claim was judged: claim again.
 	}
@@ -115,13 +145,13 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 
 // settle reports whether the record s shows one of the pending claims (whose
 // outcome was unknown) applied: the lease is then ours, from that claim.
-func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, pending *[]attempt) (*Lease, bool, error) {
-	if pending == nil || !s.found || s.rec.Owner != m.c.owner {
+func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, w *waiting) (*Lease, bool, error) {
+	if w == nil || !s.found || s.rec.Owner != m.c.Owner {
 		return nil, false, nil
 	}
-	for _, a := range *pending {
+	for _, a := range w.pending {
 		if a.claim == s.rec.Claim {
-			*pending = nil
+			w.pending = nil
 			l, err := m.newLease(ctx, parent, id, raw, s.rec, a)
 			return l, true, err
 		}
@@ -133,144 +163,108 @@ func (m *Manager) settle(ctx context.Context, parent context.Context, id any, ra
 // left at most. In ModeServer the server's time read with s decides; in
 // ModeEstimated the earliest the estimate allows.
 func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.Duration, err error) {
-	if !s.now.IsZero() {
-		held = s.rec.Owner != "" && !s.rec.ExpiresAt.Before(s.now)
-		return held, max(s.rec.ExpiresAt.Sub(s.now)+time.Millisecond, 0), nil
+	now := s.now
+	if now.IsZero() {
+		est, err := m.estimate(ctx)
+		if err != nil {
+			return false, 0, err
+		}
+		now = cutoff(est)
 	}
-	est, err := m.estimate(ctx)
-	if err != nil {
-		return false, 0, err
-	}
-	held = s.rec.Owner != "" && !s.rec.ExpiresAt.Before(cutoff(est))
-	return held, max(s.rec.ExpiresAt.Sub(est.Earliest())+time.Millisecond, 0), nil
+	held = s.rec.Owner != "" && !s.rec.ExpiresAt.Before(now)
+	return held, max(s.rec.ExpiresAt.Sub(now)+time.Millisecond, 0), nil
 }
 
-// claimOp returns the filter and update of a claim of an existing document:
-// it matches a record with no owner, or an expired one, and sets the owner,
-// the expiry, the claim id, and the next epoch.
+// claimOp returns the filter and update of a claim: it matches a record with
+// no owner (or none at all), or an expired one, and sets the owner, the
+// expiry, the claim id, and the next epoch.
 func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	filter = raw.Filter()
-	if a.server {
-		filter = append(filter, bson.E{Key: "$and", Value: bson.A{
-			// A pipeline's $set would replace a lease field that is not a
-			// document; leave such a document alone (read reports it).
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$exists", Value: false}}}},
-				bson.D{{Key: m.c.field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
-			}}},
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: m.pOwner, Value: nil}},
-				bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
-			}}},
-		}})
-		return filter, m.serverClaim(a, m.nextEpoch())
+	if !a.server {
+		// $inc starts a record without an epoch at 1: newLease then gives it
+		// its first epoch (firstEpoch).
+		t := m.estimated
+		or, update := bytes.Clone(t.or), bytes.Clone(t.update)
+		putDate(or, t.cutoff, cutoff(a.est))
+		putDate(update, t.expires, a.est.Time.Add(m.c.TTL))
+		putDate(update, t.acquired, a.est.Time)
+		copy(update[t.claim:], a.claim[:])
+		binary.LittleEndian.PutUint64(update[t.first:], uint64(a.est.Latest().UnixMicro()+1))
+		return append(filter, bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: or}}), bson.Raw(update)
 	}
-	// $inc would start a record without an epoch at 1: such a record gets
-	// its first epoch from create instead.
-	filter = append(filter,
-		bson.E{Key: m.pEpoch, Value: existsTrue},
-		bson.E{Key: "$or", Value: bson.RawValue{Type: bson.TypeArray, Value: m.freeOrExpired(cutoff(a.est))}})
-	return filter, m.estimatedUpdate(a)
-}
-
-// nextEpoch is the expression of a claim's epoch in ModeServer: the
-// record's epoch + 1, or, for a record without one (a document leased for
-// the first time, or deleted and inserted again; a new lock document), the
-// server's time in microseconds + 1. Epochs of a document or name thus
-// never repeat across its incarnations (see DESIGN.md).
-func (m *Manager) nextEpoch() bson.D {
+	filter = append(filter, bson.E{Key: "$and", Value: bson.A{
+		// A pipeline's $set would replace a lease field that is not a
+		// document; leave such a document alone (read reports it).
+		bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: m.c.Field, Value: bson.D{{Key: "$exists", Value: false}}}},
+			bson.D{{Key: m.c.Field, Value: bson.D{{Key: "$type", Value: bson.A{"object", "null"}}}}},
+		}}},
+		bson.D{{Key: "$or", Value: bson.A{
+			bson.D{{Key: m.pOwner, Value: nil}},
+			bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
+		}}},
+	}})
+	// The epoch: the record's + 1, or, for a record without one, the
+	// server's time in microseconds + 1 (see DESIGN.md). Literals go
+	// through $literal: an owner starting with "$" is no field path.
 	micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
-	return bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}}
-}
-
-// serverClaim is the update pipeline of a claim in ModeServer, with epoch as
-// the new epoch's expression. Literals are wrapped in $literal: an owner
-// string that starts with "$" must not read as a field path.
-func (m *Manager) serverClaim(a attempt, epoch any) mongo.Pipeline {
-	return mongo.Pipeline{{{Key: "$set", Value: bson.D{
-		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.owner}}},
-		{Key: m.pExpires, Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}},
+	return filter, mongo.Pipeline{{{Key: "$set", Value: bson.D{
+		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.Owner}}},
+		{Key: m.pExpires, Value: bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.TTL.Milliseconds()}}}},
 		{Key: m.pAcquired, Value: "$$NOW"},
 		{Key: m.pRenewed, Value: "$$NOW"},
 		{Key: m.pClaim, Value: bson.D{{Key: "$literal", Value: a.claim}}},
-		{Key: m.pEpoch, Value: epoch},
+		{Key: m.pEpoch, Value: bson.D{{Key: "$add", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + m.pEpoch, micros}}}, int64(1)}}}},
 	}}}}
 }
 
-// estimatedClaim is the $set of a claim in ModeEstimated.
-func (m *Manager) estimatedClaim(a attempt) bson.D {
-	expires, acquired := m.estimatedTimes(a)
-	return bson.D{
-		{Key: m.pOwner, Value: m.c.owner},
-		{Key: m.pExpires, Value: expires},
-		{Key: m.pAcquired, Value: acquired},
-		{Key: m.pClaim, Value: a.claim},
-	}
+// template is a claim in ModeEstimated, marshalled once per Manager with
+// placeholders (the driver then sends its bytes as they are, instead of
+// marshalling documents built per claim): the $or of the filter, {owner:
+// null} or {expiresAt: {$lt: cutoff}}, and the update, $set of the owner,
+// expiry, acquisition time, claim id and first epoch and $inc of the epoch;
+// with the offsets of the values a claim writes into its copy.
+type template struct {
+	or, update                              []byte
+	cutoff, expires, acquired, claim, first int
 }
 
-// estimatedTimes are the expiry and acquisition time of a claim a made from
-// the Clock's estimate.
-func (m *Manager) estimatedTimes(a attempt) (expires, acquired time.Time) {
-	return a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond), a.est.Time.Truncate(time.Millisecond)
-}
-
-// create makes the first claim of a record without an epoch. For a named
-// lease it makes the lock document: an upsert whose filter matches only a
-// document without an epoch, so that it inserts, or fails on the duplicate
-// _id when another owner's claim made the document first. For a document
-// lease (ModeEstimated, where a claim's $inc would start the epoch at 1) it
-// is an update of the existing document on the same filter. The first epoch
-// is the server's time in microseconds (see DESIGN.md: the epoch never goes
-// backwards even when a document was deleted and inserted again, or
-// clean-up deleted an earlier lock document of the same name). It reports
-// exists when the record has an epoch after all (another owner's claim):
-// the caller judges it.
-func (m *Manager) create(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt) (l *Lease, exists bool, err error) {
-	a.claim, a.t0 = bson.NewObjectID(), m.c.now()
-	filter := append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}})
-	var update any
-	if a.server {
-		update = m.serverClaim(a, m.nextEpoch())
-	} else {
-		var err error
-		if a.est, err = m.estimate(ctx); err != nil {
-			return nil, false, fmt.Errorf("lease: acquire %v: %w", idText(id), err)
-		}
-		set := append(m.estimatedClaim(a), bson.E{Key: m.pEpoch, Value: a.est.Latest().UnixMicro() + 1})
-		update = bson.D{{Key: "$set", Value: set}}
-	}
-	opts := m.createOpts
-	if !m.named {
-		opts = m.claimOptsNP // the document exists: never insert one
-	}
-	l, _, done, err := m.send(ctx, parent, id, raw, a, pending, func(ctx context.Context) (bson.Raw, error) {
-		return m.coll.FindOneAndUpdate(ctx, filter, update, opts).Raw()
+func newTemplate(m *Manager) template {
+	const c, e, a, f = 0x6c_6561_7365_0001, 0x6c_6561_7365_0002, 0x6c_6561_7365_0003, 0x6c_6561_7365_0004
+	id := bson.ObjectID([]byte("\x00lease.claim"))
+	or, _ := bson.Marshal(bson.D{
+		{Key: "0", Value: bson.D{{Key: m.pOwner, Value: nil}}},
+		{Key: "1", Value: bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: bson.DateTime(c)}}}}},
 	})
-	switch {
-	case done:
-		return l, false, err
-	case err == nil:
-		return nil, true, nil // pending, as in claim: judge the record
-	case errors.Is(err, ErrUnknownOutcome):
-		return nil, false, err
-	}
-	// A duplicate key (however the server reports it: DocumentDB answers
-	// InternalError inside findAndModify) or another refusal: if the
-	// document exists now, another owner made it; judge it.
-	s, rerr := m.read(ctx, raw, a.server)
-	if rerr == nil && s.found {
-		return nil, true, nil
-	}
-	return nil, false, fmt.Errorf("lease: acquire %v: create the lock document: %w", idText(id), err)
+	update, _ := bson.Marshal(bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: m.pOwner, Value: m.c.Owner},
+			{Key: m.pExpires, Value: bson.DateTime(e)},
+			{Key: m.pAcquired, Value: bson.DateTime(a)},
+			{Key: m.pClaim, Value: id},
+			{Key: m.pFirst, Value: int64(f)},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: m.pEpoch, Value: int64(1)}}},
+	})
+	// The last match: only the owner, before them, may hold the same bytes
+	// (field names hold no NUL byte).
+	at := func(b []byte, v uint64) int { return bytes.LastIndex(b, binary.LittleEndian.AppendUint64(nil, v)) }
+	return template{or: or, update: update, cutoff: at(or, c), expires: at(update, e), acquired: at(update, a), claim: bytes.LastIndex(update, id[:]), first: at(update, f)}
 }
 
-// send sends the claim a through the settling engine (internal/settle): a
-// record read back after an ambiguous failure that shows a's claim id means
-// applied; any other, not yet (Live), but never sent again as it is (a try
-// takes a fresh claim id): it is pending, as is one left unknown, for a
-// later read to settle. done reports a applied, with its Lease or error;
-// otherwise s is the record read back (err nil), or err the failure.
-func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, pending *[]attempt, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
+// putDate writes t at b[i:] as a BSON date: milliseconds, truncated, as
+// the driver stores a time.Time.
+func putDate(b []byte, i int, t time.Time) {
+	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli()))
+}
+
+// send sends the claim a through the settling engine: a record read back
+// after an ambiguous failure that shows a's claim id means applied; any
+// other, not yet (Live), but never sent again as it is (a try takes a fresh
+// claim id): it is pending, as is one left unknown, for a later read to
+// settle. done reports a applied, with its Lease or error; otherwise s is
+// the record read back (err nil), or err the failure.
+func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, w *waiting, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
 	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[bson.Raw, snapshot]{
 		Send: func(ctx context.Context) (bson.Raw, bool, error) {
 			doc, err := send(ctx)
@@ -278,49 +272,54 @@ func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw 
 		},
 		Read: m.reader(raw, a.server),
 		Judge: func(s snapshot) (settle.Verdict, string) {
-			if s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim {
+			if s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim {
 				return settle.Landed, ""
 			}
 			return settle.Live, ""
 		},
-		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "acquire", ID: id, Reason: reason, Err: err}
-		},
+		Unknown: unknown[snapshot](opAcquire, id),
 	})
 	switch {
 	case res.Applied && res.HasReply:
-		l, err = m.claimed(ctx, parent, id, raw, res.Reply, a)
+		rec, err := m.decode(res.Reply)
+		if err == nil && (rec.Owner != m.c.Owner || rec.Claim != a.claim) {
+			err = fmt.Errorf("lease: acquire %v: the server returned a record that is not this claim (owner %q)", idText(id), rec.Owner)
+		}
+		if err != nil {
+			return nil, s, true, err
+		}
+		l, err = m.newLease(ctx, parent, id, raw, rec, a)
 		return l, s, true, err
 	case res.Applied:
 		l, err = m.newLease(ctx, parent, id, raw, res.Read.rec, a)
 		return l, s, true, err
-	case pending != nil && (res.HasRead || errors.Is(err, ErrUnknownOutcome)):
-		*pending = append(*pending, a)
+	case w != nil && (res.HasRead || errors.Is(err, ErrUnknownOutcome)):
+		w.pending = append(w.pending, a)
 	}
 	return nil, res.Read, false, err
 }
 
-// claimed makes the Lease from the document a claim returned.
-func (m *Manager) claimed(ctx context.Context, parent context.Context, id any, raw docKey, doc bson.Raw, a attempt) (*Lease, error) {
-	rec, err := m.decode(doc)
-	if err != nil {
-		return nil, err
+// unknown makes the settling engine's error for a write of op on id that it
+// could not settle.
+func unknown[S any](op string, id any) func(S, bool, string, error) error {
+	return func(_ S, _ bool, reason string, err error) error {
+		return &UnknownOutcomeError{Pkg: "lease", Op: op, ID: id, Reason: reason, Err: err}
 	}
-	if rec.Owner != m.c.owner || rec.Claim != a.claim {
-		return nil, fmt.Errorf("lease: acquire %v: the server returned a record that is not this claim (owner %q)", idText(id), rec.Owner)
-	}
-	return m.newLease(ctx, parent, id, raw, rec, a)
 }
 
 // codeNotImplemented is the error code of a command option the server does
 // not implement (FerretDB v1 answers it for findAndModify's projection).
 const codeNotImplemented = 238
 
-// findAndModify sends a claim, with a projection to the lease field unless
-// the server has rejected that once: the claim is then not applied, and is
-// sent again without it.
-func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any) (bson.Raw, error) {
-	if !m.noProject.Load() {
+// findAndModify sends a claim or renewal. On a leased document it asks for
+// the lease field alone unless the server has rejected that projection once
+// (the write is then not applied, and is sent again without it); a lock
+// document is small, and a named lease's claim in ModeEstimated is an upsert.
+func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any, upsert bool) (bson.Raw, error) {
+	if upsert {
+		return m.coll.FindOneAndUpdate(ctx, filter, update, m.upsertOpts).Raw()
+	}
+	if !m.named && !m.noProject.Load() {
 		raw, err := m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOpts).Raw()
 		var se mongo.ServerError
 		if !errors.As(err, &se) || !se.HasErrorCode(codeNotImplemented) {
@@ -331,11 +330,12 @@ func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any) 
 	return m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOptsNP).Raw()
 }
 
-// newLease makes the Lease for a claim of rec made by attempt a. If the
+// newLease makes the Lease for a claim of rec made by attempt a, after
+// giving a record claimed without an epoch its first (firstEpoch). If the
 // claim's reply came too late for any of the lease to be usable, or ctx
 // ended meanwhile, it releases the claim and fails.
 func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw docKey, rec record, a attempt) (*Lease, error) {
-	recv := m.c.now()
+	recv := m.c.Now()
 	deadline := m.deadline(a, rec.ExpiresAt)
 	l := &Lease{
 		m:          m,
@@ -354,13 +354,17 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 		l.fenceUntil = m.fenceUntil(rec.RenewedAt, deadline, recv)
 	}
 	l.ctx, l.cancel = context.WithCancelCause(parent)
-	left := l.deadline.Sub(recv)
 	var fail error
+	if l.epoch < firstEpochFloor && !a.server {
+		fail = l.firstEpoch(ctx, rec.First)
+	}
+	left := l.deadline.Sub(m.c.Now())
 	switch {
+	case fail != nil:
 	case ctx.Err() != nil:
 		fail = fmt.Errorf("lease: acquire %v: %w", idText(id), store.ContextError(ctx))
 	case left <= 0:
-		fail = &LostError{ID: id, Owner: m.c.owner, Epoch: l.epoch, Reason: Expired}
+		fail = &LostError{ID: id, Owner: m.c.Owner, Epoch: l.epoch, Reason: Expired}
 	}
 	if fail != nil {
 		rctx, cancel := m.detached(ctx)
@@ -375,39 +379,70 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 	return l, nil
 }
 
-// deadline is the local time (on Options.Now) at which the holder must have
-// stopped, for a claim or renewal a that was applied and wrote expires (see
-// DESIGN.md for the derivations).
-//
-// ModeServer: the server set expiresAt = $$NOW + TTL at some instant after
-// a.t0, and nobody sees the lease expired before its clock passes that, which
-// takes at least TTL×(1−DriftRate) of local time: deadline = t0 + TTL −
-// TTL×DriftRate − SafetyMargin.
-//
-// ModeEstimated: at t0 the server's clock read at most est.Latest(), so it
-// reaches expires no sooner than (expires − est.Latest())×(1 − DriftRate)
-// after t0. The result is clamped to t0 + TTL − TTL×DriftRate −
-// SafetyMargin, so that no estimate, however wrong, gives a holder more than
-// the TTL it asked for.
-func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
-	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
-	ceiling := a.t0.Add(m.c.ttl - drift - m.c.margin)
-	if a.server {
-		return ceiling
+// firstEpoch gives the record l claimed without an epoch (ModeEstimated,
+// whose $inc started it at 1) its first: the "first" its claim wrote, the
+// server's time in microseconds + 1 by the claim's estimate (see DESIGN.md).
+// It is one update, filtered on l's record; no Lease is handed out before
+// it applied, and a contender that reads the record meanwhile reports that
+// epoch.
+func (l *Lease) firstEpoch(ctx context.Context, epoch int64) error {
+	m := l.m
+	if epoch < firstEpochFloor {
+		return fmt.Errorf("lease: acquire %v: the claim wrote no first epoch (%d)", idText(l.id), epoch)
 	}
-	d := a.t0.Add(expires.Sub(a.est.Latest()) - drift - m.c.margin)
-	if d.After(ceiling) {
-		return ceiling
+	filter := l.filter()
+	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pEpoch, Value: epoch}}}}
+	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, l.id), settle.Write[struct{}, snapshot]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			res, err := m.coll.UpdateOne(ctx, filter, update)
+			return struct{}{}, err == nil && res.MatchedCount == 1, err
+		},
+		Read: m.reader(l.raw, false),
+		Judge: func(s snapshot) (settle.Verdict, string) {
+			switch {
+			case l.ours(s.rec, s.found):
+				return settle.Live, ""
+			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == l.claim && s.rec.Epoch == epoch:
+				return settle.Landed, ""
+			}
+			return settle.Dead, ""
+		},
+		Resend:  true, // filtered on the old epoch: one copy applies
+		Unknown: unknown[snapshot](opAcquire, l.id),
+	})
+	switch {
+	case errors.Is(err, ErrUnknownOutcome):
+		return err
+	case err != nil:
+		return fmt.Errorf("lease: acquire %v: %w", idText(l.id), err)
+	case !res.Applied:
+		return l.lost(Cleared, res.Read.rec)
+	}
+	l.epoch = epoch
+	return nil
+}
+
+// deadline is the local time (on Options.Now) at which the holder must have
+// stopped, for a claim or renewal a that was applied and wrote expires:
+// t0 + TTL − TTL×DriftRate − SafetyMargin, and in ModeEstimated no later
+// than t0 + (expires − est.Latest()) − TTL×DriftRate − SafetyMargin (see
+// DESIGN.md, "The holder's deadline").
+func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
+	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
+	d := a.t0.Add(m.c.TTL - drift - m.c.SafetyMargin)
+	if a.server {
+		return d
+	}
+	if e := a.t0.Add(expires.Sub(a.est.Latest()) - drift - m.c.SafetyMargin); e.Before(d) {
+		return e
 	}
 	return d
 }
 
 // fenceUntil is the server time from which a fenced write must fail
-// (ModeServer): no earlier than the server's clock reads when the local
-// deadline passes. The write that set stamp (the server's $$NOW) was
-// executed before recv, so at local time deadline the server's clock reads
-// at least stamp + (deadline − recv)×(1 − DriftRate).
+// (ModeServer): stamp + (deadline − recv) − TTL×DriftRate, where stamp is
+// the $$NOW of the write whose reply came at recv (see DESIGN.md).
 func (m *Manager) fenceUntil(stamp, deadline, recv time.Time) time.Time {
-	drift := time.Duration(float64(m.c.ttl) * m.c.drift)
+	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
 	return stamp.Add(deadline.Sub(recv) - drift).Truncate(time.Millisecond)
 }

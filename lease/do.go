@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -52,18 +53,15 @@ func (m *Manager) do(ctx context.Context, id any, doc bson.D, fn func(ctx contex
 	}
 	m.acquired(ctx, opDo, l, ob.start)
 
-	kctx, stop := context.WithCancel(l.ctx)
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		l.keepAlive(kctx)
-	}()
+	kctx, stop := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	renewing.Go(func() { l.KeepAlive(kctx) })
 
 	var fnErr error
 	returned := false
 	defer func() {
 		stop()
-		<-stopped
+		renewing.Wait()
 		rctx, cancel := m.detached(ctx)
 		relErr := l.Release(rctx)
 		cancel()
@@ -106,31 +104,11 @@ func (l *Lease) KeepAlive(ctx context.Context) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(l.ctx, cancel)
-	defer stop()
-	l.keepAlive(ctx)
-}
-
-// keepAlive renews l every RenewEvery until ctx ends. A failed renewal is retried with retry.Do (Options.Retry's
-// Budget, OnRetry and Clock; delays from RenewEvery/20 up to RenewEvery/4)
-// while the store classifiers call it transient and the local deadline
-// allows; if none succeeds in time, the deadline timer ends the lease. A
-// renewal that finds the lease lost ends it at once.
-// ctx ends when Do returns or the lease ends.
-func (l *Lease) keepAlive(ctx context.Context) {
-	every := l.m.c.renewEvery
-	p := retry.Policy{
-		InitialInterval: max(every/20, time.Millisecond),
-		MaxInterval:     max(every/4, time.Millisecond),
-		Jitter:          l.m.c.retry.Jitter,
-		Rand:            l.m.c.retry.Rand,
-		MaxAttempts:     -1,
-		MaxElapsedTime:  -1,
-		Budget:          l.m.c.retry.Budget,
-		OnRetry:         l.m.c.retry.OnRetry,
-		Observer:        l.m.c.retry.Observer,
-		Clock:           l.m.c.retry.Clock,
-	}
+	defer context.AfterFunc(l.ctx, cancel)()
+	every := l.m.c.RenewEvery
+	p := l.m.c.Retry // its Jitter, Rand, Budget, OnRetry, Observer and Clock
+	p.InitialInterval, p.MaxInterval, p.Multiplier = max(every/20, time.Millisecond), max(every/4, time.Millisecond), 0
+	p.MaxAttempts, p.MaxElapsedTime = -1, -1
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {

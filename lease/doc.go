@@ -20,109 +20,86 @@
 // when fn returns. [Manager.TryAcquire] fails at once with a [*HeldError]
 // (holder, time left: a service can answer 409 with Retry-After);
 // [Manager.Acquire] waits; both return a [*Lease] to Renew and Release by
-// hand, or to renew in the background with [Lease.KeepAlive], the renewal
-// loop of Do (transient failures retried at once, within the lease's time).
+// hand, or to renew in the background with [Lease.KeepAlive].
 //
 // A document lease ([New]) keeps its record in a subdocument of the leased
 // document ("_lease", Options.Field), which the document's own model must not
 // map. A named lease ([NewNamed]) keeps it in a lock document whose _id is
 // the name, and protects other documents by stamping its epoch into them
-// ([Lease.Stamp], then [Lease.Fence] on each write).
-//
-// Fence is a plain filter: add it to a driver write's filter, or to a
-// write of the versioned package with versioned.WhereErr, which then
-// reports a lost lease as ErrLost:
+// ([Lease.Stamp], then [Lease.Fence] on each write). Fence is a plain
+// filter: add it to a driver write's filter, or to a write of the versioned
+// package with versioned.WhereErr, which then reports a lost lease as ErrLost:
 //
 //	err := repo.Update(ctx, &user, versioned.WhereErr(l.Fence(), lease.ErrLost))
 //
 // Expiry is judged on the server's clock, never on the application host's:
-// with $$NOW on servers that have $expr and update pipelines (MongoDB 4.2+,
-// DocumentDB: [ModeServer]), else from an estimate of the server's clock
-// ([ModeEstimated], for FerretDB v1). [ModeAuto] chooses by trying. The
-// derivations of the holder's deadline in both modes, the epochs, and what
-// fencing can and cannot promise are in DESIGN.md beside this file.
+// with $$NOW where the server has $expr and update pipelines ([ModeServer]),
+// else from an estimate of the server's clock ([ModeEstimated], for FerretDB
+// v1). [ModeAuto] chooses by trying. DESIGN.md beside this file derives the
+// holder's deadline, the epochs, and what fencing can and cannot promise.
 //
-// # Sharded collections
+// # Costs
 //
-// On a collection sharded on a key other than _id, name the shard key's
-// fields in [Options].ShardKey and pass a [Key] (the _id and each
-// shard-key value) to TryAcquire, Acquire and Do: every claim, read,
-// renewal, release and settling re-read then filters on the _id and on
-// {field: {$eq: value}} for each field, so that mongos sends it to the one
-// shard that owns the document (MongoDB 6.0 refuses a findAndModify without
-// the full shard key; 7.0 and later broadcast it in two phases). A named
-// lease's lock documents are found by their name: shard the lock collection
-// on hashed _id (or leave it unsharded), and give Options.ShardKey the
-// shard key of the collection [Lease.Stamp] writes to, which then takes a
-// Key. The guarantees below need write concern majority and primary reads
-// on a sharded cluster as on a replica set.
+// A claim is one findAndModify; a release one update; Do adds one renewal
+// every RenewEvery. A first lease costs one write more in ModeEstimated (its
+// first epoch), and a name's first a read and an upsert in ModeServer. A
+// call waiting for another process's holder reads the record once to learn
+// when that lease is up and sleeps until then, with one claim half-way
+// while more than four backoff steps are left: four commands for a crashed
+// 1 s holder. Calls of one process wait in line, sending nothing
+// ([Manager.Acquire]).
+//
+// On a collection sharded on a key other than _id, see [Options].ShardKey
+// and [Key]: every command then names the document's shard.
 //
 // # Guarantees
 //
 // Given a server that applies single-document writes atomically, write
-// concern majority and primary reads on a replica set ([store.ClientOptions]
-// sets both), a server clock that gains less than DriftRate on the local one
-// (in ModeEstimated: clock estimates within their bounds), and timers late by
-// less than SafetyMargin:
+// concern majority and primary reads on a replica set or sharded cluster
+// ([store.ClientOptions] sets both), a server clock that gains less than
+// DriftRate on the local one (in ModeEstimated: clock estimates within their
+// bounds), and timers late by less than SafetyMargin:
 //
 //   - At most one owner holds the lease on a document or name at any time:
 //     of any number of concurrent claims, exactly one succeeds.
 //   - A holder's context ends before any other owner can claim its lease.
 //     Its local deadline is at most TTL after it sent its last applied
 //     claim or renewal, whatever the clock estimate says.
-//   - Epochs are large numbers, not 1, 2, 3: the first claim of a record
-//     takes the server's time in microseconds + 1, each later claim adds 1.
-//     They strictly increase per document even across its deletion and
-//     re-insertion, and per name even across the clean-up of its lock
-//     document.
+//   - Epochs strictly increase per document or name, by one per claim, even
+//     across the document's deletion and re-insertion or the clean-up of a
+//     lock document: the first epoch of a record is the server's time in
+//     microseconds + 1, and no Lease is handed out with another.
 //   - Fence matches nothing once the [Lease] knows it was released or lost
-//     (its Err is not nil).
-//   - A document lease's fenced write matches only while the record names
-//     this Lease (owner, epoch, and the id of the claim that made it: two
-//     Leases never share a fence, even of one owner): after a takeover or a
-//     release it changes nothing.
-//   - A named lease's fenced write matches only while the protected
-//     document's stamp is this holder's epoch. The fence ends at the
-//     holder's release or loss as known locally (above), in ModeServer at
-//     its deadline, and for everyone at the next holder's Stamp. A write by
-//     a holder that does not yet know it lost (or made with a Fence taken
-//     before), racing a new holder that has not stamped yet, still applies:
-//     it is ordered before that stamp, so before every fenced write of the
-//     new holder. Stamp before the first write.
+//     (its Err is not nil). A document lease's fenced write matches only
+//     while the record names this Lease (owner, epoch and claim id: two
+//     Leases never share a fence). A named lease's matches only while the
+//     protected document's stamp is this holder's epoch: a write by a holder
+//     that does not yet know it lost, racing a new holder that has not
+//     stamped yet, still applies, ordered before that stamp. Stamp before
+//     the first write.
 //   - In ModeServer a fenced write also fails once the holder's local
-//     deadline has passed; in ModeEstimated one made after the local
-//     deadline, before the lease's context ended and before anyone else
-//     claimed (or stamped), still applies, ordered before every write of
-//     any later holder.
+//     deadline has passed; in ModeEstimated one made after it, before anyone
+//     else claimed (or stamped), still applies, ordered before every write
+//     of any later holder.
 //   - With Options.Retain, each applied renewal of a document lease has set
-//     that field of the document to at least the server's time of the
-//     renewal plus RetainFor, in the renewal's own write: a clean-up that
-//     deletes the document once the field has passed (a TTL index, a
-//     sweep) cannot delete it while the lease holds, since RetainFor is
-//     longer than TTL.
+//     that field to at least the server's time plus RetainFor, in the
+//     renewal's own write.
 //   - Bad input (options, ids, a nil context) and an ended context are
 //     reported before anything is sent. Ids are checked by [store.CheckID]
 //     and compared with $eq: an id such as {"$gt": ""} is refused.
 //   - The lease's own commands never use a session or transaction carried
-//     by the caller's context.
+//     by the caller's context (Stamp uses it).
 //   - After an ambiguous write the record is re-read (for up to
-//     ResolveTimeout) at read concern majority (or the collection's, on a
-//     server that refuses it), so a claim a replica set later rolls back
-//     never counts as held; only a release or stamp is then sent again. Acquire holds the lease when a re-read shows its own
-//     earlier claim, and claims again if that claim's deadline has passed.
+//     ResolveTimeout) at read concern majority, so a claim a replica set
+//     later rolls back never counts as held; only a release or stamp is sent
+//     again. Acquire holds the lease when a re-read shows its own earlier
+//     claim, and claims again if that claim's deadline has passed.
 //   - Acquire and Do calls for one lease in one process are served first
-//     come, first served: they wait in line (one line per document or name,
-//     shared by every Manager on the same collection and lease field of the
-//     same *mongo.Client), one claims at a time, and when the lease it got
-//     ends (released, lost or expired) the next claims at once, with no
-//     poll of a lease held in this process. Across processes claims race as
-//     before; a call waiting for another process's holder wakes when that
-//     holder's time is up, or when a lease of the id ends in this process.
-//     TryAcquire does not wait in line.
+//     come, first served, through a line shared by every Manager on the same
+//     collection and lease field of the same *mongo.Client; when the lease
+//     a call got ends, the next claims at once. Across processes claims race.
 //   - Do starts one goroutine, which ends before Do returns; a Lease's
-//     deadline timer is stopped when the lease ends. While Acquire or Do
-//     sleeps waiting for another process's holder, one short-lived
-//     goroutine per sleep watches for a lease of the id ending.
+//     deadline timer is stopped when the lease ends.
 //
 // A lease gives efficiency, not correctness, on its own: a holder paused past
 // its deadline can still act. Correctness needs the fencing token on every
@@ -135,8 +112,8 @@
 //
 //   - [ErrInvalid] ([*OptionsError], a nil context or function) and
 //     [ErrInvalidID] (an id store.CheckID refuses, a [Key] without every
-//     shard-key value or with one store.CheckValue refuses, a bare id where
-//     Options.ShardKey is set): nothing was sent.
+//     shard-key value, a bare id where Options.ShardKey is set): nothing was
+//     sent.
 //   - An error wrapping context.Canceled or context.DeadlineExceeded: the
 //     context had ended.
 //   - [ErrNotFound]: a document lease (or Stamp) on an _id no document has.
@@ -147,8 +124,8 @@
 //     it when the lease was lost while fn ran.
 //   - [ErrReleased]: Renew or Release of a released lease.
 //   - [*UnknownOutcomeError], matching [ErrUnknownOutcome]: a write failed
-//     ambiguously and could not be settled (the re-read failed too). No
-//     two owners can hold the lease because of it.
+//     ambiguously and could not be settled. No two owners can hold the
+//     lease because of it.
 //   - [store.ErrNoServerTime] (wrapped): ModeEstimated could not read the
 //     server's clock, so nothing was claimed or renewed.
 //   - [ErrNotNamed]: EnsureIndexes or Sweep on a Manager made by New.

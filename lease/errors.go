@@ -98,20 +98,20 @@ const (
 	Unread
 )
 
+// reasons are the Reasons in words, and as observe.Event.Reason has them.
+var reasons = [...][2]string{
+	Expired:   {"expired", "expired"},
+	TakenOver: {"taken over", "taken_over"},
+	Cleared:   {"cleared", "cleared"},
+	Unread:    {"lost (the re-read of the record failed)", "unread"},
+}
+
 // String returns the reason in words, such as "taken over".
 func (r Reason) String() string {
-	switch r {
-	case Expired:
-		return "expired"
-	case TakenOver:
-		return "taken over"
-	case Cleared:
-		return "cleared"
-	case Unread:
-		return "lost (the re-read of the record failed)"
-	default:
-		return fmt.Sprintf("Reason(%d)", int(r))
+	if r > 0 && int(r) < len(reasons) {
+		return reasons[r][0]
 	}
+	return fmt.Sprintf("Reason(%d)", int(r))
 }
 
 // LostError reports that a lease is no longer held by this owner. It matches

@@ -20,23 +20,20 @@ import (
 // plain string usable as a field name, and "#" + a hash of its BSON encoding
 // otherwise (names with ".", a leading "$" or "#", non-strings).
 func (l *Lease) fencePath() string {
-	return l.m.c.fenceField + "." + fenceKey(l.raw.ID)
-}
-
-func fenceKey(raw bson.RawValue) string {
+	raw := l.raw.ID
 	if s, ok := raw.StringValueOK(); ok && s != "" && checkField(s) == "" && !strings.HasPrefix(s, "#") {
-		return s
+		return l.m.c.FenceField + "." + s
 	}
 	h := sha256.New()
 	h.Write([]byte{byte(raw.Type)})
 	h.Write(raw.Value)
-	return "#" + hex.EncodeToString(h.Sum(nil)[:16])
+	return l.m.c.FenceField + ".#" + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Stamp records this named lease's epoch in the document of coll whose _id
 // is id, the resource the lease protects, so that [Lease.Fence] matches it
-// and the fenced writes of every earlier holder of
-// the name fail from then on. Stamp a document before the first write to it
+// and the fenced writes of every earlier holder of the name fail from then
+// on. Stamp a document before the first write to it
 // under the lease. It is one updateOne filtered on the stamp being absent or
 // not above this epoch, that sets it with $max: the stamp only moves forward,
 // and it lives in the protected document, so it survives the clean-up of
@@ -80,7 +77,7 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	// A stamp that has not applied is sent again while the document shows
 	// no stamp of this epoch or later (or no epoch there): copies of a $max
 	// make one change. The document read back tells.
-	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.resolveTimeout}
+	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.ResolveTimeout}
 	read := func(ctx context.Context) (doc bson.Raw, err error) {
 		err = settle.NewMajority(coll).Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
 			if doc, err = coll.FindOne(store.NoSession(ctx), raw.Filter()).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
@@ -107,10 +104,8 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 			}
 			return settle.Dead, ""
 		},
-		Resend: true,
-		Unknown: func(_ bson.Raw, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "stamp", ID: id, Reason: reason, Err: err}
-		},
+		Resend:  true,
+		Unknown: unknown[bson.Raw]("stamp", id),
 	})
 	switch {
 	case err == nil && res.Applied:

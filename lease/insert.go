@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -33,14 +34,14 @@ func (m *Manager) DoInsert(ctx context.Context, id any, doc bson.D, fn func(ctx 
 // insert makes the document of id from doc with this Manager's claim in it.
 func (m *Manager) insert(ctx context.Context, id any, raw docKey, doc bson.D, parent context.Context) (*Lease, error) {
 	ctx = store.NoSession(ctx)
-	a := attempt{claim: bson.NewObjectID(), t0: m.c.now()}
+	a := attempt{claim: bson.NewObjectID(), t0: m.c.Now()}
 	var err error
 	if a.est, err = m.estimate(ctx); err != nil {
 		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
 	}
-	rec := record{Owner: m.c.owner, Epoch: a.est.Latest().UnixMicro() + 1, Claim: a.claim}
-	rec.ExpiresAt, rec.AcquiredAt = m.estimatedTimes(a)
-	full := append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.field, Value: bson.D{
+	rec := record{Owner: m.c.Owner, Epoch: a.est.Latest().UnixMicro() + 1, Claim: a.claim}
+	rec.ExpiresAt, rec.AcquiredAt = a.est.Time.Add(m.c.TTL).Truncate(time.Millisecond), a.est.Time.Truncate(time.Millisecond)
+	full := append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.Field, Value: bson.D{
 		{Key: "owner", Value: rec.Owner}, {Key: "expiresAt", Value: rec.ExpiresAt},
 		{Key: "acquiredAt", Value: rec.AcquiredAt}, {Key: "claim", Value: rec.Claim}, {Key: "epoch", Value: rec.Epoch},
 	}})
@@ -57,7 +58,7 @@ func (m *Manager) insert(ctx context.Context, id any, raw docKey, doc bson.D, pa
 		Read: m.reader(raw, false),
 		Judge: func(s snapshot) (settle.Verdict, string) {
 			switch {
-			case s.found && s.rec.Owner == m.c.owner && s.rec.Claim == a.claim:
+			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim:
 				return settle.Landed, ""
 			case s.found:
 				return settle.Dead, ""

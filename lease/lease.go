@@ -24,24 +24,19 @@ type Lease struct {
 	raw    docKey // id's encoding, checked by store.CheckID, and shard-key values
 	server bool   // claimed in ModeServer
 	epoch  int64
-	// claim is the id of the claim that made this Lease, kept in the record
-	// until it is released or claimed again: unique to this Lease, it is in
-	// every filter on the record and in a document lease's fence, so two
-	// Leases never share a fence even with one owner and one epoch.
-	claim      bson.ObjectID
+	claim  bson.ObjectID // the id of the claim that made it: in every filter on the record
+
 	acquiredAt time.Time
 	sentAt     time.Time // local time (Options.Now) the claim was sent, for observers
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu        sync.Mutex
-	expiresAt time.Time // server time, as last confirmed
-	lastSent  time.Time // the largest expiry ever sent: renewals only move it forward
-	deadline  time.Time // local time (Options.Now) at which the holder stops
-	// fenceUntil (ModeServer) is the server time from which Fence fails: the
-	// server's clock reads at least that when deadline passes.
-	fenceUntil time.Time
+	mu         sync.Mutex
+	expiresAt  time.Time   // server time, as last confirmed
+	lastSent   time.Time   // the largest expiry ever sent: renewals only move it forward
+	deadline   time.Time   // local time (Options.Now) at which the holder stops
+	fenceUntil time.Time   // ModeServer: the server time from which Fence fails
 	timer      *time.Timer // fires at deadline
 	err        error       // nil while held; ErrReleased or a *LostError after
 }
@@ -50,7 +45,7 @@ type Lease struct {
 func (l *Lease) ID() any { return l.id }
 
 // Owner returns the owner string written in the lease record.
-func (l *Lease) Owner() string { return l.m.c.owner }
+func (l *Lease) Owner() string { return l.m.c.Owner }
 
 // Epoch returns the lease's fencing token: the record's epoch after this
 // claim. Every claim of the same document or name, by any owner, gets a
@@ -88,7 +83,7 @@ func (l *Lease) TimeLeft() time.Duration {
 	if l.err != nil {
 		return 0
 	}
-	return max(l.deadline.Sub(l.m.c.now()), 0)
+	return max(l.deadline.Sub(l.m.c.Now()), 0)
 }
 
 // Context returns a context that ends when the lease is released or lost,
@@ -111,31 +106,23 @@ func (l *Lease) Err() error {
 // Fence returns the filter conditions that match the protected document only
 // while this lease holds it. Add them to the filter of every write made under
 // the lease (with the versioned package, as versioned.WhereErr(l.Fence(),
-// lease.ErrLost), so that it reports ErrLost); a fenced write that
-// matches nothing was made by a holder that had lost the lease, and changed
-// nothing. Call Fence for each write: once the Lease knows it was released
-// or lost (Err is not nil) Fence returns a condition that matches nothing
-// ({<key>: {$in: []}}), and in ModeServer its conditions also end at the
-// lease's local deadline as it stands at the call.
+// lease.ErrLost)); a fenced write that matches nothing was made by a holder
+// that had lost the lease, and changed nothing. Call Fence for each write:
+// once the Lease knows it was released or lost (Err is not nil) it returns
+// a condition that matches nothing ({<key>: {$in: []}}).
 //
-// For a document lease the protected document is the leased one and the
-// conditions are {<Field>.owner: owner, <Field>.epoch: epoch, <Field>.claim:
-// the claim id of this Lease}: they fail once another owner (or another
-// Lease of this Manager) claimed the lease, or this one released it. For a
-// named lease the protected documents are those stamped with [Lease.Stamp]
-// and the condition is {<FenceField>.<name>: epoch}: it fails on a document
-// once a later holder of the name stamped it. Release changes no stamp: a
-// write with a named lease's Fence taken before its release or loss, made
-// after another owner claimed the name but before it stamped the document,
-// still applies (in ModeServer, until the deadline below); it is ordered
-// before that stamp, so before every fenced write of the next holder.
-//
-// In ModeServer the conditions also hold {$expr: {$lt: ["$$NOW", t]}}, where
-// t is the server's time at the holder's local deadline at the earliest, so
-// a fenced write sent after the lease expired locally fails even if nobody
-// has claimed the lease since. In ModeEstimated (no $expr on the server)
-// such a write still applies until the record changes: it is ordered before
-// every write of a later holder, never after (see DESIGN.md).
+// For a document lease the conditions are {<Field>.owner: owner,
+// <Field>.epoch: epoch, <Field>.claim: the claim id of this Lease}: they fail
+// once anyone else claimed the lease, or this one released it. For a named
+// lease the condition is {<FenceField>.<name>: epoch}, on the documents
+// stamped with [Lease.Stamp]: it fails on a document once a later holder of
+// the name stamped it (Release changes no stamp; see the package's
+// Guarantees). In ModeServer the conditions also hold {$expr: {$lt:
+// ["$$NOW", t]}}, where t is the server's time at the holder's local
+// deadline at the earliest, so a fenced write sent after the lease expired
+// locally fails even if nobody has claimed it since; in ModeEstimated such a
+// write applies until the record changes, ordered before every write of a
+// later holder (see DESIGN.md).
 func (l *Lease) Fence() bson.D {
 	key := l.m.pOwner
 	if l.m.named {
@@ -155,7 +142,7 @@ func (l *Lease) Fence() bson.D {
 		d = bson.D{{Key: key, Value: l.epoch}}
 	} else {
 		d = bson.D{
-			{Key: key, Value: l.m.c.owner},
+			{Key: key, Value: l.m.c.Owner},
 			{Key: l.m.pEpoch, Value: l.epoch},
 			{Key: l.m.pClaim, Value: l.claim},
 		}
@@ -168,17 +155,16 @@ func (l *Lease) Fence() bson.D {
 
 // String describes the lease for logs.
 func (l *Lease) String() string {
-	return fmt.Sprintf("lease %s owner %q epoch %d", idText(l.id), l.m.c.owner, l.epoch)
+	return fmt.Sprintf("lease %s owner %q epoch %d", idText(l.id), l.m.c.Owner, l.epoch)
 }
 
 // finish ends the lease with err unless it has ended already, and returns the
 // error it ended with.
 func (l *Lease) finish(err error) error {
 	l.mu.Lock()
-	if l.err != nil {
-		err = l.err
+	if prior := l.err; prior != nil {
 		l.mu.Unlock()
-		return err
+		return prior
 	}
 	l.err = err
 	if l.timer != nil {
@@ -187,7 +173,7 @@ func (l *Lease) finish(err error) error {
 	l.mu.Unlock()
 	l.ended(err)
 	l.cancel(err)
-	l.m.lineEnded(l)
+	l.m.lines.ended(lineID(l.raw), l)
 	return err
 }
 
@@ -195,21 +181,18 @@ func (l *Lease) finish(err error) error {
 // unless a renewal moved the deadline meanwhile.
 func (l *Lease) onDeadline() {
 	l.mu.Lock()
-	if l.err != nil {
-		l.mu.Unlock()
-		return
-	}
-	if left := l.deadline.Sub(l.m.c.now()); left > 0 {
+	left := l.deadline.Sub(l.m.c.Now())
+	if l.err == nil && left > 0 {
 		l.timer.Reset(left)
-		l.mu.Unlock()
-		return
 	}
 	l.mu.Unlock()
-	_ = l.finish(l.lost(Expired, record{}))
+	if left <= 0 {
+		_ = l.finish(l.lost(Expired, record{})) // nothing if it ended already
+	}
 }
 
 func (l *Lease) lost(reason Reason, now record) *LostError {
-	return &LostError{ID: l.id, Owner: l.m.c.owner, Epoch: l.epoch, Reason: reason, Holder: now.Owner, HolderEpoch: now.Epoch}
+	return &LostError{ID: l.id, Owner: l.m.c.Owner, Epoch: l.epoch, Reason: reason, Holder: now.Owner, HolderEpoch: now.Epoch}
 }
 
 // lostFrom returns the LostError that the record r (or its absence) shows.
@@ -222,14 +205,14 @@ func (l *Lease) lostFrom(r record, found bool) *LostError {
 
 // ours reports whether r is this lease's record.
 func (l *Lease) ours(r record, found bool) bool {
-	return found && r.Owner == l.m.c.owner && r.Epoch == l.epoch && r.Claim == l.claim
+	return found && r.Owner == l.m.c.Owner && r.Epoch == l.epoch && r.Claim == l.claim
 }
 
 // filter matches the record while it is this lease's: _id, owner, epoch and
 // claim id.
 func (l *Lease) filter() bson.D {
 	return append(l.raw.Filter(),
-		bson.E{Key: l.m.pOwner, Value: l.m.c.owner},
+		bson.E{Key: l.m.pOwner, Value: l.m.c.Owner},
 		bson.E{Key: l.m.pEpoch, Value: l.epoch},
 		bson.E{Key: l.m.pClaim, Value: l.claim},
 	)
@@ -243,7 +226,7 @@ func (l *Lease) filter() bson.D {
 // failure it re-reads the record to learn whether the renewal was applied.
 // A session in ctx is not used.
 //
-// A renewal is one write filtered on _id, owner and epoch. In ModeServer it
+// A renewal is one write filtered on the lease's record. In ModeServer it
 // sets expiresAt to the larger of itself and $$NOW + TTL; in ModeEstimated
 // to the estimate + TTL, filtered on an earlier expiry. Either way a delayed
 // renewal never moves the expiry back.
@@ -254,138 +237,130 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	ctx, ob := l.m.begin(ctx, opRenew, l.id)
 	defer l.endRenew(&ob, &err)
 	ctx = store.NoSession(ctx)
-	l.mu.Lock()
-	if err := l.err; err != nil {
-		l.mu.Unlock()
+	if err := l.Err(); err != nil {
 		return err
 	}
-	if !l.m.c.now().Before(l.deadline) {
-		l.mu.Unlock()
+	if l.TimeLeft() <= 0 {
 		return l.finish(l.lost(Expired, record{}))
 	}
-	l.mu.Unlock()
+	m := l.m
+	a := attempt{claim: bson.NewObjectID(), t0: m.c.Now(), server: l.server}
+	filter, expires := l.filter(), time.Time{}
+	var update any
 	if l.server {
-		return l.renewServer(ctx)
+		newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.TTL.Milliseconds()}}}
+		set := bson.D{
+			{Key: m.pExpires, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.pExpires, newExpiry}}}},
+			{Key: m.pRenewed, Value: "$$NOW"},
+			{Key: m.pRenewal, Value: bson.D{{Key: "$literal", Value: a.claim}}},
+		}
+		if m.c.Retain != "" {
+			// Retain moves with the renewal, in the same write; $max keeps a
+			// later time the document's own writes put there.
+			until := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.RetainFor.Milliseconds()}}}
+			set = append(set, bson.E{Key: m.c.Retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.Retain, until}}}})
+		}
+		update = mongo.Pipeline{{{Key: "$set", Value: set}}}
+	} else {
+		if a.est, err = m.estimate(ctx); err != nil {
+			return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
+		}
+		expires = a.est.Time.Add(m.c.TTL).Truncate(time.Millisecond)
+		l.mu.Lock()
+		if !expires.After(l.lastSent) {
+			expires = l.lastSent.Add(time.Millisecond)
+		}
+		l.lastSent = expires
+		l.mu.Unlock()
+		filter = append(filter, bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
+		up := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
+		if m.c.Retain != "" {
+			up = append(up, bson.E{Key: "$max", Value: bson.D{{Key: m.c.Retain, Value: a.est.Time.Add(m.c.RetainFor).Truncate(time.Millisecond)}}})
+		}
+		update = up
 	}
-	return l.renewEstimated(ctx)
-}
-
-func (l *Lease) renewServer(ctx context.Context) error {
-	m := l.m
-	a := attempt{claim: bson.NewObjectID(), t0: m.c.now(), server: true}
-	newExpiry := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.ttl.Milliseconds()}}}
-	set := bson.D{
-		{Key: m.pExpires, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.pExpires, newExpiry}}}},
-		{Key: m.pRenewed, Value: "$$NOW"},
-		{Key: m.pRenewal, Value: bson.D{{Key: "$literal", Value: a.claim}}},
-	}
-	if m.c.retain != "" {
-		// Retain's time moves with the renewal, in the same write; $max
-		// keeps a later time the document's own writes put there.
-		until := bson.D{{Key: "$add", Value: bson.A{"$$NOW", m.c.retainFor.Milliseconds()}}}
-		set = append(set, bson.E{Key: m.c.retain, Value: bson.D{{Key: "$max", Value: bson.A{"$" + m.c.retain, until}}}})
-	}
-	update := mongo.Pipeline{{{Key: "$set", Value: set}}}
-	return l.renew(ctx, a, func(ctx context.Context) (bson.Raw, bool, error) {
-		doc, err := m.findAndModify(ctx, l.filter(), update)
-		return doc, err == nil, err
-	}, func(r record) bool { return r.Renewal == a.claim }, func(r record) { l.extend(r, m.deadline(a, r.ExpiresAt)) })
-}
-
-func (l *Lease) renewEstimated(ctx context.Context) error {
-	m := l.m
-	a := attempt{t0: m.c.now()}
-	var err error
-	if a.est, err = m.estimate(ctx); err != nil {
-		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
-	}
-	expires := a.est.Time.Add(m.c.ttl).Truncate(time.Millisecond)
-	l.mu.Lock()
-	if !expires.After(l.lastSent) {
-		expires = l.lastSent.Add(time.Millisecond)
-	}
-	l.lastSent = expires
-	l.mu.Unlock()
-	deadline := m.deadline(a, expires)
-
-	filter := append(l.filter(), bson.E{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: expires}}})
-	update := bson.D{{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: expires}}}}
-	if m.c.retain != "" {
-		// Retain's time moves with the renewal, in the same write; $max
-		// keeps a later time the document's own writes put there.
-		until := a.est.Time.Add(m.c.retainFor).Truncate(time.Millisecond)
-		update = append(update, bson.E{Key: "$max", Value: bson.D{{Key: m.c.retain, Value: until}}})
-	}
-	return l.renew(ctx, a, func(ctx context.Context) (bson.Raw, bool, error) {
-		res, err := m.coll.UpdateOne(ctx, filter, update)
-		return nil, err == nil && res.MatchedCount == 1, err
-	}, func(r record) bool { return r.ExpiresAt.Equal(expires) }, func(record) { l.extend(record{ExpiresAt: expires}, deadline) })
-}
-
-// renew sends a renewal a through the settling engine (internal/settle),
-// and extends the lease by the record it wrote if it applied. A record read
-// back after an ambiguous failure that shows it (landed) means applied; one
-// no longer this lease's, lost; any other, not applied yet: the renewal is
-// not sent again, and the deadline stays, which is safe whether or not it
-// lands later. A renewal that matched nothing is judged by a read.
-func (l *Lease) renew(ctx context.Context, a attempt, send func(context.Context) (bson.Raw, bool, error), landed func(record) bool, extend func(record)) error {
+	// A renewal read back after an ambiguous failure landed when the record
+	// shows its renewal id (ModeServer) or expiry; is dead when the record is
+	// no longer this lease's; and is otherwise not sent again: the deadline
+	// stays, which is safe whether or not it lands later.
 	var last error // the last send's error
-	res, err := settle.Exec(ctx, l.m.settling(ctx, opRenew, l.id), settle.Write[bson.Raw, snapshot]{
+	res, err := settle.Exec(ctx, m.settling(ctx, opRenew, l.id), settle.Write[bson.Raw, snapshot]{
 		Send: func(ctx context.Context) (doc bson.Raw, ok bool, err error) {
-			doc, ok, err = send(ctx)
+			if l.server {
+				doc, err = m.findAndModify(ctx, filter, update, false)
+				ok = err == nil
+			} else {
+				var res *mongo.UpdateResult
+				res, err = m.coll.UpdateOne(ctx, filter, update)
+				ok = err == nil && res.MatchedCount == 1
+			}
 			last = err
 			return doc, ok, err
 		},
-		Read: l.m.reader(l.raw, a.server),
+		Read: m.reader(l.raw, l.server),
 		Judge: func(s snapshot) (settle.Verdict, string) {
 			switch {
 			case !l.ours(s.rec, s.found):
 				return settle.Dead, ""
-			case landed(s.rec):
+			case l.server && s.rec.Renewal == a.claim, !l.server && s.rec.ExpiresAt.Equal(expires):
 				return settle.Landed, ""
 			}
 			return settle.Live, ""
 		},
-		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "renew", ID: l.id, Reason: reason, Err: err}
-		},
+		Unknown: unknown[snapshot](opRenew, l.id),
 	})
 	s := res.Read
 	switch {
 	case err == nil && res.Applied:
 		if res.Reply != nil {
-			if s.rec, err = l.m.decode(res.Reply); err != nil {
+			if s.rec, err = m.decode(res.Reply); err != nil {
 				return err
 			}
 		}
-		extend(s.rec)
+		if !l.server {
+			s.rec = record{ExpiresAt: expires}
+		}
+		l.extend(s.rec, m.deadline(a, s.rec.ExpiresAt))
 		return nil
 	case err == nil && res.HasRead && l.ours(s.rec, s.found):
 		return fmt.Errorf("lease: renew %s: not applied: %w", idText(l.id), last)
-	case err == nil && res.HasRead:
-		return l.finish(l.lostFrom(s.rec, s.found))
 	case errors.Is(err, ErrUnknownOutcome):
 		return err
 	case err != nil && !errors.Is(err, mongo.ErrNoDocuments):
 		return fmt.Errorf("lease: renew %s: %w", idText(l.id), err)
 	}
-	// Matched nothing: the record tells.
-	if s, err = l.m.read(ctx, l.raw, a.server); err != nil {
-		lost := l.lost(Unread, record{})
-		lost.Err = err
-		return l.finish(lost)
-	}
-	if l.ours(s.rec, s.found) {
+	// Matched nothing, or read back no longer ours: the record tells.
+	return l.notOurs(ctx, res.Read, res.HasRead, l.server, func(r record) error {
 		// Our record, with an expiry at or past the new one: nothing to
 		// extend, nothing lost.
-		return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), s.rec.ExpiresAt)
+		return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), r.ExpiresAt)
+	})
+}
+
+// notOurs ends the lease as lost for what the record s shows (read now
+// unless has; with the server's time if server), and returns that
+// *LostError, even if the lease had ended otherwise meanwhile; ours, if the
+// record is still this lease's, says what to return instead.
+func (l *Lease) notOurs(ctx context.Context, s snapshot, has, server bool, ours func(record) error) error {
+	var err error
+	if !has {
+		s, err = l.m.read(ctx, l.raw, server)
 	}
-	return l.finish(l.lostFrom(s.rec, s.found))
+	lost := l.lostFrom(s.rec, s.found)
+	switch {
+	case err != nil:
+		lost = l.lost(Unread, record{})
+		lost.Err = err
+	case ours != nil && l.ours(s.rec, s.found):
+		return ours(s.rec)
+	}
+	_ = l.finish(lost)
+	return lost
 }
 
 // extend records a renewal that was applied and wrote rec.
 func (l *Lease) extend(rec record, deadline time.Time) {
-	recv := l.m.c.now()
+	recv := l.m.c.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
@@ -403,9 +378,7 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 	// each of the expiries they were computed for.
 	if deadline.After(l.deadline) {
 		l.deadline = deadline
-		// The timer's callback re-arms itself if it fires early; resetting it
-		// here only saves that wake-up.
-		l.timer.Reset(max(deadline.Sub(l.m.c.now()), 0))
+		l.timer.Reset(max(deadline.Sub(l.m.c.Now()), 0))
 	}
 }
 
@@ -419,8 +392,9 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 // done under it was not protected to the end. After an ambiguous failure
 // Release re-reads the record and sends the update again (at most three
 // times) while it was not applied; when that cannot settle it, it returns
-// an *UnknownOutcomeError. A named lease's lock document keeps an expiry set to the server's
-// time of release, for the clean-up. A session in ctx is not used.
+// an *UnknownOutcomeError. A named lease's lock document keeps an expiry
+// set to the server's time of release, for the clean-up. A session in ctx
+// is not used.
 func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, nil) }
 
 // ReleaseWith is Release of a document lease whose write also sets the
@@ -451,7 +425,7 @@ func (l *Lease) release(ctx context.Context, set bson.D) (err error) {
 	prior := l.err
 	expiredAt := l.deadline
 	l.mu.Unlock()
-	if prior == nil && !m.c.now().Before(expiredAt) {
+	if prior == nil && !m.c.Now().Before(expiredAt) {
 		prior = l.finish(l.lost(Expired, record{}))
 	}
 	var lost *LostError
@@ -491,21 +465,10 @@ func (l *Lease) release(ctx context.Context, set bson.D) (err error) {
 			{Key: "$set", Value: bson.D{{Key: m.pExpires, Value: freed}}},
 		}
 	}
-	// released finishes a release that was applied. It returns nil, or the
-	// *LostError of a lease that expired locally before or meanwhile.
-	released := func() error {
-		if prior != nil {
-			return prior
-		}
-		if err := l.finish(ErrReleased); !errors.Is(err, ErrReleased) {
-			return err
-		}
-		return nil
-	}
 	var sent time.Time // when the last copy was sent
 	res, err := settle.Exec(ctx, m.settling(ctx, opRelease, l.id), settle.Write[struct{}, snapshot]{
 		Send: func(ctx context.Context) (struct{}, bool, error) {
-			sent = m.c.now()
+			sent = m.c.Now()
 			res, err := m.coll.UpdateOne(ctx, l.filter(), update)
 			return struct{}{}, err == nil && res.MatchedCount == 1, err
 		},
@@ -527,29 +490,22 @@ func (l *Lease) release(ctx context.Context, set bson.D) (err error) {
 		},
 		// Every copy is filtered on this lease's owner, epoch and claim id,
 		// which the first that applies clears: at most one applies.
-		Resend: true,
-		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "release", ID: l.id, Reason: reason, Err: err}
-		},
+		Resend:  true,
+		Unknown: unknown[snapshot](opRelease, l.id),
 	})
 	switch {
-	case err != nil && errors.Is(err, ErrUnknownOutcome):
+	case errors.Is(err, ErrUnknownOutcome):
 		return err
 	case err != nil:
 		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
+	case res.Applied && prior != nil:
+		return prior // expired locally before or meanwhile: a *LostError
 	case res.Applied:
-		return released()
+		if err := l.finish(ErrReleased); !errors.Is(err, ErrReleased) {
+			return err
+		}
+		return nil
 	}
 	// Not applied: taken over or cleared by someone else.
-	s, rerr := res.Read, error(nil)
-	if !res.HasRead {
-		s, rerr = m.read(ctx, l.raw, false)
-	}
-	lost = l.lostFrom(s.rec, s.found)
-	if rerr != nil {
-		lost = l.lost(Unread, record{})
-		lost.Err = rerr
-	}
-	_ = l.finish(lost)
-	return lost
+	return l.notOurs(ctx, res.Read, res.HasRead, false, nil)
 }

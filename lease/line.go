@@ -13,13 +13,8 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Lines. Acquire and Do calls for one lease in one process wait in line,
-// first come first served, instead of each polling the database with
-// backoff: one call at a time (the head) claims, polling other processes'
-// holders as before; when the lease it got ends (released, lost or
-// expired), the next call in line claims at once. The lines are shared by
-// every Manager on the same collection and lease field of the same
-// *mongo.Client. See DESIGN.md, "Waiting in line".
+// Lines: Acquire and Do calls for one lease in one process wait in line;
+// one claims at a time (see DESIGN.md, "Waiting in line").
 
 // lineKey names the leases of one collection and lease field of a client.
 type lineKey struct {
@@ -41,9 +36,9 @@ type lines struct {
 }
 
 // line is the calls for one lease: the one whose turn it is (claiming or
-// holding), and those waiting, in order.
+// holding), and those waiting, in order. A line exists while a call has
+// the turn.
 type line struct {
-	taken   bool          // a call claims or holds the lease through the line
 	claim   *lineWaiter   // the call claiming now, to wake when another lease of the id ends
 	holder  *Lease        // the lease the line's call holds, nil while it claims
 	waiting []*lineWaiter // FIFO
@@ -95,17 +90,12 @@ func lineID(raw docKey) string {
 func (ls *lines) join(k string, w *lineWaiter) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	l := ls.ids[k]
-	if l == nil {
-		l = &line{}
-		ls.ids[k] = l
+	if l := ls.ids[k]; l != nil {
+		l.waiting = append(l.waiting, w)
+		return false
 	}
-	if !l.taken {
-		l.taken, l.claim, w.turn = true, w, true
-		return true
-	}
-	l.waiting = append(l.waiting, w)
-	return false
+	ls.ids[k], w.turn = &line{claim: w}, true
+	return true
 }
 
 // leave takes w out of the line of k, if its turn has not come, and reports
@@ -141,11 +131,9 @@ func (ls *lines) passLocked(k string) {
 		delete(ls.ids, k)
 		return
 	}
-	w := l.waiting[0]
-	l.waiting = l.waiting[1:]
-	w.turn = true
-	l.claim = w
-	w.signal()
+	l.claim, l.waiting = l.waiting[0], l.waiting[1:]
+	l.claim.turn = true
+	l.claim.signal()
 }
 
 // hold records that the line's call holds l. If l has ended meanwhile, the
@@ -175,16 +163,11 @@ func (ls *lines) ended(k string, l *Lease) {
 	}
 }
 
-// lineEnded is called by every Lease of the Manager when it ends.
-func (m *Manager) lineEnded(l *Lease) {
-	m.lines.ended(lineID(l.raw), l)
-}
-
 // acquire claims the lease on id for Acquire and Do: it waits for its turn
 // in the line of id, then claims, waiting while another process holds the
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.
 func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
-	if m.c.retry.MaxAttempts == 1 {
+	if m.c.Retry.MaxAttempts == 1 {
 		// One attempt, no wait (Options.Retry): waiting in line is a wait.
 		// The one claim finds a lease held in this process as one held
 		// elsewhere (the idempotency package answers ErrInProgress so).
@@ -220,27 +203,27 @@ func drain(c chan struct{}) {
 	}
 }
 
-// wakeClock is a store.Clock whose timers last at most *clip (when set),
-// and fire early when wake is signalled: Acquire's sleep is the smaller of
-// the backoff delay and the time left on the holder's lease, and ends when
-// a lease of the id ends in this process.
+// wakeClock is a store.Clock whose timers last *sleep instead of the backoff
+// delay (when set: after a claim found the lease held, see pollDelay), and
+// fire early when wake is signalled: a lease of the id ended in this process.
 type wakeClock struct {
-	base store.Clock
-	clip *time.Duration
-	wake <-chan struct{}
+	base  store.Clock
+	sleep *time.Duration
+	wake  <-chan struct{}
 }
 
 func (c wakeClock) Now() time.Time { return c.base.Now() }
 
 func (c wakeClock) NewTimer(d time.Duration) store.Timer {
-	if *c.clip > 0 {
-		d = min(d, *c.clip)
+	if *c.sleep > 0 {
+		d = *c.sleep
 	}
 	t := c.base.NewTimer(d)
 	if c.wake == nil {
 		return t
 	}
-	wt := &wakeTimer{t: t, c: make(chan time.Time, 1), stop: make(chan struct{})}
+	stopped, stop := context.WithCancel(context.Background())
+	wt := &wakeTimer{Timer: t, c: make(chan time.Time, 1), stop: stop}
 	go func() {
 		select {
 		case v := <-t.C():
@@ -248,7 +231,7 @@ func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 		case <-c.wake:
 			t.Stop()
 			wt.c <- c.base.Now()
-		case <-wt.stop:
+		case <-stopped.Done():
 		}
 	}()
 	return wt
@@ -256,16 +239,14 @@ func (c wakeClock) NewTimer(d time.Duration) store.Timer {
 
 // wakeTimer is a timer that also fires on a wake.
 type wakeTimer struct {
-	t    store.Timer
+	store.Timer
 	c    chan time.Time
-	once sync.Once
-	stop chan struct{}
+	stop context.CancelFunc
 }
 
 func (t *wakeTimer) C() <-chan time.Time { return t.c }
 
 func (t *wakeTimer) Stop() bool {
-	stopped := t.t.Stop()
-	t.once.Do(func() { close(t.stop) })
-	return stopped
+	t.stop()
+	return t.Timer.Stop()
 }

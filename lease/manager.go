@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -29,17 +31,18 @@ type Manager struct {
 	c        config
 
 	// Dotted paths of the lease record's fields.
-	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal string
+	pOwner, pEpoch, pExpires, pAcquired, pRenewed, pClaim, pRenewal, pFirst string
 
 	mode atomic.Int32 // the resolved Mode; ModeAuto until known
 
 	claimOpts   *options.FindOneAndUpdateOptionsBuilder // with a projection to the lease field
 	claimOptsNP *options.FindOneAndUpdateOptionsBuilder // without: for servers that lack it
-	createOpts  *options.FindOneAndUpdateOptionsBuilder // upsert, for a named lease's first claim
+	upsertOpts  *options.FindOneAndUpdateOptionsBuilder // for a lock document that may not exist
 	noProject   atomic.Bool                             // the server rejected claimOpts' projection
 	readOpts    *options.FindOneOptionsBuilder
 
-	lines *lines // where Acquire and Do wait for their turn
+	lines     *lines   // where Acquire and Do wait for their turn
+	estimated template // a claim in ModeEstimated
 }
 
 // New returns a Manager for leases on the documents of coll. The lease record
@@ -71,10 +74,10 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 	if err != nil {
 		return nil, err
 	}
-	if named && c.retain != "" {
+	if named && c.Retain != "" {
 		return nil, &OptionsError{Field: "Retain", Reason: "applies to document leases only: a named lease's lock document is not the one it protects"}
 	}
-	f := c.field
+	f := c.Field
 	m := &Manager{
 		coll:      coll,
 		majority:  settle.NewMajority(coll),
@@ -87,30 +90,32 @@ func newManager(coll *mongo.Collection, opts *Options, named bool) (*Manager, er
 		pRenewed:  f + ".renewedAt",
 		pClaim:    f + ".claim",
 		pRenewal:  f + ".renewal",
+		pFirst:    f + ".first",
 	}
-	m.mode.Store(int32(c.mode)) //nolint:gosec // resolve accepts only the three modes
+	m.mode.Store(int32(c.Mode)) //nolint:gosec // resolve accepts only the three modes
 	proj := bson.D{{Key: f, Value: 1}}
 	m.claimOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetProjection(proj)
 	m.claimOptsNP = options.FindOneAndUpdate().SetReturnDocument(options.After)
-	m.createOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
+	m.upsertOpts = options.FindOneAndUpdate().SetReturnDocument(options.After).SetUpsert(true)
 	m.readOpts = options.FindOne().SetProjection(proj)
 	m.lines = linesOf(coll, f)
+	m.estimated = newTemplate(m)
 	return m, nil
 }
 
 // Owner returns the owner string this Manager writes into the leases it
 // claims.
-func (m *Manager) Owner() string { return m.c.owner }
+func (m *Manager) Owner() string { return m.c.Owner }
 
 // TTL returns the lease duration.
-func (m *Manager) TTL() time.Duration { return m.c.ttl }
+func (m *Manager) TTL() time.Duration { return m.c.TTL }
 
 // Field returns the name of the lease subdocument.
-func (m *Manager) Field() string { return m.c.field }
+func (m *Manager) Field() string { return m.c.Field }
 
 // Clock returns the estimate of the server's clock the Manager judges expiry
 // by in ModeEstimated.
-func (m *Manager) Clock() *store.ServerClock { return m.c.clock }
+func (m *Manager) Clock() *store.ServerClock { return m.c.Clock }
 
 // Collection returns the collection the Manager works on.
 func (m *Manager) Collection() *mongo.Collection { return m.coll }
@@ -137,24 +142,22 @@ func (m *Manager) TryAcquire(ctx context.Context, id any) (l *Lease, err error) 
 // Acquire claims the lease on id, waiting while another owner holds it.
 // Calls for one lease in one process (through any Manager on the same
 // collection and lease field of the same *mongo.Client) wait in line, first
-// come, first served: one claims at a time, and when the lease it got ends
-// (released, lost or expired) the next claims at once; a call whose context
-// ends while it waits in line leaves it, having sent nothing (with
-// Options.Retry.MaxAttempts 1, which allows no wait, there is no line: one
-// claim, as TryAcquire makes). The call whose
-// turn it is claims; while another process holds the lease, after
-// each failed attempt it sleeps the next delay of Options.Retry or the time
-// left on the holder's lease, whichever is shorter (or until a lease of the
-// id ends in this process), and tries again, until it
-// holds the lease, ctx ends, or the Policy's MaxAttempts, MaxElapsedTime or
-// Budget stop it. Transient errors (network, timeouts) are retried the same
-// way; other errors, such as ErrNotFound, end it at once. An attempt whose
-// outcome was unknown is settled by the next one: if the record shows that
-// claim, Acquire holds the lease (it never waits out its own claim); if that
-// claim's deadline has passed meanwhile, Acquire releases it and claims
-// again. When
-// ctx ends the error wraps both ctx's error and the last attempt's error.
-// The returned lease's context is as for TryAcquire.
+// come, first served, sending nothing: when the lease a call got ends, the
+// next claims at once; a call whose context ends in line leaves it. The call
+// whose turn it is claims; while another process holds the lease it reads
+// the record to learn when that lease is up and sleeps until then (cut
+// short when a lease of the id ends in this process), no sleep ending past
+// MaxElapsedTime, trying one claim half-way while more than four
+// steps of Options.Retry (MaxInterval) are left, never sleeping more than
+// five steps at once, until it holds the lease, ctx ends, or the Policy's
+// MaxAttempts, MaxElapsedTime or Budget stop it. Transient errors are
+// retried with the Policy's backoff; other errors, such as ErrNotFound, end
+// it at once. An attempt whose outcome was unknown is settled by the next:
+// if the record shows that claim, Acquire holds the lease; if that claim's
+// deadline has passed meanwhile, Acquire releases it and claims again. With
+// Options.Retry.MaxAttempts 1 there is no wait and no line: one claim, as
+// TryAcquire makes. When ctx ends the error wraps both ctx's error and the
+// last attempt's. The returned lease's context is as for TryAcquire.
 func (m *Manager) Acquire(ctx context.Context, id any) (l *Lease, err error) {
 	id, raw, err := m.check(ctx, "acquire", id)
 	if err != nil {
@@ -178,70 +181,65 @@ func (e again) Retryable() bool { return true }
 // (see Acquire). wake, when signalled, cuts a sleep short: a lease of the id
 // ended in this process.
 func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent context.Context, wake <-chan struct{}) (*Lease, error) {
-	p := m.c.retry
+	p := m.c.Retry
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1
 	}
 	if p.MaxElapsedTime == 0 {
 		p.MaxElapsedTime = -1
 	}
-	var clip time.Duration
-	base := p.Clock
-	if base == nil {
-		base = store.SystemClock()
-	}
-	p.Clock = wakeClock{base: base, clip: &clip, wake: wake}
+	var sleep time.Duration
+	base := cmp.Or[store.Clock](p.Clock, store.SystemClock())
+	p.Clock = wakeClock{base: base, sleep: &sleep, wake: wake}
+	limit := base.Now().Add(p.MaxElapsedTime) // when positive: no sleep ends later
 	var (
-		l       *Lease
-		pending []attempt // claims whose outcome is unknown, to settle
-		last    error
-		held    *HeldError
+		l    *Lease
+		w    waiting
+		last error
 	)
 	err := retry.Do(ctx, p, func(ctx context.Context) error {
 		var err error
-		l, err = m.claim(ctx, id, raw, parent, &pending)
-		last, clip = err, 0
-		var h *HeldError
+		l, err = m.claim(ctx, id, raw, parent, &w)
+		last, sleep = err, 0
+		var lost *LostError
 		switch {
 		case err == nil:
 			return nil
-		case errors.As(err, &h):
-			held, clip = h, max(h.TimeLeft, time.Millisecond)
-			return again{err}
+		case errors.Is(err, ErrHeld):
+			if sleep = m.pollDelay(w.due.Sub(m.c.Now())); p.MaxElapsedTime > 0 {
+				sleep = max(min(sleep, limit.Sub(base.Now())), time.Millisecond)
+			}
 		case errors.Is(err, ErrUnknownOutcome):
-			return again{err}
-		}
-		var lost *LostError
-		if errors.As(err, &lost) && lost.Reason == Expired {
+		case errors.As(err, &lost) && lost.Reason == Expired:
 			// A claim settled (or answered) too late: its deadline, counted
 			// from when it was sent, had passed, so it was released. The
 			// lease is free: claim again at once.
-			clip = time.Millisecond
-			return again{err}
+			sleep = time.Millisecond
+		default:
+			return err
 		}
-		return err
+		return again{err}
 	})
-	if err == nil {
-		return l, nil
+	stopped := errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted)
+	if last == nil || !stopped && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return l, err // done, or the attempt's own error, returned as is
 	}
-	if last == nil || (!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
-		!errors.Is(err, retry.ErrExhausted) && !errors.Is(err, retry.ErrBudgetExhausted)) {
-		return nil, err // the attempt's own error, returned as is
+	// Stopped by ctx or by the Policy: say so, with the last attempt, and the
+	// holder found last if ctx ended during an attempt.
+	why := err.Error()
+	switch cerr := store.ContextError(ctx); {
+	case cerr != nil:
+		why = cerr.Error()
+	case errors.Is(err, retry.ErrBudgetExhausted):
+		why = "retries stopped (retry budget exhausted)"
+	case stopped:
+		why = "retries stopped (attempts or time used up)"
 	}
-	// Stopped: by ctx, or by the Policy. Say so, with the last attempt.
-	why := err
-	if cerr := store.ContextError(ctx); cerr != nil {
-		why = cerr
-	}
-	msg := fmt.Sprintf("lease: acquire %v: %v", id, why)
-	if errors.Is(err, retry.ErrExhausted) || errors.Is(err, retry.ErrBudgetExhausted) {
-		msg = fmt.Sprintf("lease: acquire %v: retries stopped (%v)", id, firstLine(err))
-	}
+	msg := fmt.Sprintf("lease: acquire %v: %s", idText(id), why)
 	errs := []error{err}
-	if held != nil && !errors.Is(last, ErrHeld) {
-		// ctx ended during an attempt: say who held the lease before.
-		errs = append(errs, held)
-		msg += fmt.Sprintf("; held by %q (epoch %d) before that", held.Owner, held.Epoch)
+	if h := w.held; h != nil && !errors.Is(last, ErrHeld) {
+		errs = append(errs, h)
+		msg += fmt.Sprintf("; held by %q (epoch %d) before that", h.Owner, h.Epoch)
 	}
 	if h := (*HeldError)(nil); errors.As(last, &h) {
 		msg += fmt.Sprintf("; last attempt: held by %q (epoch %d) for up to %v more", h.Owner, h.Epoch, h.TimeLeft)
@@ -251,25 +249,33 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 	return nil, &joined{msg: msg, errs: errs}
 }
 
-// firstLine returns the kind of a retry stop, without the last error it
-// carries (reported separately).
-func firstLine(err error) string {
-	switch {
-	case errors.Is(err, retry.ErrBudgetExhausted):
-		return "retry budget exhausted"
-	default:
-		return "attempts or time used up"
+// pollDelay is how long Acquire sleeps after finding the lease held with
+// left to go: all of it, or, while more than 4 steps of Options.Retry
+// (MaxInterval) are left, half of it, at most 5 steps, before a claim (one
+// command) that sees an early release by another process.
+func (m *Manager) pollDelay(left time.Duration) time.Duration {
+	step := cmp.Or(m.c.Retry.MaxInterval, retry.DefaultMaxInterval)
+	if left > 4*step {
+		return min(left/2, 5*step)
 	}
+	return max(left, time.Millisecond)
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id (a Key, or a bare id). It returns the bare id, and its encoding and
-// shard-key values for the filters.
+// id (a Key, or a bare id; a named lease's lock document is found by its
+// name alone). It returns the bare id, and its encoding and shard-key
+// values for the filters.
 func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
 	}
-	bare, raw, err := m.leaseKey(id)
+	spec := m.c.shard
+	if k, ok := id.(Key); ok && len(k.Shard) > 0 && m.named {
+		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, &store.IDError{ID: id, Reason: fmt.Sprintf("a named lease is found by its name alone: pass the name, and shard the lock collection on hashed _id (Options.ShardKey %s is the shard key of the documents Stamp writes)", m.c.shard)})
+	} else if m.named {
+		spec = shard.Spec{}
+	}
+	bare, raw, err := key(spec, id)
 	if err != nil {
 		return nil, docKey{}, fmt.Errorf("lease: %s: %w", op, err)
 	}
@@ -294,19 +300,20 @@ type record struct {
 	RenewedAt  time.Time     `bson:"renewedAt"`
 	Claim      bson.ObjectID `bson:"claim"`
 	Renewal    bson.ObjectID `bson:"renewal"`
+	First      int64         `bson:"first"` // ModeEstimated: the epoch a first claim gets (firstEpoch)
 }
 
 func (m *Manager) decode(doc bson.Raw) (record, error) {
 	var r record
-	v := doc.Lookup(m.c.field) // the zero RawValue when absent
+	v := doc.Lookup(m.c.Field) // the zero RawValue when absent
 	if v.Type == 0 || v.Type == bson.TypeNull {
 		return r, nil // no lease record yet
 	}
 	if _, ok := v.DocumentOK(); !ok {
-		return r, fmt.Errorf("lease: field %q holds a %v, not a lease record", m.c.field, v.Type)
+		return r, fmt.Errorf("lease: field %q holds a %v, not a lease record", m.c.Field, v.Type)
 	}
 	if err := v.Unmarshal(&r); err != nil {
-		return r, fmt.Errorf("lease: decode field %q: %w", m.c.field, err)
+		return r, fmt.Errorf("lease: decode field %q: %w", m.c.Field, err)
 	}
 	return r, nil
 }
@@ -347,45 +354,32 @@ func (m *Manager) reader(raw docKey, server bool) func(context.Context) (snapsho
 // readPolicy is the retry policy of the reads: the Manager's, bounded by
 // ResolveTimeout.
 func (m *Manager) readPolicy() retry.Policy {
-	return retry.Policy{MaxElapsedTime: m.c.resolveTimeout, Budget: m.c.retry.Budget, OnRetry: m.c.retry.OnRetry, Observer: m.c.retry.Observer, Clock: m.c.retry.Clock}
+	return retry.Policy{MaxElapsedTime: m.c.ResolveTimeout, Budget: m.c.Retry.Budget, OnRetry: m.c.Retry.OnRetry, Observer: m.c.Retry.Observer, Clock: m.c.Retry.Clock}
 }
 
 // readOnce is one read of read, on coll.
-func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (snapshot, error) {
-	var s snapshot
+func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docKey, server bool) (s snapshot, err error) {
 	var doc bson.Raw
 	if server {
 		cur, err := coll.Aggregate(ctx, mongo.Pipeline{
 			{{Key: "$match", Value: raw.Filter()}},
-			{{Key: "$project", Value: bson.D{{Key: m.c.field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
+			{{Key: "$project", Value: bson.D{{Key: m.c.Field, Value: 1}, {Key: "now", Value: "$$NOW"}}}},
 		})
 		if err != nil {
 			return s, err
 		}
 		defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
-		if cur.Next(ctx) {
-			doc = cur.Current
-		} else if err := cur.Err(); err != nil {
-			return s, err
+		if !cur.Next(ctx) {
+			return s, cur.Err() // nil: not found
 		}
-		if doc == nil {
-			return s, nil // not found
-		}
-		if t, ok := doc.Lookup("now").DateTimeOK(); ok {
-			s.now = time.UnixMilli(t)
-		}
-	} else {
-		var err error
-		doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return s, nil
-		}
-		if err != nil {
-			return s, err
-		}
+		doc = cur.Current
+		s.now, _ = doc.Lookup("now").TimeOK()
+	} else if doc, err = coll.FindOne(ctx, raw.Filter(), m.readOpts).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
+		return s, nil
+	} else if err != nil {
+		return s, err
 	}
 	s.found = true
-	var err error
 	s.rec, err = m.decode(doc)
 	return s, retry.Permanent(err)
 }
@@ -393,5 +387,91 @@ func (m *Manager) readOnce(ctx context.Context, coll *mongo.Collection, raw docK
 // detached returns a context for finishing work after ctx may have ended,
 // bounded by ResolveTimeout, without ctx's session.
 func (m *Manager) detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return settle.Detached(store.NoSession(ctx), m.c.resolveTimeout)
+	return settle.Detached(store.NoSession(ctx), m.c.ResolveTimeout)
+}
+
+// Mode returns the mode the Manager judges expiry in: Options.Mode if it was
+// forced, else the one found by trying the server (once per client, see
+// store.For, on the first call that needs it; a failure to reach the server
+// is returned and tried again next time).
+func (m *Manager) Mode(ctx context.Context) (Mode, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return ModeAuto, fmt.Errorf("lease: mode: %w", err)
+	}
+	server, err := m.serverMode(store.NoSession(ctx))
+	switch {
+	case err != nil:
+		return ModeAuto, fmt.Errorf("lease: mode: %w", err)
+	case server:
+		return ModeServer, nil
+	default:
+		return ModeEstimated, nil
+	}
+}
+
+// serverMode reports whether the Manager runs in ModeServer, from the
+// client's capabilities in ModeAuto (store.Server.Capabilities: $expr with
+// $$NOW in a write filter and update pipelines, tried once per client).
+func (m *Manager) serverMode(ctx context.Context) (bool, error) {
+	if mode := Mode(m.mode.Load()); mode != ModeAuto {
+		return mode == ModeServer, nil
+	}
+	caps, err := store.For(m.coll.Database().Client()).Capabilities(ctx, m.coll.Database())
+	if err != nil {
+		return false, err
+	}
+	mode := ModeEstimated
+	if caps.Expr && caps.UpdatePipelines {
+		mode = ModeServer
+	}
+	m.mode.Store(int32(mode))
+	return mode == ModeServer, nil
+}
+
+// Key names a document of a sharded collection by its _id and its
+// shard-key values, for TryAcquire, Acquire and Do on a Manager made by New
+// with Options.ShardKey, and for Stamp on a named lease's Manager with
+// Options.ShardKey:
+//
+//	l, err := m.TryAcquire(ctx, lease.Key{ID: userID, Shard: bson.D{{Key: "tenant", Value: tenant}}})
+//
+// It is [store.Key]; see there for what is checked.
+type Key = store.Key
+
+// docKey names a leased (or stamped) document in every filter on it (its
+// Filter method builds them all): the encoded _id and the document's
+// shard-key values (none without a shard key, and for a named lease's lock
+// document, found by its name).
+type docKey = shard.Doc
+
+// parseShardKey checks Options.ShardKey: no field may be under the lease
+// record or the fence stamps, which every claim or Stamp changes.
+func parseShardKey(fields []string, c *config) (shard.Spec, error) {
+	spec, err := shard.Parse(fields, func(root string) string {
+		switch root {
+		case c.Field:
+			return "is the lease record (Options.Field)"
+		case c.FenceField:
+			return "holds the fence stamps (Options.FenceField)"
+		}
+		return ""
+	})
+	if err != nil {
+		return shard.Spec{}, &OptionsError{Field: "ShardKey", Reason: err.Error()}
+	}
+	return spec, nil
+}
+
+// key checks id, a Key or a bare id, against spec and returns the bare id
+// and its docKey. Errors match ErrInvalidID.
+func key(spec shard.Spec, id any) (any, docKey, error) {
+	bare, vals, err := spec.Split(id)
+	if err != nil {
+		return nil, docKey{}, err
+	}
+	raw, err := store.CheckID(bare)
+	if err != nil {
+		return nil, docKey{}, err
+	}
+	return bare, docKey{ID: raw, Shard: vals}, nil
 }

@@ -50,11 +50,11 @@ func (m *Manager) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if !caps.TTLIndexes {
 		return false, nil
 	}
-	secs := min(int64(m.c.cleanupAfter/time.Second), math.MaxInt32)
+	secs := min(int64(m.c.CleanupAfter/time.Second), math.MaxInt32)
 	model := mongo.IndexModel{
 		Keys: bson.D{{Key: m.pExpires, Value: 1}},
 		Options: options.Index().
-			SetName(TTLIndexName(m.c.field)).
+			SetName(TTLIndexName(m.c.Field)).
 			SetExpireAfterSeconds(int32(secs)), //nolint:gosec // secs is clamped to MaxInt32 above
 	}
 	if _, err := m.coll.Indexes().CreateOne(ctx, model); err != nil {
@@ -84,7 +84,7 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 	}
 	var stale bson.D
 	if server {
-		limit := bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", m.c.cleanupAfter.Milliseconds()}}}
+		limit := bson.D{{Key: "$subtract", Value: bson.A{"$$NOW", m.c.CleanupAfter.Milliseconds()}}}
 		stale = bson.D{
 			{Key: m.pExpires, Value: bson.D{{Key: "$exists", Value: true}}},
 			{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, limit}}}},
@@ -94,7 +94,7 @@ func (m *Manager) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("lease: sweep: %w", err)
 		}
-		stale = bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(est).Add(-m.c.cleanupAfter)}}}}
+		stale = bson.D{{Key: m.pExpires, Value: bson.D{{Key: "$lt", Value: cutoff(est).Add(-m.c.CleanupAfter)}}}}
 	}
 	res, err := m.coll.DeleteMany(ctx, stale)
 	if err != nil {

@@ -11,8 +11,7 @@ import (
 )
 
 // The Manager's events (see Options.Observer). Every function here checks
-// for an Observer before it builds anything, so that a Manager without one
-// allocates nothing more than before.
+// for an Observer before it builds anything.
 
 // The operations a Manager reports, as observe.Event.Op.
 const (
@@ -36,12 +35,12 @@ type observed struct {
 // begin reports the start of operation op on id to the Observer, and
 // returns the context it gives the operation (ctx itself without one).
 func (m *Manager) begin(ctx context.Context, op string, id any) (context.Context, observed) {
-	o := m.c.observer
+	o := m.c.Observer
 	if o == nil {
 		return ctx, observed{}
 	}
 	ctx = o.Start(ctx, m.event(observe.OpStart, op, id))
-	return ctx, observed{ctx: ctx, op: op, id: id, start: m.c.now()}
+	return ctx, observed{ctx: ctx, op: op, id: id, start: m.c.Now()}
 }
 
 // end reports the end of the operation begin started, with its error.
@@ -50,45 +49,45 @@ func (m *Manager) end(ob *observed, err *error) {
 		return
 	}
 	e := m.event(observe.OpEnd, ob.op, ob.id)
-	e.Err, e.Outcome, e.Elapsed = *err, outcomeOf(*err), m.c.now().Sub(ob.start)
+	e.Err, e.Outcome, e.Elapsed = *err, ended.Outcome(*err, outcomes...), m.c.Now().Sub(ob.start)
 	if ob.aborted && *err != nil && e.Outcome != observe.OutcomeLost {
 		e.Outcome = observe.OutcomeAborted
 	}
-	m.c.observer.Observe(ob.ctx, e)
+	m.c.Observer.Observe(ob.ctx, e)
 }
 
 func (m *Manager) event(k observe.Kind, op string, id any) observe.Event {
-	return observe.Event{Kind: k, Op: op, Database: m.coll.Database().Name(), Collection: m.coll.Name(), ID: id, Owner: m.c.owner}
+	return observe.Event{Kind: k, Op: op, Database: m.coll.Database().Name(), Collection: m.coll.Name(), ID: id, Owner: m.c.Owner}
 }
 
 // acquired reports l, claimed by the call that began at start, if the claim
 // succeeded.
 func (m *Manager) acquired(ctx context.Context, op string, l *Lease, start time.Time) {
-	if m.c.observer == nil || l == nil {
+	if m.c.Observer == nil || l == nil {
 		return
 	}
 	e := m.event(observe.LeaseAcquired, op, l.id)
-	e.Epoch, e.Wait = l.epoch, m.c.now().Sub(start)
-	m.c.observer.Observe(ctx, e)
+	e.Epoch, e.Wait = l.epoch, m.c.Now().Sub(start)
+	m.c.Observer.Observe(ctx, e)
 }
 
 // heldBy reports that a claim found the lease held by the record r's owner
 // for up to left.
 func (m *Manager) heldBy(ctx context.Context, id any, r record, left time.Duration) {
-	if m.c.observer == nil {
+	if m.c.Observer == nil {
 		return
 	}
 	e := m.event(observe.LeaseHeld, opAcquire, id)
 	e.Holder, e.Epoch, e.TimeLeft = r.Owner, r.Epoch, left
-	m.c.observer.Observe(ctx, e)
+	m.c.Observer.Observe(ctx, e)
 }
 
 // settling is the settling engine's Config for a write of operation op on
 // id: the Manager's read policy and ResolveTimeout, and, with an Observer,
 // the observe.Ambiguous and observe.Settled events.
 func (m *Manager) settling(ctx context.Context, op string, id any) settle.Config {
-	c := settle.Config{Retry: m.readPolicy(), ResolveTimeout: m.c.resolveTimeout}
-	if o := m.c.observer; o != nil {
+	c := settle.Config{Retry: m.readPolicy(), ResolveTimeout: m.c.ResolveTimeout}
+	if o := m.c.Observer; o != nil {
 		report := func(k observe.Kind, how observe.Settlement, err error) {
 			e := m.event(k, op, id)
 			e.Settlement, e.Err = how, err
@@ -112,10 +111,10 @@ func (l *Lease) endRenew(ob *observed, err *error) {
 	switch {
 	case *err == nil:
 		e.TimeLeft = l.TimeLeft()
-		m.c.observer.Observe(ob.ctx, e)
+		m.c.Observer.Observe(ob.ctx, e)
 	case !errors.Is(*err, ErrLost) && !errors.Is(*err, ErrReleased):
 		e.Kind, e.Err = observe.LeaseRenewFailed, *err
-		m.c.observer.Observe(ob.ctx, e)
+		m.c.Observer.Observe(ob.ctx, e)
 	}
 	m.end(ob, err)
 }
@@ -124,35 +123,19 @@ func (l *Lease) endRenew(ob *observed, err *error) {
 // *LostError).
 func (l *Lease) ended(err error) {
 	m := l.m
-	if m.c.observer == nil {
+	if m.c.Observer == nil {
 		return
 	}
 	e := m.event(observe.LeaseReleased, opRelease, l.id)
-	e.Epoch, e.Held = l.epoch, m.c.now().Sub(l.sentAt)
+	e.Epoch, e.Held = l.epoch, m.c.Now().Sub(l.sentAt)
 	if errors.Is(err, ErrReleased) {
-		m.c.observer.Observe(l.ctx, e)
+		m.c.Observer.Observe(l.ctx, e)
 		return
 	}
 	var lost *LostError // here, not above: errors.As moves it to the heap
 	if errors.As(err, &lost) {
-		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasonName(lost.Reason)
-		m.c.observer.Observe(l.ctx, e)
-	}
-}
-
-// reasonName is r as observe.Event.Reason has it: one word, for metrics.
-func reasonName(r Reason) string {
-	switch r {
-	case Expired:
-		return "expired"
-	case TakenOver:
-		return "taken_over"
-	case Cleared:
-		return "cleared"
-	case Unread:
-		return "unread"
-	default:
-		return r.String()
+		e.Kind, e.Op, e.Err, e.Holder, e.Reason = observe.LeaseLost, "", err, lost.Holder, reasons[lost.Reason][1]
+		m.c.Observer.Observe(l.ctx, e)
 	}
 }
 
@@ -164,6 +147,3 @@ var outcomes = []ended.Rule{
 	{Err: ErrHeld, Outcome: observe.OutcomeHeld},
 	{Err: ErrNotFound, Outcome: observe.OutcomeNotFound},
 }
-
-// outcomeOf names how an operation that returned err ended.
-func outcomeOf(err error) observe.Outcome { return ended.Outcome(err, outcomes...) }

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -123,8 +124,9 @@ type Options struct {
 
 	// Retry is the retry engine of Acquire's wait and Do's renewals (see
 	// retry.Do): its intervals, Jitter, Rand, Budget, OnRetry and Clock are
-	// honoured. Acquire sleeps the next delay or the time left on the
-	// holder's lease, whichever is shorter. Acquire stops after MaxAttempts
+	// honoured. Acquire, finding the lease held, sleeps until the holder's
+	// time is up, at most 5 x MaxInterval at once (see Manager.Acquire);
+	// after other failures, the next delay. Acquire stops after MaxAttempts
 	// attempts or MaxElapsedTime if they are set; zero means no limit here
 	// (unlike retry.Do), so by default Acquire waits until its context ends.
 	// With MaxAttempts 1, Acquire and Do make one claim and do not wait in
@@ -205,153 +207,93 @@ type Options struct {
 	Observer observe.Observer
 }
 
-// config is Options with every default resolved.
+// config is Options with every default resolved, and ShardKey parsed.
 type config struct {
-	ttl            time.Duration
-	owner          string
-	field          string
-	fenceField     string
-	mode           Mode
-	renewEvery     time.Duration
-	margin         time.Duration
-	drift          float64
-	retry          retry.Policy
-	resolveTimeout time.Duration
-	clock          *store.ServerClock
-	now            func() time.Time
-	cleanupAfter   time.Duration
-	retain         string        // Retain, checked; "" for none
-	retainFor      time.Duration // RetainFor, when retain is set
-	shard          shard.Spec    // ShardKey, checked
-	observer       observe.Observer
+	Options
+	shard shard.Spec
 }
 
 func resolve(client *mongo.Client, o *Options) (config, error) {
-	var c config
 	if o == nil {
 		o = &Options{TTL: DefaultTTL}
 	}
+	c := config{Options: *o}
 	if o.TTL <= 0 {
 		return c, &OptionsError{Field: "TTL", Reason: fmt.Sprintf("%v is not positive", o.TTL)}
 	}
-	c.ttl = o.TTL
-
-	c.owner = o.Owner
-	if c.owner == "" {
-		c.owner = newOwner()
-	} else if strings.TrimSpace(c.owner) == "" {
+	if c.Owner == "" {
+		c.Owner = newOwner()
+	} else if strings.TrimSpace(c.Owner) == "" {
 		return c, &OptionsError{Field: "Owner", Reason: fmt.Sprintf("%q is blank", o.Owner)}
 	}
-
-	c.field = o.Field
-	if c.field == "" {
-		c.field = DefaultField
-	}
-	if err := checkField(c.field); err != "" {
-		return c, &OptionsError{Field: "Field", Reason: fmt.Sprintf("%q %s", c.field, err)}
-	}
-	c.fenceField = o.FenceField
-	if c.fenceField == "" {
-		c.fenceField = DefaultFenceField
-	}
-	if err := checkField(c.fenceField); err != "" {
-		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q %s", c.fenceField, err)}
-	}
-	if c.fenceField == c.field {
-		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.fenceField)}
-	}
-	if o.Retain != "" {
-		if err := checkField(o.Retain); err != "" {
-			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q %s", o.Retain, err)}
+	c.Field, c.FenceField = cmp.Or(o.Field, DefaultField), cmp.Or(o.FenceField, DefaultFenceField)
+	for _, f := range []struct{ name, v string }{{"Field", c.Field}, {"FenceField", c.FenceField}, {"Retain", o.Retain}} {
+		if why := checkField(f.v); why != "" && f.v != "" {
+			return c, &OptionsError{Field: f.name, Reason: fmt.Sprintf("%q %s", f.v, why)}
 		}
-		if o.Retain == c.field || o.Retain == c.fenceField {
-			return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q is also Field or FenceField", o.Retain)}
-		}
-		if o.RetainFor <= o.TTL {
-			return c, &OptionsError{Field: "RetainFor", Reason: fmt.Sprintf("%v is not longer than TTL %v: the document must outlive the lease on it", o.RetainFor, o.TTL)}
-		}
-		c.retain, c.retainFor = o.Retain, o.RetainFor
+	}
+	switch {
+	case c.FenceField == c.Field:
+		return c, &OptionsError{Field: "FenceField", Reason: fmt.Sprintf("%q is also Field", c.FenceField)}
+	case c.Retain != "" && (c.Retain == c.Field || c.Retain == c.FenceField):
+		return c, &OptionsError{Field: "Retain", Reason: fmt.Sprintf("%q is also Field or FenceField", o.Retain)}
+	case c.Retain != "" && o.RetainFor <= o.TTL:
+		return c, &OptionsError{Field: "RetainFor", Reason: fmt.Sprintf("%v is not longer than TTL %v: the document must outlive the lease on it", o.RetainFor, o.TTL)}
+	case o.Mode != ModeAuto && o.Mode != ModeServer && o.Mode != ModeEstimated:
+		return c, &OptionsError{Field: "Mode", Reason: fmt.Sprintf("%v is not a mode", o.Mode)}
+	case math.IsNaN(c.DriftRate) || c.DriftRate < 0 || c.DriftRate >= 0.1:
+		return c, &OptionsError{Field: "DriftRate", Reason: fmt.Sprintf("%v is not in [0, 0.1)", c.DriftRate)}
 	}
 	var err error
 	if c.shard, err = parseShardKey(o.ShardKey, &c); err != nil {
 		return c, err
 	}
-
-	switch o.Mode {
-	case ModeAuto, ModeServer, ModeEstimated:
-		c.mode = o.Mode
-	default:
-		return c, &OptionsError{Field: "Mode", Reason: fmt.Sprintf("%v is not a mode", o.Mode)}
+	if c.SafetyMargin, err = orDefault("SafetyMargin", o.SafetyMargin, c.TTL/10); err != nil {
+		return c, err
 	}
-
-	c.margin = o.SafetyMargin
-	switch {
-	case c.margin < 0:
-		return c, &OptionsError{Field: "SafetyMargin", Reason: fmt.Sprintf("%v is negative", c.margin)}
-	case c.margin == 0:
-		c.margin = c.ttl / 10
-	case c.margin >= c.ttl:
-		return c, &OptionsError{Field: "SafetyMargin", Reason: fmt.Sprintf("%v is not less than TTL %v", c.margin, c.ttl)}
+	if c.SafetyMargin >= c.TTL {
+		return c, &OptionsError{Field: "SafetyMargin", Reason: fmt.Sprintf("%v is not less than TTL %v", c.SafetyMargin, c.TTL)}
 	}
-
-	c.renewEvery = o.RenewEvery
-	switch {
-	case c.renewEvery < 0:
-		return c, &OptionsError{Field: "RenewEvery", Reason: fmt.Sprintf("%v is negative", c.renewEvery)}
-	case c.renewEvery == 0:
-		c.renewEvery = c.ttl / 3
+	if c.RenewEvery, err = orDefault("RenewEvery", o.RenewEvery, c.TTL/3); err != nil {
+		return c, err
 	}
-	if c.renewEvery >= c.ttl-c.margin {
-		return c, &OptionsError{Field: "RenewEvery", Reason: fmt.Sprintf("%v is not less than TTL %v minus SafetyMargin %v", c.renewEvery, c.ttl, c.margin)}
+	if c.RenewEvery >= c.TTL-c.SafetyMargin {
+		return c, &OptionsError{Field: "RenewEvery", Reason: fmt.Sprintf("%v is not less than TTL %v minus SafetyMargin %v", c.RenewEvery, c.TTL, c.SafetyMargin)}
 	}
-
-	c.drift = o.DriftRate
-	switch {
-	case math.IsNaN(c.drift) || c.drift < 0 || c.drift >= 0.1:
-		return c, &OptionsError{Field: "DriftRate", Reason: fmt.Sprintf("%v is not in [0, 0.1)", c.drift)}
-	case c.drift == 0:
-		c.drift = DefaultDriftRate
-	}
-
 	if err := o.Retry.Validate(); err != nil {
 		return c, &OptionsError{Field: "Retry", Reason: err.Error()}
 	}
-	c.retry = o.Retry
-	c.observer = o.Observer
-	if c.retry.Observer == nil {
-		c.retry.Observer = o.Observer
+	if c.Retry.Observer == nil {
+		c.Retry.Observer = o.Observer
 	}
-
-	c.resolveTimeout = o.ResolveTimeout
-	switch {
-	case c.resolveTimeout < 0:
-		return c, &OptionsError{Field: "ResolveTimeout", Reason: fmt.Sprintf("%v is negative", c.resolveTimeout)}
-	case c.resolveTimeout == 0:
-		c.resolveTimeout = min(max(c.ttl, time.Second), 10*time.Second)
+	if c.ResolveTimeout, err = orDefault("ResolveTimeout", o.ResolveTimeout, min(max(c.TTL, time.Second), 10*time.Second)); err != nil {
+		return c, err
 	}
-
-	c.cleanupAfter = o.CleanupAfter
-	switch {
-	case c.cleanupAfter < 0:
-		return c, &OptionsError{Field: "CleanupAfter", Reason: fmt.Sprintf("%v is negative", c.cleanupAfter)}
-	case c.cleanupAfter == 0:
-		c.cleanupAfter = DefaultCleanupAfter
+	if c.CleanupAfter, err = orDefault("CleanupAfter", o.CleanupAfter, DefaultCleanupAfter); err != nil {
+		return c, err
 	}
-
-	c.now = o.Now
-	if c.now == nil {
-		c.now = time.Now
+	c.DriftRate = cmp.Or(c.DriftRate, DefaultDriftRate)
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	// Lazy: neither does I/O, and a Manager in ModeServer never asks the
 	// clock for the time.
-	switch c.clock = o.Clock; {
-	case c.clock != nil:
+	switch {
+	case c.Clock != nil:
 	case o.Now == nil && o.Observer == nil:
-		c.clock = store.For(client).Clock()
+		c.Clock = store.For(client).Clock()
 	default:
-		c.clock = store.NewServerClock(store.HelloSampler(client), &store.ServerClockOptions{Now: c.now, Observer: o.Observer})
+		c.Clock = store.NewServerClock(store.HelloSampler(client), &store.ServerClockOptions{Now: c.Now, Observer: o.Observer})
 	}
 	return c, nil
+}
+
+// orDefault returns v, or def when v is zero; a negative v is an error.
+func orDefault(field string, v, def time.Duration) (time.Duration, error) {
+	if v < 0 {
+		return 0, &OptionsError{Field: field, Reason: fmt.Sprintf("%v is negative", v)}
+	}
+	return cmp.Or(v, def), nil
 }
 
 // checkField returns why name cannot be a lease field, or "".
