@@ -1,7 +1,10 @@
 package versioned
 
 import (
+	"slices"
 	"sync"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // maxCached bounds the documents a repository remembers.
@@ -17,8 +20,11 @@ const maxCached = 4096
 // lets it settle a lost reply exactly instead of answering unknown.
 type seen struct {
 	version int64
-	inc     string // the incarnation id ("" for none)
-	last    string // the id of the last write seen in the document ("" for none)
+	inc     int64 // the incarnation id (0 for none)
+	last    int64 // the id of the last write seen in the document (0 for none)
+	// ids is the list of write ids at version, if known (never changed
+	// once stored): a write that pins the version $sets the list from it.
+	ids bson.RawArray
 }
 
 // docCache remembers, per document id, the last observation, and the
@@ -51,7 +57,7 @@ func cacheKey(key docKey) cacheID {
 // observe records a stored document as read. An observation of the same
 // incarnation at an older version than the one held is ignored.
 func (c *docCache) observe(key cacheID, st *docState) {
-	c.put(key, seen{version: st.version, inc: st.inc, last: st.last()})
+	c.put(key, seen{version: st.version, inc: st.inc, last: st.last(), ids: slices.Clone(st.ids)})
 }
 
 // put records s unless it is older than what is held of the same

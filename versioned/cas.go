@@ -2,7 +2,6 @@ package versioned
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -26,16 +25,17 @@ type casOut struct {
 // entries and wids, filtered on the id (and shard key), the version and
 // incarnation read, and the guards. See exec for what happens when it fails
 // ambiguously (to are the contexts its events go to: see write.to).
-func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []string, to []context.Context, cfg *writeConfig) (casOut, error) {
+func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
 	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
 	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, cfg.sets...)
+	ids := exactIDs(read.ids, wids...)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
-		bson.E{Key: r.idsPath(), Value: exactIDsN(read, wids)})
+		bson.E{Key: r.idsPath(), Value: ids})
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
@@ -75,7 +75,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		if out.reread != nil {
 			inc = out.reread.inc
 		}
-		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid})
+		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
 	var cur *docState
@@ -96,7 +96,7 @@ var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 // run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
 // without applying a change whose condition held. The repository then sends
 // the updateOne form from now on.
-func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid string) (s sent, ok bool, err error) {
+func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid int64) (s sent, ok bool, err error) {
 	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
@@ -136,6 +136,13 @@ func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	return err == nil && kind != store.FerretDBv1
 }
 
+// ignoresSlice reports whether the server ignores $slice in $push
+// (FerretDB v1; store.Server.Kind, from buildInfo asked once per client).
+func (r *Repo[T]) ignoresSlice(ctx context.Context) bool {
+	kind, err := r.server.Kind(ctx)
+	return err == nil && kind == store.FerretDBv1
+}
+
 // Error codes of a server that refuses an update pipeline.
 const (
 	codeFailedToParse  = 9
@@ -165,7 +172,7 @@ func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline 
 	}
 	incPath := "$" + r.opts.MetaField + "." + metaInc
 	inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
-	if read.inc == "" {
+	if read.inc == 0 {
 		inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
 	}
 	cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
@@ -189,7 +196,7 @@ func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline 
 // w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
 // stays listed while the document is less than n versions (its number of
 // ids) past base+k-1. See judgeCAS, and DESIGN.md, "Combining".
-func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (verdict, string) {
+func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (verdict, string) {
 	return func(st *docState) (verdict, string) {
 		switch {
 		case st == nil:
@@ -207,34 +214,4 @@ func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (ve
 		}
 		return unknown, whyUnrelated
 	}
-}
-
-// exactIDsN is the list of write ids after a write that appends wids to
-// the document st as read: its last WriteIDs-len(wids) entries and wids, as
-// a BSON array. exactIDs is exactIDsN of one id.
-func exactIDsN(st *docState, wids []string) bson.RawValue {
-	k := int64(len(wids))
-	skip := max(st.nids()-(WriteIDs-k), 0)
-	buf := make([]byte, 4, 5+WriteIDs*(len(wids[0])+9))
-	i := 0
-	for it := st.iter(); ; {
-		id, ok := it.next()
-		if !ok {
-			break
-		}
-		if skip > 0 {
-			skip--
-			continue
-		}
-		buf = appendIDElement(buf, i, id)
-		i++
-	}
-	for _, wid := range wids {
-		buf = appendIDElement(buf, i, []byte(wid))
-		i++
-	}
-	buf = append(buf, 0)
-	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
-
-	return bson.RawValue{Type: bson.TypeArray, Value: buf}
 }

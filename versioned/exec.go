@@ -2,8 +2,9 @@ package versioned
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
+	mrand "math/rand/v2"
+	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -13,9 +14,20 @@ import (
 	"github.com/mongocas/mongocas/retry"
 )
 
-// newWriteID returns a fresh write id: 128 random bits as 26 base32
-// characters, which are valid field names.
-func newWriteID() string { return rand.Text() }
+// newWriteID returns a fresh write id: a random non-zero int64 from
+// math/rand/v2's ChaCha8, seeded by the runtime from the OS. A judge
+// compares one id with at most WriteIDs others: a false match has
+// probability about WriteIDs/2^64.
+func newWriteID() int64 {
+	for {
+		if id := int64(mrand.Uint64()); id != 0 { //nolint:gosec // any bit pattern is an id
+			return id
+		}
+	}
+}
+
+// widText is a write id as UnknownOutcomeError.WriteID shows it.
+func widText(wid int64) string { return strconv.FormatUint(uint64(wid), 16) } //nolint:gosec // the bits as they are
 
 // inTransaction reports whether ctx carries a session with a transaction
 // in progress.
@@ -44,7 +56,7 @@ type write struct {
 	op   string
 	id   any    // the caller's id, for errors
 	key  docKey // the encoded id, and the shard-key values
-	wid  string // the write id it stamps ("" for a delete)
+	wid  int64  // the write id it stamps (0 for a delete)
 	base int64  // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
@@ -147,7 +159,7 @@ func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) erro
 	if st != nil {
 		cur = st.version
 	}
-	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
+	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid), Base: w.base, Current: cur, Reason: reason, Err: err}
 }
 
 // Reasons an outcome is unknown.
@@ -166,7 +178,7 @@ const (
 // version names its incarnation (Insert starts each at a random one), so a
 // document at base, or a little past it, is the incarnation the write
 // targeted. See DESIGN.md.
-func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
+func judgeCAS(w *write, inc int64, incKnown bool) func(*docState) (verdict, string) {
 	return judgeSpan(w, inc, incKnown, 1)
 }
 

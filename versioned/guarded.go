@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -76,6 +77,12 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 	}
 	ck := cacheKey(key)
+	// An anchor pushed out (a busy document) makes Guarded re-read and
+	// send again, for as long as the policy's time allows.
+	budget, begun := r.policy(&cfg).MaxElapsedTime, time.Now()
+	if budget == 0 {
+		budget = DefaultRetryTime
+	}
 	for round := 0; ; round++ {
 		s, ok := r.cache.lookup(ck)
 		if !ok {
@@ -83,17 +90,28 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			if err != nil {
 				return nil, err
 			}
-			s = seen{version: st.version, inc: st.inc, last: st.last()}
+			s = seen{version: st.version, inc: st.inc, last: st.last(), ids: st.ids}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := key.Filter()
-		if s.last != "" {
+		// A document with no write id yet, or (on a server that ignores
+		// $slice) a full list: pin the version and incarnation, and $set
+		// the list exactly, which keeps the bound there.
+		pinned := s.last == 0 || (round < 2 && countIDs(s.ids) >= WriteIDs && r.ignoresSlice(ctx))
+		var ids []byte
+		if pinned {
+			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
+				return nil, err
+			}
+			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
+			ids = exactIDs(s.ids, w.wid).Value
+			w.judge = judgeCAS(w, s.inc, true)
+		} else {
 			// The version must be below the last one, so that $inc cannot
-			// wrap it (a stored version written by another program).
-			filter = append(filter, r.versionBelowLast())
-			// The anchor: present while the write's own id, pushed after
-			// it, cannot have been cut from the list.
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+			// wrap it (a stored version written by another program). The
+			// anchor: present while the write's own id, pushed after it,
+			// cannot have been cut from the list.
+			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (verdict, string) {
 				switch {
 				case st == nil:
@@ -105,18 +123,9 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				}
 				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
 			}
-		} else {
-			// A document that carries no write id yet: pin its version,
-			// which must be below the last one.
-			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
-				return nil, err
-			}
-			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc),
-				bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$ne", Value: w.wid}}})
-			w.judge = judgeCAS(w, s.inc, true)
 		}
 		filter = withGuards(filter, guards)
-		upd := r.guardedWrite(ops, w.wid)
+		upd := r.guardedWrite(ops, w.wid, ids)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -147,17 +156,16 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return nil, err
 			}
 		}
-		anchored := s.last != ""
 		switch {
 		case st == nil:
 			r.cache.forget(ck)
 			return nil, &NotFoundError{Op: op, ID: idv}
 		case st.version == lastVersion:
 			return nil, checkBase(op, r.opts.VersionField, st.version, true)
-		case anchored && st.has(s.last), !anchored && st.version == s.version && st.inc == s.inc:
+		case !pinned && st.has(s.last), pinned && st.version == s.version && st.inc == s.inc:
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
-		case round < maxResends:
+		case ctx.Err() == nil && (budget < 0 || time.Since(begun) < budget):
 			continue // the re-read refreshed the anchor
 		}
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {

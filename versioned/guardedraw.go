@@ -143,11 +143,11 @@ func overlap(a, b []byte) bool {
 
 // guardedWrite merges the caller's encoded update ops (checked by
 // updateOps) with the repository's part of a write with id wid: $inc of the
-// version by one, WriteIDs in the metadata, and the $push of wid onto the
-// list of write ids, cut to its last WriteIDs entries.
-func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
-	hPath := metaPath(r.opts.MetaField, metaH)
-	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(hPath)+len(r.idsPath())+len(wid)+96)
+// version by one, and the $push of wid onto the list of write ids, cut to
+// its last WriteIDs entries; or, if ids is not nil (the write pins the
+// version it was read at), the $set of the list to ids.
+func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
+	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath())+len(ids)+96)
 	var hasInc, hasSet bool
 	elements(ops, func(name []byte, v bson.RawValue) bool {
 		var start int
@@ -159,7 +159,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
 			b = appendInt64(b, r.opts.VersionField, 1)
 		case "$set":
 			hasSet = true
-			b = appendInt32(b, hPath, WriteIDs)
+			b = r.appendIDs(b, ids)
 		}
 		b = closeDoc(b, start)
 		return true
@@ -170,29 +170,38 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
 		b = appendInt64(b, r.opts.VersionField, 1)
 		b = closeDoc(b, start)
 	}
-	if !hasSet {
+	if !hasSet && ids != nil {
 		b, start = openDoc(b, []byte("$set"))
-		b = appendInt32(b, hPath, WriteIDs)
+		b = r.appendIDs(b, ids)
 		b = closeDoc(b, start)
 	}
-	b = append(b, byte(bson.TypeEmbeddedDocument))
-	b = append(b, "$push"...)
+	if ids == nil {
+		b = append(b, byte(bson.TypeEmbeddedDocument))
+		b = append(b, "$push"...)
+		b = append(b, 0)
+		b = append(b, pushID(r.idsPath(), wid)...)
+	}
+	return closeDoc(b, 0)
+}
+
+// appendIDs appends the element idsPath: ids, if ids is not nil.
+func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
+	if ids == nil {
+		return b
+	}
+	b = append(b, byte(bson.TypeArray))
+	b = append(b, r.idsPath()...)
 	b = append(b, 0)
-	b = append(b, pushID(r.idsPath(), wid)...)
-	b = append(b, 0)
-	binary.LittleEndian.PutUint32(b, uint32(len(b))) //nolint:gosec // bounded by the checked update
-	return b
+	return append(b, ids...)
 }
 
 // anchorClause is the filter value {$eq: last, $ne: wid}: the document
 // still lists last, and not yet wid.
-func anchorClause(last, wid string) bson.Raw {
-	b := make([]byte, 4, 4+2*(1+4+1+4+1)+len(last)+len(wid)+1)
-	b = appendString(b, "$eq", last)
-	b = appendString(b, "$ne", wid)
-	b = append(b, 0)
-	binary.LittleEndian.PutUint32(b, uint32(len(b))) //nolint:gosec // two short ids
-	return b
+func anchorClause(last, wid int64) bson.Raw {
+	b := make([]byte, 4, 32)
+	b = appendInt64(b, "$eq", last)
+	b = appendInt64(b, "$ne", wid)
+	return closeDoc(b, 0)
 }
 
 // openDoc appends the header of an embedded document element key, and
@@ -205,7 +214,16 @@ func openDoc(b []byte, key []byte) ([]byte, int) {
 	return binary.LittleEndian.AppendUint32(b, 0), start
 }
 
-// closeDoc ends the embedded document whose length goes at start.
+// openArray is openDoc of an array.
+func openArray(b []byte, key string) ([]byte, int) {
+	b = append(b, byte(bson.TypeArray))
+	b = append(b, key...)
+	b = append(b, 0)
+	start := len(b)
+	return binary.LittleEndian.AppendUint32(b, 0), start
+}
+
+// closeDoc ends the document (or array) whose length goes at start.
 func closeDoc(b []byte, start int) []byte {
 	b = append(b, 0)
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start)) //nolint:gosec // bounded by the update

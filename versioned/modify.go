@@ -131,7 +131,7 @@ type member[T any] struct {
 
 	// The current attempt.
 	res      *T       // the document as fn left it (or as fn saw it, if unchanged)
-	wid      string   // the write id of its change ("" for none)
+	wid      int64    // the write id of its change (0 for none)
 	base     int64    // the version its change was made against
 	fnErr    error    // fn's error
 	panicked *fnPanic // fn panicked
@@ -150,7 +150,7 @@ type member[T any] struct {
 }
 
 // changedNothing reports whether the member's fn left nothing to write.
-func (m *member[T]) changedNothing() bool { return m.wid == "" }
+func (m *member[T]) changedNothing() bool { return m.wid == 0 }
 
 // inLine waits for m's turn on the document, leads a batch when promoted,
 // and returns m's outcome.
@@ -550,14 +550,10 @@ func (b *batch[T]) try() error {
 		// the last one.
 		set, unset, _, _ = r.compare(op, id, st.raw, reflect.Value{}, valueOf(last.res), raw, true)
 	}
-	if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
-		// Write ids of the protocol before this one: nobody reads them.
-		unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
-	}
-	wids := make([]string, 0, k)
+	wids := make([]int64, 0, k)
 	var to []context.Context // nil: the write's events go to b.io, the leader's alone
 	for _, m := range b.ms {
-		if m.wid != "" {
+		if m.wid != 0 {
 			wids = append(wids, m.wid)
 			if r.opts.Observer != nil && !b.alone() {
 				to = append(to, m.ctx)
@@ -678,7 +674,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	var cur reflect.Value // the state the last change left; invalid: the state read
 	raw, ver := st.raw, st.version
 	for _, m := range b.ms {
-		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, "", 0, nil, nil, nil, false
+		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, 0, 0, nil, nil, nil, false
 		m.set, m.unset = nil, nil
 		m.real = k == 0
 		if ver == lastVersion {
@@ -776,9 +772,9 @@ func (b *batch[T]) final(err error) error {
 // names m's own write id and base version.
 func (b *batch[T]) errFor(err error, m *member[T]) error {
 	var ue *UnknownOutcomeError
-	if m.wid != "" && errors.As(err, &ue) && ue.WriteID != m.wid {
+	if m.wid != 0 && errors.As(err, &ue) && ue.WriteID != widText(m.wid) {
 		c := *ue
-		c.WriteID, c.Base = m.wid, m.base
+		c.WriteID, c.Base = widText(m.wid), m.base
 		return &c
 	}
 	return err

@@ -28,18 +28,14 @@ const (
 )
 
 // WriteIDs is the write-id protocol's constant H: a document keeps the ids
-// of its last WriteIDs writes, and no more. Each write appends its id and
-// cuts the list to its last WriteIDs entries in the same statement, on the
-// server, so the bound holds whoever writes. A repository can settle a write
-// whose reply was lost as long as fewer than WriteIDs write ids (one per
-// change: a write combining k Modify calls appends k) landed after it.
-// The value is recorded in each document it writes (the "h" field of
-// Options.MetaField). See DESIGN.md.
-const WriteIDs = 32
-
-// maxResends bounds how often one write is sent again after ambiguous
-// failures before its outcome is reported unknown.
-const maxResends = 3
+// (random 64-bit integers) of its last WriteIDs writes, and no more. Each
+// write appends its id and cuts the list to its last WriteIDs entries in the
+// same statement, on the server, so the bound holds whoever writes: the
+// version and Options.MetaField take at most about 240 bytes. A repository
+// can settle a write whose reply was lost as long as fewer than WriteIDs
+// write ids (one per change: a write combining k Modify calls appends k)
+// landed after it. See DESIGN.md.
+const WriteIDs = 16
 
 // Options configures a Repo. A nil *Options means all defaults; each zero
 // field takes its default.
