@@ -2,11 +2,13 @@ package versioned
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/mongocas/mongocas/store"
 )
@@ -46,10 +48,11 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// the ones read, and which returns the document either way: a conflict
 	// then costs one round trip, since the retry starts from the document
 	// it returned (Modify's first conflict; see batch.attempt).
-	var pipe mongo.Pipeline
+	var pipe rawPipeline
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {
 		pipe = r.casPipeline(read, set, unset)
+		usePipe = pipe != nil
 	}
 	w.send = func(ctx context.Context) (sent, error) {
 		if usePipe && !r.lines.noPipes.Load() {
@@ -96,7 +99,7 @@ var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 // run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
 // without applying a change whose condition held. The repository then sends
 // the updateOne form from now on.
-func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid int64) (s sent, ok bool, err error) {
+func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe rawPipeline, wid int64) (s sent, ok bool, err error) {
 	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
@@ -163,32 +166,107 @@ func refusesPipeline(err error) bool {
 // field of set (a literal) and unset ($$REMOVE), the version and the list
 // of write ids take their new value if the version and incarnation are
 // still read's, and keep their own otherwise. set already holds the
-// version and the list of write ids.
-func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline {
-	ver := bson.D{{Key: "$eq", Value: bson.A{"$" + r.opts.VersionField, read.version}}}
-	if read.version == 0 {
-		// Version 0 is also a document without a version field.
-		ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + r.opts.VersionField, int64(0)}}}, int64(0)}}}
+// version and the list of write ids. It is built as bytes (nil if a value
+// cannot be encoded: the updateOne form then).
+func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
+	cond := r.casCond(read)
+	if cond == nil {
+		return nil
 	}
-	incPath := "$" + r.opts.MetaField + "." + metaInc
-	inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
-	if read.inc == 0 {
-		inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
+	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
+	stage, b := bsoncore.AppendDocumentElementStart(b, "0")
+	fields, b := bsoncore.AppendDocumentElementStart(b, "$set")
+	for i, n := 0, len(set)+len(unset); i < n; i++ {
+		var (
+			key  string
+			v    bson.RawValue // the new value; none: removed
+			f, c int32
+		)
+		if i < len(set) {
+			key = set[i].Key
+			var ok bool
+			if v, ok = set[i].Value.(bson.RawValue); !ok {
+				t, data, err := bson.MarshalValue(set[i].Value)
+				if err != nil {
+					return nil
+				}
+				v = bson.RawValue{Type: t, Value: data}
+			}
+		} else {
+			key = unset[i-len(set)].Key
+		}
+		f, b = bsoncore.AppendDocumentElementStart(b, key)
+		c, b = bsoncore.AppendArrayElementStart(b, "$cond")
+		b = bsoncore.AppendDocumentElement(b, "0", cond)
+		if v.Type == 0 {
+			b = bsoncore.AppendStringElement(b, "1", "$$REMOVE")
+		} else {
+			var lit int32
+			lit, b = bsoncore.AppendDocumentElementStart(b, "1")
+			b = bsoncore.AppendValueElement(b, "$literal", bsoncore.Value{Type: bsoncore.Type(v.Type), Data: v.Value})
+			b, _ = bsoncore.AppendDocumentEnd(b, lit)
+		}
+		b = appendFieldPath(b, "2", key)
+		b, _ = bsoncore.AppendArrayEnd(b, c)
+		b, _ = bsoncore.AppendDocumentEnd(b, f)
 	}
-	cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
-	fields := make(bson.D, 0, len(set)+len(unset))
-	for _, e := range set {
-		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
-			cond, bson.D{{Key: "$literal", Value: e.Value}}, "$" + e.Key,
-		}}}})
-	}
-	for _, e := range unset {
-		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
-			cond, "$$REMOVE", "$" + e.Key,
-		}}}})
-	}
-	return mongo.Pipeline{{{Key: "$set", Value: fields}}}
+	b, _ = bsoncore.AppendDocumentEnd(b, fields)
+	b, _ = bsoncore.AppendDocumentEnd(b, stage)
+	return closeDoc(b, 0)
 }
+
+// casCond is the pipeline's condition C: the version and the incarnation
+// are read's ({$and: [{$eq: ["$version", v]}, {$eq: ["$_mc.inc", inc]}]}).
+func (r *Repo[T]) casCond(read *docState) bson.Raw {
+	if read.version == 0 || read.inc == 0 {
+		// Version 0 is also a document without a version field; no
+		// incarnation is a document without one.
+		ver := bson.D{{Key: "$eq", Value: bson.A{"$" + r.opts.VersionField, read.version}}}
+		if read.version == 0 {
+			ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + r.opts.VersionField, int64(0)}}}, int64(0)}}}
+		}
+		incPath := "$" + r.opts.MetaField + "." + metaInc
+		inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
+		if read.inc == 0 {
+			inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
+		}
+		cond, err := bson.Marshal(bson.D{{Key: "$and", Value: bson.A{ver, inc}}})
+		if err != nil {
+			return nil
+		}
+		return cond
+	}
+	b := make([]byte, 4, 96+len(r.opts.VersionField)+len(r.opts.MetaField))
+	and, b := bsoncore.AppendArrayElementStart(b, "$and")
+	for i, e := range [2]struct {
+		path string
+		v    int64
+	}{{r.opts.VersionField, read.version}, {metaPath(r.opts.MetaField, metaInc), read.inc}} {
+		var eq, args int32
+		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
+		args, b = bsoncore.AppendArrayElementStart(b, "$eq")
+		b = appendFieldPath(b, "0", e.path)
+		b = bsoncore.AppendInt64Element(b, "1", e.v)
+		b, _ = bsoncore.AppendArrayEnd(b, args)
+		b, _ = bsoncore.AppendDocumentEnd(b, eq)
+	}
+	b, _ = bsoncore.AppendArrayEnd(b, and)
+	return closeDoc(b, 0)
+}
+
+// appendFieldPath appends the string element key: "$path".
+func appendFieldPath(b []byte, key, path string) []byte {
+	b = append(b, byte(bson.TypeString))
+	b = append(append(b, key...), 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(path)+2)) //nolint:gosec // a field name
+	return append(append(append(b, '$'), path...), 0)
+}
+
+// rawPipeline is an update pipeline encoded as a BSON array.
+type rawPipeline []byte
+
+// MarshalBSONValue gives the driver the pipeline as it is.
+func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson.TypeArray), p, nil }
 
 // judgeSpan judges a write filtered on version == w.base (and, if
 // incKnown, incarnation inc) that makes k versions at once (a combined

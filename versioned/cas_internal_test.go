@@ -144,3 +144,35 @@ func TestAnchorAndWithMetaEncoding(t *testing.T) {
 		t.Fatalf("withMeta: got %v, want %v", got, bson.Raw(want))
 	}
 }
+
+// TestCASPipelineEncoding: the pipeline built as bytes is the one the
+// driver would marshal from documents of $cond expressions.
+func TestCASPipelineEncoding(t *testing.T) {
+	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}}
+	ids := exactIDs(nil, 5, 6)
+	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
+		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}
+		unset := bson.D{{Key: "note", Value: ""}}
+		ver := bson.D{{Key: "$eq", Value: bson.A{"$version", read.version}}}
+		if read.version == 0 {
+			ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$version", int64(0)}}}, int64(0)}}}
+		}
+		inc := bson.D{{Key: "$eq", Value: bson.A{"$_mc.inc", read.inc}}}
+		if read.inc == 0 {
+			inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: "$_mc.inc"}}, "missing"}}}
+		}
+		cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
+		fields := bson.D{}
+		for _, e := range set {
+			fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{cond, bson.D{{Key: "$literal", Value: e.Value}}, "$" + e.Key}}}})
+		}
+		fields = append(fields, bson.E{Key: "note", Value: bson.D{{Key: "$cond", Value: bson.A{cond, "$$REMOVE", "$note"}}}})
+		_, want, err := bson.MarshalValue(bson.A{bson.D{{Key: "$set", Value: fields}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := repo.casPipeline(read, set, unset); !bytes.Equal(got, want) {
+			t.Fatalf("version %d: got %v, want %v", read.version, bson.RawArray(got), bson.RawArray(want))
+		}
+	}
+}
