@@ -170,9 +170,6 @@ func refusesPipeline(err error) bool {
 // cannot be encoded: the updateOne form then).
 func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
 	cond := r.casCond(read)
-	if cond == nil {
-		return nil
-	}
 	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
 	stage, b := bsoncore.AppendDocumentElementStart(b, "0")
 	fields, b := bsoncore.AppendDocumentElementStart(b, "$set")
@@ -216,36 +213,25 @@ func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
 }
 
 // casCond is the pipeline's condition C: the version and the incarnation
-// are read's ({$and: [{$eq: ["$version", v]}, {$eq: ["$_mc.inc", inc]}]}).
+// are read's, a missing one counting as 0 (version 0 is also a document
+// without a version field; incarnation 0, one without an incarnation):
+// {$and: [{$eq: [{$ifNull: ["$version", 0]}, v]}, {$eq: [.. "$_mc.inc" .., inc]}]}.
 func (r *Repo[T]) casCond(read *docState) bson.Raw {
-	if read.version == 0 || read.inc == 0 {
-		// Version 0 is also a document without a version field; no
-		// incarnation is a document without one.
-		ver := bson.D{{Key: "$eq", Value: bson.A{"$" + r.opts.VersionField, read.version}}}
-		if read.version == 0 {
-			ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + r.opts.VersionField, int64(0)}}}, int64(0)}}}
-		}
-		incPath := "$" + r.opts.MetaField + "." + metaInc
-		inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
-		if read.inc == 0 {
-			inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
-		}
-		cond, err := bson.Marshal(bson.D{{Key: "$and", Value: bson.A{ver, inc}}})
-		if err != nil {
-			return nil
-		}
-		return cond
-	}
-	b := make([]byte, 4, 96+len(r.opts.VersionField)+len(r.opts.MetaField))
+	b := make([]byte, 4, 128+len(r.opts.VersionField)+len(r.opts.MetaField))
 	and, b := bsoncore.AppendArrayElementStart(b, "$and")
 	for i, e := range [2]struct {
 		path string
 		v    int64
 	}{{r.opts.VersionField, read.version}, {metaPath(r.opts.MetaField, metaInc), read.inc}} {
-		var eq, args int32
+		var eq, args, ifNull, nullArgs int32
 		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
 		args, b = bsoncore.AppendArrayElementStart(b, "$eq")
+		ifNull, b = bsoncore.AppendDocumentElementStart(b, "0")
+		nullArgs, b = bsoncore.AppendArrayElementStart(b, "$ifNull")
 		b = appendFieldPath(b, "0", e.path)
+		b = bsoncore.AppendInt64Element(b, "1", 0)
+		b, _ = bsoncore.AppendArrayEnd(b, nullArgs)
+		b, _ = bsoncore.AppendDocumentEnd(b, ifNull)
 		b = bsoncore.AppendInt64Element(b, "1", e.v)
 		b, _ = bsoncore.AppendArrayEnd(b, args)
 		b, _ = bsoncore.AppendDocumentEnd(b, eq)

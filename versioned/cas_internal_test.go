@@ -153,14 +153,8 @@ func TestCASPipelineEncoding(t *testing.T) {
 	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
 		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}
 		unset := bson.D{{Key: "note", Value: ""}}
-		ver := bson.D{{Key: "$eq", Value: bson.A{"$version", read.version}}}
-		if read.version == 0 {
-			ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$version", int64(0)}}}, int64(0)}}}
-		}
-		inc := bson.D{{Key: "$eq", Value: bson.A{"$_mc.inc", read.inc}}}
-		if read.inc == 0 {
-			inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: "$_mc.inc"}}, "missing"}}}
-		}
+		ver := bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$version", int64(0)}}}, read.version}}}
+		inc := bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$_mc.inc", int64(0)}}}, read.inc}}}
 		cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
 		fields := bson.D{}
 		for _, e := range set {

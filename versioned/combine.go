@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -43,8 +44,9 @@ var lines struct {
 // collLines holds the lines of the documents of one collection that have
 // calls waiting or in progress.
 type collLines struct {
-	mu   sync.Mutex
-	docs map[cacheID]*line
+	mu    sync.Mutex
+	docs  map[cacheID]*line
+	gates map[cacheID]*gate // Guarded's, per document with calls in flight
 	// noPipes says that the server refused an update pipeline for Modify's
 	// writes, or ran one wrongly (see usePipelines).
 	noPipes atomic.Bool
@@ -103,7 +105,7 @@ func linesOf(coll *mongo.Collection) *collLines {
 	if lines.m == nil {
 		lines.m = map[collKey]*collLines{}
 	}
-	l := &collLines{docs: map[cacheID]*line{}}
+	l := &collLines{docs: map[cacheID]*line{}, gates: map[cacheID]*gate{}}
 	lines.m[k] = l
 	runtime.AddCleanup(client, func(k collKey) {
 		lines.mu.Lock()
@@ -241,4 +243,44 @@ func (c *collLines) promote(dk cacheID, l *line) {
 	h := l.waiting[0]
 	h.state = wLeading
 	h.signal()
+}
+
+// guardedSlots bounds the Guarded writes to one document that one client
+// has in flight. A write's anchor is the last write id its process saw,
+// and every write in flight may land before it: 4 processes at this bound
+// have at most WriteIDs writes in flight, so a busy document seldom pushes
+// an anchor out of the window (Guarded then reads and sends again).
+const guardedSlots = WriteIDs / 4
+
+// gate is the slots of one document's Guarded writes.
+type gate struct {
+	slots chan struct{}
+	users int // calls holding or waiting for a slot, guarded by the collLines' mutex
+}
+
+// enter waits for one of document dk's Guarded slots, and returns the
+// function that frees it; or the context's error, having waited for none.
+func (c *collLines) enter(ctx context.Context, dk cacheID) (func(), error) {
+	c.mu.Lock()
+	g := c.gates[dk]
+	if g == nil {
+		g = &gate{slots: make(chan struct{}, guardedSlots)}
+		c.gates[dk] = g
+	}
+	g.users++
+	c.mu.Unlock()
+	leave := func() {
+		c.mu.Lock()
+		if g.users--; g.users == 0 {
+			delete(c.gates, dk)
+		}
+		c.mu.Unlock()
+	}
+	select {
+	case g.slots <- struct{}{}:
+		return func() { <-g.slots; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
 }

@@ -77,6 +77,11 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 	}
 	ck := cacheKey(key)
+	exit, err := r.lines.enter(ctx, ck)
+	if err != nil {
+		return nil, wrapErr(op, idv, err)
+	}
+	defer exit()
 	// An anchor pushed out (a busy document) makes Guarded re-read and
 	// send again, for as long as the policy's time allows.
 	budget, begun := r.policy(&cfg).MaxElapsedTime, time.Now()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // Guarded's update and filter, built as encoded bytes: the caller's update is
@@ -156,7 +157,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 		switch string(name) {
 		case "$inc":
 			hasInc = true
-			b = appendInt64(b, r.opts.VersionField, 1)
+			b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
 		case "$set":
 			hasSet = true
 			b = r.appendIDs(b, ids)
@@ -167,7 +168,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 	var start int
 	if !hasInc {
 		b, start = openDoc(b, []byte("$inc"))
-		b = appendInt64(b, r.opts.VersionField, 1)
+		b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
 		b = closeDoc(b, start)
 	}
 	if !hasSet && ids != nil {
@@ -199,8 +200,8 @@ func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
 // still lists last, and not yet wid.
 func anchorClause(last, wid int64) bson.Raw {
 	b := make([]byte, 4, 32)
-	b = appendInt64(b, "$eq", last)
-	b = appendInt64(b, "$ne", wid)
+	b = bsoncore.AppendInt64Element(b, "$eq", last)
+	b = bsoncore.AppendInt64Element(b, "$ne", wid)
 	return closeDoc(b, 0)
 }
 
@@ -214,34 +215,11 @@ func openDoc(b []byte, key []byte) ([]byte, int) {
 	return binary.LittleEndian.AppendUint32(b, 0), start
 }
 
-// openArray is openDoc of an array.
-func openArray(b []byte, key string) ([]byte, int) {
-	b = append(b, byte(bson.TypeArray))
-	b = append(b, key...)
-	b = append(b, 0)
-	start := len(b)
-	return binary.LittleEndian.AppendUint32(b, 0), start
-}
-
 // closeDoc ends the document (or array) whose length goes at start.
 func closeDoc(b []byte, start int) []byte {
 	b = append(b, 0)
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start)) //nolint:gosec // bounded by the update
 	return b
-}
-
-func appendInt64(b []byte, key string, v int64) []byte {
-	b = append(b, byte(bson.TypeInt64))
-	b = append(b, key...)
-	b = append(b, 0)
-	return binary.LittleEndian.AppendUint64(b, uint64(v)) //nolint:gosec // two's complement, as BSON stores it
-}
-
-func appendInt32(b []byte, key string, v int32) []byte {
-	b = append(b, byte(bson.TypeInt32))
-	b = append(b, key...)
-	b = append(b, 0)
-	return binary.LittleEndian.AppendUint32(b, uint32(v)) //nolint:gosec // two's complement, as BSON stores it
 }
 
 // belowLastDefault is versionBelowLast's value for the default version

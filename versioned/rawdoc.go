@@ -388,10 +388,10 @@ func metaPath(meta, name string) string {
 func pushID(path string, wid int64) bson.Raw {
 	b := make([]byte, 4, 64+len(path))
 	b, doc := openDoc(b, []byte(path))
-	b, each := openArray(b, "$each")
+	each, b := bsoncore.AppendArrayElementStart(b, "$each")
 	b = appendIDElement(b, 0, wid)
-	b = closeDoc(b, each)
-	b = appendInt32(b, "$slice", -WriteIDs)
+	b, _ = bsoncore.AppendArrayEnd(b, each)
+	b = bsoncore.AppendInt32Element(b, "$slice", -WriteIDs)
 	b = closeDoc(b, doc)
 	return closeDoc(b, 0)
 }
