@@ -258,29 +258,37 @@ type gate struct {
 	users int // calls holding or waiting for a slot, guarded by the collLines' mutex
 }
 
-// enter waits for one of document dk's Guarded slots, and returns the
-// function that frees it; or the context's error, having waited for none.
-func (c *collLines) enter(ctx context.Context, dk cacheID) (func(), error) {
+var gates = sync.Pool{New: func() any { return &gate{slots: make(chan struct{}, guardedSlots)} }}
+
+// enter waits for one of document dk's Guarded slots, which the caller
+// frees with exit; or returns the context's error, having taken none.
+func (c *collLines) enter(ctx context.Context, dk cacheID) (*gate, error) {
 	c.mu.Lock()
 	g := c.gates[dk]
 	if g == nil {
-		g = &gate{slots: make(chan struct{}, guardedSlots)}
+		g = gates.Get().(*gate) //nolint:forcetypeassert // the pool's own type
 		c.gates[dk] = g
 	}
 	g.users++
 	c.mu.Unlock()
-	leave := func() {
-		c.mu.Lock()
-		if g.users--; g.users == 0 {
-			delete(c.gates, dk)
-		}
-		c.mu.Unlock()
-	}
 	select {
 	case g.slots <- struct{}{}:
-		return func() { <-g.slots; leave() }, nil
+		return g, nil
 	case <-ctx.Done():
-		leave()
+		c.exit(dk, g, false)
 		return nil, ctx.Err()
+	}
+}
+
+// exit leaves document dk's gate g, freeing the slot it held if held.
+func (c *collLines) exit(dk cacheID, g *gate, held bool) {
+	if held {
+		<-g.slots
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.users--; g.users == 0 {
+		delete(c.gates, dk)
+		gates.Put(g)
 	}
 }

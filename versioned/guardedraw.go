@@ -1,145 +1,31 @@
 package versioned
 
 import (
-	"bytes"
 	"encoding/binary"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// Guarded's update and filter, built as encoded bytes: the caller's update is
-// marshalled once, checked by walking its bytes, and merged with the
-// repository's own operators by copying, with no document of boxed values
-// for the driver to marshal again.
+// Guarded's update and filter, built as encoded bytes: the caller's update
+// is merged with the repository's own operators by copying, with no
+// document of boxed values for the driver to marshal again.
 
-// maxFastPaths bounds the update paths the allocation-free check compares
-// for overlaps; an update with more takes the slow check.
-const maxFastPaths = 16
-
-// updateOps marshals Guarded's update and checks it: the operators every
-// target server runs, on paths the caller may write, none overlapping
-// another. A bad update is an *InvalidError, nothing sent.
+// updateOps marshals Guarded's update and checks it (checkOps): the
+// operators every target server runs, on paths the caller may write, none
+// overlapping another. A bad update is an *InvalidError, nothing sent.
 func (r *Repo[T]) updateOps(op string, update any) (bson.Raw, error) {
-	if update != nil {
-		if raw, err := bson.Marshal(update); err == nil && r.opsOK(raw) {
-			return raw, nil
-		}
-	}
-	// The slow check says what is wrong (or finds nothing wrong with an
-	// update the fast one could not judge).
-	if _, err := r.checkOps(op, update); err != nil {
+	raw, err := encodeUpdate(op, update)
+	if err != nil {
 		return nil, err
 	}
-	raw, err := bson.Marshal(update)
-	if err != nil {
-		return nil, &InvalidError{Op: op, Field: "update", Reason: "update cannot be encoded as a document", Err: err}
+	if err := r.checkOps(op, raw); err != nil {
+		return nil, err
 	}
 	if !wellFormed(raw) {
 		return nil, &InvalidError{Op: op, Field: "update", Reason: "malformed BSON"}
 	}
 	return raw, nil
-}
-
-// opsOK checks an encoded update without allocating, conservatively: true
-// means checkOps would accept it.
-func (r *Repo[T]) opsOK(raw bson.Raw) bool {
-	if len(raw) > maxDocSize {
-		return false
-	}
-	var (
-		paths [maxFastPaths][]byte
-		n     int
-		ops   int
-	)
-	ok := elements(raw, func(name []byte, v bson.RawValue) bool {
-		ops++
-		switch string(name) {
-		case "$set", "$unset", "$inc", "$currentDate":
-		default:
-			return false
-		}
-		if v.Type != bson.TypeEmbeddedDocument {
-			return false
-		}
-		fields := 0
-		ok := elements(v.Value, func(path []byte, fv bson.RawValue) bool {
-			fields++
-			if n == maxFastPaths || !r.pathOK(path) || !operandOK(name, fv) {
-				return false
-			}
-			for _, p := range paths[:n] {
-				if overlap(p, path) {
-					return false
-				}
-			}
-			paths[n] = path
-			n++
-			return true
-		})
-		return ok && fields > 0
-	})
-	return ok && ops > 0
-}
-
-// pathOK reports whether an update path is well formed and outside what the
-// repository owns (checkPath says why not).
-func (r *Repo[T]) pathOK(path []byte) bool {
-	if r.shard.Enabled() {
-		// A path may touch a shard-key field: checkPath (checkShardPath)
-		// tells, at the cost of the slow check's allocations.
-		return false
-	}
-	first := true
-	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
-		if len(seg) == 0 || seg[0] == '$' {
-			return false
-		}
-		if first {
-			first = false
-			switch string(seg) {
-			case "_id", r.opts.VersionField, r.opts.MetaField:
-				return false
-			}
-			for _, res := range r.opts.Reserved { //nolint:modernize // string(seg) passed to slices.Contains would allocate; compared here, it does not
-				if string(seg) == res {
-					return false
-				}
-			}
-		}
-	}
-	return true
-}
-
-// operandOK reports whether an operator's value for a path is one
-// checkOperand accepts (false also where it cannot tell without
-// allocating).
-func operandOK(name []byte, v bson.RawValue) bool {
-	switch string(name) {
-	case "$inc":
-		switch v.Type {
-		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
-			return true
-		default:
-			return false
-		}
-	case "$currentDate":
-		return v.Type == bson.TypeBoolean
-	case "$set":
-		if v.Type == bson.TypeEmbeddedDocument || v.Type == bson.TypeArray {
-			return keysOK(v.Value)
-		}
-	}
-	return true
-}
-
-// overlap reports whether two update paths are equal or one is a prefix of
-// the other at a segment boundary.
-func overlap(a, b []byte) bool {
-	if len(a) > len(b) {
-		a, b = b, a
-	}
-	return bytes.HasPrefix(b, a) && (len(a) == len(b) || b[len(a)] == '.')
 }
 
 // guardedWrite merges the caller's encoded update ops (checked by

@@ -232,11 +232,14 @@ func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
 	if op == "delete" {
 		return c, &InvalidError{Op: op, Field: "WithSet", Reason: "Delete writes no field"}
 	}
-	ops, err := r.checkOps(op, bson.D{{Key: "$set", Value: c.sets}})
+	raw, err := encodeUpdate(op, bson.D{{Key: "$set", Value: c.sets}})
 	if err != nil {
 		return c, err
 	}
-	c.sets = ops[0].Value.(bson.D) //nolint:forcetypeassert // checkOps's form
+	if err := r.checkOps(op, raw); err != nil {
+		return c, err
+	}
+	c.sets = opsOf(raw)[0].Value.(bson.D) //nolint:forcetypeassert // opsOf's form
 	for _, e := range c.sets {
 		if root, _, _ := strings.Cut(e.Key, "."); r.s.mapped[root] != nil {
 			return c, &InvalidError{Op: op, Field: e.Key, Reason: fmt.Sprintf("WithSet: %s maps %q: the model's fields are the write's own", r.s.typ, root)}
@@ -251,15 +254,19 @@ func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
 	if len(sets) == 0 {
 		return update, nil
 	}
-	ops, err := r.checkOps(op, update)
+	raw, err := encodeUpdate(op, update)
 	if err != nil {
 		return nil, err
 	}
+	if err := r.checkOps(op, raw); err != nil {
+		return nil, err
+	}
+	ops := opsOf(raw)
 	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
 	if i < 0 {
 		return append(ops, bson.E{Key: "$set", Value: sets}), nil
 	}
-	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // checkOps's form
+	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // opsOf's form
 	return ops, nil
 }
 
