@@ -12,12 +12,9 @@ const maxCached = 4096
 
 // seen is what a repository last observed of one document. Safety never
 // depends on it: every value taken from it goes into a write's filter, so a
-// stale one makes the write match nothing (and the repository re-reads),
-// never apply where it should not; and a write whose version names its
-// incarnation needs nothing from it. It saves round trips: Guarded takes its
-// anchor from it instead of reading first. Delete takes from it the
-// incarnation of the version it deletes, when it saw that version, which
-// lets it settle a lost reply exactly instead of answering unknown.
+// stale one makes the write match nothing, never apply where it should not.
+// It saves round trips: Guarded's anchor, Update's exact list of write ids,
+// Delete's incarnation (DESIGN.md).
 type seen struct {
 	version int64
 	inc     int64 // the incarnation id (0 for none)

@@ -43,11 +43,9 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
 	// Where the server runs update pipelines, the same write as one
-	// findOneAndUpdate filtered on the id (and shard key) alone, whose
-	// pipeline applies the change only if the version and incarnation are
-	// the ones read, and which returns the document either way: a conflict
-	// then costs one round trip, since the retry starts from the document
-	// it returned (Modify's first conflict; see batch.attempt).
+	// findOneAndUpdate filtered on the key alone, whose pipeline applies the
+	// change only if the version and incarnation are the ones read, and
+	// which returns the document either way (DESIGN.md, "Combining").
 	var pipe rawPipeline
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {

@@ -10,21 +10,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// Combining. Modify calls on one document in one process wait in line, per
-// document (its id, and its shard-key values: the key every filter of the
-// batch carries), instead of racing each other through the server: the call
-// at the head of the line leads a batch (itself and the calls behind it of
-// the same repository, up to maxBatch), reads once, applies each call's fn
-// in turn and writes once. The line is shared by every Repo on the same
-// collection of the same client (one client stands for one process: a
-// second client is another process to the server, and its calls race
-// through the version check as before). See DESIGN.md, "Combining".
+// Combining: Modify calls on one document in one process wait in line, per
+// document key, shared by every Repo on the collection through the client;
+// see DESIGN.md, "Combining".
 
-// maxBatch bounds the calls one write combines. A combined write appends
-// one write id per call whose fn changed the document; with at most half of
-// the [WriteIDs] window per write, the ids of the write before it stay in
-// the window, so a Guarded anchor or a lost reply of another writer is
-// still settled after one combined write.
+// maxBatch bounds the calls one write combines: at most half of the
+// [WriteIDs] window per write, so the ids of the write before it stay listed.
 const maxBatch = WriteIDs / 2
 
 // collKey names a collection of a client: the unit whose calls share the

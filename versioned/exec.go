@@ -29,10 +29,6 @@ func newWriteID() int64 {
 // widText is a write id as UnknownOutcomeError.WriteID shows it.
 func widText(wid int64) string { return strconv.FormatUint(uint64(wid), 16) } //nolint:gosec // the bits as they are
 
-// inTransaction reports whether ctx carries a session with a transaction
-// in progress.
-func inTransaction(ctx context.Context) bool { return settle.InTransaction(ctx) }
-
 // verdict is what a re-read says about a write whose reply was lost: the
 // engine's verdicts, named as the judges here use them.
 type verdict = settle.Verdict
@@ -80,15 +76,12 @@ type outcome struct {
 }
 
 // exec sends w through the library's settling engine (internal/settle):
-// if it fails ambiguously (see store.IsAmbiguous: a network error, a
-// timeout, a write-concern error, an error labelled RetryableWriteError),
-// the engine re-reads the document at majority to learn whether w landed:
-// it reports landed, reports not landed when w can never land any more, and
-// sends w again, with the same write id, while w has not landed but still
-// could; every copy carries a filter that lets at most one of them apply.
-// When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
-// never returns an ambiguous error as it is, except inside a transaction,
-// where the transaction, not the write, is the unit to retry.
+// if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
+// document at majority and, by w's judge, reports landed, reports not
+// landed, or sends w again with the same write id (every copy's filter lets
+// at most one apply). When a re-read cannot settle it, exec returns an
+// *UnknownOutcomeError; it returns an ambiguous error as it is only inside a
+// transaction, the unit to retry there.
 func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
 	res, err := settle.Exec(ctx, settle.Config{
 		Retry:          *p,
@@ -171,13 +164,7 @@ const (
 )
 
 // judgeCAS judges a write filtered on version == base (and, if incKnown, on
-// incarnation inc) that pushes write id w.wid. Versions of one
-// incarnation only grow, one per write, and every write pushes exactly one
-// id at the end of the list, which loses ids only from its front: so the
-// list holds the ids of the writes that made the last nids versions. A
-// version names its incarnation (Insert starts each at a random one), so a
-// document at base, or a little past it, is the incarnation the write
-// targeted. See DESIGN.md.
+// incarnation inc) that appends write id w.wid (DESIGN.md, "The judges").
 func judgeCAS(w *write, inc int64, incKnown bool) func(*docState) (verdict, string) {
 	return judgeSpan(w, inc, incKnown, 1)
 }

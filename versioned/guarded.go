@@ -47,9 +47,15 @@ import (
 // the id of a write the document carried when the repository last saw it
 // (or read it first, if it has not seen it), which makes sure that a copy
 // of the write sent again cannot apply twice. If more than WriteIDs writes
-// have landed since, the anchor is gone: Guarded reads once and sends
-// again. If the reply is lost and the write turns out to have landed, the
-// document returned is the one re-read, which may include later writes.
+// have landed since, the anchor is gone: Guarded reads and sends again, for
+// as long as the retry policy's MaxElapsedTime allows (Options.Retry or
+// WithRetry; default [DefaultRetryTime]), then returns a *ConflictError. So
+// that a busy document does not push anchors out, at most WriteIDs/4
+// Guarded calls per document and *mongo.Client are in flight; the others
+// wait their turn (one whose ctx ends meanwhile returns its error, having
+// sent nothing). If the reply is lost and the write turns out to have
+// landed, the document returned is the one re-read, which may include later
+// writes.
 func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
@@ -85,8 +91,6 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		return nil, wrapErr(op, idv, store.ContextError(ctx))
 	}
 	defer r.lines.exit(ck, g, true)
-	// An anchor pushed out (a busy document) makes Guarded re-read and
-	// send again, for as long as the policy's time allows.
 	budget, begun := r.policy(&cfg).MaxElapsedTime, time.Now()
 	if budget == 0 {
 		budget = DefaultRetryTime

@@ -7,10 +7,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// Guarded's update and filter, built as encoded bytes: the caller's update
-// is merged with the repository's own operators by copying, with no
-// document of boxed values for the driver to marshal again.
-
 // updateOps marshals Guarded's update and checks it (checkOps): the
 // operators every target server runs, on paths the caller may write, none
 // overlapping another. A bad update is an *InvalidError, nothing sent.

@@ -37,21 +37,16 @@ const (
 
 // Versions.
 const (
-	// startVersions bounds the version Insert starts a document at: a
-	// random value in [1, startVersions). Below 2^52, so that versions stay
-	// exact in clients that hold numbers as float64 (JavaScript, JSON).
+	// startVersions bounds the version Insert starts a document at: below
+	// 2^52, exact in clients that hold numbers as float64 (JavaScript).
 	startVersions = 1 << 52
-	// lastVersion is the largest version a document can have: no write can
-	// follow it, since the next version would overflow int64. A stored
-	// version above it is a *VersionTypeError.
+	// lastVersion is the largest version a document can have: the next
+	// would overflow int64. A stored version above it is a *VersionTypeError.
 	lastVersion = math.MaxInt64 - 1
 )
 
 // startVersion returns the version of a newly inserted document: random in
-// [1, 2^52), so that the version of a document deleted and inserted again
-// never meets a version of the one deleted (see DESIGN.md, "Versions name
-// their incarnation"). math/rand/v2's global generator is ChaCha8, seeded
-// from the operating system.
+// [1, 2^52) (DESIGN.md, "Versions name their incarnation").
 func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
 
 // readState parses the version of a stored document and its write-id
@@ -444,4 +439,20 @@ func appendIDElement(buf []byte, i int, id int64) []byte {
 	buf = strconv.AppendInt(buf, int64(i), 10)
 	buf = append(buf, 0)
 	return binary.LittleEndian.AppendUint64(buf, uint64(id)) //nolint:gosec // two's complement, as BSON stores it
+}
+
+// withMeta returns the encoded document raw with the write-id subdocument
+// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}. It
+// builds the bytes directly: Insert sends them as they are, with no
+// element-by-element copy for the driver to marshal again.
+func withMeta(raw bson.Raw, meta string, wid int64) bson.Raw {
+	out := make([]byte, 0, len(raw)+len(meta)+48)
+	out = append(out, raw[:len(raw)-1]...)
+	out, sub := openDoc(out, []byte(meta))
+	out = bsoncore.AppendInt64Element(out, metaInc, wid)
+	arr, out := bsoncore.AppendArrayElementStart(out, metaIDs)
+	out = appendIDElement(out, 0, wid)
+	out, _ = bsoncore.AppendArrayEnd(out, arr)
+	out = closeDoc(out, sub)
+	return closeDoc(out, 0)
 }
