@@ -116,6 +116,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return nil, err
 			}
 			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
+			if s.last != 0 {
+				// The list at that version is the one seen (see updateCAS).
+				filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+			}
 			ids = exactIDs(s.ids, w.wid).Value
 			w.judge = judgeCAS(w, s.inc, true)
 		} else {
@@ -174,7 +178,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			return nil, &NotFoundError{Op: op, ID: idv}
 		case st.version == lastVersion:
 			return nil, checkBase(op, r.opts.VersionField, st.version, true)
-		case !pinned && st.has(s.last), pinned && st.version == s.version && st.inc == s.inc:
+		case (s.last == 0 || st.has(s.last)) && (!pinned || st.version == s.version && st.inc == s.inc):
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		case ctx.Err() == nil && (budget < 0 || time.Since(begun) < budget):
@@ -284,7 +288,7 @@ func (r *Repo[T]) pathOK(path []byte) bool {
 		if first && (string(seg) == "_id" || string(seg) == r.opts.VersionField || string(seg) == r.opts.MetaField) {
 			return false
 		}
-		for _, res := range r.opts.Reserved { //nolint:modernize // slices.Contains(string(seg)) would allocate
+		for _, res := range r.opts.Reserved {
 			if first && string(seg) == res {
 				return false
 			}
