@@ -257,7 +257,7 @@ func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson
 // write: k = 1 for any other) and appends k write ids, the last of them
 // w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
 // stays listed while the document is less than n versions (its number of
-// ids) past base+k-1. See judgeCAS, and DESIGN.md, "Combining".
+// ids) past base+k-1. See DESIGN.md, "The judges" and "Combining".
 func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (verdict, string) {
 	return func(st *docState) (verdict, string) {
 		switch {

@@ -163,12 +163,6 @@ const (
 	whyUnrelated = "the document is at a version that cannot follow the write's: it was deleted and inserted again since (the write may have landed on the one deleted), or the majority-committed state has not caught up yet"
 )
 
-// judgeCAS judges a write filtered on version == base (and, if incKnown, on
-// incarnation inc) that appends write id w.wid (DESIGN.md, "The judges").
-func judgeCAS(w *write, inc int64, incKnown bool) func(*docState) (verdict, string) {
-	return judgeSpan(w, inc, incKnown, 1)
-}
-
 // classify tells why a write filtered on id, version == expected (and an
 // incarnation) and the guards matched nothing, from a re-read st (nil: no
 // document). A failed Where filter wins over a moved version: the caller's

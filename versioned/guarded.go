@@ -116,12 +116,11 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return nil, err
 			}
 			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
-			if s.last != 0 {
-				// The list at that version is the one seen (see updateCAS).
+			if s.last != 0 { // the list at that version is the one seen (see updateCAS)
 				filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
 			}
 			ids = exactIDs(s.ids, w.wid).Value
-			w.judge = judgeCAS(w, s.inc, true)
+			w.judge = judgeSpan(w, s.inc, true, 1)
 		} else {
 			// The version must be below the last one, so that $inc cannot
 			// wrap it (a stored version written by another program). The

@@ -215,11 +215,10 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 
 // updateCAS sends the updateOne of a write made against version base: the
 // field changes, the version set to base+1 and the write id pushed,
-// filtered on the id, base (which names the incarnation too) and the
-// guards; see exec. When the list of write ids at base is known (read, the
-// document as the caller read it at base, or the cache's), the filter pins
-// its incarnation and last id too, and the list is $set exactly instead,
-// which keeps the bound on servers that ignore $slice.
+// filtered on the id, base and the guards; see exec. When the list of write
+// ids at base is known (read, or cached), the filter pins the incarnation
+// and last id too, and the list is $set exactly (DESIGN.md, "What every
+// document carries").
 func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	ck := cacheKey(key)
@@ -256,7 +255,7 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 		}
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
-	w.judge = judgeCAS(w, s.inc, known)
+	w.judge = judgeSpan(w, s.inc, known, 1)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
