@@ -293,12 +293,9 @@ func (b *batch[T]) run(once bool) []*waiter {
 }
 
 // leaderStopped is the error of a leader whose context ended, given the
-// error err its batch stopped on: err itself, when it carries the leader's
-// context's error (retry.Do's, or the driver's on the leader's context);
-// otherwise the leader's context's error alone. The batch's I/O runs on a
-// context shared by its calls, ended when every call's context has ended:
-// the last attempt then failed on that (context.Canceled), which says
-// nothing the leader's own context does not (context.DeadlineExceeded, say).
+// error err its batch stopped on: err itself when it carries the leader's
+// context's error, else that error alone (the shared context's
+// context.Canceled says nothing the leader's own does not).
 func (b *batch[T]) leaderStopped(err error) error {
 	cerr := store.ContextError(b.lead.ctx)
 	if errors.Is(err, b.lead.ctx.Err()) {
@@ -580,13 +577,9 @@ func (b *batch[T]) try() error {
 	return b.conflicted(r.whyNotApplied(b.io, op, id, b.key, base, out.outcome, b.cfg.guards))
 }
 
-// conflicted reports err, if it is a *ConflictError (the batch's write did
-// not apply because the version moved), to the Observer once for each call
-// whose fn ran in the attempt, in the call's own context, and returns it.
-// Each of them runs its fn again on the next attempt, so a call sees one
-// Conflict event per attempt of its that failed on a conflict, whoever
-// else shared the write. Calls left for the next batch (deferred) took no
-// part in the write and get none.
+// conflicted reports err, if it is a *ConflictError, to the Observer once
+// for each call whose fn ran in the attempt, in the call's own context, and
+// returns it (DESIGN.md, "Combining", Events).
 func (b *batch[T]) conflicted(err error) error {
 	if b.r.opts.Observer == nil {
 		return err
@@ -600,12 +593,9 @@ func (b *batch[T]) conflicted(err error) error {
 }
 
 // batchObserver is the Observer of a batch's retry loop: it passes each
-// retry.Do event (Retry, BudgetRefused) to the Observer once for each call
-// still in the batch, in the call's context, with Attempt the number of
-// attempts that call took part in (a call that joined in a later batch counts its
-// own). After a Retry event it marks the calls idle, as OnRetry does
-// without an Observer: only then may a call whose context ended leave, so
-// that no event of the batch reaches a call after its end.
+// retry.Do event to the Observer once for each call still in the batch, in
+// the call's context, with the call's own Attempt; after a Retry event it
+// marks the calls idle, so that no event reaches a call after its end.
 type batchObserver[T any] struct {
 	b  *batch[T]
 	to observe.Observer
