@@ -1,7 +1,10 @@
 package versioned
 
 import (
+	"slices"
 	"sync"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // maxCached bounds the documents a repository remembers.
@@ -9,16 +12,16 @@ const maxCached = 4096
 
 // seen is what a repository last observed of one document. Safety never
 // depends on it: every value taken from it goes into a write's filter, so a
-// stale one makes the write match nothing (and the repository re-reads),
-// never apply where it should not; and a write whose version names its
-// incarnation needs nothing from it. It saves round trips: Guarded takes its
-// anchor from it instead of reading first. Delete takes from it the
-// incarnation of the version it deletes, when it saw that version, which
-// lets it settle a lost reply exactly instead of answering unknown.
+// stale one makes the write match nothing, never apply where it should not.
+// It saves round trips: Guarded's anchor, Update's exact list of write ids,
+// Delete's incarnation (DESIGN.md).
 type seen struct {
 	version int64
-	inc     string // the incarnation id ("" for none)
-	last    string // the id of the last write seen in the document ("" for none)
+	inc     int64 // the incarnation id (0 for none)
+	last    int64 // the id of the last write seen in the document (0 for none)
+	// ids is the list of write ids at version, if known (never changed
+	// once stored): a write that pins the version $sets the list from it.
+	ids bson.RawArray
 }
 
 // docCache remembers, per document id, the last observation, and the
@@ -51,7 +54,7 @@ func cacheKey(key docKey) cacheID {
 // observe records a stored document as read. An observation of the same
 // incarnation at an older version than the one held is ignored.
 func (c *docCache) observe(key cacheID, st *docState) {
-	c.put(key, seen{version: st.version, inc: st.inc, last: st.last()})
+	c.put(key, seen{version: st.version, inc: st.inc, last: st.last(), ids: slices.Clone(st.ids)})
 }
 
 // put records s unless it is older than what is held of the same

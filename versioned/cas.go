@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/mongocas/mongocas/store"
 )
@@ -26,30 +27,30 @@ type casOut struct {
 // entries and wids, filtered on the id (and shard key), the version and
 // incarnation read, and the guards. See exec for what happens when it fails
 // ambiguously (to are the contexts its events go to: see write.to).
-func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []string, to []context.Context, cfg *writeConfig) (casOut, error) {
+func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
 	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
 	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, cfg.sets...)
+	ids := exactIDs(read.ids, wids...)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
-		bson.E{Key: r.idsPath(), Value: exactIDsN(read, wids)})
+		bson.E{Key: r.idsPath(), Value: ids})
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
 	// Where the server runs update pipelines, the same write as one
-	// findOneAndUpdate filtered on the id (and shard key) alone, whose
-	// pipeline applies the change only if the version and incarnation are
-	// the ones read, and which returns the document either way: a conflict
-	// then costs one round trip, since the retry starts from the document
-	// it returned (Modify's first conflict; see batch.attempt).
-	var pipe mongo.Pipeline
+	// findOneAndUpdate filtered on the key alone, whose pipeline applies the
+	// change only if the version and incarnation are the ones read, and
+	// which returns the document either way (DESIGN.md, "Combining").
+	var pipe rawPipeline
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {
 		pipe = r.casPipeline(read, set, unset)
+		usePipe = pipe != nil
 	}
 	w.send = func(ctx context.Context) (sent, error) {
 		if usePipe && !r.lines.noPipes.Load() {
@@ -75,7 +76,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		if out.reread != nil {
 			inc = out.reread.inc
 		}
-		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid})
+		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
 	var cur *docState
@@ -96,7 +97,7 @@ var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 // run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
 // without applying a change whose condition held. The repository then sends
 // the updateOne form from now on.
-func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe mongo.Pipeline, wid string) (s sent, ok bool, err error) {
+func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe rawPipeline, wid int64) (s sent, ok bool, err error) {
 	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
 	case errors.Is(err, mongo.ErrNoDocuments):
@@ -136,6 +137,13 @@ func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	return err == nil && kind != store.FerretDBv1
 }
 
+// ignoresSlice reports whether the server ignores $slice in $push
+// (FerretDB v1; store.Server.Kind, from buildInfo asked once per client).
+func (r *Repo[T]) ignoresSlice(ctx context.Context) bool {
+	kind, err := r.server.Kind(ctx)
+	return err == nil && kind == store.FerretDBv1
+}
+
 // Error codes of a server that refuses an update pipeline.
 const (
 	codeFailedToParse  = 9
@@ -156,40 +164,101 @@ func refusesPipeline(err error) bool {
 // field of set (a literal) and unset ($$REMOVE), the version and the list
 // of write ids take their new value if the version and incarnation are
 // still read's, and keep their own otherwise. set already holds the
-// version and the list of write ids.
-func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) mongo.Pipeline {
-	ver := bson.D{{Key: "$eq", Value: bson.A{"$" + r.opts.VersionField, read.version}}}
-	if read.version == 0 {
-		// Version 0 is also a document without a version field.
-		ver = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$" + r.opts.VersionField, int64(0)}}}, int64(0)}}}
+// version and the list of write ids. It is built as bytes (nil if a value
+// cannot be encoded: the updateOne form then).
+func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
+	cond := r.casCond(read)
+	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
+	stage, b := bsoncore.AppendDocumentElementStart(b, "0")
+	fields, b := bsoncore.AppendDocumentElementStart(b, "$set")
+	for i, n := 0, len(set)+len(unset); i < n; i++ {
+		var (
+			key  string
+			v    bson.RawValue // the new value; none: removed
+			f, c int32
+		)
+		if i < len(set) {
+			key = set[i].Key
+			var ok bool
+			if v, ok = set[i].Value.(bson.RawValue); !ok {
+				t, data, err := bson.MarshalValue(set[i].Value)
+				if err != nil {
+					return nil
+				}
+				v = bson.RawValue{Type: t, Value: data}
+			}
+		} else {
+			key = unset[i-len(set)].Key
+		}
+		f, b = bsoncore.AppendDocumentElementStart(b, key)
+		c, b = bsoncore.AppendArrayElementStart(b, "$cond")
+		b = bsoncore.AppendDocumentElement(b, "0", cond)
+		if v.Type == 0 {
+			b = bsoncore.AppendStringElement(b, "1", "$$REMOVE")
+		} else {
+			var lit int32
+			lit, b = bsoncore.AppendDocumentElementStart(b, "1")
+			b = bsoncore.AppendValueElement(b, "$literal", bsoncore.Value{Type: bsoncore.Type(v.Type), Data: v.Value})
+			b, _ = bsoncore.AppendDocumentEnd(b, lit)
+		}
+		b = appendFieldPath(b, "2", key)
+		b, _ = bsoncore.AppendArrayEnd(b, c)
+		b, _ = bsoncore.AppendDocumentEnd(b, f)
 	}
-	incPath := "$" + r.opts.MetaField + "." + metaInc
-	inc := bson.D{{Key: "$eq", Value: bson.A{incPath, read.inc}}}
-	if read.inc == "" {
-		inc = bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$type", Value: incPath}}, "missing"}}}
-	}
-	cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
-	fields := make(bson.D, 0, len(set)+len(unset))
-	for _, e := range set {
-		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
-			cond, bson.D{{Key: "$literal", Value: e.Value}}, "$" + e.Key,
-		}}}})
-	}
-	for _, e := range unset {
-		fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{
-			cond, "$$REMOVE", "$" + e.Key,
-		}}}})
-	}
-	return mongo.Pipeline{{{Key: "$set", Value: fields}}}
+	b, _ = bsoncore.AppendDocumentEnd(b, fields)
+	b, _ = bsoncore.AppendDocumentEnd(b, stage)
+	return closeDoc(b, 0)
 }
+
+// casCond is the pipeline's condition C: the version and the incarnation
+// are read's, a missing one counting as 0 (version 0 is also a document
+// without a version field; incarnation 0, one without an incarnation):
+// {$and: [{$eq: [{$ifNull: ["$version", 0]}, v]}, {$eq: [.. "$_mc.inc" .., inc]}]}.
+func (r *Repo[T]) casCond(read *docState) bson.Raw {
+	b := make([]byte, 4, 128+len(r.opts.VersionField)+len(r.opts.MetaField))
+	and, b := bsoncore.AppendArrayElementStart(b, "$and")
+	for i, e := range [2]struct {
+		path string
+		v    int64
+	}{{r.opts.VersionField, read.version}, {metaPath(r.opts.MetaField, metaInc), read.inc}} {
+		var eq, args, ifNull, nullArgs int32
+		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
+		args, b = bsoncore.AppendArrayElementStart(b, "$eq")
+		ifNull, b = bsoncore.AppendDocumentElementStart(b, "0")
+		nullArgs, b = bsoncore.AppendArrayElementStart(b, "$ifNull")
+		b = appendFieldPath(b, "0", e.path)
+		b = bsoncore.AppendInt64Element(b, "1", 0)
+		b, _ = bsoncore.AppendArrayEnd(b, nullArgs)
+		b, _ = bsoncore.AppendDocumentEnd(b, ifNull)
+		b = bsoncore.AppendInt64Element(b, "1", e.v)
+		b, _ = bsoncore.AppendArrayEnd(b, args)
+		b, _ = bsoncore.AppendDocumentEnd(b, eq)
+	}
+	b, _ = bsoncore.AppendArrayEnd(b, and)
+	return closeDoc(b, 0)
+}
+
+// appendFieldPath appends the string element key: "$path".
+func appendFieldPath(b []byte, key, path string) []byte {
+	b = append(b, byte(bson.TypeString))
+	b = append(append(b, key...), 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(path)+2)) //nolint:gosec // a field name
+	return append(append(append(b, '$'), path...), 0)
+}
+
+// rawPipeline is an update pipeline encoded as a BSON array.
+type rawPipeline []byte
+
+// MarshalBSONValue gives the driver the pipeline as it is.
+func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson.TypeArray), p, nil }
 
 // judgeSpan judges a write filtered on version == w.base (and, if
 // incKnown, incarnation inc) that makes k versions at once (a combined
 // write: k = 1 for any other) and appends k write ids, the last of them
 // w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
 // stays listed while the document is less than n versions (its number of
-// ids) past base+k-1. See judgeCAS, and DESIGN.md, "Combining".
-func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (verdict, string) {
+// ids) past base+k-1. See DESIGN.md, "The judges" and "Combining".
+func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (verdict, string) {
 	return func(st *docState) (verdict, string) {
 		switch {
 		case st == nil:
@@ -207,34 +276,4 @@ func judgeSpan(w *write, inc string, incKnown bool, k int64) func(*docState) (ve
 		}
 		return unknown, whyUnrelated
 	}
-}
-
-// exactIDsN is the list of write ids after a write that appends wids to
-// the document st as read: its last WriteIDs-len(wids) entries and wids, as
-// a BSON array. exactIDs is exactIDsN of one id.
-func exactIDsN(st *docState, wids []string) bson.RawValue {
-	k := int64(len(wids))
-	skip := max(st.nids()-(WriteIDs-k), 0)
-	buf := make([]byte, 4, 5+WriteIDs*(len(wids[0])+9))
-	i := 0
-	for it := st.iter(); ; {
-		id, ok := it.next()
-		if !ok {
-			break
-		}
-		if skip > 0 {
-			skip--
-			continue
-		}
-		buf = appendIDElement(buf, i, id)
-		i++
-	}
-	for _, wid := range wids {
-		buf = appendIDElement(buf, i, []byte(wid))
-		i++
-	}
-	buf = append(buf, 0)
-	binary.LittleEndian.PutUint32(buf, uint32(len(buf))) //nolint:gosec // at most WriteIDs short ids
-
-	return bson.RawValue{Type: bson.TypeArray, Value: buf}
 }

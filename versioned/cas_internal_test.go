@@ -8,7 +8,7 @@ import (
 )
 
 // stateWith returns a document at version ver carrying the given write ids.
-func stateWith(t *testing.T, ver int64, inc string, ids ...string) *docState {
+func stateWith(t *testing.T, ver, inc int64, ids ...int64) *docState {
 	t.Helper()
 	a := make(bson.A, 0, len(ids))
 	for _, id := range ids {
@@ -22,35 +22,35 @@ func stateWith(t *testing.T, ver int64, inc string, ids ...string) *docState {
 	return &docState{raw: raw, version: ver, inc: inc, ids: arr}
 }
 
-func idsOf(t *testing.T, v bson.RawValue) []string {
+func idsOf(t *testing.T, v bson.RawValue) []int64 {
 	t.Helper()
 	vals, err := v.Array().Values()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]string, len(vals))
+	out := make([]int64, len(vals))
 	for i, x := range vals {
-		out[i] = x.StringValue()
+		out[i] = x.Int64()
 	}
 	return out
 }
 
-// TestExactIDsN: a write appending k ids keeps the last WriteIDs-k ids read,
+// TestExactIDs: a write appending k ids keeps the last WriteIDs-k ids read,
 // so the list never holds more than WriteIDs.
-func TestExactIDsN(t *testing.T) {
-	read := make([]string, 0, WriteIDs)
+func TestExactIDs(t *testing.T) {
+	read := make([]int64, 0, WriteIDs)
 	for i := range WriteIDs {
-		read = append(read, "r"+string(rune('A'+i)))
+		read = append(read, int64(1000+i))
 	}
 	for _, tc := range []struct{ have, k int }{{0, 1}, {3, 2}, {WriteIDs - 1, 1}, {WriteIDs, 1}, {WriteIDs, maxBatch}, {5, maxBatch}} {
-		st := stateWith(t, 10, "i", read[:tc.have]...)
-		wids := make([]string, 0, tc.k)
+		st := stateWith(t, 10, 1, read[:tc.have]...)
+		wids := make([]int64, 0, tc.k)
 		for j := range tc.k {
-			wids = append(wids, "w"+string(rune('a'+j)))
+			wids = append(wids, int64(-1-j))
 		}
-		got := idsOf(t, exactIDsN(st, wids))
+		got := idsOf(t, exactIDs(st.ids, wids...))
 		keep := min(tc.have, WriteIDs-tc.k)
-		want := append(append([]string{}, read[tc.have-keep:tc.have]...), wids...)
+		want := append(append([]int64{}, read[tc.have-keep:tc.have]...), wids...)
 		if len(got) != len(want) {
 			t.Fatalf("have %d, k %d: got %d ids %v, want %v", tc.have, tc.k, len(got), got, want)
 		}
@@ -59,9 +59,6 @@ func TestExactIDsN(t *testing.T) {
 				t.Fatalf("have %d, k %d: got %v, want %v", tc.have, tc.k, got, want)
 			}
 		}
-		if one := idsOf(t, exactIDs(st, wids[0])); tc.k == 1 && len(one) != len(got) {
-			t.Fatalf("exactIDs and exactIDsN of one id differ: %v, %v", one, got)
-		}
 	}
 }
 
@@ -69,14 +66,15 @@ func TestExactIDsN(t *testing.T) {
 // id is w, judged from a re-read.
 func TestJudgeSpan(t *testing.T) {
 	const b, k = 100, 3
-	w := &write{wid: "w3", base: b}
-	judge := judgeSpan(w, "i", true, k)
-	full := func(ver int64, last ...string) *docState {
-		ids := make([]string, 0, 8)
+	const inc, w1, w2, w3, y1, y2 = 7, 31, 32, 33, 41, 42
+	w := &write{wid: w3, base: b}
+	judge := judgeSpan(w, inc, true, k)
+	full := func(ver int64, last ...int64) *docState {
+		ids := make([]int64, 0, 8)
 		for i := range 8 - len(last) {
-			ids = append(ids, "x"+string(rune('a'+i)))
+			ids = append(ids, int64(50+i))
 		}
-		return stateWith(t, ver, "i", append(ids, last...)...)
+		return stateWith(t, ver, inc, append(ids, last...)...)
 	}
 	for _, tc := range []struct {
 		name string
@@ -84,9 +82,9 @@ func TestJudgeSpan(t *testing.T) {
 		want verdict
 	}{
 		{"gone", nil, unknown},
-		{"landed", full(b+k, "w1", "w2", "w3"), landed},
-		{"landed, then more writes", full(b+k+2, "w1", "w2", "w3", "y1", "y2"), landed},
-		{"other incarnation", stateWith(t, b, "j"), unknown},
+		{"landed", full(b+k, w1, w2, w3), landed},
+		{"landed, then more writes", full(b+k+2, w1, w2, w3, y1, y2), landed},
+		{"other incarnation", stateWith(t, b, inc+1), unknown},
 		{"not yet", full(b), live},
 		{"another write won", full(b + 1), dead},
 		{"another write won, k-1 later", full(b + k - 1), dead},
@@ -107,17 +105,17 @@ func TestJudgeSpan(t *testing.T) {
 func TestPushIDEncoding(t *testing.T) {
 	for _, path := range []string{"_mc.ids", "meta.ids"} {
 		want, err := bson.Marshal(bson.D{{Key: path, Value: bson.D{
-			{Key: "$each", Value: bson.A{"WID"}},
+			{Key: "$each", Value: bson.A{int64(-5)}},
 			{Key: "$slice", Value: int32(-WriteIDs)},
 		}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := pushID(path, "WID"); !bytes.Equal(got, want) {
+		if got := pushID(path, -5); !bytes.Equal(got, want) {
 			t.Fatalf("got %v, want %v", got, bson.Raw(want))
 		}
 	}
-	if metaPath("meta", metaIDs) != "meta.ids" || metaPath(DefaultMetaField, metaH) != "_mc.h" {
+	if metaPath("meta", metaIDs) != "meta.ids" || metaPath(DefaultMetaField, metaInc) != "_mc.inc" {
 		t.Fatal("metaPath")
 	}
 }
@@ -125,11 +123,11 @@ func TestPushIDEncoding(t *testing.T) {
 // TestAnchorAndWithMetaEncoding: the filter clause and the inserted
 // metadata built by hand are the ones the driver marshals.
 func TestAnchorAndWithMetaEncoding(t *testing.T) {
-	want, err := bson.Marshal(bson.D{{Key: "$eq", Value: "A"}, {Key: "$ne", Value: "W"}})
+	want, err := bson.Marshal(bson.D{{Key: "$eq", Value: int64(3)}, {Key: "$ne", Value: int64(-9)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := anchorClause("A", "W"); !bytes.Equal(got, want) {
+	if got := anchorClause(3, -9); !bytes.Equal(got, want) {
 		t.Fatalf("anchor: got %v, want %v", got, bson.Raw(want))
 	}
 	doc, err := bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}})
@@ -137,12 +135,38 @@ func TestAnchorAndWithMetaEncoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, err = bson.Marshal(bson.D{{Key: "_id", Value: "x"}, {Key: "n", Value: int64(1)}, {Key: "_mc", Value: bson.D{
-		{Key: metaInc, Value: "W"}, {Key: metaH, Value: int32(WriteIDs)}, {Key: metaIDs, Value: bson.A{"W"}},
+		{Key: metaInc, Value: int64(-9)}, {Key: metaIDs, Value: bson.A{int64(-9)}},
 	}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := withMeta(doc, "_mc", "W"); !bytes.Equal(got, want) {
+	if got := withMeta(doc, "_mc", -9); !bytes.Equal(got, want) {
 		t.Fatalf("withMeta: got %v, want %v", got, bson.Raw(want))
+	}
+}
+
+// TestCASPipelineEncoding: the pipeline built as bytes is the one the
+// driver would marshal from documents of $cond expressions.
+func TestCASPipelineEncoding(t *testing.T) {
+	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}}
+	ids := exactIDs(nil, 5, 6)
+	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
+		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}
+		unset := bson.D{{Key: "note", Value: ""}}
+		ver := bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$version", int64(0)}}}, read.version}}}
+		inc := bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$_mc.inc", int64(0)}}}, read.inc}}}
+		cond := bson.D{{Key: "$and", Value: bson.A{ver, inc}}}
+		fields := bson.D{}
+		for _, e := range set {
+			fields = append(fields, bson.E{Key: e.Key, Value: bson.D{{Key: "$cond", Value: bson.A{cond, bson.D{{Key: "$literal", Value: e.Value}}, "$" + e.Key}}}})
+		}
+		fields = append(fields, bson.E{Key: "note", Value: bson.D{{Key: "$cond", Value: bson.A{cond, "$$REMOVE", "$note"}}}})
+		_, want, err := bson.MarshalValue(bson.A{bson.D{{Key: "$set", Value: fields}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := repo.casPipeline(read, set, unset); !bytes.Equal(got, want) {
+			t.Fatalf("version %d: got %v, want %v", read.version, bson.RawArray(got), bson.RawArray(want))
+		}
 	}
 }

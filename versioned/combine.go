@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -9,21 +10,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// Combining. Modify calls on one document in one process wait in line, per
-// document (its id, and its shard-key values: the key every filter of the
-// batch carries), instead of racing each other through the server: the call
-// at the head of the line leads a batch (itself and the calls behind it of
-// the same repository, up to maxBatch), reads once, applies each call's fn
-// in turn and writes once. The line is shared by every Repo on the same
-// collection of the same client (one client stands for one process: a
-// second client is another process to the server, and its calls race
-// through the version check as before). See DESIGN.md, "Combining".
+// Combining: Modify calls on one document in one process wait in line, per
+// document key, shared by every Repo on the collection through the client;
+// see DESIGN.md, "Combining".
 
-// maxBatch bounds the calls one write combines. A combined write appends
-// one write id per call whose fn changed the document; with at most half of
-// the [WriteIDs] window per write, the ids of the write before it stay in
-// the window, so a Guarded anchor or a lost reply of another writer is
-// still settled after one combined write.
+// maxBatch bounds the calls one write combines: at most half of the
+// [WriteIDs] window per write, so the ids of the write before it stay listed.
 const maxBatch = WriteIDs / 2
 
 // collKey names a collection of a client: the unit whose calls share the
@@ -43,8 +35,9 @@ var lines struct {
 // collLines holds the lines of the documents of one collection that have
 // calls waiting or in progress.
 type collLines struct {
-	mu   sync.Mutex
-	docs map[cacheID]*line
+	mu    sync.Mutex
+	docs  map[cacheID]*line
+	gates map[cacheID]*gate // Guarded's, per document with calls in flight
 	// noPipes says that the server refused an update pipeline for Modify's
 	// writes, or ran one wrongly (see usePipelines).
 	noPipes atomic.Bool
@@ -103,7 +96,7 @@ func linesOf(coll *mongo.Collection) *collLines {
 	if lines.m == nil {
 		lines.m = map[collKey]*collLines{}
 	}
-	l := &collLines{docs: map[cacheID]*line{}}
+	l := &collLines{docs: map[cacheID]*line{}, gates: map[cacheID]*gate{}}
 	lines.m[k] = l
 	runtime.AddCleanup(client, func(k collKey) {
 		lines.mu.Lock()
@@ -241,4 +234,52 @@ func (c *collLines) promote(dk cacheID, l *line) {
 	h := l.waiting[0]
 	h.state = wLeading
 	h.signal()
+}
+
+// guardedSlots bounds the Guarded writes to one document that one client
+// has in flight. A write's anchor is the last write id its process saw,
+// and every write in flight may land before it: 4 processes at this bound
+// have at most WriteIDs writes in flight, so a busy document seldom pushes
+// an anchor out of the window (Guarded then reads and sends again).
+const guardedSlots = WriteIDs / 4
+
+// gate is the slots of one document's Guarded writes.
+type gate struct {
+	slots chan struct{}
+	users int // calls holding or waiting for a slot, guarded by the collLines' mutex
+}
+
+var gates = sync.Pool{New: func() any { return &gate{slots: make(chan struct{}, guardedSlots)} }}
+
+// enter waits for one of document dk's Guarded slots, which the caller
+// frees with exit; or returns the context's error, having taken none.
+func (c *collLines) enter(ctx context.Context, dk cacheID) (*gate, error) {
+	c.mu.Lock()
+	g := c.gates[dk]
+	if g == nil {
+		g = gates.Get().(*gate) //nolint:forcetypeassert // the pool's own type
+		c.gates[dk] = g
+	}
+	g.users++
+	c.mu.Unlock()
+	select {
+	case g.slots <- struct{}{}:
+		return g, nil
+	case <-ctx.Done():
+		c.exit(dk, g, false)
+		return nil, ctx.Err()
+	}
+}
+
+// exit leaves document dk's gate g, freeing the slot it held if held.
+func (c *collLines) exit(dk cacheID, g *gate, held bool) {
+	if held {
+		<-g.slots
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.users--; g.users == 0 {
+		delete(c.gates, dk)
+		gates.Put(g)
+	}
 }

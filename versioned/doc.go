@@ -47,7 +47,7 @@
 // through the server: they wait in line (one line per document, shared by
 // every Repo on the same collection of the same *mongo.Client), and the
 // call at the head of the line combines itself and the calls behind it
-// from the same Repo, up to 16, into one read and one write: it calls each
+// from the same Repo, up to 8, into one read and one write: it calls each
 // fn in turn, each on the state the one before left, and the write gives
 // each call a version and a write id of its own. Across processes (other
 // clients) the version check arbitrates, as for any write. Modify's
@@ -121,7 +121,8 @@
 //     by default) cannot be written through Guarded or Modify. A version
 //     never wraps: a copy whose version is negative or above
 //     math.MaxInt64-1 is refused, and no write raises math.MaxInt64-1.
-//   - Write ids take at most [WriteIDs] entries per document, whoever writes.
+//   - Write ids take at most [WriteIDs] entries per document, whoever writes:
+//     the version and the metadata take about 230 bytes.
 //   - Inside a transaction every call takes part in it; Modify makes one
 //     attempt, and an ambiguous error is returned as it is, for the
 //     transaction's own retry loop.
@@ -129,7 +130,8 @@
 //
 // These rest on MongoDB's single-document atomicity. The mongotest
 // package's embedded FerretDB backend provides it only behind its
-// serializing proxy, and ignores $slice (see DESIGN.md).
+// serializing proxy, and ignores $slice: there the writes that pin a
+// version keep the list of write ids bounded (see DESIGN.md).
 //
 // # Errors
 //

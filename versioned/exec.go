@@ -2,8 +2,9 @@ package versioned
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
+	mrand "math/rand/v2"
+	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -13,13 +14,20 @@ import (
 	"github.com/mongocas/mongocas/retry"
 )
 
-// newWriteID returns a fresh write id: 128 random bits as 26 base32
-// characters, which are valid field names.
-func newWriteID() string { return rand.Text() }
+// newWriteID returns a fresh write id: a random non-zero int64 from
+// math/rand/v2's ChaCha8, seeded by the runtime from the OS. A judge
+// compares one id with at most WriteIDs others: a false match has
+// probability about WriteIDs/2^64.
+func newWriteID() int64 {
+	for {
+		if id := int64(mrand.Uint64()); id != 0 { //nolint:gosec // any bit pattern is an id
+			return id
+		}
+	}
+}
 
-// inTransaction reports whether ctx carries a session with a transaction
-// in progress.
-func inTransaction(ctx context.Context) bool { return settle.InTransaction(ctx) }
+// widText is a write id as UnknownOutcomeError.WriteID shows it.
+func widText(wid int64) string { return strconv.FormatUint(uint64(wid), 16) } //nolint:gosec // the bits as they are
 
 // verdict is what a re-read says about a write whose reply was lost: the
 // engine's verdicts, named as the judges here use them.
@@ -44,7 +52,7 @@ type write struct {
 	op   string
 	id   any    // the caller's id, for errors
 	key  docKey // the encoded id, and the shard-key values
-	wid  string // the write id it stamps ("" for a delete)
+	wid  int64  // the write id it stamps (0 for a delete)
 	base int64  // the version it records with its write id
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
@@ -68,15 +76,12 @@ type outcome struct {
 }
 
 // exec sends w through the library's settling engine (internal/settle):
-// if it fails ambiguously (see store.IsAmbiguous: a network error, a
-// timeout, a write-concern error, an error labelled RetryableWriteError),
-// the engine re-reads the document at majority to learn whether w landed:
-// it reports landed, reports not landed when w can never land any more, and
-// sends w again, with the same write id, while w has not landed but still
-// could; every copy carries a filter that lets at most one of them apply.
-// When a re-read cannot settle it, exec returns an *UnknownOutcomeError. It
-// never returns an ambiguous error as it is, except inside a transaction,
-// where the transaction, not the write, is the unit to retry.
+// if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
+// document at majority and, by w's judge, reports landed, reports not
+// landed, or sends w again with the same write id (every copy's filter lets
+// at most one apply). When a re-read cannot settle it, exec returns an
+// *UnknownOutcomeError; it returns an ambiguous error as it is only inside a
+// transaction, the unit to retry there.
 func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
 	res, err := settle.Exec(ctx, settle.Config{
 		Retry:          *p,
@@ -147,7 +152,7 @@ func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) erro
 	if st != nil {
 		cur = st.version
 	}
-	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: w.wid, Base: w.base, Current: cur, Reason: reason, Err: err}
+	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid), Base: w.base, Current: cur, Reason: reason, Err: err}
 }
 
 // Reasons an outcome is unknown.
@@ -157,18 +162,6 @@ const (
 	whyFar       = "more write ids than the document keeps were added since"
 	whyUnrelated = "the document is at a version that cannot follow the write's: it was deleted and inserted again since (the write may have landed on the one deleted), or the majority-committed state has not caught up yet"
 )
-
-// judgeCAS judges a write filtered on version == base (and, if incKnown, on
-// incarnation inc) that pushes write id w.wid. Versions of one
-// incarnation only grow, one per write, and every write pushes exactly one
-// id at the end of the list, which loses ids only from its front: so the
-// list holds the ids of the writes that made the last nids versions. A
-// version names its incarnation (Insert starts each at a random one), so a
-// document at base, or a little past it, is the incarnation the write
-// targeted. See DESIGN.md.
-func judgeCAS(w *write, inc string, incKnown bool) func(*docState) (verdict, string) {
-	return judgeSpan(w, inc, incKnown, 1)
-}
 
 // classify tells why a write filtered on id, version == expected (and an
 // incarnation) and the guards matched nothing, from a re-read st (nil: no

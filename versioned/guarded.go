@@ -1,14 +1,18 @@
 package versioned
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Guarded applies the caller's update operators to the document with the
@@ -43,9 +47,15 @@ import (
 // the id of a write the document carried when the repository last saw it
 // (or read it first, if it has not seen it), which makes sure that a copy
 // of the write sent again cannot apply twice. If more than WriteIDs writes
-// have landed since, the anchor is gone: Guarded reads once and sends
-// again. If the reply is lost and the write turns out to have landed, the
-// document returned is the one re-read, which may include later writes.
+// have landed since, the anchor is gone: Guarded reads and sends again, for
+// as long as the retry policy's MaxElapsedTime allows (Options.Retry or
+// WithRetry; default [DefaultRetryTime]), then returns a *ConflictError. So
+// that a busy document does not push anchors out, at most WriteIDs/4
+// Guarded calls per document and *mongo.Client are in flight; the others
+// wait their turn (one whose ctx ends meanwhile returns its error, having
+// sent nothing). If the reply is lost and the write turns out to have
+// landed, the document returned is the one re-read, which may include later
+// writes.
 func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
@@ -76,6 +86,15 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 	}
 	ck := cacheKey(key)
+	g, err := r.lines.enter(ctx, ck)
+	if err != nil {
+		return nil, wrapErr(op, idv, store.ContextError(ctx))
+	}
+	defer r.lines.exit(ck, g, true)
+	budget, begun := r.policy(&cfg).MaxElapsedTime, time.Now()
+	if budget == 0 {
+		budget = DefaultRetryTime
+	}
 	for round := 0; ; round++ {
 		s, ok := r.cache.lookup(ck)
 		if !ok {
@@ -83,17 +102,31 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			if err != nil {
 				return nil, err
 			}
-			s = seen{version: st.version, inc: st.inc, last: st.last()}
+			s = seen{version: st.version, inc: st.inc, last: st.last(), ids: st.ids}
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := key.Filter()
-		if s.last != "" {
+		// A document with no write id yet, or (on a server that ignores
+		// $slice) a full list: pin the version and incarnation, and $set
+		// the list exactly, which keeps the bound there.
+		pinned := s.last == 0 || (round < 2 && countIDs(s.ids) >= WriteIDs && r.ignoresSlice(ctx))
+		var ids []byte
+		if pinned {
+			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
+				return nil, err
+			}
+			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
+			if s.last != 0 { // the list at that version is the one seen (see updateCAS)
+				filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+			}
+			ids = exactIDs(s.ids, w.wid).Value
+			w.judge = judgeSpan(w, s.inc, true, 1)
+		} else {
 			// The version must be below the last one, so that $inc cannot
-			// wrap it (a stored version written by another program).
-			filter = append(filter, r.versionBelowLast())
-			// The anchor: present while the write's own id, pushed after
-			// it, cannot have been cut from the list.
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+			// wrap it (a stored version written by another program). The
+			// anchor: present while the write's own id, pushed after it,
+			// cannot have been cut from the list.
+			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (verdict, string) {
 				switch {
 				case st == nil:
@@ -105,18 +138,9 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				}
 				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
 			}
-		} else {
-			// A document that carries no write id yet: pin its version,
-			// which must be below the last one.
-			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
-				return nil, err
-			}
-			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc),
-				bson.E{Key: r.idsPath(), Value: bson.D{{Key: "$ne", Value: w.wid}}})
-			w.judge = judgeCAS(w, s.inc, true)
 		}
 		filter = withGuards(filter, guards)
-		upd := r.guardedWrite(ops, w.wid)
+		upd := r.guardedWrite(ops, w.wid, ids)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -147,17 +171,16 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 				return nil, err
 			}
 		}
-		anchored := s.last != ""
 		switch {
 		case st == nil:
 			r.cache.forget(ck)
 			return nil, &NotFoundError{Op: op, ID: idv}
 		case st.version == lastVersion:
 			return nil, checkBase(op, r.opts.VersionField, st.version, true)
-		case anchored && st.has(s.last), !anchored && st.version == s.version && st.inc == s.inc:
+		case (s.last == 0 || st.has(s.last)) && (!pinned || st.version == s.version && st.inc == s.inc):
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
-		case round < maxResends:
+		case ctx.Err() == nil && (budget < 0 || time.Since(begun) < budget):
 			continue // the re-read refreshed the anchor
 		}
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
@@ -167,69 +190,149 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	}
 }
 
-// checkOps validates the caller's update of Guarded and returns it as a
-// bson.D of operators, each holding a bson.D of raw values.
-func (r *Repo[T]) checkOps(op string, update any) (bson.D, error) {
-	bad := func(field, format string, args ...any) (bson.D, error) {
-		return nil, &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf(format, args...)}
+// checkOps checks an encoded update of Guarded (or the $set of WithSet's
+// fields): the operators every target server runs, each naming at least one
+// path; paths the caller may write (checkPath), with values their operator
+// takes (checkOperand), none overlapping another; at most MongoDB's document
+// size. It walks the bytes, and allocates only to say what is wrong.
+func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
+	var (
+		err   error
+		ops   int
+		paths = make([][]byte, 0, 8)
+	)
+	bad := func(field, format string, args ...any) bool {
+		err = &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf(format, args...)}
+		return false
+	}
+	walked := elements(raw, func(name []byte, v bson.RawValue) bool {
+		ops++
+		switch string(name) {
+		case "$set", "$unset", "$inc", "$currentDate":
+		case "$setOnInsert":
+			return bad(string(name), "Guarded never inserts, so $setOnInsert would do nothing")
+		default:
+			return bad(string(name), "operator not allowed: use $set, $unset, $inc or $currentDate (the operators every target server runs)")
+		}
+		if v.Type != bson.TypeEmbeddedDocument {
+			return bad(string(name), "the value of %s is a %s, want a document", name, v.Type)
+		}
+		fields := 0
+		walked := elements(v.Value, func(path []byte, fv bson.RawValue) bool {
+			fields++
+			if !r.pathOK(path) {
+				if err = r.checkPath(op, string(path)); err != nil {
+					return false
+				}
+			}
+			if !operandOK(name, fv) {
+				if err = checkOperand(op, string(name), string(path), fv); err != nil {
+					return false
+				}
+			}
+			for _, p := range paths {
+				if overlap(p, path) {
+					return bad(string(path), "paths %q and %q overlap", p, path)
+				}
+			}
+			paths = append(paths, path)
+			return true
+		})
+		if walked && fields == 0 {
+			return bad(string(name), "%s names no field", name)
+		}
+		return walked
+	})
+	switch {
+	case err != nil:
+		return err
+	case !walked:
+		return &InvalidError{Op: op, Field: "update", Reason: "malformed BSON"}
+	case ops == 0:
+		return &InvalidError{Op: op, Field: "update", Reason: "update has no operators"}
+	case len(raw) > maxDocSize:
+		return &InvalidError{Op: op, Field: "update", Reason: fmt.Sprintf("update is %d bytes: what it sets would make the document exceed MongoDB's %d-byte limit", len(raw), maxDocSize)}
+	}
+	return nil
+}
+
+// opsOf is a checked update as a bson.D of operators, each holding a bson.D
+// of raw values.
+func opsOf(raw bson.Raw) bson.D {
+	var ops bson.D
+	elements(raw, func(name []byte, v bson.RawValue) bool {
+		var d bson.D
+		elements(v.Value, func(path []byte, fv bson.RawValue) bool {
+			d = append(d, bson.E{Key: string(path), Value: fv})
+			return true
+		})
+		ops = append(ops, bson.E{Key: string(name), Value: d})
+		return true
+	})
+	return ops
+}
+
+// pathOK reports, without allocating, that an update path is well formed
+// and outside what the repository owns; false also where it cannot tell
+// (checkPath then says).
+func (r *Repo[T]) pathOK(path []byte) bool {
+	if r.shard.Enabled() {
+		return false // a shard-key field: checkShardPath tells
+	}
+	first := true
+	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
+		if len(seg) == 0 || seg[0] == '$' {
+			return false
+		}
+		if first && (string(seg) == "_id" || string(seg) == r.opts.VersionField || string(seg) == r.opts.MetaField) {
+			return false
+		}
+		for _, res := range r.opts.Reserved {
+			if first && string(seg) == res {
+				return false
+			}
+		}
+		first = false
+	}
+	return true
+}
+
+// operandOK reports, without allocating, that an operator's value for a
+// path is one checkOperand accepts; false also where it cannot tell.
+func operandOK(name []byte, v bson.RawValue) bool {
+	switch string(name) {
+	case "$inc":
+		return v.Type == bson.TypeInt32 || v.Type == bson.TypeInt64 || v.Type == bson.TypeDouble || v.Type == bson.TypeDecimal128
+	case "$currentDate":
+		return v.Type == bson.TypeBoolean
+	case "$set":
+		return (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || keysOK(v.Value)
+	}
+	return true
+}
+
+// overlap reports whether two update paths are equal or one is a prefix of
+// the other at a segment boundary.
+func overlap(a, b []byte) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	return bytes.HasPrefix(b, a) && (len(a) == len(b) || b[len(a)] == '.')
+}
+
+// encodeUpdate marshals an update (as it is, if it is encoded already).
+func encodeUpdate(op string, update any) (bson.Raw, error) {
+	if raw, ok := update.(bson.Raw); ok {
+		return raw, nil
 	}
 	if update == nil {
-		return bad("update", "update is nil")
+		return nil, &InvalidError{Op: op, Field: "update", Reason: "update is nil"}
 	}
 	raw, err := bson.Marshal(update)
 	if err != nil {
 		return nil, &InvalidError{Op: op, Field: "update", Reason: "update cannot be encoded as a document", Err: err}
 	}
-	elems, err := bson.Raw(raw).Elements()
-	if err != nil {
-		return nil, &InvalidError{Op: op, Field: "update", Reason: "malformed BSON", Err: err}
-	}
-	if len(elems) == 0 {
-		return bad("update", "update has no operators")
-	}
-	var (
-		ops   bson.D
-		paths []string
-	)
-	for _, e := range elems {
-		name, v := e.Key(), e.Value()
-		switch name {
-		case "$set", "$unset", "$inc", "$currentDate":
-		case "$setOnInsert":
-			return bad(name, "Guarded never inserts, so $setOnInsert would do nothing")
-		default:
-			return bad(name, "operator not allowed: use $set, $unset, $inc or $currentDate (the operators every target server runs)")
-		}
-		if v.Type != bson.TypeEmbeddedDocument {
-			return bad(name, "the value of %s is a %s, want a document", name, v.Type)
-		}
-		fields, err := v.Document().Elements()
-		if err != nil || len(fields) == 0 {
-			return bad(name, "%s names no field", name)
-		}
-		d := make(bson.D, 0, len(fields))
-		for _, f := range fields {
-			path, fv := f.Key(), f.Value()
-			if err := r.checkPath(op, path); err != nil {
-				return nil, err
-			}
-			if err := checkOperand(op, name, path, fv); err != nil {
-				return nil, err
-			}
-			for _, p := range paths {
-				if p == path || strings.HasPrefix(path, p+".") || strings.HasPrefix(p, path+".") {
-					return bad(path, "paths %q and %q overlap", p, path)
-				}
-			}
-			paths = append(paths, path)
-			d = append(d, bson.E{Key: path, Value: fv})
-		}
-		ops = append(ops, bson.E{Key: name, Value: d})
-	}
-	if len(raw) > maxDocSize {
-		return bad("update", "update is %d bytes: what it sets would make the document exceed MongoDB's %d-byte limit", len(raw), maxDocSize)
-	}
-	return ops, nil
+	return raw, nil
 }
 
 // checkPath refuses an update path that is malformed or that touches what

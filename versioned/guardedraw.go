@@ -1,38 +1,22 @@
 package versioned
 
 import (
-	"bytes"
 	"encoding/binary"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// Guarded's update and filter, built as encoded bytes: the caller's update is
-// marshalled once, checked by walking its bytes, and merged with the
-// repository's own operators by copying, with no document of boxed values
-// for the driver to marshal again.
-
-// maxFastPaths bounds the update paths the allocation-free check compares
-// for overlaps; an update with more takes the slow check.
-const maxFastPaths = 16
-
-// updateOps marshals Guarded's update and checks it: the operators every
-// target server runs, on paths the caller may write, none overlapping
-// another. A bad update is an *InvalidError, nothing sent.
+// updateOps marshals Guarded's update and checks it (checkOps): the
+// operators every target server runs, on paths the caller may write, none
+// overlapping another. A bad update is an *InvalidError, nothing sent.
 func (r *Repo[T]) updateOps(op string, update any) (bson.Raw, error) {
-	if update != nil {
-		if raw, err := bson.Marshal(update); err == nil && r.opsOK(raw) {
-			return raw, nil
-		}
-	}
-	// The slow check says what is wrong (or finds nothing wrong with an
-	// update the fast one could not judge).
-	if _, err := r.checkOps(op, update); err != nil {
+	raw, err := encodeUpdate(op, update)
+	if err != nil {
 		return nil, err
 	}
-	raw, err := bson.Marshal(update)
-	if err != nil {
-		return nil, &InvalidError{Op: op, Field: "update", Reason: "update cannot be encoded as a document", Err: err}
+	if err := r.checkOps(op, raw); err != nil {
+		return nil, err
 	}
 	if !wellFormed(raw) {
 		return nil, &InvalidError{Op: op, Field: "update", Reason: "malformed BSON"}
@@ -40,114 +24,13 @@ func (r *Repo[T]) updateOps(op string, update any) (bson.Raw, error) {
 	return raw, nil
 }
 
-// opsOK checks an encoded update without allocating, conservatively: true
-// means checkOps would accept it.
-func (r *Repo[T]) opsOK(raw bson.Raw) bool {
-	if len(raw) > maxDocSize {
-		return false
-	}
-	var (
-		paths [maxFastPaths][]byte
-		n     int
-		ops   int
-	)
-	ok := elements(raw, func(name []byte, v bson.RawValue) bool {
-		ops++
-		switch string(name) {
-		case "$set", "$unset", "$inc", "$currentDate":
-		default:
-			return false
-		}
-		if v.Type != bson.TypeEmbeddedDocument {
-			return false
-		}
-		fields := 0
-		ok := elements(v.Value, func(path []byte, fv bson.RawValue) bool {
-			fields++
-			if n == maxFastPaths || !r.pathOK(path) || !operandOK(name, fv) {
-				return false
-			}
-			for _, p := range paths[:n] {
-				if overlap(p, path) {
-					return false
-				}
-			}
-			paths[n] = path
-			n++
-			return true
-		})
-		return ok && fields > 0
-	})
-	return ok && ops > 0
-}
-
-// pathOK reports whether an update path is well formed and outside what the
-// repository owns (checkPath says why not).
-func (r *Repo[T]) pathOK(path []byte) bool {
-	if r.shard.Enabled() {
-		// A path may touch a shard-key field: checkPath (checkShardPath)
-		// tells, at the cost of the slow check's allocations.
-		return false
-	}
-	first := true
-	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
-		if len(seg) == 0 || seg[0] == '$' {
-			return false
-		}
-		if first {
-			first = false
-			switch string(seg) {
-			case "_id", r.opts.VersionField, r.opts.MetaField:
-				return false
-			}
-			for _, res := range r.opts.Reserved { //nolint:modernize // string(seg) passed to slices.Contains would allocate; compared here, it does not
-				if string(seg) == res {
-					return false
-				}
-			}
-		}
-	}
-	return true
-}
-
-// operandOK reports whether an operator's value for a path is one
-// checkOperand accepts (false also where it cannot tell without
-// allocating).
-func operandOK(name []byte, v bson.RawValue) bool {
-	switch string(name) {
-	case "$inc":
-		switch v.Type {
-		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
-			return true
-		default:
-			return false
-		}
-	case "$currentDate":
-		return v.Type == bson.TypeBoolean
-	case "$set":
-		if v.Type == bson.TypeEmbeddedDocument || v.Type == bson.TypeArray {
-			return keysOK(v.Value)
-		}
-	}
-	return true
-}
-
-// overlap reports whether two update paths are equal or one is a prefix of
-// the other at a segment boundary.
-func overlap(a, b []byte) bool {
-	if len(a) > len(b) {
-		a, b = b, a
-	}
-	return bytes.HasPrefix(b, a) && (len(a) == len(b) || b[len(a)] == '.')
-}
-
 // guardedWrite merges the caller's encoded update ops (checked by
 // updateOps) with the repository's part of a write with id wid: $inc of the
-// version by one, WriteIDs in the metadata, and the $push of wid onto the
-// list of write ids, cut to its last WriteIDs entries.
-func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
-	hPath := metaPath(r.opts.MetaField, metaH)
-	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(hPath)+len(r.idsPath())+len(wid)+96)
+// version by one, and the $push of wid onto the list of write ids, cut to
+// its last WriteIDs entries; or, if ids is not nil (the write pins the
+// version it was read at), the $set of the list to ids.
+func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
+	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath())+len(ids)+96)
 	var hasInc, hasSet bool
 	elements(ops, func(name []byte, v bson.RawValue) bool {
 		var start int
@@ -156,10 +39,10 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
 		switch string(name) {
 		case "$inc":
 			hasInc = true
-			b = appendInt64(b, r.opts.VersionField, 1)
+			b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
 		case "$set":
 			hasSet = true
-			b = appendInt32(b, hPath, WriteIDs)
+			b = r.appendIDs(b, ids)
 		}
 		b = closeDoc(b, start)
 		return true
@@ -167,32 +50,41 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid string) bson.Raw {
 	var start int
 	if !hasInc {
 		b, start = openDoc(b, []byte("$inc"))
-		b = appendInt64(b, r.opts.VersionField, 1)
+		b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
 		b = closeDoc(b, start)
 	}
-	if !hasSet {
+	if !hasSet && ids != nil {
 		b, start = openDoc(b, []byte("$set"))
-		b = appendInt32(b, hPath, WriteIDs)
+		b = r.appendIDs(b, ids)
 		b = closeDoc(b, start)
 	}
-	b = append(b, byte(bson.TypeEmbeddedDocument))
-	b = append(b, "$push"...)
+	if ids == nil {
+		b = append(b, byte(bson.TypeEmbeddedDocument))
+		b = append(b, "$push"...)
+		b = append(b, 0)
+		b = append(b, pushID(r.idsPath(), wid)...)
+	}
+	return closeDoc(b, 0)
+}
+
+// appendIDs appends the element idsPath: ids, if ids is not nil.
+func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
+	if ids == nil {
+		return b
+	}
+	b = append(b, byte(bson.TypeArray))
+	b = append(b, r.idsPath()...)
 	b = append(b, 0)
-	b = append(b, pushID(r.idsPath(), wid)...)
-	b = append(b, 0)
-	binary.LittleEndian.PutUint32(b, uint32(len(b))) //nolint:gosec // bounded by the checked update
-	return b
+	return append(b, ids...)
 }
 
 // anchorClause is the filter value {$eq: last, $ne: wid}: the document
 // still lists last, and not yet wid.
-func anchorClause(last, wid string) bson.Raw {
-	b := make([]byte, 4, 4+2*(1+4+1+4+1)+len(last)+len(wid)+1)
-	b = appendString(b, "$eq", last)
-	b = appendString(b, "$ne", wid)
-	b = append(b, 0)
-	binary.LittleEndian.PutUint32(b, uint32(len(b))) //nolint:gosec // two short ids
-	return b
+func anchorClause(last, wid int64) bson.Raw {
+	b := make([]byte, 4, 32)
+	b = bsoncore.AppendInt64Element(b, "$eq", last)
+	b = bsoncore.AppendInt64Element(b, "$ne", wid)
+	return closeDoc(b, 0)
 }
 
 // openDoc appends the header of an embedded document element key, and
@@ -205,25 +97,11 @@ func openDoc(b []byte, key []byte) ([]byte, int) {
 	return binary.LittleEndian.AppendUint32(b, 0), start
 }
 
-// closeDoc ends the embedded document whose length goes at start.
+// closeDoc ends the document (or array) whose length goes at start.
 func closeDoc(b []byte, start int) []byte {
 	b = append(b, 0)
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start)) //nolint:gosec // bounded by the update
 	return b
-}
-
-func appendInt64(b []byte, key string, v int64) []byte {
-	b = append(b, byte(bson.TypeInt64))
-	b = append(b, key...)
-	b = append(b, 0)
-	return binary.LittleEndian.AppendUint64(b, uint64(v)) //nolint:gosec // two's complement, as BSON stores it
-}
-
-func appendInt32(b []byte, key string, v int32) []byte {
-	b = append(b, byte(bson.TypeInt32))
-	b = append(b, key...)
-	b = append(b, 0)
-	return binary.LittleEndian.AppendUint32(b, uint32(v)) //nolint:gosec // two's complement, as BSON stores it
 }
 
 // belowLastDefault is versionBelowLast's value for the default version

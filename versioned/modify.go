@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -18,72 +19,55 @@ import (
 
 // Modify reads the document with the given id, calls fn on a fresh copy of
 // it, and writes fn's changes back if the document has not changed since it
-// was read: one find and one updateOne filtered on the id and the version
-// read, that $sets the changed mapped fields, $unsets the removed ones and
-// raises the version. It returns the document as stored. If fn changes
-// nothing, nothing is written and the document as read is returned. Where
-// the server runs update pipelines (MongoDB, DocumentDB) the write is a
-// findOneAndUpdate filtered on the id whose pipeline applies the same change
-// only if the version is still the one read, and which returns the current
-// document when it is not: the first conflict of a call then costs one round
-// trip, since it is retried at once from that document instead of reading
-// again (later ones back off, then read).
+// was read: one find and one write filtered on the id and the version read,
+// that $sets the changed mapped fields, $unsets the removed ones and raises
+// the version. It returns the document as stored. If fn changes nothing,
+// nothing is written and the document as read is returned. Where the server
+// runs update pipelines (MongoDB, DocumentDB) the write is a
+// findOneAndUpdate that returns the current document when the version moved,
+// so a call's first conflict costs one round trip (later ones back off, then
+// read).
 //
-// Calls on one document in one process wait in line instead of racing each
-// other through the server (every Repo on the same collection of the same
-// *mongo.Client shares the line). The call at the head of the line reads
-// once for itself and the calls behind it from the same Repo (up to 16),
-// calls each fn in turn, each on a fresh copy of the state the fn before it
-// left (fn's changes, or the state as read), and writes all their changes in
-// one updateOne. Each call gets a version of its own, one above the state
-// its fn saw (a combined write of k changes raises the version by k), its
-// own write id, and the document as its fn left it. A call whose ctx ends
-// before its fn's turn (waiting in line, or in the batch while an earlier
-// fn runs) returns ctx's error, wrapped, having written nothing: its fn is
-// not called. Once its fn has started, it waits for the outcome of that
-// attempt. An fn that returns an
-// error, or changes nothing, adds nothing to the write; the next fn sees the
-// state it was given. A call whose fn saw a state another fn of the write
-// left succeeds, or fails with fn's error, only if that write lands:
-// otherwise its fn runs again on the state read next. Calls with a Where
-// filter, WithSet or WithRetry, or whose ctx carries a session, take their
-// turn in line alone. fn may run on the goroutine of another call in the line; if it
-// panics, the panic is raised again on its own call's goroutine, and nothing
-// of it is written. fn must not call Modify for the same document through a
-// Repo on the same collection and client: that call would wait in line
-// behind the one running fn, until its ctx ends. The line is per document:
-// with Options.ShardKey, per id and shard-key values, and an fn that changes
-// a shard-key value is refused (*InvalidError) whatever its place in the
-// line, the others' changes written. With an Observer, each call reports its
-// own start and end, its own attempts and outcome (aborted when its fn's
-// error ends it), and gets, in its own context, a Conflict and a Retry event
-// for each of its attempts that a conflict failed, whoever shared the write
-// (see the observe package).
+// Calls on one document in one process wait in line (every Repo on the same
+// collection of the same *mongo.Client shares it) instead of racing each
+// other through the server. The call at the head reads once for itself and
+// the calls behind it from the same Repo (up to 8), calls each fn in turn on
+// a fresh copy of the state the fn before it left, and writes all their
+// changes at once. Each call gets its own version (one above the state its
+// fn saw), its own write id, and the document as its fn left it. An fn that
+// returns an error, or changes nothing, adds nothing to the write; a call
+// whose fn saw a state another fn left succeeds only if the write lands,
+// else its fn runs again on the next read. A call whose ctx ends before its
+// fn's turn returns ctx's error, wrapped, its fn not called; once its fn has
+// started it waits for that attempt's outcome. Calls with a Where filter,
+// WithSet or WithRetry, or whose ctx carries a session, take their turn
+// alone. fn may run on another call's goroutine; its panic is raised again
+// on its own call's goroutine, nothing of it written. fn must not call
+// Modify for the same document through the same collection and client:
+// that call would wait behind the one running fn until its ctx ends. With
+// Options.ShardKey the line is per id and shard-key values, and an fn that
+// changes a shard-key value is refused (*InvalidError), the others' changes
+// written. With an Observer each call reports its own start, end, attempts
+// and outcome, and a Conflict and a Retry event per attempt of its that a
+// conflict failed (see the observe package, and DESIGN.md, "Combining").
 //
 // On a conflict (another process wrote the document in between) Modify
-// calls fn again on the new state, under the repository's retry policy
-// (Options.Retry, or WithRetry for this call): by default it keeps retrying for up to 10 seconds, within the
-// repository's retry budget. The first conflict of a batch is retried at
-// once from the document the failed write returned, where the server runs
-// update pipelines; every other retry waits a jittered backoff and reads
-// again. So fn may run several times, each time on a fresh copy of the
-// current state; it must not have side effects that cannot be repeated.
-// When the retries run out the error matches ErrConflict and
-// retry.ErrExhausted (or retry.ErrBudgetExhausted).
+// calls fn again on the new state, under the retry policy (Options.Retry,
+// or WithRetry): by default for up to [DefaultRetryTime], within the
+// repository's retry budget. So fn may run several times; it must not have
+// side effects that cannot be repeated. When the retries run out the error
+// matches ErrConflict and retry.ErrExhausted (or retry.ErrBudgetExhausted).
 //
 // An error from fn aborts Modify without a write; Modify returns it wrapped,
 // so errors.Is and errors.As reach it. fn must not change the id
-// (*InvalidError); changes it makes to the version field are ignored.
-//
-// With Where filters, the document must match them when read (otherwise fn
-// is not called and Modify returns a *GuardError, which matches the error of
+// (*InvalidError); changes it makes to the version field are ignored. With
+// Where filters, the document must match them when read (otherwise fn is
+// not called and Modify returns a *GuardError, which matches the error of
 // the first WhereErr filter found failing) and when written. WithSet fields
-// are set by the write that carries fn's change, and not when fn changes
-// nothing.
-//
-// Inside a transaction (ctx carries a session with a transaction in
+// are set by the write that carries fn's change, not when fn changes
+// nothing. Inside a transaction (ctx carries a session with a transaction in
 // progress) Modify makes one attempt, outside the line, and returns a
-// *ConflictError as it is, for the transaction's own retry loop to handle.
+// *ConflictError as it is, for the transaction's own retry loop.
 func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opts ...WriteOption) (_ *T, err error) {
 	const op = "modify"
 	idv, key, err := r.start(ctx, op, id)
@@ -101,7 +85,7 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 	if err != nil {
 		return nil, err
 	}
-	if inTransaction(ctx) {
+	if settle.InTransaction(ctx) {
 		b := batch[T]{r: r, op: op, id: idv, key: key, cfg: &cfg, lead: m, ms: []*member[T]{m}}
 		b.run(true)
 		if m.panicked != nil {
@@ -131,7 +115,7 @@ type member[T any] struct {
 
 	// The current attempt.
 	res      *T       // the document as fn left it (or as fn saw it, if unchanged)
-	wid      string   // the write id of its change ("" for none)
+	wid      int64    // the write id of its change (0 for none)
 	base     int64    // the version its change was made against
 	fnErr    error    // fn's error
 	panicked *fnPanic // fn panicked
@@ -150,7 +134,7 @@ type member[T any] struct {
 }
 
 // changedNothing reports whether the member's fn left nothing to write.
-func (m *member[T]) changedNothing() bool { return m.wid == "" }
+func (m *member[T]) changedNothing() bool { return m.wid == 0 }
 
 // inLine waits for m's turn on the document, leads a batch when promoted,
 // and returns m's outcome.
@@ -309,12 +293,9 @@ func (b *batch[T]) run(once bool) []*waiter {
 }
 
 // leaderStopped is the error of a leader whose context ended, given the
-// error err its batch stopped on: err itself, when it carries the leader's
-// context's error (retry.Do's, or the driver's on the leader's context);
-// otherwise the leader's context's error alone. The batch's I/O runs on a
-// context shared by its calls, ended when every call's context has ended:
-// the last attempt then failed on that (context.Canceled), which says
-// nothing the leader's own context does not (context.DeadlineExceeded, say).
+// error err its batch stopped on: err itself when it carries the leader's
+// context's error, else that error alone (the shared context's
+// context.Canceled says nothing the leader's own does not).
 func (b *batch[T]) leaderStopped(err error) error {
 	cerr := store.ContextError(b.lead.ctx)
 	if errors.Is(err, b.lead.ctx.Err()) {
@@ -550,14 +531,10 @@ func (b *batch[T]) try() error {
 		// the last one.
 		set, unset, _, _ = r.compare(op, id, st.raw, reflect.Value{}, valueOf(last.res), raw, true)
 	}
-	if _, err := st.raw.LookupErr(r.opts.MetaField, metaOldW); err == nil {
-		// Write ids of the protocol before this one: nobody reads them.
-		unset = append(unset, bson.E{Key: r.opts.MetaField + "." + metaOldW, Value: ""})
-	}
-	wids := make([]string, 0, k)
+	wids := make([]int64, 0, k)
 	var to []context.Context // nil: the write's events go to b.io, the leader's alone
 	for _, m := range b.ms {
-		if m.wid != "" {
+		if m.wid != 0 {
 			wids = append(wids, m.wid)
 			if r.opts.Observer != nil && !b.alone() {
 				to = append(to, m.ctx)
@@ -578,23 +555,20 @@ func (b *batch[T]) try() error {
 			i++
 		}
 		return nil
-	case out.current != nil && inTransaction(b.io):
+	case out.current != nil && settle.InTransaction(b.io):
 		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))
 	case out.current != nil:
-		// The write returned the document it found, as of now: the batch's
-		// first conflict is retried at once from it, with no read and no
-		// backoff, so that it costs one round trip. Only once: a document
-		// kept through a backoff is stale whenever writers of other
-		// processes keep the document busy, and an attempt made from it
-		// would lose again and again (a call starved for seconds while the
-		// others went on). Later conflicts back off and read again.
+		// The write returned the current document: the batch's first
+		// conflict is retried at once from it, with no read and no backoff.
+		// Only once: a document kept through a backoff is stale whenever
+		// other processes keep writing (DESIGN.md, "Combining").
 		err := b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: out.current.version})
 		if b.quick || b.once {
 			return err
 		}
 		b.quick, b.pre = true, out.current
 		return retry.Immediately(err)
-	case !out.read && !inTransaction(b.io):
+	case !out.read && !settle.InTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read
 		// now, which saves a round trip per conflict.
@@ -603,13 +577,9 @@ func (b *batch[T]) try() error {
 	return b.conflicted(r.whyNotApplied(b.io, op, id, b.key, base, out.outcome, b.cfg.guards))
 }
 
-// conflicted reports err, if it is a *ConflictError (the batch's write did
-// not apply because the version moved), to the Observer once for each call
-// whose fn ran in the attempt, in the call's own context, and returns it.
-// Each of them runs its fn again on the next attempt, so a call sees one
-// Conflict event per attempt of its that failed on a conflict, whoever
-// else shared the write. Calls left for the next batch (deferred) took no
-// part in the write and get none.
+// conflicted reports err, if it is a *ConflictError, to the Observer once
+// for each call whose fn ran in the attempt, in the call's own context, and
+// returns it (DESIGN.md, "Combining", Events).
 func (b *batch[T]) conflicted(err error) error {
 	if b.r.opts.Observer == nil {
 		return err
@@ -623,12 +593,9 @@ func (b *batch[T]) conflicted(err error) error {
 }
 
 // batchObserver is the Observer of a batch's retry loop: it passes each
-// retry.Do event (Retry, BudgetRefused) to the Observer once for each call
-// still in the batch, in the call's context, with Attempt the number of
-// attempts that call took part in (a call that joined in a later batch counts its
-// own). After a Retry event it marks the calls idle, as OnRetry does
-// without an Observer: only then may a call whose context ended leave, so
-// that no event of the batch reaches a call after its end.
+// retry.Do event to the Observer once for each call still in the batch, in
+// the call's context, with the call's own Attempt; after a Retry event it
+// marks the calls idle, so that no event reaches a call after its end.
 type batchObserver[T any] struct {
 	b  *batch[T]
 	to observe.Observer
@@ -678,7 +645,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	var cur reflect.Value // the state the last change left; invalid: the state read
 	raw, ver := st.raw, st.version
 	for _, m := range b.ms {
-		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, "", 0, nil, nil, nil, false
+		m.res, m.wid, m.base, m.fnErr, m.err, m.panicked, m.deferred = nil, 0, 0, nil, nil, nil, false
 		m.set, m.unset = nil, nil
 		m.real = k == 0
 		if ver == lastVersion {
@@ -776,9 +743,9 @@ func (b *batch[T]) final(err error) error {
 // names m's own write id and base version.
 func (b *batch[T]) errFor(err error, m *member[T]) error {
 	var ue *UnknownOutcomeError
-	if m.wid != "" && errors.As(err, &ue) && ue.WriteID != m.wid {
+	if m.wid != 0 && errors.As(err, &ue) && ue.WriteID != widText(m.wid) {
 		c := *ue
-		c.WriteID, c.Base = m.wid, m.base
+		c.WriteID, c.Base = widText(m.wid), m.base
 		return &c
 	}
 	return err

@@ -11,8 +11,7 @@ import (
 )
 
 // The repository's events (see Options.Observer). Every function here
-// checks for an Observer before it builds anything, so that a repository
-// without one allocates nothing more than before.
+// checks for an Observer before it builds anything.
 
 // observed is one operation in progress: zero when the repository has no
 // Observer.

@@ -28,18 +28,14 @@ const (
 )
 
 // WriteIDs is the write-id protocol's constant H: a document keeps the ids
-// of its last WriteIDs writes, and no more. Each write appends its id and
-// cuts the list to its last WriteIDs entries in the same statement, on the
-// server, so the bound holds whoever writes. A repository can settle a write
-// whose reply was lost as long as fewer than WriteIDs write ids (one per
-// change: a write combining k Modify calls appends k) landed after it.
-// The value is recorded in each document it writes (the "h" field of
-// Options.MetaField). See DESIGN.md.
-const WriteIDs = 32
-
-// maxResends bounds how often one write is sent again after ambiguous
-// failures before its outcome is reported unknown.
-const maxResends = 3
+// (random 64-bit integers) of its last WriteIDs writes, and no more. Each
+// write appends its id and cuts the list to its last WriteIDs entries in the
+// same statement, on the server, so the bound holds whoever writes: the
+// version and Options.MetaField take at most about 240 bytes. A repository
+// can settle a write whose reply was lost as long as fewer than WriteIDs
+// write ids (one per change: a write combining k Modify calls appends k)
+// landed after it. See DESIGN.md.
+const WriteIDs = 16
 
 // Options configures a Repo. A nil *Options means all defaults; each zero
 // field takes its default.
@@ -236,11 +232,14 @@ func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
 	if op == "delete" {
 		return c, &InvalidError{Op: op, Field: "WithSet", Reason: "Delete writes no field"}
 	}
-	ops, err := r.checkOps(op, bson.D{{Key: "$set", Value: c.sets}})
+	raw, err := encodeUpdate(op, bson.D{{Key: "$set", Value: c.sets}})
 	if err != nil {
 		return c, err
 	}
-	c.sets = ops[0].Value.(bson.D) //nolint:forcetypeassert // checkOps's form
+	if err := r.checkOps(op, raw); err != nil {
+		return c, err
+	}
+	c.sets = opsOf(raw)[0].Value.(bson.D) //nolint:forcetypeassert // opsOf's form
 	for _, e := range c.sets {
 		if root, _, _ := strings.Cut(e.Key, "."); r.s.mapped[root] != nil {
 			return c, &InvalidError{Op: op, Field: e.Key, Reason: fmt.Sprintf("WithSet: %s maps %q: the model's fields are the write's own", r.s.typ, root)}
@@ -255,15 +254,19 @@ func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
 	if len(sets) == 0 {
 		return update, nil
 	}
-	ops, err := r.checkOps(op, update)
+	raw, err := encodeUpdate(op, update)
 	if err != nil {
 		return nil, err
 	}
+	if err := r.checkOps(op, raw); err != nil {
+		return nil, err
+	}
+	ops := opsOf(raw)
 	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
 	if i < 0 {
 		return append(ops, bson.E{Key: "$set", Value: sets}), nil
 	}
-	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // checkOps's form
+	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // opsOf's form
 	return ops, nil
 }
 

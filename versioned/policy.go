@@ -7,10 +7,8 @@ import (
 )
 
 // Modify's retry defaults, for the zero fields of Options.Retry (and of a
-// WithRetry policy). They differ from the retry package's own defaults (10
-// attempts, 2 seconds): a small attempt count gives up on ordinary
-// contention, while what protects the server from a storm of conflicts is
-// the time bound and the budget.
+// WithRetry policy): the time bound and the budget, not an attempt count,
+// protect the server from a storm of conflicts.
 const (
 	// DefaultRetryTime bounds the time Modify spends retrying conflicts
 	// (retry.Policy.MaxElapsedTime). The number of attempts is not bounded
@@ -29,9 +27,8 @@ const (
 	DefaultRetryBudget = 100
 )
 
-// withDefaults fills the zero fields of p that versioned defaults
-// differently from the retry package: MaxAttempts (unbounded),
-// MaxElapsedTime (DefaultRetryTime) and Budget (budget, the Repo's).
+// withDefaults fills the zero fields of p versioned defaults differently
+// from the retry package (MaxAttempts, MaxElapsedTime, Budget).
 func withDefaults(p retry.Policy, budget *retry.Budget) retry.Policy {
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = -1

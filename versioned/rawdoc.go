@@ -22,38 +22,31 @@ const maxDocSize = 16 << 20
 type docState struct {
 	raw     bson.Raw
 	version int64
-	// inc is the incarnation id Insert stamped, "" for a document not
+	// inc is the incarnation id Insert stamped, 0 for a document not
 	// inserted by a repository.
-	inc string
+	inc int64
 	// ids holds the ids of the document's last writes, oldest first.
 	ids bson.RawArray
 }
 
 // Names inside Options.MetaField.
 const (
-	metaInc  = "inc" // the incarnation id, stamped once by Insert
-	metaIDs  = "ids" // the ids of the last WriteIDs writes, oldest first
-	metaH    = "h"   // WriteIDs, recorded for readers
-	metaOldW = "w"   // the write ids of the protocol before this one
+	metaInc = "inc" // the incarnation id, stamped once by Insert
+	metaIDs = "ids" // the ids of the last WriteIDs writes, oldest first
 )
 
 // Versions.
 const (
-	// startVersions bounds the version Insert starts a document at: a
-	// random value in [1, startVersions). Below 2^52, so that versions stay
-	// exact in clients that hold numbers as float64 (JavaScript, JSON).
+	// startVersions bounds the version Insert starts a document at: below
+	// 2^52, exact in clients that hold numbers as float64 (JavaScript).
 	startVersions = 1 << 52
-	// lastVersion is the largest version a document can have: no write can
-	// follow it, since the next version would overflow int64. A stored
-	// version above it is a *VersionTypeError.
+	// lastVersion is the largest version a document can have: the next
+	// would overflow int64. A stored version above it is a *VersionTypeError.
 	lastVersion = math.MaxInt64 - 1
 )
 
 // startVersion returns the version of a newly inserted document: random in
-// [1, 2^52), so that the version of a document deleted and inserted again
-// never meets a version of the one deleted (see DESIGN.md, "Versions name
-// their incarnation"). math/rand/v2's global generator is ChaCha8, seeded
-// from the operating system.
+// [1, 2^52) (DESIGN.md, "Versions name their incarnation").
 func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
 
 // readState parses the version of a stored document and its write-id
@@ -65,7 +58,7 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 	st := &docState{raw: raw}
 	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
 		d := meta.Document()
-		st.inc, _ = d.Lookup(metaInc).StringValueOK()
+		st.inc, _ = d.Lookup(metaInc).Int64OK()
 		if a, ok := d.Lookup(metaIDs).ArrayOK(); ok {
 			st.ids = a
 		}
@@ -82,69 +75,74 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 	return st, nil
 }
 
-// idIter walks the write ids of a document, oldest first, without
-// allocating.
+// idIter walks a list of write ids, oldest first, without allocating.
 type idIter struct{ rest []byte }
 
-func (st *docState) iter() idIter {
-	if len(st.ids) < 5 {
+func idsIter(ids bson.RawArray) idIter {
+	if len(ids) < 5 {
 		return idIter{}
 	}
-	return idIter{rest: st.ids[4:]}
+	return idIter{rest: ids[4:]}
 }
 
-// next returns the next id's bytes (nil for an element that is not a
-// string), and false at the end.
-func (it *idIter) next() ([]byte, bool) {
+// next returns the next id (0 for an element that is not an int64, such as
+// an id of an earlier protocol), and false at the end.
+func (it *idIter) next() (int64, bool) {
 	if len(it.rest) < 2 {
-		return nil, false
+		return 0, false
 	}
 	t := bsoncore.Type(it.rest[0])
 	k := bytes.IndexByte(it.rest[1:], 0)
 	if k < 0 {
-		return nil, false
+		return 0, false
 	}
 	v, rem, ok := bsoncore.ReadValue(it.rest[2+k:], t)
 	if !ok {
-		return nil, false
+		return 0, false
 	}
 	it.rest = rem
-	if t != bsoncore.TypeString || len(v.Data) < 5 {
-		return nil, true
-	}
-	return v.Data[4 : len(v.Data)-1], true
+	id, _ := v.Int64OK()
+	return id, true
 }
 
 // has reports whether the document carries write id wid.
-func (st *docState) has(wid string) bool {
-	for it := st.iter(); ; {
+func (st *docState) has(wid int64) bool {
+	for it := idsIter(st.ids); ; {
 		id, ok := it.next()
 		if !ok {
 			return false
 		}
-		if string(id) == wid {
+		if id == wid {
 			return true
 		}
 	}
 }
 
 // nids is the number of write ids the document carries.
-func (st *docState) nids() int64 {
+func (st *docState) nids() int64 { return countIDs(st.ids) }
+
+// countIDs is the number of write ids in a list (ids of an earlier
+// protocol not counted: invariant L then just knows less).
+func countIDs(ids bson.RawArray) int64 {
 	var n int64
-	for it := st.iter(); ; n++ {
-		if _, ok := it.next(); !ok {
+	for it := idsIter(ids); ; {
+		id, ok := it.next()
+		if !ok {
 			return n
+		}
+		if id != 0 {
+			n++
 		}
 	}
 }
 
-// last is the id of the document's last write, or "".
-func (st *docState) last() string {
-	var last []byte
-	for it := st.iter(); ; {
+// last is the id of the document's last write, or 0.
+func (st *docState) last() int64 {
+	var last int64
+	for it := idsIter(st.ids); ; {
 		id, ok := it.next()
 		if !ok {
-			return string(last)
+			return last
 		}
 		last = id
 	}
@@ -339,10 +337,10 @@ func checkBase(op, field string, base int64, next bool) error {
 	return nil
 }
 
-// incIs is the filter clause "the document is incarnation inc" ("": one
+// incIs is the filter clause "the document is incarnation inc" (0: one
 // not inserted by a repository, which has none).
-func (r *Repo[T]) incIs(inc string) bson.E {
-	if inc == "" {
+func (r *Repo[T]) incIs(inc int64) bson.E {
+	if inc == 0 {
 		return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: bson.D{{Key: "$exists", Value: false}}}
 	}
 	return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: inc}
@@ -372,8 +370,6 @@ func metaPath(meta, name string) string {
 		switch name {
 		case metaIDs:
 			return DefaultMetaField + "." + metaIDs
-		case metaH:
-			return DefaultMetaField + "." + metaH
 		case metaInc:
 			return DefaultMetaField + "." + metaInc
 		}
@@ -381,49 +377,51 @@ func metaPath(meta, name string) string {
 	return meta + "." + name
 }
 
-// protocol adds to an update the write-id protocol's part of a write with
-// id wid: $push of wid onto the list of write ids, cut to its last WriteIDs
-// entries, and WriteIDs recorded in the document. set is the update's $set
-// (extended in place by the caller's slice).
-func (r *Repo[T]) protocol(set bson.D, wid string) (bson.D, bson.E) {
-	set = append(set, bson.E{Key: metaPath(r.opts.MetaField, metaH), Value: int32(WriteIDs)})
-	return set, bson.E{Key: "$push", Value: pushID(r.idsPath(), wid)}
-}
-
 // pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
-// encoded directly.
-func pushID(path, wid string) bson.Raw {
-	each := 1 + len("$each") + 1 + 4 + 1 + 2 + 4 + len(wid) + 1 + 1
-	sliceLen := 1 + len("$slice") + 1 + 4
-	inner := 4 + each + sliceLen + 1
-	n := 4 + 1 + len(path) + 1 + inner + 1
-	b := make([]byte, 0, n)
-	b = binary.LittleEndian.AppendUint32(b, uint32(n)) //nolint:gosec // a short path and id
-	b = append(b, byte(bson.TypeEmbeddedDocument))
-	b = append(b, path...)
-	b = append(b, 0)
-	b = binary.LittleEndian.AppendUint32(b, uint32(inner)) //nolint:gosec // as above
-	b = append(b, byte(bson.TypeArray))
-	b = append(b, "$each"...)
-	b = append(b, 0)
-	b = binary.LittleEndian.AppendUint32(b, uint32(4+1+2+4+len(wid)+1+1)) //nolint:gosec // as above
-	b = appendIDElement(b, 0, []byte(wid))
-	b = append(b, 0)
-	b = append(b, byte(bson.TypeInt32))
-	b = append(b, "$slice"...)
-	b = append(b, 0)
-	slice := int32(-WriteIDs)
-	b = binary.LittleEndian.AppendUint32(b, uint32(slice)) //nolint:gosec // two's complement, as BSON stores an int32
-	b = append(b, 0, 0)
-	return b
+// encoded directly: the write appends its id and cuts the list to its last
+// WriteIDs entries in the same statement.
+func pushID(path string, wid int64) bson.Raw {
+	b := make([]byte, 4, 64+len(path))
+	b, doc := openDoc(b, []byte(path))
+	each, b := bsoncore.AppendArrayElementStart(b, "$each")
+	b = appendIDElement(b, 0, wid)
+	b, _ = bsoncore.AppendArrayEnd(b, each)
+	b = bsoncore.AppendInt32Element(b, "$slice", -WriteIDs)
+	b = closeDoc(b, doc)
+	return closeDoc(b, 0)
 }
 
-// exactIDs is the list of write ids after a write with id wid to the
-// document st as read: its last WriteIDs-1 entries and wid, as a BSON array.
-// A write whose filter pins the version and the incarnation it read $sets it
-// instead of pushing: the list cannot have changed since the read, and this
-// keeps the bound on servers that ignore $slice (FerretDB v1).
-func exactIDs(st *docState, wid string) bson.RawValue { return exactIDsN(st, []string{wid}) }
+// exactIDs is the list of write ids after a write that appends wids to the
+// list ids read at the version the write pins: its last WriteIDs-len(wids)
+// entries and wids, as a BSON array (ids of an earlier protocol dropped). A
+// write whose filter pins the version and the incarnation $sets it instead
+// of pushing: the list cannot have changed since, and this keeps the bound
+// on servers that ignore $slice (FerretDB v1).
+func exactIDs(ids bson.RawArray, wids ...int64) bson.RawValue {
+	skip := max(countIDs(ids)-(WriteIDs-int64(len(wids))), 0)
+	buf := make([]byte, 4, 5+WriteIDs*12)
+	i := 0
+	for it := idsIter(ids); ; {
+		id, ok := it.next()
+		if !ok {
+			break
+		}
+		if id == 0 {
+			continue
+		}
+		if skip > 0 {
+			skip--
+			continue
+		}
+		buf = appendIDElement(buf, i, id)
+		i++
+	}
+	for _, wid := range wids {
+		buf = appendIDElement(buf, i, wid)
+		i++
+	}
+	return bson.RawValue{Type: bson.TypeArray, Value: closeDoc(buf, 0)}
+}
 
 // decode decodes a stored document into a new T, with its version.
 func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {
@@ -435,13 +433,26 @@ func (r *Repo[T]) decode(op string, id any, st *docState) (*T, error) {
 	return t, nil
 }
 
-// appendIDElement appends the array element i holding the string id.
-func appendIDElement(buf []byte, i int, id []byte) []byte {
-	buf = append(buf, byte(bson.TypeString))
+// appendIDElement appends the array element i holding the id.
+func appendIDElement(buf []byte, i int, id int64) []byte {
+	buf = append(buf, byte(bson.TypeInt64))
 	buf = strconv.AppendInt(buf, int64(i), 10)
 	buf = append(buf, 0)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(id)+1)) //nolint:gosec // an id read from a BSON string, whose length fits
+	return binary.LittleEndian.AppendUint64(buf, uint64(id)) //nolint:gosec // two's complement, as BSON stores it
+}
 
-	buf = append(buf, id...)
-	return append(buf, 0)
+// withMeta returns the encoded document raw with the write-id subdocument
+// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}. It
+// builds the bytes directly: Insert sends them as they are, with no
+// element-by-element copy for the driver to marshal again.
+func withMeta(raw bson.Raw, meta string, wid int64) bson.Raw {
+	out := make([]byte, 0, len(raw)+len(meta)+48)
+	out = append(out, raw[:len(raw)-1]...)
+	out, sub := openDoc(out, []byte(meta))
+	out = bsoncore.AppendInt64Element(out, metaInc, wid)
+	arr, out := bsoncore.AppendArrayElementStart(out, metaIDs)
+	out = appendIDElement(out, 0, wid)
+	out, _ = bsoncore.AppendArrayEnd(out, arr)
+	out = closeDoc(out, sub)
+	return closeDoc(out, 0)
 }

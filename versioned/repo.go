@@ -150,7 +150,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	}
 	r.s.setVersion(v, start)
 	if out.reread == nil {
-		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid})
+		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid, ids: exactIDs(nil, wid).Value})
 	}
 	return nil
 }
@@ -214,28 +214,36 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 }
 
 // updateCAS sends the updateOne of a write made against version base: the
-// field changes, the version set to base+1 and the write id pushed (or, when
-// the caller read the document, read, at this same version, its list of
-// write ids $set with the write id), filtered on the id, base (which names
-// the incarnation too), the incarnation read if there is one, and the
-// guards; see exec.
+// field changes, the version set to base+1 and the write id pushed,
+// filtered on the id, base and the guards; see exec. When the list of write
+// ids at base is known (read, or cached), the filter pins the incarnation
+// and last id too, and the list is $set exactly (DESIGN.md, "What every
+// document carries").
 func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
-	filter := append(key.Filter(), r.versionIs(base))
+	ck := cacheKey(key)
+	s, cached := r.cache.lookup(ck)
+	cached = cached && s.version == base
+	known := cached && s.ids != nil
 	if read != nil {
-		filter = append(filter, r.incIs(read.inc))
+		s, known = seen{version: base, inc: read.inc, ids: read.ids}, true
 	}
-	filter = withGuards(filter, cfg.guards)
+	filter := append(key.Filter(), r.versionIs(base))
 	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
 	update := make(bson.D, 1, 3)
-	if read != nil {
-		set = append(set, bson.E{Key: r.idsPath(), Value: exactIDs(read, w.wid)})
+	var ids bson.RawValue
+	if known {
+		filter = append(filter, r.incIs(s.inc))
+		if s.last != 0 {
+			filter = append(filter, bson.E{Key: r.idsPath(), Value: s.last})
+		}
+		ids = exactIDs(s.ids, w.wid)
+		set = append(set, bson.E{Key: r.idsPath(), Value: ids})
 	} else {
-		var push bson.E
-		set, push = r.protocol(set, w.wid)
-		update = append(update, push)
+		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath(), w.wid)})
 	}
+	filter = withGuards(filter, cfg.guards)
 	update[0] = bson.E{Key: "$set", Value: set}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
@@ -247,37 +255,25 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 		}
 		return sent{matched: res.MatchedCount == 1}, nil
 	}
-	w.judge = judgeCAS(w, "", false)
-	if read != nil {
-		w.judge = judgeCAS(w, read.inc, true)
-	}
+	w.judge = judgeSpan(w, s.inc, known, 1)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
 	if out.landed {
-		r.sawWrite(cacheKey(key), base, read, out, w.wid)
+		// Of which incarnation version base+1 is, when known: the one
+		// read, or re-read, or cached at base. The cache only saves round
+		// trips, so when none says, it is left as it is.
+		switch {
+		case out.reread != nil:
+			r.cache.put(ck, seen{version: base + 1, inc: out.reread.inc, last: w.wid})
+		case known:
+			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid, ids: ids.Value})
+		case cached:
+			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid})
+		}
 	}
 	return out, nil
-}
-
-// sawWrite records in the cache that write wid made version base+1, when
-// it is known of which incarnation: the one read, or re-read, or else the
-// one the cache held at version base. The cache only saves round trips, so
-// when none says, it is left as it is.
-func (r *Repo[T]) sawWrite(ck cacheID, base int64, read *docState, out outcome, wid string) {
-	var inc string
-	switch s, ok := r.cache.lookup(ck); {
-	case out.reread != nil:
-		inc = out.reread.inc
-	case read != nil:
-		inc = read.inc
-	case ok && s.version == base:
-		inc = s.inc
-	default:
-		return
-	}
-	r.cache.put(ck, seen{version: base + 1, inc: inc, last: wid})
 }
 
 // notApplied tells why a write made against version expected did not

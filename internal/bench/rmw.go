@@ -245,7 +245,11 @@ func runRMW(ctx context.Context, srv *server, strategies []strategy, counts []in
 				slices.SortFunc(rs[i], func(a, b cellResult) int { return cmp.Compare(a.goodput(), b.goodput()) })
 				r := rs[i][len(rs[i])/2] // the median run, by goodput
 				res[topo][s.name][n] = r
-				fmt.Fprintf(stderr, "%-11s %-15s N=%-2d %6.0f/s %5.2f rt/success p99 %-8v max %-8v gave up %d\n", topo, s.name, n, r.goodput(), r.rtt(), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond), r.gaveUp)
+				var all int64
+				for _, x := range rs[i] {
+					all += x.gaveUp
+				}
+				fmt.Fprintf(stderr, "%-11s %-15s N=%-2d %6.0f/s %5.2f rt/success p99 %-8v max %-8v gave up %d (in all %d runs: %d)\n", topo, s.name, n, r.goodput(), r.rtt(), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond), r.gaveUp, len(rs[i]), all)
 			}
 		}
 	}

@@ -108,9 +108,11 @@ func TestFootprint(t *testing.T) {
 	t.Logf("backend %s", db.Server.Backend)
 	t.Logf("plain document (driver InsertOne):  %d bytes", plain)
 	t.Logf("after versioned Insert:             %d bytes (+%d)", inserted, inserted-plain)
-	for _, n := range []int{1, 2, 10, 32, 33, 40} {
+	for _, n := range []int{1, 2, 10, versioned.WriteIDs, versioned.WriteIDs + 1, 40} {
 		t.Logf("after %2d Modify calls:             %d bytes (+%d)", n, after[n], after[n]-plain)
 	}
+	require.Equal(t, after[versioned.WriteIDs], after[40], "the list keeps the last WriteIDs write ids, no more")
+	require.LessOrEqual(t, after[40]-plain, 256, "the version and the write-id metadata outgrew 256 bytes")
 
 	leases, err := lease.New(coll, &lease.Options{TTL: 30 * time.Second})
 	require.NoError(t, err)

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -84,6 +86,18 @@ func rawCAS(ctx context.Context, b *testing.B, coll *mongo.Collection, a *accoun
 	}
 }
 
+// rawUpdate is Update's work done with the driver: a's balance raised, and
+// every mapped field written under a version check.
+func rawUpdate(ctx context.Context, b *testing.B, coll *mongo.Collection, a *account) {
+	b.Helper()
+	a.Balance++
+	rawCAS(ctx, b, coll, a, bson.D{
+		{Key: "$set", Value: bson.D{{Key: "owner", Value: a.Owner}, {Key: "balance", Value: a.Balance}, {Key: "tags", Value: a.Tags}}},
+		{Key: "$unset", Value: bson.D{{Key: "note", Value: ""}, {Key: "attrs", Value: ""}}},
+	})
+	a.Version++
+}
+
 func BenchmarkInsert(b *testing.B) {
 	for _, r := range repos {
 		b.Run(r.name, func(b *testing.B) {
@@ -151,12 +165,7 @@ func BenchmarkUpdate(b *testing.B) {
 		must(b, repo.Insert(ctx, a))
 		b.ReportAllocs()
 		for b.Loop() {
-			a.Balance++
-			rawCAS(ctx, b, coll, a, bson.D{
-				{Key: "$set", Value: bson.D{{Key: "owner", Value: a.Owner}, {Key: "balance", Value: a.Balance}, {Key: "tags", Value: a.Tags}}},
-				{Key: "$unset", Value: bson.D{{Key: "note", Value: ""}, {Key: "attrs", Value: ""}}},
-			})
-			a.Version++
+			rawUpdate(ctx, b, coll, a)
 		}
 	})
 }
@@ -184,6 +193,31 @@ func BenchmarkModify(b *testing.B) {
 			rawCAS(ctx, b, coll, &a, bson.D{{Key: "$set", Value: bson.D{{Key: "balance", Value: a.Balance}}}})
 		}
 	})
+	// docstore's strategy (gocloud.dev/docstore/mongodocstore): read, then
+	// replace the whole document filtered on its revision.
+	b.Run("docstore", func(b *testing.B) {
+		_, coll, ctx := benchWithDoc(b, nil)
+		b.ReportAllocs()
+		for b.Loop() {
+			docstoreIncrement(ctx, b, coll, "a")
+		}
+	})
+}
+
+// docstoreIncrement is docstore's read-modify-write of document id: read
+// it, then replace it filtered on the revision it had.
+func docstoreIncrement(ctx context.Context, b *testing.B, coll *mongo.Collection, id string) {
+	b.Helper()
+	var a account
+	must(b, coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&a))
+	a.Balance++
+	rev := a.Version
+	a.Version++
+	res, err := coll.ReplaceOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "version", Value: rev}}, &a)
+	must(b, err)
+	if res.MatchedCount != 1 {
+		b.Fatal("conflict")
+	}
 }
 
 // BenchmarkGuarded is a conditional decrement that returns the document
@@ -233,4 +267,83 @@ func BenchmarkGuarded(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkAlternating runs each operation of the repository and the raw
+// driver calls that do the same work in turn, one of each per iteration (in
+// either order, by turns), and reports each one's mean time and the
+// repository's as a multiple of the driver's ("x-raw"): both meet the same
+// load as this machine's speed drifts, which separate benchmarks run one
+// after the other do not.
+//
+//	go test -run='^$' -bench=Alternating -benchtime=1000x ./tests/versioned
+func BenchmarkAlternating(b *testing.B) {
+	cond := bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 1}}}}
+	dec := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}}}}
+	b.Run("Update", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b, nil)
+		a, r := benchAccount("a"), benchAccount("r")
+		must(b, repo.Insert(ctx, a))
+		must(b, repo.Insert(ctx, r))
+		alternate(b, func() {
+			a.Balance++
+			must(b, repo.Update(ctx, a))
+		}, func() { rawUpdate(ctx, b, coll, r) })
+	})
+	b.Run("Guarded", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b, nil)
+		for _, id := range []string{"a", "r"} {
+			a := benchAccount(id)
+			a.Balance = 1 << 40
+			must(b, repo.Insert(ctx, a))
+		}
+		filter := append(bson.D{{Key: "_id", Value: "r"}}, cond...)
+		update := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}, {Key: "version", Value: 1}}}}
+		opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
+		alternate(b, func() {
+			_, err := repo.Guarded(ctx, "a", cond, dec)
+			must(b, err)
+		}, func() {
+			var a account
+			must(b, coll.FindOneAndUpdate(ctx, filter, update, opts).Decode(&a))
+		})
+	})
+	b.Run("Modify-docstore", func(b *testing.B) {
+		repo, coll, ctx := benchSetup(b, nil)
+		must(b, repo.Insert(ctx, benchAccount("a")))
+		must(b, repo.Insert(ctx, benchAccount("r")))
+		alternate(b, func() {
+			_, err := repo.Modify(ctx, "a", func(a *account) error { a.Balance++; return nil })
+			must(b, err)
+		}, func() { docstoreIncrement(ctx, b, coll, "r") })
+	})
+}
+
+// alternate runs lib and raw once each per iteration, in turns of order,
+// and reports the median time of each and lib's over raw's.
+func alternate(b *testing.B, lib, raw func()) {
+	b.Helper()
+	var tl, tr []time.Duration
+	for b.Loop() {
+		first, second, t1, t2 := lib, raw, &tl, &tr
+		if len(tl)%2 == 1 {
+			first, second, t1, t2 = raw, lib, &tr, &tl
+		}
+		t0 := time.Now()
+		first()
+		mid := time.Now()
+		second()
+		*t2 = append(*t2, time.Since(mid))
+		*t1 = append(*t1, mid.Sub(t0))
+	}
+	ml, mr := median(tl), median(tr)
+	b.ReportMetric(float64(ml.Nanoseconds()), "lib-ns/op")
+	b.ReportMetric(float64(mr.Nanoseconds()), "raw-ns/op")
+	b.ReportMetric(float64(ml)/float64(mr), "x-raw")
+	b.ReportMetric(0, "ns/op")
+}
+
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }

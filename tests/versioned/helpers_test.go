@@ -94,14 +94,16 @@ func (b *bundle) writeIDs(t testing.TB, id any) bson.A {
 }
 
 // requireSlice skips the test on a server that ignores $push's $slice
-// (FerretDB v1): there the write ids of writes that do not read the document
-// first (Update, Guarded) are not cut on the server. The test runs on every
-// server that has $slice (MongoDB, DocumentDB). Correctness does not depend
-// on $slice; the bound does (see DESIGN.md).
+// (FerretDB v1): there a write that does not know the list it appends to
+// (a cold Update, a Guarded from a stale view) is not cut on the server, and
+// the list passes WriteIDs until a write that sets the exact list cuts it
+// (TestFootprintAfterMixedWritesIsAtMost256Bytes runs there). The test runs
+// on every server that has $slice (MongoDB, DocumentDB). Correctness does not
+// depend on $slice; the exact bound does (see DESIGN.md).
 func requireSlice(t *testing.T, b *bundle) {
 	t.Helper()
 	if !sliceWorks(t, b) {
-		t.Skip("the server ignores $slice in $push (FerretDB v1): write ids are bounded there only by Modify; run with MONGODB_URI")
+		t.Skip("the server ignores $slice in $push (FerretDB v1): a write that does not know the list may pass the bound until an exact write cuts it; run with MONGODB_URI")
 	}
 }
 

@@ -197,11 +197,7 @@ func TestShardKeyInEveryFilter(t *testing.T) {
 		}
 		_, err = b.repo.Guarded(ctx, b.keyOf(us), nil, inc)
 		require.NoError(t, err)
-		if sliceWorks(t, &bundle{db: b.db, ctx: ctx}) {
-			b.step(t, "findAndModify", "find", "findAndModify")
-		} else {
-			b.step(t, "findAndModify") // FerretDB v1 ignores $slice: the anchor is never cut
-		}
+		b.step(t, "findAndModify", "find", "findAndModify")
 	})
 
 	t.Run("delete", func(t *testing.T) {

@@ -6,6 +6,9 @@ package versioned_test
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -51,7 +54,70 @@ func TestWriteIDsStayBounded(t *testing.T) {
 	require.Equal(t, int64(writes), m["balance"])
 	mc, ok := m["_mc"].(bson.M)
 	require.True(t, ok)
-	require.Equal(t, int32(versioned.WriteIDs), mc["h"], "the document records the protocol's bound")
+	require.Len(t, mc, 2, "the metadata is the incarnation and the write ids, nothing else: %v", mc)
+}
+
+// TestFootprintAfterMixedWritesIsAtMost256Bytes: 8 writers, each through a
+// client of its own (another process to the server and to the library),
+// make 1,000 writes of every kind to one document (Modify, a Get and an
+// Update of the copy, Guarded): the version and the metadata then take at
+// most 256 bytes, on every server (FerretDB v1 ignores $slice: there the
+// writes that pin a version cut the list).
+func TestFootprintAfterMixedWritesIsAtMost256Bytes(t *testing.T) {
+	t.Parallel()
+	repo, b := setup[account](t, nil)
+	require.NoError(t, repo.Insert(b.ctx, &account{ID: "f", Owner: "ana"}))
+	const writers, each = 8, 125
+	var (
+		done atomic.Int64
+		wg   sync.WaitGroup
+		errs = make(chan error, writers)
+	)
+	for w := range writers {
+		r, err := versioned.New[account](client(t, b, nil), nil)
+		require.NoError(t, err)
+		wg.Go(func() {
+			for i := range each {
+				switch (w + i) % 3 {
+				case 0:
+					_, err = r.Modify(b.ctx, "f", func(a *account) error { a.Balance++; return nil })
+				case 1:
+					for err = versioned.ErrConflict; errors.Is(err, versioned.ErrConflict); {
+						var held *account
+						if held, err = r.Get(b.ctx, "f"); err == nil {
+							held.Balance++
+							err = r.Update(b.ctx, held)
+						}
+					}
+				case 2:
+					_, err = r.Guarded(b.ctx, "f", nil, bson.M{"$inc": bson.M{"balance": 1}})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, int64(writers*each), done.Load())
+	raw := b.rawBytes(t, "f")
+	elems, err := raw.Elements()
+	require.NoError(t, err)
+	size := 0
+	for _, e := range elems {
+		if k := e.Key(); k == "version" || k == "_mc" {
+			size += len(e)
+		}
+	}
+	t.Logf("after %d writes by %d writers: version and _mc take %d bytes, %d write ids; the document %d bytes", writers*each, writers, size, len(b.writeIDs(t, "f")), len(raw))
+	require.Equal(t, int64(writers*each), b.raw(t, "f")["balance"], "every write applied once")
+	require.LessOrEqual(t, size, 256, "the write-id protocol's fields outgrew their bound")
 }
 
 // TestThousandWritersKeepAtMostWriteIDs: 1,000 distinct repositories (short
