@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -57,18 +58,88 @@ func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func
 	if !ok {
 		return nil, invalid("register", "change", fmt.Sprintf("%v maps no field to _id", reflect.TypeFor[T]()), nil)
 	}
-	k, err := Register(q, name, func(ctx context.Context, job *Job, args A) error {
+	c := &Change[T, A]{repo: repo, fn: fn}
+	docID := func(job *Job) (any, error) {
 		id := reflect.New(idType)
 		if err := job.Key.Unmarshal(id.Interface()); err != nil {
-			return retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
+			return nil, retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
 		}
-		_, err := Modify(ctx, job, repo, id.Elem().Interface(), func(doc *T) error { return fn(doc, args) })
+		return id.Elem().Interface(), nil
+	}
+	k, err := register(q, name, func(ctx context.Context, job *Job, args A) error {
+		id, err := docID(job)
+		if err != nil {
+			return err
+		}
+		_, err = Modify(ctx, job, repo, id, func(doc *T) error { return fn(doc, args) })
 		return err
+	}, func(ctx context.Context, jobs []*Job) (int, error) {
+		id, err := docID(jobs[0])
+		if err != nil {
+			return 0, err
+		}
+		return c.applyRun(ctx, jobs, id)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Change[T, A]{kind: k, repo: repo, fn: fn}, nil
+	c.kind = k
+	return c, nil
+}
+
+// errOneByOne says that a run of jobs must be run one job at a time: the
+// document carries the stamp of one of them already, or an argument does
+// not decode (step then records what each job comes to).
+var errOneByOne = errors.New("deferred: run the jobs one at a time")
+
+// applyRun applies the changes of jobs, a run of consecutive jobs of the
+// document id, in one versioned Modify (one read, one write), fenced on the
+// first job's sequence number and stamped with the last one's: the run
+// applies whole or not at all, and a stamp says how far. It returns how
+// many jobs it applied and, when fewer than all, the error of the first
+// one not applied: when fn fails on a job, the jobs before it are applied
+// without it (Modify again, from a fresh read).
+func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, error) {
+	args := make([]A, len(jobs))
+	n, rest := len(jobs), error(nil)
+	for i, job := range jobs {
+		if err := job.Args.Unmarshal(&args[i]); err != nil {
+			n, rest = i, errOneByOne
+			break
+		}
+	}
+	for n > 0 {
+		first := jobs[0]
+		failed, fnErr := 0, error(nil)
+		_, err := c.repo.Modify(ctx, id, func(d *T) error {
+			for failed = range n {
+				if fnErr = c.fn(d, args[failed]); fnErr != nil {
+					return fnErr
+				}
+			}
+			return nil
+		}, append(first.where(), versioned.WithSet(jobs[n-1].stamp()), versioned.WithRetry(first.q.c.retry))...)
+		switch {
+		case err == nil:
+			for _, job := range jobs[:n] {
+				job.att.mayHaveWritten()
+			}
+			return n, rest
+		case fnErr != nil && errors.Is(err, fnErr):
+			n, rest = failed, fnErr
+			continue
+		case errors.Is(err, errApplied):
+			return 0, errOneByOne
+		case errors.Is(err, errStamps):
+			return 0, first.stampsError("modify", first.Key)
+		case errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err):
+			for _, job := range jobs {
+				job.att.mayHaveWritten()
+			}
+		}
+		return 0, err
+	}
+	return 0, rest
 }
 
 // idTypeOf returns the type of the field of struct type t that the driver

@@ -120,7 +120,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
 		// Every copy carries the old number in its filter: at most one lands.
-		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update))
+		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update, 1))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -269,7 +269,7 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	// $unset is idempotent, and a copy sent again after one landed matches
 	// nothing.
 	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send: q.updated(q.keys, filter, update),
+		Send: q.updated(q.keys, filter, update, 1),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
 		Judge: func(kd *keyDoc) (settle.Verdict, string) {
 			return verdict(kd == nil || kd.Due.IsZero() && kd.H == "", true)

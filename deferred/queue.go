@@ -150,11 +150,13 @@ type hole struct {
 	Since time.Time `bson:"since"`
 }
 
-// handler is a registered handler.
+// handler is a registered handler. batch, where set (NewChange), applies a
+// run of its jobs of one key together: see runOf.
 type handler struct {
-	name string
-	typ  reflect.Type
-	run  func(ctx context.Context, job *Job) error
+	name  string
+	typ   reflect.Type
+	run   func(ctx context.Context, job *Job) error
+	batch func(ctx context.Context, jobs []*Job) (int, error)
 }
 
 // Queue is a durable queue of deferred changes in two collections of one
@@ -350,6 +352,10 @@ func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.I
 // Snooze(d) to run it again later without counting the attempt. A panic
 // fails the attempt; the worker lives on.
 func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error) (*Kind[A], error) {
+	return register(q, name, fn, nil)
+}
+
+func register[A any](q *Queue, name string, fn func(context.Context, *Job, A) error, batch func(context.Context, []*Job) (int, error)) (*Kind[A], error) {
 	if q == nil || fn == nil {
 		return nil, invalid("register", "handler", "nil Queue or function", nil)
 	}
@@ -359,7 +365,7 @@ func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Jo
 			return fmt.Errorf("deferred: job %s: decode the %s argument: %w", job.ID.Hex(), job.Name, err)
 		}
 		return fn(ctx, job, a)
-	}}
+	}, batch: batch}
 	if err := q.register(h); err != nil {
 		return nil, err
 	}
@@ -572,7 +578,7 @@ func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool,
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update),
+		Send: q.updated(q.jobs, filter, update, 1),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
 		Judge: func(job *Job) (settle.Verdict, string) {
 			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)
@@ -599,6 +605,20 @@ func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
 	jobs, _ := q.majority()
 	job := new(Job)
 	return found(job, jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(job) }))
+}
+
+// settledJobs reads at majority the jobs with ids.
+func (q *Queue) settledJobs(ctx context.Context, ids bson.A) ([]Job, error) {
+	jobs, _ := q.majority()
+	var out []Job
+	return out, jobs.Read(ctx, func(c *mongo.Collection) error {
+		cur, err := c.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+		if err != nil {
+			return err
+		}
+		out = nil
+		return cur.All(ctx, &out)
+	})
 }
 
 // holder reads at majority the id of what holds seq on key raw, a job or a
@@ -835,26 +855,32 @@ func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, erro
 	}
 }
 
-// updated updates (an empty update: deletes) the document of coll that
-// matches filter.
-func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(context.Context) (struct{}, bool, error) {
+// updated updates (an empty update: deletes) the want documents of coll
+// that match filter: applied when it matched them all.
+func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D, want int64) func(context.Context) (struct{}, bool, error) {
 	return func(ctx context.Context) (struct{}, bool, error) {
 		var n int64
 		err := q.try(ctx, func(ctx context.Context) error {
-			if len(update) == 0 {
-				res, err := coll.DeleteOne(ctx, filter)
-				if err == nil {
-					n = res.DeletedCount
+			var res *mongo.UpdateResult
+			var err error
+			switch {
+			case len(update) == 0:
+				var d *mongo.DeleteResult
+				if d, err = coll.DeleteOne(ctx, filter); err == nil {
+					n = d.DeletedCount
 				}
 				return err
+			case want == 1:
+				res, err = coll.UpdateOne(ctx, filter, update)
+			default:
+				res, err = coll.UpdateMany(ctx, filter, update)
 			}
-			res, err := coll.UpdateOne(ctx, filter, update)
 			if err == nil {
 				n = res.MatchedCount
 			}
 			return err
 		})
-		return struct{}{}, err == nil && n == 1, err
+		return struct{}{}, err == nil && n == want, err
 	}
 }
 

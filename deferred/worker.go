@@ -276,7 +276,8 @@ func (c *claim) renew() {
 }
 
 // loop runs the key's jobs in order, at most Batch of them, while the claim
-// holds and Run's context lives.
+// holds and Run's context lives: a run of due jobs at a time (runOf), or
+// the head alone (step).
 func (c *claim) loop() {
 	q := c.q
 	ctx, cancel := c.book()
@@ -285,13 +286,193 @@ func (c *claim) loop() {
 	if err != nil || kd == nil {
 		return
 	}
-	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; i++ {
-		next, ok := c.step(*kd)
+	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
+		next, n, ok := c.runOf(*kd, q.c.batch-i)
+		if ok && n == 0 {
+			next, ok = c.step(*kd)
+			n = 1
+		}
 		if !ok {
 			return
 		}
-		kd = &next
+		kd, i = &next, i+n
 	}
+}
+
+// runOf runs a run of the key's jobs from its head, up to limit of them:
+// jobs at consecutive places, each waiting, due and of a handler registered
+// here (cancelled ones between them are passed over), of one handler when
+// it runs them together (NewChange's). It claims them in one write, runs
+// them in order, records the completed ones in one write and moves the head
+// past them in one; a job that fails is recorded as step records it, and
+// the jobs after it are put back. It returns n 0 and ok when the head is no
+// such run of two jobs or more, or the run must be taken one job at a
+// time: step then takes the head alone.
+func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
+	q := c.q
+	head := kd.Off + kd.Done + 1
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
+	jobs, span, err := c.ahead(ctx, head, limit, now)
+	if err != nil || len(jobs) < 2 {
+		return kd, 0, true // step tries the head alone, and reports a failure
+	}
+	ids := make(bson.A, len(jobs))
+	for i, job := range jobs {
+		ids[i] = job.ID
+	}
+	filter := bson.D{
+		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
+	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: q.updated(q.jobs, filter, claimUpdate(q.c.owner, c.l.Epoch(), now), int64(len(jobs))),
+		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(jobs), true
+			for _, j := range cur {
+				mine := j.State == StateRunning && j.Epoch == c.l.Epoch() && j.Owner == q.c.owner
+				landed = landed && mine
+				live = live && (mine || (j.State == StateAvailable || j.State == StateRetryable) && j.Epoch <= c.l.Epoch())
+			}
+			return verdict(landed, live)
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		c.warn("claim a job", head, err)
+		return kd, 0, false
+	case !res.Applied:
+		// One changed meanwhile (cancelled, or claimed under a newer
+		// lease): give back what this claim took, and take the head alone.
+		c.putBack(jobs...)
+		return kd, 0, !c.lost()
+	}
+	for _, job := range jobs {
+		job.q, job.att = q, &attempt{}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+		job.Attempt++
+		c.claimed(job)
+	}
+	n, err := c.runJobs(jobs)
+	if c.lost() {
+		c.interrupted(jobs[min(n, len(jobs)-1)])
+		return kd, n, false
+	}
+	var failed *Job
+	rest := jobs[n:]
+	if err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0 {
+		failed, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		c.putBack(rest...)
+	}
+	next, ok := kd, c.run.Err() == nil
+	if n > 0 {
+		if n < len(jobs) {
+			span = jobs[n].Seq - head
+		}
+		next, ok = c.complete(kd, jobs[:n], span)
+	}
+	switch {
+	case failed != nil && ok:
+		next, ok = c.after(next, failed, err)
+		return next, n + 1, ok
+	case failed != nil:
+		c.putBack(failed)
+	}
+	return next, n, ok
+}
+
+// ahead reads the jobs at the key's places from head on, up to limit of
+// them, and returns the run among them that runOf may claim, and how many
+// places it spans.
+func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time) ([]*Job, int64, error) {
+	q := c.q
+	var docs []*Job
+	err := q.try(ctx, func(ctx context.Context) error {
+		filter := bson.D{
+			{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
+			{Key: "s", Value: bson.D{{Key: "$gte", Value: head}, {Key: "$lt", Value: head + int64(limit)}}},
+		}
+		cur, err := q.jobs.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "s", Value: 1}}))
+		if err != nil {
+			return err
+		}
+		docs = nil
+		return cur.All(ctx, &docs)
+	})
+	var jobs []*Job
+	var span int64
+	for _, job := range docs {
+		waiting := job.State == StateAvailable || job.State == StateRetryable
+		switch {
+		case job.Seq != head+span:
+		case len(jobs) > 0 && finished(job.State):
+			span++
+			continue
+		case !waiting || job.Epoch > c.l.Epoch() || job.Attempt >= job.MaxAttempts || job.RunAt.After(now):
+		case q.handler(job.Name) == nil:
+		case len(jobs) > 0 && q.handler(jobs[0].Name).batch != nil && job.Name != jobs[0].Name:
+		default:
+			jobs = append(jobs, job)
+			span++
+			continue
+		}
+		break
+	}
+	if len(jobs) > 0 {
+		span = max(span, jobs[len(jobs)-1].Seq-head+1)
+	}
+	return jobs, span, err
+}
+
+// runJobs runs the claimed jobs of a run in order, and returns how many
+// completed, with the error of the first that did not: one call of their
+// handler's run function where it has one (NewChange's), else one call of
+// the handler per job, stopping at the first error, at a lost claim, or
+// when Run stops.
+func (c *claim) runJobs(jobs []*Job) (n int, err error) {
+	if h := c.q.handler(jobs[0].Name); h.batch != nil {
+		err = c.call(func(ctx context.Context) (err error) {
+			n, err = h.batch(ctx, jobs)
+			return err
+		})
+		return n, err
+	}
+	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
+		job, h := jobs[n], c.q.handler(jobs[n].Name)
+		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// complete records the jobs as completed, in one write, and moves the head
+// past the m places they and the cancelled jobs between them hold.
+func (c *claim) complete(kd keyDoc, jobs []*Job, m int64) (keyDoc, bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	now := q.now(ctx)
+	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
+		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
+			bson.E{Key: "expireAt", Value: now.Add(q.c.retention)})}}
+	})
+	cancel()
+	if err != nil || !ok {
+		if err != nil {
+			c.warn("record an attempt", jobs[0].Seq, err)
+		}
+		return kd, false
+	}
+	for _, job := range jobs {
+		c.recorded(job, outcome{}, StateCompleted, 0)
+	}
+	return c.advance(kd, m)
 }
 
 // step runs the head job of the key as kd shows it and moves the head on.
@@ -326,7 +507,12 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 		c.skipped(job)
 		return kd, false
 	}
-	err = c.call(h, job)
+	return c.after(kd, job, c.call(func(ctx context.Context) error { return h.run(ctx, job) }))
+}
+
+// after records the outcome err of job's attempt, which this claim ran, and
+// moves the head on as the outcome says.
+func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 	switch {
 	case c.lost():
 		// Another worker has (or will have) the key and retakes the job.
@@ -390,14 +576,14 @@ func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 	job, err := c.head(ctx, seq)
 	cancel()
 	if err == nil && job != nil && finished(job.State) && !c.lost() {
-		return c.advance(kd)
+		return c.advance(kd, 1)
 	}
 	return kd, false
 }
 
-// call runs the handler with the attempt's context, and turns a panic into
-// a *PanicError.
-func (c *claim) call(h *handler, job *Job) (err error) {
+// call runs fn, a handler's work, with the attempt's context, and turns a
+// panic into a *PanicError.
+func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 	defer c.timed(c.q.local.Now())
 	ctx, cancel := c.jobs, context.CancelFunc(func() {})
 	if c.q.c.jobTimeout > 0 {
@@ -413,7 +599,7 @@ func (c *claim) call(h *handler, job *Job) (err error) {
 			err = &PanicError{Value: r, Stack: string(stack)}
 		}
 	}()
-	return h.run(ctx, job)
+	return fn(ctx)
 }
 
 // claimJob claims the job at seq on the key for this attempt: one
@@ -448,17 +634,10 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
 		}},
 	}...)
-	update := bson.D{
-		{Key: "$set", Value: bson.D{
-			{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.owner},
-			{Key: "epoch", Value: c.l.Epoch()}, {Key: "started", Value: now},
-		}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
-	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
 		// The document before the claim: its state says whether an earlier
 		// attempt was lost while it ran.
-		Send: modified[Job](q, q.jobs, filter, update, options.Before),
+		Send: modified[Job](q, q.jobs, filter, claimUpdate(q.c.owner, c.l.Epoch(), now), options.Before),
 		// If the claim landed, the job is running under this claim.
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
 		Judge: func(job *Job) (settle.Verdict, string) {
@@ -488,6 +667,18 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	return job, nil
 }
 
+// claimUpdate is the update that claims a job for an attempt under the
+// epoch of owner's lease: running, the attempt counted.
+func claimUpdate(owner string, epoch int64, now time.Time) bson.D {
+	return bson.D{
+		{Key: "$set", Value: bson.D{
+			{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner},
+			{Key: "epoch", Value: epoch}, {Key: "started", Value: now},
+		}},
+		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+	}
+}
+
 // head reads the job at seq on the claim's key: nil when there is none.
 func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
 	job := new(Job)
@@ -511,7 +702,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 		return kd, false
 	case job == nil:
 	case finished(job.State):
-		return c.advance(kd)
+		return c.advance(kd, 1)
 	case job.Epoch > c.l.Epoch():
 		// A newer holder of the key claimed the job: this claim is lost.
 		return kd, false
@@ -591,10 +782,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		to, runAt = StateRetryable, now.Add(q.delay(job.Attempt))
 		set = bson.D{{Key: "runAt", Value: runAt}}
 	}
-	set = append(bson.D{{Key: "state", Value: to}}, set...)
-	if job.att.wrote() {
-		set = append(set, bson.E{Key: "mw", Value: true})
-	}
+	set = jobSet(job.att.wrote(), append(bson.D{{Key: "state", Value: to}}, set...)...)
 	if o.err != nil {
 		e := attemptError(job.Attempt, now, o.err)
 		if n := len(job.Errors); n >= MaxErrors {
@@ -612,7 +800,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	if len(inc) > 0 {
 		update = append(update, bson.E{Key: "$inc", Value: inc})
 	}
-	ok, err := c.updateJob(ctx, job, update, to)
+	ok, err := c.updateJobs(ctx, []*Job{job}, to, func(bool) bson.D { return update })
 	cancel()
 	if err != nil || !ok {
 		if err != nil {
@@ -625,7 +813,16 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		c.setKey(bson.D{{Key: "due", Value: runAt}})
 		return kd, false
 	}
-	return c.advance(kd)
+	return c.advance(kd, 1)
+}
+
+// jobSet is the $set of a job's record: set, and mw when its attempt may
+// have written (sticky: never unset).
+func jobSet(mw bool, set ...bson.E) bson.D {
+	if mw {
+		set = append(set, bson.E{Key: "mw", Value: true})
+	}
+	return set
 }
 
 // delay returns the backoff before the attempt after attempt n.
@@ -652,53 +849,79 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
 }
 
-// updateJob applies update to job while it is running under this claim,
-// and reports whether it did (false: another worker took the job over).
-// A lost reply is settled by re-reading: the state it sets says whether it
-// landed, and a copy sent again matches nothing once one landed.
-func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State) (bool, error) {
+// updateJobs applies update(mw) to each of jobs while it runs under this
+// claim, mw being whether its attempt may have written, and reports whether
+// it did to all (false: one was taken over by another worker): an
+// updateMany per value of mw. A lost reply is settled by re-reading them:
+// the state to says landed, running under this claim that a copy may still
+// land (its filter lets one apply).
+func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D) (bool, error) {
 	q := c.q
-	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update),
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: job.ID}}) },
-		// Still running under this claim: not applied yet. Otherwise taken
-		// over, unless in the state the update sets.
-		Judge: func(cur *Job) (settle.Verdict, string) {
-			mine := cur != nil && cur.Epoch == c.l.Epoch()
-			return verdict(mine && cur.State == to, mine && cur.State == StateRunning && cur.Owner == q.c.owner)
+	var ids [2]bson.A
+	for _, job := range jobs {
+		mw := 0
+		if job.att.wrote() {
+			mw = 1
+		}
+		ids[mw] = append(ids[mw], job.ID)
+	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			for mw, ids := range ids {
+				if len(ids) == 0 {
+					continue
+				}
+				filter := bson.D{
+					{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
+					{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner},
+				}
+				if _, ok, err := q.updated(q.jobs, filter, update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
+					return struct{}{}, false, err
+				}
+			}
+			return struct{}{}, true, nil
+		},
+		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, append(ids[0], ids[1]...)) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(jobs), true
+			for _, j := range cur {
+				mine := j.Epoch == c.l.Epoch()
+				landed = landed && mine && j.State == to
+				live = live && mine && (j.State == to || j.State == StateRunning && j.Owner == q.c.owner)
+			}
+			return verdict(landed, live)
 		},
 		Resend: true,
 	})
 	return res.Applied, err
 }
 
-// putBack returns a claimed job to the available state without counting
-// its attempt: Run is stopping, or this process has no handler for it.
-func (c *claim) putBack(job *Job) {
+// putBack returns claimed jobs to the available state without counting
+// their attempts: Run is stopping, this process has no handler for one, or
+// a run of jobs ended before them.
+func (c *claim) putBack(jobs ...*Job) {
 	ctx, cancel := c.book()
 	defer cancel()
-	set := bson.D{{Key: "state", Value: StateAvailable}}
-	if job.att.wrote() {
-		set = append(set, bson.E{Key: "mw", Value: true})
-	}
-	update := bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
-	if _, err := c.updateJob(ctx, job, update, StateAvailable); err != nil {
-		c.warn("put a job back", job.Seq, err)
+	_, err := c.updateJobs(ctx, jobs, StateAvailable, func(mw bool) bson.D {
+		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateAvailable})}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
+	})
+	if err != nil {
+		c.warn("put a job back", jobs[0].Seq, err)
 	}
 }
 
-// advance moves the key's head past its current one: one findOneAndUpdate
-// fenced on this claim and on the head's position, so that a copy sent
-// again after a lost reply, or a worker that lost the key, moves nothing.
-func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
+// advance moves the key's head past its next m places: one
+// findOneAndUpdate fenced on this claim and on the head's position, so that
+// a copy sent again after a lost reply, or a worker that lost the key,
+// moves nothing.
+func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
 	filter := append(append(store.IDFilter(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
 	update := bson.D{
-		{Key: "$inc", Value: bson.D{{Key: "done", Value: int64(1)}, {Key: "n", Value: int64(-1)}}},
+		{Key: "$inc", Value: bson.D{{Key: "done", Value: m}, {Key: "n", Value: -m}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
 		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
@@ -707,7 +930,7 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 		Send: modified[keyDoc](q, q.keys, filter, update, options.After),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, true) },
 		Judge: func(cur *keyDoc) (settle.Verdict, string) {
-			return verdict(cur != nil && cur.Done > kd.Done, cur != nil)
+			return verdict(cur != nil && cur.Done >= kd.Done+m, cur != nil)
 		},
 		Resend: true,
 	})
@@ -731,7 +954,7 @@ func (c *claim) setKey(set bson.D) {
 	// $set is idempotent: a copy sent again does no harm. The time it sets
 	// tells whether it landed.
 	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}),
+		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}, 1),
 		Read:   func(ctx context.Context) (*keyDoc, error) { return c.q.readKey(ctx, c.key, true) },
 		Judge:  func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.T.Equal(t), kd != nil) },
 		Resend: true,
