@@ -919,7 +919,7 @@ func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	filter := append(append(store.IDFilter(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
+	filter := append(append(keyID(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
 	update := bson.D{
 		{Key: "$inc", Value: bson.D{{Key: "done", Value: m}, {Key: "n", Value: -m}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
@@ -948,7 +948,7 @@ func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 func (c *claim) setKey(set bson.D) {
 	ctx, cancel := c.book()
 	defer cancel()
-	filter := append(store.IDFilter(c.key), c.l.Fence()...)
+	filter := append(keyID(c.key), c.l.Fence()...)
 	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
 	set = append(set, bson.E{Key: "t", Value: t})
 	// $set is idempotent: a copy sent again does no harm. The time it sets
