@@ -118,7 +118,7 @@ func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, 
 				}
 			}
 			return nil
-		}, append(first.where(), versioned.WithSet(jobs[n-1].stamp()), versioned.WithRetry(first.q.c.retry))...)
+		}, append(first.where(), versioned.WithSet(jobs[n-1].stamp()), versioned.WithRetry(first.q.c.Retry))...)
 		switch {
 		case err == nil:
 			for _, job := range jobs[:n] {

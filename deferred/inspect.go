@@ -128,7 +128,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
 		}
 		if matched {
-			if !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2 {
+			if !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2 {
 				// As for a slow enqueue: the number may have been skipped.
 				// Then put the job back as it was, and requeue it again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
@@ -216,7 +216,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	now := q.now(ctx)
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateDead}}}}}
 	update := bson.D{{Key: "$set", Value: bson.D{
-		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
+		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.Retention)},
 	}}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
 		Send: modified[Job](q, q.jobs, filter, update, options.Before),

@@ -10,10 +10,8 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// The Queue's events (see Options.Observer). Every function here checks for
-// an Observer before it builds anything, so that a Queue without one costs
-// nothing more than before. The lifecycle points of queue.go, worker.go and
-// inspect.go call them with one line each.
+// The Queue's events (see Options.Observer): each function checks for an
+// Observer before it builds anything.
 
 // The operations of the job events, as observe.Event.Op.
 const (
@@ -39,52 +37,35 @@ func (q *Queue) event(k observe.Kind, op string, id any, raw bson.RawValue, name
 
 // jobEvent reports an event of kind k about job, reported by op.
 func (q *Queue) jobEvent(ctx context.Context, k observe.Kind, op string, job *Job) {
-	if q.c.observer == nil || job == nil {
+	if q.c.Observer == nil || job == nil {
 		return
 	}
-	q.c.observer.Observe(ctx, q.event(k, op, job.ID, job.Key, job.Name))
+	q.c.Observer.Observe(ctx, q.event(k, op, job.ID, job.Key, job.Name))
 }
 
 // enqueued reports the job id that Enqueue stored on key raw.
 func (q *Queue) enqueued(ctx context.Context, id bson.ObjectID, raw bson.RawValue, name string) {
-	if q.c.observer != nil {
-		q.c.observer.Observe(ctx, q.event(observe.JobEnqueued, opEnqueue, id, raw, name))
+	if q.c.Observer != nil {
+		q.c.Observer.Observe(ctx, q.event(observe.JobEnqueued, opEnqueue, id, raw, name))
 	}
 }
 
 // failed reports what a worker (or Cancel's clean-up) could not return to
 // anyone: step op failed with err, about key raw (zero for none).
 func (q *Queue) failed(ctx context.Context, op string, raw bson.RawValue, err error) {
-	if q.c.observer == nil {
+	if q.c.Observer == nil {
 		return
 	}
 	e := q.event(observe.QueueError, op, nil, raw, "")
 	e.Err = err
-	q.c.observer.Observe(ctx, e)
+	q.c.Observer.Observe(ctx, e)
 }
 
-// warnOps are the steps of the workers' warn calls, as QueueError's Op.
-var warnOps = map[string]string{
-	"claim a job":       "claim_job",
-	"read the head job": "read_head",
-	"skip a hole":       "skip_hole",
-	"record an attempt": "record_attempt",
-	"put a job back":    "put_back",
-	"move the head":     "move_head",
-	"update the key":    "update_key",
-}
-
-// warn reports a step of the claim that failed (what, as the worker's code
-// names it), unless Run is stopping.
-func (c *claim) warn(what string, _ int64, err error) {
-	if c.run.Err() != nil || c.q.c.observer == nil {
-		return
+// warn reports a step op of the claim that failed, unless Run is stopping.
+func (c *claim) warn(op string, err error) {
+	if c.run.Err() == nil && c.q.c.Observer != nil {
+		c.q.failed(c.run, op, c.key, err)
 	}
-	op, ok := warnOps[what]
-	if !ok {
-		op = what
-	}
-	c.q.failed(c.run, op, c.key, err)
 }
 
 // timed records how long the handler of the claim's current attempt ran,
@@ -95,7 +76,7 @@ func (c *claim) timed(start time.Time) { c.ran = c.q.local.Now().Sub(start) }
 func (c *claim) claimed(job *Job) {
 	c.ran = 0
 	q := c.q
-	if q.c.observer == nil {
+	if q.c.Observer == nil {
 		return
 	}
 	e := q.event(observe.JobClaimed, opRun, job.ID, job.Key, job.Name)
@@ -103,7 +84,7 @@ func (c *claim) claimed(job *Job) {
 	if !job.EnqueuedAt.IsZero() && !job.StartedAt.IsZero() {
 		e.Age = max(job.StartedAt.Sub(job.EnqueuedAt), 0)
 	}
-	q.c.observer.Observe(c.run, e)
+	q.c.Observer.Observe(c.run, e)
 }
 
 // recorded reports the outcome of job's attempt, which finish recorded:
@@ -111,7 +92,7 @@ func (c *claim) claimed(job *Job) {
 // snoozed).
 func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
 	q := c.q
-	if q.c.observer == nil {
+	if q.c.Observer == nil {
 		return
 	}
 	var k observe.Kind
@@ -133,29 +114,29 @@ func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
 	if k == observe.JobFailed || k == observe.JobSnoozed {
 		e.Delay = max(delay, 0)
 	}
-	q.c.observer.Observe(c.run, e)
+	q.c.Observer.Observe(c.run, e)
 }
 
 // skipped reports that this worker leaves the key to other processes:
 // this one has no handler for job, its head.
 func (c *claim) skipped(job *Job) {
 	q := c.q
-	if q.c.observer == nil {
+	if q.c.Observer == nil {
 		return
 	}
 	e := q.event(observe.QueueKeySkipped, opRun, job.ID, c.key, job.Name)
 	e.Reason = reasonNoHandler
-	q.c.observer.Observe(c.run, e)
+	q.c.Observer.Observe(c.run, e)
 }
 
 // interrupted reports that the worker lost its claim on the key while job
 // ran: another worker takes the job over.
 func (c *claim) interrupted(job *Job) {
 	q := c.q
-	if q.c.observer == nil {
+	if q.c.Observer == nil {
 		return
 	}
 	e := q.event(observe.QueueError, opRun, job.ID, c.key, job.Name)
 	e.Err = c.l.Err()
-	q.c.observer.Observe(c.run, e)
+	q.c.Observer.Observe(c.run, e)
 }

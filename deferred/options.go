@@ -11,34 +11,19 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Defaults of the Options fields.
+// Defaults of the Options fields (each field says what it is).
 const (
-	// DefaultWorkers is how many keys one Run works on at once.
-	DefaultWorkers = 4
-	// DefaultVisibilityTimeout is the TTL of a worker's claim on a key.
+	DefaultWorkers           = 4
 	DefaultVisibilityTimeout = 30 * time.Second
-	// DefaultMaxAttempts is how many times a job is tried before it is dead.
-	DefaultMaxAttempts = 10
-	// DefaultJobTimeout bounds one attempt of a handler.
-	DefaultJobTimeout = time.Minute
-	// DefaultPollInterval is how often an idle Run looks for work that
-	// another process enqueued.
-	DefaultPollInterval = time.Second
-	// DefaultHoleTimeout is how long a key waits for a sequence number that
-	// was reserved but whose job was never inserted, before skipping it.
-	DefaultHoleTimeout = 10 * time.Second
-	// DefaultRetention is how long completed and cancelled jobs are kept.
-	DefaultRetention = 24 * time.Hour
-	// DefaultBatch is how many jobs of one key a worker runs per claim.
-	DefaultBatch = 100
-	// DefaultMaxStamps is how many stamps a target document may carry.
-	DefaultMaxStamps = 10000
-	// DefaultFenceField is the subdocument of a target document in which
-	// Job.Stamp records the last job applied to it, per key.
-	DefaultFenceField = "_deferred"
-	// DefaultResolveTimeout bounds the re-reads that settle an ambiguous
-	// write, and the bookkeeping after a handler once Run's context ended.
-	DefaultResolveTimeout = 5 * time.Second
+	DefaultMaxAttempts       = 10
+	DefaultJobTimeout        = time.Minute
+	DefaultPollInterval      = time.Second
+	DefaultHoleTimeout       = 10 * time.Second
+	DefaultRetention         = 24 * time.Hour
+	DefaultBatch             = 100
+	DefaultMaxStamps         = 10000
+	DefaultFenceField        = "_deferred"
+	DefaultResolveTimeout    = 5 * time.Second
 )
 
 // Options configures a Queue. A nil *Options means all defaults; each zero
@@ -98,7 +83,8 @@ type Options struct {
 
 	// Batch is how many jobs of one key a worker runs while it holds the
 	// key's claim, before it gives the key up so that other keys get their
-	// turn. Default 100.
+	// turn; it claims, records and moves the head past a run of due jobs
+	// in one write each. Default 100.
 	Batch int
 
 	// FenceField is the subdocument of a target document where Job.Stamp
@@ -150,34 +136,14 @@ type Options struct {
 	Observer observe.Observer
 }
 
-// config is Options with the defaults filled in.
-type config struct {
-	workers     int
-	visibility  time.Duration
-	maxAttempts int
-	backoff     retry.Policy
-	retry       retry.Policy
-	jobTimeout  time.Duration
-	poll        time.Duration
-	holeTimeout time.Duration
-	retention   time.Duration
-	batch       int
-	fenceField  string
-	maxStamps   int
-	owner       string
-	mode        lease.Mode
-	clock       *store.ServerClock
-	resolve     time.Duration
-	observer    observe.Observer
-}
-
-func (o *Options) config() (config, error) {
+// config returns o with the defaults filled in, or an *InvalidError.
+func (o *Options) config() (Options, error) {
 	var opts Options
 	if o != nil {
 		opts = *o
 	}
-	bad := func(field, reason string) (config, error) {
-		return config{}, invalid("new", field, reason, nil)
+	bad := func(field, reason string) (Options, error) {
+		return Options{}, invalid("new", field, reason, nil)
 	}
 	for _, d := range []struct {
 		name string
@@ -194,10 +160,10 @@ func (o *Options) config() (config, error) {
 		return bad("Workers, MaxAttempts, Batch or MaxStamps", "negative")
 	}
 	if err := opts.Backoff.Validate(); err != nil {
-		return config{}, invalid("new", "Backoff", "invalid policy", err)
+		return Options{}, invalid("new", "Backoff", "invalid policy", err)
 	}
 	if err := opts.Retry.Validate(); err != nil {
-		return config{}, invalid("new", "Retry", "invalid policy", err)
+		return Options{}, invalid("new", "Retry", "invalid policy", err)
 	}
 	if strings.HasPrefix(opts.FenceField, "$") || strings.Contains(opts.FenceField, ".") {
 		return bad("FenceField", fmt.Sprintf("%q starts with '$' or contains '.'", opts.FenceField))
@@ -205,25 +171,20 @@ func (o *Options) config() (config, error) {
 	if opts.Owner != "" && strings.TrimSpace(opts.Owner) == "" {
 		return bad("Owner", "only spaces")
 	}
-	c := config{
-		workers: or(opts.Workers, DefaultWorkers), visibility: or(opts.VisibilityTimeout, DefaultVisibilityTimeout),
-		maxAttempts: or(opts.MaxAttempts, DefaultMaxAttempts), backoff: opts.Backoff,
-		jobTimeout: or(opts.JobTimeout, DefaultJobTimeout), poll: or(opts.PollInterval, DefaultPollInterval),
-		holeTimeout: or(opts.HoleTimeout, DefaultHoleTimeout), retention: or(opts.Retention, DefaultRetention),
-		batch: or(opts.Batch, DefaultBatch), fenceField: or(opts.FenceField, DefaultFenceField),
-		maxStamps: or(opts.MaxStamps, DefaultMaxStamps), owner: opts.Owner, mode: opts.LeaseMode,
-		clock: opts.Clock, resolve: or(opts.ResolveTimeout, DefaultResolveTimeout), observer: opts.Observer,
-	}
+	c := opts
+	c.Workers, c.VisibilityTimeout = or(c.Workers, DefaultWorkers), or(c.VisibilityTimeout, DefaultVisibilityTimeout)
+	c.MaxAttempts, c.JobTimeout = or(c.MaxAttempts, DefaultMaxAttempts), or(c.JobTimeout, DefaultJobTimeout)
+	c.PollInterval, c.HoleTimeout = or(c.PollInterval, DefaultPollInterval), or(c.HoleTimeout, DefaultHoleTimeout)
+	c.Retention, c.Batch = or(c.Retention, DefaultRetention), or(c.Batch, DefaultBatch)
+	c.FenceField, c.MaxStamps = or(c.FenceField, DefaultFenceField), or(c.MaxStamps, DefaultMaxStamps)
+	c.ResolveTimeout = or(c.ResolveTimeout, DefaultResolveTimeout)
 	// The Modify helper's policy goes to versioned, whose zero fields
 	// differ from the retry package's.
-	c.retry = opts.Retry
-	c.retry.MaxAttempts = or(c.retry.MaxAttempts, retry.DefaultMaxAttempts)
-	c.retry.MaxElapsedTime = or(c.retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)
-	if c.retry.Observer == nil {
-		c.retry.Observer = opts.Observer
-	}
-	if c.backoff.InitialInterval == 0 && c.backoff.MaxInterval == 0 {
-		c.backoff.InitialInterval, c.backoff.MaxInterval = time.Second, 5*time.Minute
+	c.Retry.MaxAttempts = or(c.Retry.MaxAttempts, retry.DefaultMaxAttempts)
+	c.Retry.MaxElapsedTime = or(c.Retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)
+	c.Retry.Observer = or[observe.Observer](c.Retry.Observer, c.Observer)
+	if c.Backoff.InitialInterval == 0 && c.Backoff.MaxInterval == 0 {
+		c.Backoff.InitialInterval, c.Backoff.MaxInterval = time.Second, 5*time.Minute
 	}
 	return c, nil
 }

@@ -20,12 +20,10 @@ import (
 
 // Run works the queue until ctx ends: it finds keys with jobs ready to run,
 // claims each (a lease on the key's document, renewed while its handlers
-// run), runs the key's jobs in sequence order through their handlers, and
-// records each outcome. At most Options.Workers keys are worked on at once.
-// Any number of processes may call Run on the same collections; within a
-// process, call it once per Queue. Run works only the jobs of the handlers
-// registered on q: a key whose next job has another handler is left to the
-// processes that have it (see the package doc).
+// run), runs the key's jobs in sequence order and records each outcome. At
+// most Options.Workers keys are worked on at once. Any number of processes
+// may call Run on the same collections; within a process, call it once per
+// Queue. It works only the jobs of the handlers registered on q.
 //
 // When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
 // an interrupted job back without counting its attempt, releases its claims
@@ -54,19 +52,16 @@ func (q *Queue) Run(ctx context.Context) error {
 	nextSweep := q.local.Now()
 	var lastLook time.Time
 	for ctx.Err() == nil {
-		// Local enqueues wake Run at once; still, look for work at most ten
-		// times per PollInterval, so that a burst of them costs few queries.
-		if gap := q.c.poll/10 - q.local.Now().Sub(lastLook); gap > 0 {
+		// Look for work at most ten times per PollInterval.
+		if gap := q.c.PollInterval/10 - q.local.Now().Sub(lastLook); gap > 0 {
 			q.sleep(ctx, gap)
 		}
 		lastLook = q.local.Now()
 		if lastLook.After(nextSweep) {
-			// A TTL index deletes finished jobs where there is one; idle
-			// keys are this sweep's everywhere.
 			if _, err := q.sweep(ctx, !ttl); err != nil && ctx.Err() == nil {
 				q.failed(ctx, "sweep", bson.RawValue{}, err)
 			}
-			nextSweep = q.local.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
+			nextSweep = q.local.Now().Add(min(max(q.c.Retention/2, q.c.PollInterval), time.Minute))
 		}
 		started, err := r.dispatch(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -75,7 +70,7 @@ func (q *Queue) Run(ctx context.Context) error {
 		if started > 0 {
 			continue
 		}
-		wait := q.local.NewTimer(jitter(q.c.poll))
+		wait := q.local.NewTimer(jitter(q.c.PollInterval))
 		select {
 		case <-ctx.Done():
 		case <-q.wake:
@@ -108,7 +103,7 @@ type runner struct {
 func (r *runner) dispatch(ctx context.Context) (int, error) {
 	q := r.q
 	r.mu.Lock()
-	free := q.c.workers - len(r.busy)
+	free := q.c.Workers - len(r.busy)
 	exclude := len(r.busy) + len(r.skip)
 	now := q.local.Now()
 	for k, until := range r.skip {
@@ -120,9 +115,8 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	if free <= 0 {
 		return 0, nil
 	}
-	// Several times more candidates than free workers, shuffled: processes
-	// that look at once mostly pick different keys.
-	keys, err := q.candidates(ctx, int64(4*q.c.workers+exclude))
+	// More candidates than workers, shuffled: processes pick different keys.
+	keys, err := q.candidates(ctx, int64(4*q.c.Workers+exclude))
 	if err != nil {
 		return 0, err
 	}
@@ -145,7 +139,7 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 			r.mu.Lock()
 			delete(r.busy, id)
 			if skip {
-				r.skip[id] = q.local.Now().Add(q.c.poll)
+				r.skip[id] = q.local.Now().Add(q.c.PollInterval)
 			}
 			r.mu.Unlock()
 			select {
@@ -157,10 +151,8 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	return started, nil
 }
 
-// keyHandler is the field of a key's document that names the handler of
-// its head job, set by a worker whose process has no such handler, so that
-// the candidate search of such processes skips the key until its head moves
-// on (advance unsets it) or is cancelled (Cancel unsets it).
+// keyHandler is the field of a key's document naming its head's handler,
+// set by a process that lacks it (see noHandler).
 const keyHandler = "h"
 
 // handlerNames returns the names of the handlers registered on q.
@@ -174,25 +166,19 @@ func (q *Queue) handlerNames() bson.A {
 	return names
 }
 
-// candidates returns up to limit keys that have jobs waiting, whose head is
-// due, whose head's handler is not known to be missing here, and whose
-// claim looks free or expired. The claim decides; this only keeps workers
-// from claiming keys that are surely held or that they could not work.
+// candidates returns up to limit keys with jobs waiting, whose head is due,
+// of a handler not known to be missing here, and whose claim looks free or
+// expired: a hint; the claim decides.
 func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, error) {
 	now := q.now(ctx)
 	filter := bson.D{
 		{Key: "n", Value: bson.D{{Key: "$gt", Value: 0}}},
+		{Key: "due", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: now}}}}},
 		{Key: "$and", Value: bson.A{
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: false}}}},
-				bson.D{{Key: "due", Value: bson.D{{Key: "$lte", Value: now}}}},
-			}}},
 			bson.D{{Key: "$or", Value: bson.A{
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: false}}}},
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$in", Value: q.handlerNames()}}}},
 			}}},
-			// The lease record's owner and expiry (see lease.Manager.Field):
-			// free, or expired by this estimate.
 			bson.D{{Key: "$or", Value: bson.A{
 				bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
 				bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
@@ -215,8 +201,7 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 	return keys, nil
 }
 
-// claim is a worker's hold on one key: the lease, the context its handlers
-// run under, and the context of its bookkeeping writes.
+// claim is a worker's hold on one key.
 type claim struct {
 	q    *Queue
 	key  bson.RawValue
@@ -227,18 +212,16 @@ type claim struct {
 	ran  time.Duration   // how long the handler of the current attempt ran
 }
 
-// book returns a context for one bookkeeping write: it outlives Run's
-// context by ResolveTimeout, so that an outcome is recorded after a stop.
+// book returns the context of a bookkeeping write: ResolveTimeout past Run's.
 func (c *claim) book() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(c.run), c.q.c.resolve)
+	return context.WithTimeout(context.WithoutCancel(c.run), c.q.c.ResolveTimeout)
 }
 
 // lost reports whether the claim is known to be lost.
 func (c *claim) lost() bool { return c.l.Err() != nil }
 
-// work claims key and runs its jobs. It reports whether this Run should
-// leave the key alone for a poll interval: it did not get the claim, or the
-// key's head job has no handler here.
+// work claims key and runs its jobs; it reports whether this Run should
+// leave the key alone a poll interval.
 func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	l, err := q.leases.TryAcquire(ctx, key)
 	if err != nil {
@@ -251,7 +234,7 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	stop := context.AfterFunc(ctx, cancel)
 	c := &claim{q: q, key: key, l: l, run: ctx, jobs: jobs}
 	var renewing sync.WaitGroup
-	renewing.Go(func() { c.renew() })
+	renewing.Go(func() { l.KeepAlive(jobs) }) // renewals, retried soon after a transient failure
 	defer func() {
 		stop()
 		cancel()
@@ -266,28 +249,19 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	return c.skip
 }
 
-// renew keeps the claim alive until its jobs' context ends: the lease
-// package's renewal loop (lease.Lease.KeepAlive), every third of the
-// visibility timeout, with a transient failure retried soon within the
-// lease's remaining time, so that a few failed renewals in a row do not lose
-// the key.
-func (c *claim) renew() {
-	c.l.KeepAlive(c.jobs)
-}
-
 // loop runs the key's jobs in order, at most Batch of them, while the claim
 // holds and Run's context lives: a run of due jobs at a time (runOf), or
 // the head alone (step).
 func (c *claim) loop() {
 	q := c.q
 	ctx, cancel := c.book()
-	kd, err := retry.DoValue(ctx, q.c.retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
+	kd, err := retry.DoValue(ctx, q.c.Retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
 	cancel()
 	if err != nil || kd == nil {
 		return
 	}
-	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
-		next, n, ok := c.runOf(*kd, q.c.batch-i)
+	for i := 0; i < q.c.Batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
+		next, n, ok := c.runOf(*kd, q.c.Batch-i)
 		if ok && n == 0 {
 			next, ok = c.step(*kd)
 			n = 1
@@ -328,12 +302,12 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: q.updated(q.jobs, filter, claimUpdate(q.c.owner, c.l.Epoch(), now), int64(len(jobs))),
+		Send: q.updated(q.jobs, filter, claimUpdate(q.c.Owner, c.l.Epoch(), now), int64(len(jobs))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
 			for _, j := range cur {
-				mine := j.State == StateRunning && j.Epoch == c.l.Epoch() && j.Owner == q.c.owner
+				mine := j.State == StateRunning && j.Epoch == c.l.Epoch() && j.Owner == q.c.Owner
 				landed = landed && mine
 				live = live && (mine || (j.State == StateAvailable || j.State == StateRetryable) && j.Epoch <= c.l.Epoch())
 			}
@@ -343,7 +317,7 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	})
 	switch {
 	case err != nil:
-		c.warn("claim a job", head, err)
+		c.warn("claim_job", err)
 		return kd, 0, false
 	case !res.Applied:
 		// One changed meanwhile (cancelled, or claimed under a newer
@@ -353,7 +327,7 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	}
 	for _, job := range jobs {
 		job.q, job.att = q, &attempt{}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, c.l.Epoch(), now
 		job.Attempt++
 		c.claimed(job)
 	}
@@ -460,12 +434,12 @@ func (c *claim) complete(kd keyDoc, jobs []*Job, m int64) (keyDoc, bool) {
 	now := q.now(ctx)
 	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
 		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
-			bson.E{Key: "expireAt", Value: now.Add(q.c.retention)})}}
+			bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
 	})
 	cancel()
 	if err != nil || !ok {
 		if err != nil {
-			c.warn("record an attempt", jobs[0].Seq, err)
+			c.warn("record_attempt", err)
 		}
 		return kd, false
 	}
@@ -484,7 +458,7 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	seq := kd.Off + kd.Done + 1
 	job, err := c.claimJob(seq)
 	if err != nil {
-		c.warn("claim a job", seq, err)
+		c.warn("claim_job", err)
 		return kd, false
 	}
 	if job == nil {
@@ -492,20 +466,14 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	}
 	c.claimed(job)
 	if job.Attempt > job.MaxAttempts {
-		// The worker of the last attempt was lost while it ran: its
-		// handler may have written.
+		// Its last worker was lost while it ran: it may have written.
 		job.att.mayHaveWritten()
 		return c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
 	}
 	h := q.handler(job.Name)
-	if h == nil {
-		// claimJob claims only jobs of the handlers registered here, and
-		// handlers are never removed: this does not happen. Should it, put
-		// the job back and leave the key to another process.
+	if h == nil { // not claimed by claimJob, whose filter names the handlers here
 		c.putBack(job)
-		c.skip = true
-		c.skipped(job)
-		return kd, false
+		return c.noHandler(kd, job)
 	}
 	return c.after(kd, job, c.call(func(ctx context.Context) error { return h.run(ctx, job) }))
 }
@@ -532,8 +500,7 @@ func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 		}
 		return c.recheck(kd, job.Seq) // finish set the key's due
 	}
-	// Bad input (a second write to one document, an update that writes the
-	// fence field, a refused id) fails every attempt alike: dead at once.
+	// Bad input fails every attempt alike: dead at once.
 	dead := retry.IsPermanent(err) || errors.Is(err, ErrInvalid) || job.Attempt >= job.MaxAttempts
 	next, ok := c.finish(kd, job, outcome{dead: dead, err: err})
 	if dead || ok || c.lost() {
@@ -542,13 +509,10 @@ func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 	return c.recheck(kd, job.Seq) // finish set the key's due
 }
 
-// noHandler gives up a key whose head job has a handler this process does
-// not have (a rolling deploy that adds a handler): another process runs it.
-// It records the handler's name on the key's document, where the candidate
-// search of every process without it skips the key until its head moves on
-// or is cancelled, so that such a process neither claims the key nor looks
-// at it again; and this Run skips the key a poll interval anyway, should
-// that write fail.
+// noHandler gives up a key whose head job has a handler this process lacks
+// (a rolling deploy): it names the handler on the key's document, where the
+// candidate search of such processes skips the key until its head moves on
+// or is cancelled, and this Run skips it a poll interval anyway.
 func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
 	c.skip = true
 	c.skipped(job)
@@ -556,21 +520,16 @@ func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
 	return kd, false
 }
 
-// postpone gives the key up until runAt, when its head job at seq may run:
-// it sets the key's due (the candidate search skips the key until then),
-// then rechecks the head.
+// postpone gives the key up until runAt, when its head at seq may run: it
+// sets the key's due, then rechecks the head.
 func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
 	c.setKey(bson.D{{Key: "due", Value: runAt}})
 	return c.recheck(kd, seq)
 }
 
-// recheck reads the head job at seq again after this claim set the key's
-// due, and moves the head on if the job is finished now. Cancel cancels a
-// waiting job and then clears the key's due; when it cancelled the head
-// before this claim's due landed, its clearing may have come first, and the
-// key's next jobs would wait until the cancelled job's run time. This read
-// comes after the due was written: if it does not see the job cancelled,
-// Cancel's clearing comes after the due too.
+// recheck reads the head at seq after this claim set the key's due, and
+// moves the head on if it is finished: a Cancel whose clearing of due came
+// before this claim's due is seen by this read (DESIGN.md, Running a key).
 func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 	ctx, cancel := c.book()
 	job, err := c.head(ctx, seq)
@@ -586,8 +545,8 @@ func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 	defer c.timed(c.q.local.Now())
 	ctx, cancel := c.jobs, context.CancelFunc(func() {})
-	if c.q.c.jobTimeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, c.q.c.jobTimeout)
+	if c.q.c.JobTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.q.c.JobTimeout)
 	}
 	defer cancel()
 	defer func() {
@@ -602,19 +561,11 @@ func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 	return fn(ctx)
 }
 
-// claimJob claims the job at seq on the key for this attempt: one
-// findOneAndUpdate that matches it while it waits (or was left running by
-// a lost worker) and is due, makes it running under this claim's epoch and
-// counts the attempt. It returns nil when no such job is there.
-//
-// It claims only a job whose handler is registered here: a job of another
-// handler is left alone (noHead tells the key so), not claimed and put back.
-//
-// The claim is fenced on the key's lease: it refuses a job whose recorded
-// epoch is greater than this claim's. Lease epochs of a key's document only
-// grow, so a copy of this write that arrives late (held in the network, or
-// sent by a worker paused past its lease), after a newer holder of the key
-// claimed the job, neither takes the job back nor burns an attempt.
+// claimJob claims the job at seq for an attempt: one findOneAndUpdate that
+// matches it while it waits (or was left running by a lost worker), is due
+// and of a handler registered here, makes it running under this claim's
+// epoch and counts the attempt; nil when there is no such job. It refuses a
+// job claimed under a newer epoch, so a late copy of it changes nothing.
 func (c *claim) claimJob(seq int64) (*Job, error) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -624,24 +575,18 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
 		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
 		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
-		{Key: "$or", Value: bson.A{
-			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
-			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
-		}},
-		// Not a job this claim holds already: a copy sent again after one
-		// landed matches nothing, and counts no second attempt.
+		{Key: "runAt", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: now}}}}},
+		// Not one this claim holds: a copy resent after one landed counts no attempt.
 		{Key: "$nor", Value: bson.A{
-			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
+			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner}},
 		}},
 	}...)
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
-		// The document before the claim: its state says whether an earlier
-		// attempt was lost while it ran.
-		Send: modified[Job](q, q.jobs, filter, claimUpdate(q.c.owner, c.l.Epoch(), now), options.Before),
-		// If the claim landed, the job is running under this claim.
+		// The document before the claim: running means taken over.
+		Send: modified[Job](q, q.jobs, filter, claimUpdate(q.c.Owner, c.l.Epoch(), now), options.Before),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
 		Judge: func(job *Job) (settle.Verdict, string) {
-			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner,
+			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.Owner,
 				job != nil && !finished(job.State) && job.Epoch <= c.l.Epoch())
 		},
 		Resend: true,
@@ -652,16 +597,14 @@ func (c *claim) claimJob(seq int64) (*Job, error) {
 	case !res.Applied:
 		return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
 	case res.HasReply:
-		// A job left running was taken over from a lost worker, whose
-		// handler may have written: the attempt carries that on.
+		// Taken over from a lost worker, whose handler may have written.
 		job := res.Reply
 		job.q, job.att = q, &attempt{may: job.State == StateRunning}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, c.l.Epoch(), now
 		job.Attempt++
 		return job, nil
 	}
-	// Whether the claim took the job over from a lost worker is not known:
-	// take it that it did.
+	// Taken over or not, unknown: take it that it was.
 	job := res.Read
 	job.q, job.att = q, &attempt{may: true}
 	return job, nil
@@ -685,11 +628,9 @@ func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
 	return found(job, c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, at(c.key, seq)).Decode(job) }))
 }
 
-// noHead handles a key whose head seq has no job to claim: the job is
-// finished already (a worker died between recording it and moving the
-// head), claimed under a newer lease of the key (this claim is lost), of a
-// handler this process does not have, not due yet, or not there at all (a
-// hole).
+// noHead handles a head seq with no job to claim: finished already (its
+// worker died before moving the head), claimed under a newer lease, of a
+// handler this process lacks, not due, or not there (a hole: DESIGN.md).
 func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -698,7 +639,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	now := q.now(ctx)
 	switch {
 	case err != nil:
-		c.warn("read the head job", seq, err)
+		c.warn("read_head", err)
 		return kd, false
 	case job == nil:
 	case finished(job.State):
@@ -712,15 +653,14 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 		// Not due yet: wait for it.
 		return c.postpone(kd, seq, job.RunAt)
 	}
-	// No job has the number yet. Most often its enqueuer is between its two
-	// writes: look again a few times, holding the key, before giving it up.
+	// No job yet: most often its enqueuer is between its two writes.
 	since := now
 	if kd.Hole != nil && kd.Hole.Seq == seq {
 		since = kd.Hole.Since
 	} else {
 		c.setKey(bson.D{{Key: "hole", Value: hole{Seq: seq, Since: now}}})
 	}
-	if now.Sub(since) < q.c.holeTimeout {
+	if now.Sub(since) < q.c.HoleTimeout {
 		for d := 5 * time.Millisecond; d <= 80*time.Millisecond; d *= 2 {
 			q.sleep(c.jobs, d)
 			if c.lost() || c.run.Err() != nil {
@@ -730,21 +670,15 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 				return kd, true // it landed: step again
 			}
 		}
-		// Look again after a while that grows with the hole's age, up to
-		// when it may be skipped.
-		wait := min(max(now.Sub(since), q.c.poll/10), since.Add(q.c.holeTimeout).Sub(now))
+		wait := min(max(now.Sub(since), q.c.PollInterval/10), since.Add(q.c.HoleTimeout).Sub(now))
 		c.setKey(bson.D{{Key: "due", Value: now.Add(wait)}})
 		return kd, false
 	}
-	// The number was reserved HoleTimeout ago (as this key's workers saw
-	// it) and its job is not there: skip it. If its enqueuer is still trying,
-	// its insert now fails on the unique index and it reserves another
-	// number.
+	// Missing for HoleTimeout: skip it (a late insert then fails on the index).
 	if err := q.tombstone(ctx, c.key, seq); err != nil && !store.IsDuplicateKey(err) {
-		c.warn("skip a hole", seq, err)
+		c.warn("skip_hole", err)
 		return kd, false
 	}
-	// Either the tombstone or the job is there now: step again.
 	return kd, true
 }
 
@@ -774,7 +708,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		inc = bson.D{{Key: "attempt", Value: -1}, {Key: "snoozes", Value: 1}}
 	case o.err == nil:
 		to = StateCompleted
-		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)}}
+		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.Retention)}}
 	case o.dead:
 		to = StateDead
 		set = bson.D{{Key: "finished", Value: now}}
@@ -786,8 +720,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	if o.err != nil {
 		e := attemptError(job.Attempt, now, o.err)
 		if n := len(job.Errors); n >= MaxErrors {
-			// Keep the newest: the job's document is fenced to this
-			// claim, so the list read with the claim is the one stored.
+			// Keep the newest: the list read with the claim is the one stored.
 			set = append(set, bson.E{Key: "errors", Value: append(job.Errors[n-MaxErrors+1:n:n], e)})
 		} else {
 			push = bson.D{{Key: "errors", Value: e}}
@@ -804,7 +737,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	cancel()
 	if err != nil || !ok {
 		if err != nil {
-			c.warn("record an attempt", job.Seq, err)
+			c.warn("record_attempt", err)
 		}
 		return kd, false
 	}
@@ -827,7 +760,7 @@ func jobSet(mw bool, set ...bson.E) bson.D {
 
 // delay returns the backoff before the attempt after attempt n.
 func (q *Queue) delay(n int) time.Duration {
-	b := q.c.backoff.NewBackoff()
+	b := q.c.Backoff.NewBackoff()
 	var d time.Duration
 	for range max(n, 1) {
 		d = b.Next()
@@ -873,7 +806,7 @@ func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update fu
 				}
 				filter := bson.D{
 					{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
-					{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner},
+					{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner},
 				}
 				if _, ok, err := q.updated(q.jobs, filter, update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
 					return struct{}{}, false, err
@@ -887,7 +820,7 @@ func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update fu
 			for _, j := range cur {
 				mine := j.Epoch == c.l.Epoch()
 				landed = landed && mine && j.State == to
-				live = live && mine && (j.State == to || j.State == StateRunning && j.Owner == q.c.owner)
+				live = live && mine && (j.State == to || j.State == StateRunning && j.Owner == q.c.Owner)
 			}
 			return verdict(landed, live)
 		},
@@ -906,7 +839,7 @@ func (c *claim) putBack(jobs ...*Job) {
 		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateAvailable})}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
 	})
 	if err != nil {
-		c.warn("put a job back", jobs[0].Seq, err)
+		c.warn("put_back", err)
 	}
 }
 
@@ -936,7 +869,7 @@ func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	})
 	switch {
 	case err != nil:
-		c.warn("move the head", kd.Off+kd.Done+1, err)
+		c.warn("move_head", err)
 		return kd, false
 	case res.Applied:
 		return *shown(res), !c.lost()
@@ -960,7 +893,7 @@ func (c *claim) setKey(set bson.D) {
 		Resend: true,
 	})
 	if err != nil {
-		c.warn("update the key", 0, err)
+		c.warn("update_key", err)
 	}
 }
 
@@ -993,7 +926,7 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 	// microseconds) over Retention ago, and not held. A reservation racing
 	// with the delete either lands first (n: 1, not deleted) or finds no
 	// document and makes a new one, whose numbers start above the old ones.
-	idle := now.Add(-q.c.retention)
+	idle := now.Add(-q.c.Retention)
 	field := q.leases.Field()
 	_, err := q.keys.DeleteMany(ctx, bson.D{
 		{Key: "n", Value: int64(0)},
