@@ -25,21 +25,17 @@ type Change[T, A any] struct {
 }
 
 // Result is what Change.ModifyOrEnqueue did: applied the change now (Doc),
-// or queued it (Queued, JobID) because Modify's retries or the retry budget
-// ran out on version conflicts.
+// or queued it (Queued, JobID).
 type Result[T any] struct {
 	// Doc is the document as stored after the change, when it was applied
 	// now.
 	Doc *T
 	// Queued is true when the change was enqueued instead: it runs later,
-	// exactly once. A service answers 202 Accepted with JobID as the
-	// location to poll (Queue.Job).
+	// exactly once. A service answers 202 Accepted with JobID to poll.
 	Queued bool
 	// JobID is the id of the queued job.
 	JobID bson.ObjectID
-	// Cause is Modify's error that made it queue (it matches
-	// versioned.ErrConflict and retry.ErrExhausted or
-	// retry.ErrBudgetExhausted).
+	// Cause is Modify's error that made it queue (see Exhausted).
 	Cause error
 }
 
@@ -47,9 +43,12 @@ type Result[T any] struct {
 // fn(doc, args) edits the document in place, as a versioned Modify
 // function does, and may run several times (on conflicts, on later
 // attempts), so it must have no side effects. The job's key is the
-// document's id. The handler applies fn with Modify (exactly once, through
-// the job's fence); fn's error fails the attempt, retry.Permanent(err)
-// makes the job dead at once. Errors are those of Register.
+// document's id. A worker applies a run of a document's queued changes in
+// one Modify (one read, one write): fn runs for each in order on one copy,
+// and the write carries the stamp of the last; a change applied alone goes
+// through the Modify helper. fn's error fails that job's attempt (the
+// changes before it are applied without it); retry.Permanent(err) makes
+// it dead at once. Errors are those of Register.
 func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func(doc *T, args A) error) (*Change[T, A], error) {
 	if repo == nil || fn == nil {
 		return nil, invalid("register", "change", "nil repository or function", nil)
@@ -170,19 +169,17 @@ func (c *Change[T, A]) Enqueue(ctx context.Context, id any, args A) (bson.Object
 }
 
 // ModifyOrEnqueue applies the change to the document with id now, with
-// versioned.Repo.Modify (its retries and budget: the repository's
-// Options.Retry), and, when Modify gives up on version conflicts (its
-// error matches versioned.ErrConflict and retry.ErrExhausted or
-// retry.ErrBudgetExhausted: nothing was written), enqueues it on the
-// document's key instead. The Result says which. Any other error of Modify
-// (fn's own, ErrNotFound, an *UnknownOutcomeError after which the change
-// may have landed) is returned as it is, and nothing is queued. If the
-// enqueue fails too, the error matches both Modify's and the enqueue's.
+// versioned.Repo.Modify, and, when Modify gives up on version conflicts
+// (Exhausted: nothing was written), enqueues it on the document's key
+// instead; the Result says which. Any other error of Modify (fn's own,
+// ErrNotFound, an unknown outcome after which the change may have landed)
+// is returned as it is, and nothing is queued. If the enqueue fails too,
+// the error matches both.
 //
 // A change applied now does not wait for the changes queued on the same
 // document before it: order holds among queued changes. A caller that needs
 // every change in order after the first queued one calls Enqueue instead
-// while Queue.Counts (or its own flag) says the key has queued work.
+// while the key has queued work.
 func (c *Change[T, A]) ModifyOrEnqueue(ctx context.Context, id any, args A) (*Result[T], error) {
 	if err := checkCtx(ctx, "modify or enqueue"); err != nil {
 		return nil, err

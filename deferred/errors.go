@@ -13,37 +13,25 @@ import (
 // Sentinel errors. Match them with errors.Is; the typed errors below carry
 // the facts and match their sentinel.
 var (
-	// ErrInvalid is matched by every error that refuses a caller's input (a
-	// nil context, an unknown handler name, arguments of the wrong type or
-	// that do not encode, a bad option) before anything is stored. It is
-	// [store.ErrInvalid], the same value in every mongocas package.
+	// ErrInvalid is matched by every error that refuses a caller's input
+	// before anything is stored. It is [store.ErrInvalid].
 	ErrInvalid = store.ErrInvalid
-
-	// ErrInvalidID is matched by an error that refuses a key: nil, a zero
-	// value, or a value whose encoding could act as a query operator (a
-	// document with a $-prefixed key, a regular expression, an array). It
-	// also matches ErrInvalid. It is [store.ErrInvalidID].
+	// ErrInvalidID is matched by an error that refuses a key (nil, zero,
+	// operator-shaped); it also matches ErrInvalid. It is
+	// [store.ErrInvalidID].
 	ErrInvalidID = store.ErrInvalidID
-
-	// ErrUnknownOutcome is matched by an error that reports an enqueue whose
-	// outcome could not be settled: the job may or may not have been
-	// stored. It is [store.ErrUnknownOutcome].
+	// ErrUnknownOutcome is matched by an error whose write may or may not
+	// have taken effect. It is [store.ErrUnknownOutcome].
 	ErrUnknownOutcome = store.ErrUnknownOutcome
-
 	// ErrNotFound is matched by *NotFoundError: no job has the id.
 	ErrNotFound = errors.New("deferred: job not found")
-
-	// ErrState is matched by *StateError: the job is not in a state that
-	// allows the operation (Requeue of a job that is not dead or cancelled,
-	// or that may have applied its change; Cancel of a running or finished
-	// job).
+	// ErrState is matched by *StateError: the job's state does not allow
+	// the operation.
 	ErrState = errors.New("deferred: job in the wrong state")
 )
 
-// InvalidError reports bad input refused before anything was stored: a nil
-// context, an unknown handler name, a key store.CheckID refuses, arguments
-// that do not encode or are not of the handler's type, a bad Options field.
-// It matches ErrInvalid (and ErrInvalidID for a key) and unwraps to the
+// InvalidError reports bad input refused before anything was stored. It
+// matches ErrInvalid (and ErrInvalidID for a key) and unwraps to the
 // underlying error, if any.
 type InvalidError struct {
 	// Op is the operation: "new", "register", "enqueue", ...
@@ -97,11 +85,8 @@ type StateError struct {
 	ID bson.ObjectID
 	// State is the job's state when read.
 	State State
-	// MayHaveApplied is true when Requeue refused a dead or cancelled job
-	// because an attempt's write may have landed (Job.MayHaveApplied):
-	// running it again under a new sequence number could apply its change
-	// twice. Check its target documents; then Cancel it, or enqueue what is
-	// missing as a new job.
+	// MayHaveApplied is true when Requeue refused a job whose write may
+	// have landed (Job.MayHaveApplied): see Requeue.
 	MayHaveApplied bool
 }
 
@@ -116,11 +101,9 @@ func (e *StateError) Error() string {
 // Is reports whether target is ErrState.
 func (e *StateError) Is(target error) bool { return target == ErrState }
 
-// UnknownOutcomeError reports a write whose reply was lost and whose
-// outcome re-reading could not settle: it may or may not have been applied.
-// It is [store.UnknownOutcomeError], the one such type of the library (its
-// Pkg is "deferred"); it matches ErrUnknownOutcome and unwraps to the
-// write's error.
+// UnknownOutcomeError reports a write whose outcome could not be settled.
+// It is [store.UnknownOutcomeError] (Pkg "deferred"); it matches
+// ErrUnknownOutcome and unwraps to the write's error.
 type UnknownOutcomeError = store.UnknownOutcomeError
 
 // PanicError is the error an attempt records when its handler panicked. The

@@ -181,20 +181,14 @@ func (j *Job) stampsError(op string, rawID bson.RawValue) error {
 }
 
 // Guarded applies the job's change to the document of repo with id, once:
-// versioned's Guarded (cond and update in one statement; see
-// versioned.Repo.Guarded) with the job's Fence added to the filter and its
-// Stamp to the $set (versioned.WithSet). When an earlier delivery of the job
-// applied it already, it changes nothing and returns the document as
-// stored, with a nil error, so a handler can return Guarded's error as its
-// own.
-//
-// update is a document of update operators as versioned.Repo.Guarded takes
-// them; it must not write under Options.FenceField, and a path that
-// overlaps the job's stamp is an *InvalidError of versioned's (matching
-// ErrInvalid). A cond that does not hold is versioned's *GuardError
-// (matching versioned.ErrGuardFailed): return retry.Permanent(err) to make
-// the job dead at once, or err to try again later. With the repository's
-// Options.ShardKey, id is a versioned.Key, as for versioned's Guarded.
+// versioned.Repo.Guarded (cond and update in one statement) with the job's
+// Fence added to the filter and its Stamp to the $set. When an earlier
+// delivery applied it already, it changes nothing and returns the document
+// as stored with a nil error, so a handler can return Guarded's error as its
+// own. update must not write under Options.FenceField (an *InvalidError). A
+// cond that does not hold is versioned's *GuardError: return
+// retry.Permanent(err) to make the job dead at once, or err to try again
+// later. With the repository's Options.ShardKey, id is a versioned.Key.
 func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
 	if job == nil || job.q == nil || repo == nil {
 		return nil, invalid("guarded", "job", "nil job or repository, or a job not from a Queue", nil)
@@ -205,25 +199,20 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 }
 
 // Modify applies fn's change to the document of repo with id, once:
-// versioned.Repo.Modify (fn gets a fresh copy of the document; the fields
-// it changed are written; a version conflict reads again and calls fn
-// again) with the job's Fence in its filter, when it reads and when it
-// writes, and its Stamp set in the same statement as fn's change
-// (versioned.WithSet). Such a call is not combined with other Modify calls
-// on the document. When an earlier delivery applied the job already, fn is
-// not called and the document is returned as stored, with a nil error. If
-// fn changes nothing, nothing is written, the stamp included. With the
-// repository's Options.ShardKey, id is a versioned.Key, as for versioned's
-// Modify, and every read and write carries the shard key.
+// versioned.Repo.Modify (fn edits a fresh copy; the fields it changed are
+// written; a conflict reads again and calls fn again) with the job's Fence
+// in its filter, when it reads and when it writes, and its Stamp set in the
+// same statement. When an earlier delivery applied it already, fn is not
+// called and the document is returned as stored, with a nil error. If fn
+// changes nothing, nothing is written. With the repository's
+// Options.ShardKey, id is a versioned.Key.
 //
-// fn's error ends Modify without a write and is returned as it is: the
-// attempt fails and is tried again later, unless fn returned
-// retry.Permanent(err), which makes the job dead at once. fn must not
-// change the id (an *InvalidError); its changes to the version field are
-// ignored. Conflicts are retried under Options.Retry; when the retries run
-// out the error matches versioned.ErrConflict and retry.ErrExhausted (or
-// retry.ErrBudgetExhausted): the attempt fails, and the next one starts
-// again from a fresh read.
+// fn's error ends Modify without a write and is returned as it is (the
+// attempt fails; retry.Permanent makes the job dead at once). fn must not
+// change the id (an *InvalidError). Conflicts are retried under
+// Options.Retry; when they run out the error matches versioned.ErrConflict
+// and retry.ErrExhausted (or retry.ErrBudgetExhausted), and the next
+// attempt starts from a fresh read.
 func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, fn func(doc *T) error) (*T, error) {
 	if job == nil || job.q == nil || repo == nil || fn == nil {
 		return nil, invalid("modify", "job", "nil job, repository or function, or a job not from a Queue", nil)

@@ -31,8 +31,8 @@ func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
 }
 
 func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
-	job := &Job{q: q}
-	return found(job, q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(job))
+	job, _, err := q.readJobDoc(ctx, id)
+	return job, err
 }
 
 // Counts returns how many jobs are in each state (every state is present,
@@ -72,20 +72,16 @@ func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 // counted from zero again and its errors kept: it takes a new sequence
 // number at the tail of its key, so it runs after the jobs enqueued on the
 // key before the requeue. Any other state is a *StateError (matching
-// ErrState); an unknown id a *NotFoundError.
-//
-// A job that may have applied its change (Job.MayHaveApplied: a write of an
-// attempt landed, or its outcome is unknown, or its worker was lost) is
-// refused with a *StateError whose MayHaveApplied is true: the job's fence
-// is its sequence number, so under a new one a write that landed before
-// would apply again. Check the job's target documents; then Cancel it, or
-// enqueue what is missing as a new job.
+// ErrState); an unknown id a *NotFoundError. A job that may have applied
+// its change (Job.MayHaveApplied) is refused with a *StateError whose
+// MayHaveApplied is true: under a new sequence number its write would apply
+// again. Check its target documents; then Cancel it, or enqueue what is
+// missing as a new job.
 //
 // A Requeue that returns nil put the job back in the queue; one that
-// returns an error other than an *UnknownOutcomeError (Op "requeue") changed
-// nothing: the job is as it was, and no copy of its write can change it
-// later. A lost reply is settled as Enqueue's is: by re-reading the job, or
-// by the tombstone of the new number, which the update can no longer take.
+// returns an error other than an *UnknownOutcomeError (Op "requeue")
+// changed nothing, and no copy of its write can change it later. A lost
+// reply is settled as Enqueue's is.
 func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "requeue"); err != nil {
 		return err
@@ -199,16 +195,11 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 // of the queue for good: it is marked cancelled, its key moves on without
 // it, and it is deleted after the retention. A running job cannot be
 // cancelled (its handler may be writing): a *StateError, as for a finished
-// job; an unknown id is a *NotFoundError.
-//
-// A cancelled job no longer holds its key back: Cancel clears the hints on
-// the key's document that keep workers away from it (when to look again,
-// set by a head job that failed or snoozed; the name of its handler, set by
-// a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
-// write fails, Cancel still returns nil (the job is cancelled) and logs it,
-// and the key's next jobs may wait until the cancelled job's run time.
-// A lost reply is settled by re-reading the job (cancelled: landed; waiting
-// or dead: sent again); unsettled, it is an *UnknownOutcomeError.
+// job; an unknown id is a *NotFoundError. Cancel then clears, best effort,
+// the hints that keep workers away from the key (when to look again, the
+// name of a handler some processes lack) and wakes this process's Run. A
+// lost reply is settled by re-reading the job; unsettled, it is an
+// *UnknownOutcomeError.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -251,12 +242,8 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
 }
 
-// freeKey clears the hints on key's document that keep workers away from
-// it (due, when its head may run; the head's handler, which some processes
-// lack) after its head may have been cancelled, and wakes this process's
-// Run. The hints only say when and where to look: a worker that claims the
-// key derives them again from its head. It is best effort: a failure is
-// logged.
+// freeKey clears, best effort, the hints on key's document (due, the head's
+// handler) after its head may have been cancelled, and wakes Run.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
@@ -282,11 +269,10 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 }
 
 // Wait polls the job with id every interval until it is completed, dead or
-// cancelled, or ctx ends, and returns it as last read. Reads that fail with
-// an error other than ErrNotFound or ErrInvalid (the server unreachable a
-// while, a connection pool cleared) are tried again at the next poll.
-// It is for tests, demos and tools; a service answers 202 and lets its
-// client poll.
+// cancelled, or ctx ends, and returns it as last read. A read that fails
+// with an error other than ErrNotFound or ErrInvalid is tried again at the
+// next poll. It is for tests, demos and tools; a service answers 202 and
+// lets its client poll.
 func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
 	var job *Job
 	for {

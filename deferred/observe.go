@@ -43,13 +43,6 @@ func (q *Queue) jobEvent(ctx context.Context, k observe.Kind, op string, job *Jo
 	q.c.Observer.Observe(ctx, q.event(k, op, job.ID, job.Key, job.Name))
 }
 
-// enqueued reports the job id that Enqueue stored on key raw.
-func (q *Queue) enqueued(ctx context.Context, id bson.ObjectID, raw bson.RawValue, name string) {
-	if q.c.Observer != nil {
-		q.c.Observer.Observe(ctx, q.event(observe.JobEnqueued, opEnqueue, id, raw, name))
-	}
-}
-
 // failed reports what a worker (or Cancel's clean-up) could not return to
 // anyone: step op failed with err, about key raw (zero for none).
 func (q *Queue) failed(ctx context.Context, op string, raw bson.RawValue, err error) {

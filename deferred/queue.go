@@ -18,6 +18,7 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -167,7 +168,7 @@ type handler struct {
 // concurrent use.
 type Queue struct {
 	jobs, keys *mongo.Collection
-	c          Options // with the defaults filled in
+	c          Options        // with the defaults filled in
 	leases     *lease.Manager // its Clock estimates the server's time, where the queue dates things
 	local      store.Clock    // durations, deadlines and waits of this process
 	ns         string
@@ -478,6 +479,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		}
 		stored, err := q.place(ctx, "enqueue", raw, seq, id, q.inserted(doc))
 		var unknown *UnknownOutcomeError
+		late := false
 		switch {
 		case errors.As(err, &unknown):
 			return none, err // it names the job and the operation
@@ -485,18 +487,13 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
 		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2:
 			// The number may have been skipped meanwhile (landedLate).
-			late, err := q.landedLate(ctx, raw, id, seq, nil)
-			if err != nil {
+			if late, err = q.landedLate(ctx, raw, id, seq, nil); err != nil {
 				return none, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow insert: %w", err)}
 			}
-			if !late {
-				q.notify()
-				q.enqueued(ctx, id, raw, h.name)
-				return id, nil
-			}
-		case stored:
+		}
+		if stored && !late {
 			q.notify()
-			q.enqueued(ctx, id, raw, h.name)
+			q.jobEvent(ctx, observe.JobEnqueued, opEnqueue, &Job{ID: id, Key: raw, Name: h.name})
 			return id, nil
 		}
 		if try >= maxEnqueueTries {

@@ -152,7 +152,7 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 }
 
 // keyHandler is the field of a key's document naming its head's handler,
-// set by a process that lacks it (see noHandler).
+// set by a process that lacks it (see noHead).
 const keyHandler = "h"
 
 // handlerNames returns the names of the handlers registered on q.
@@ -179,10 +179,7 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: false}}}},
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$in", Value: q.handlerNames()}}}},
 			}}},
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
-				bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
-			}}},
+			q.unheld(now),
 		}},
 	}
 	cur, err := q.keys.Find(ctx, filter, options.Find().
@@ -199,6 +196,15 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 		keys = append(keys, d.Lookup("_id"))
 	}
 	return keys, nil
+}
+
+// unheld matches a key whose claim (lease.Manager.Field) is free, or
+// expired by the estimate now.
+func (q *Queue) unheld(now time.Time) bson.D {
+	return bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
+		bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
+	}}}
 }
 
 // claim is a worker's hold on one key.
@@ -263,7 +269,7 @@ func (c *claim) loop() {
 	for i := 0; i < q.c.Batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
 		next, n, ok := c.runOf(*kd, q.c.Batch-i)
 		if ok && n == 0 {
-			next, ok = c.step(*kd)
+			next, ok = c.noHead(*kd, kd.Off+kd.Done+1)
 			n = 1
 		}
 		if !ok {
@@ -274,14 +280,19 @@ func (c *claim) loop() {
 }
 
 // runOf runs a run of the key's jobs from its head, up to limit of them:
-// jobs at consecutive places, each waiting, due and of a handler registered
-// here (cancelled ones between them are passed over), of one handler when
-// it runs them together (NewChange's). It claims them in one write, runs
-// them in order, records the completed ones in one write and moves the head
-// past them in one; a job that fails is recorded as step records it, and
-// the jobs after it are put back. It returns n 0 and ok when the head is no
-// such run of two jobs or more, or the run must be taken one job at a
-// time: step then takes the head alone.
+// jobs at consecutive places, each due and of a handler registered here
+// (cancelled ones between them are passed over), of one handler when it
+// runs them together (NewChange's). It claims them in one write, runs them
+// in order, records the completed ones in one write and moves the head past
+// them in one; a job that fails is recorded as after says, and the jobs
+// after it are put back. A job left running by a lost worker (taken over,
+// its attempt counted), or at its last attempt, runs alone. It returns n 0
+// and ok when the head has no job to claim: noHead tells why.
+//
+// The claim is fenced on the key's lease: it refuses a job claimed under a
+// newer epoch (lease epochs only grow), so a late copy of it (held in the
+// network, or sent by a worker paused past its lease) changes nothing, and
+// one resent after it landed matches nothing and counts no attempt.
 func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	q := c.q
 	head := kd.Off + kd.Done + 1
@@ -289,27 +300,39 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	defer cancel()
 	now := q.now(ctx)
 	jobs, span, err := c.ahead(ctx, head, limit, now)
-	if err != nil || len(jobs) < 2 {
-		return kd, 0, true // step tries the head alone, and reports a failure
+	if err != nil || len(jobs) == 0 {
+		return kd, 0, true
 	}
 	ids := make(bson.A, len(jobs))
 	for i, job := range jobs {
 		ids[i] = job.ID
 	}
+	epoch := c.l.Epoch()
+	mine := bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: epoch}, {Key: "owner", Value: q.c.Owner}}
 	filter := bson.D{
 		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable}}}},
-		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: epoch}}}}},
+		{Key: "$nor", Value: bson.A{mine}},
+	}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.Owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+	}
+	send := q.updated(q.jobs, filter, update, int64(len(jobs)))
+	if len(jobs) == 1 {
+		one := modified[Job](q, q.jobs, filter, update, options.Before)
+		send = func(ctx context.Context) (struct{}, bool, error) { _, ok, err := one(ctx); return struct{}{}, ok, err }
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: q.updated(q.jobs, filter, claimUpdate(q.c.Owner, c.l.Epoch(), now), int64(len(jobs))),
+		Send: send,
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
 			for _, j := range cur {
-				mine := j.State == StateRunning && j.Epoch == c.l.Epoch() && j.Owner == q.c.Owner
-				landed = landed && mine
-				live = live && (mine || (j.State == StateAvailable || j.State == StateRetryable) && j.Epoch <= c.l.Epoch())
+				isMine := j.State == StateRunning && j.Epoch == epoch && j.Owner == q.c.Owner
+				landed = landed && isMine
+				live = live && (isMine || !finished(j.State) && j.Epoch <= epoch)
 			}
 			return verdict(landed, live)
 		},
@@ -319,22 +342,35 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	case err != nil:
 		c.warn("claim_job", err)
 		return kd, 0, false
+	case !res.Applied && len(jobs) == 1:
+		return kd, 0, true // changed meanwhile: noHead looks
 	case !res.Applied:
-		// One changed meanwhile (cancelled, or claimed under a newer
-		// lease): give back what this claim took, and take the head alone.
+		// One changed meanwhile (cancelled, say): give back what this
+		// claim took, and take the head alone.
 		c.putBack(jobs...)
-		return kd, 0, !c.lost()
+		return c.runOf(kd, 1)
 	}
 	for _, job := range jobs {
-		job.q, job.att = q, &attempt{}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, c.l.Epoch(), now
+		// One left running was taken over from a lost worker, whose
+		// handler may have written: the attempt carries that on.
+		job.q, job.att = q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, epoch, now
 		job.Attempt++
 		c.claimed(job)
+	}
+	if job := jobs[0]; job.Attempt > job.MaxAttempts {
+		job.att.mayHaveWritten()
+		next, ok := c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
+		return next, 1, ok
 	}
 	n, err := c.runJobs(jobs)
 	if c.lost() {
 		c.interrupted(jobs[min(n, len(jobs)-1)])
 		return kd, n, false
+	}
+	if errors.Is(err, errOneByOne) && n == 0 {
+		c.putBack(jobs...)
+		return c.runOf(kd, 1)
 	}
 	var failed *Job
 	rest := jobs[n:]
@@ -382,19 +418,21 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 	var jobs []*Job
 	var span int64
 	for _, job := range docs {
-		waiting := job.State == StateAvailable || job.State == StateRetryable
+		alone := job.State == StateRunning || job.Attempt >= job.MaxAttempts
 		switch {
 		case job.Seq != head+span:
 		case len(jobs) > 0 && finished(job.State):
 			span++
 			continue
-		case !waiting || job.Epoch > c.l.Epoch() || job.Attempt >= job.MaxAttempts || job.RunAt.After(now):
-		case q.handler(job.Name) == nil:
-		case len(jobs) > 0 && q.handler(jobs[0].Name).batch != nil && job.Name != jobs[0].Name:
+		case finished(job.State) || job.Epoch > c.l.Epoch() || job.RunAt.After(now) || q.handler(job.Name) == nil:
+		case job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.Owner:
+		case len(jobs) > 0 && (alone || q.handler(jobs[0].Name).batch != nil && job.Name != jobs[0].Name):
 		default:
 			jobs = append(jobs, job)
 			span++
-			continue
+			if !alone {
+				continue
+			}
 		}
 		break
 	}
@@ -410,7 +448,7 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 // the handler per job, stopping at the first error, at a lost claim, or
 // when Run stops.
 func (c *claim) runJobs(jobs []*Job) (n int, err error) {
-	if h := c.q.handler(jobs[0].Name); h.batch != nil {
+	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
 			n, err = h.batch(ctx, jobs)
 			return err
@@ -449,35 +487,6 @@ func (c *claim) complete(kd keyDoc, jobs []*Job, m int64) (keyDoc, bool) {
 	return c.advance(kd, m)
 }
 
-// step runs the head job of the key as kd shows it and moves the head on.
-// It returns the key's document after the step, and false when the worker
-// should give the key up (the head must wait, the claim is lost, a write
-// failed).
-func (c *claim) step(kd keyDoc) (keyDoc, bool) {
-	q := c.q
-	seq := kd.Off + kd.Done + 1
-	job, err := c.claimJob(seq)
-	if err != nil {
-		c.warn("claim_job", err)
-		return kd, false
-	}
-	if job == nil {
-		return c.noHead(kd, seq)
-	}
-	c.claimed(job)
-	if job.Attempt > job.MaxAttempts {
-		// Its last worker was lost while it ran: it may have written.
-		job.att.mayHaveWritten()
-		return c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
-	}
-	h := q.handler(job.Name)
-	if h == nil { // not claimed by claimJob, whose filter names the handlers here
-		c.putBack(job)
-		return c.noHandler(kd, job)
-	}
-	return c.after(kd, job, c.call(func(ctx context.Context) error { return h.run(ctx, job) }))
-}
-
 // after records the outcome err of job's attempt, which this claim ran, and
 // moves the head on as the outcome says.
 func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
@@ -507,24 +516,6 @@ func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 		return next, ok
 	}
 	return c.recheck(kd, job.Seq) // finish set the key's due
-}
-
-// noHandler gives up a key whose head job has a handler this process lacks
-// (a rolling deploy): it names the handler on the key's document, where the
-// candidate search of such processes skips the key until its head moves on
-// or is cancelled, and this Run skips it a poll interval anyway.
-func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
-	c.skip = true
-	c.skipped(job)
-	c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
-	return kd, false
-}
-
-// postpone gives the key up until runAt, when its head at seq may run: it
-// sets the key's due, then rechecks the head.
-func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
-	c.setKey(bson.D{{Key: "due", Value: runAt}})
-	return c.recheck(kd, seq)
 }
 
 // recheck reads the head at seq after this claim set the key's due, and
@@ -561,67 +552,6 @@ func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 	return fn(ctx)
 }
 
-// claimJob claims the job at seq for an attempt: one findOneAndUpdate that
-// matches it while it waits (or was left running by a lost worker), is due
-// and of a handler registered here, makes it running under this claim's
-// epoch and counts the attempt; nil when there is no such job. It refuses a
-// job claimed under a newer epoch, so a late copy of it changes nothing.
-func (c *claim) claimJob(seq int64) (*Job, error) {
-	q := c.q
-	ctx, cancel := c.book()
-	defer cancel()
-	now := q.now(ctx)
-	filter := append(at(c.key, seq), bson.D{
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
-		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
-		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
-		{Key: "runAt", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: now}}}}},
-		// Not one this claim holds: a copy resent after one landed counts no attempt.
-		{Key: "$nor", Value: bson.A{
-			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner}},
-		}},
-	}...)
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
-		// The document before the claim: running means taken over.
-		Send: modified[Job](q, q.jobs, filter, claimUpdate(q.c.Owner, c.l.Epoch(), now), options.Before),
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
-		Judge: func(job *Job) (settle.Verdict, string) {
-			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.Owner,
-				job != nil && !finished(job.State) && job.Epoch <= c.l.Epoch())
-		},
-		Resend: true,
-	})
-	switch {
-	case err != nil:
-		return nil, err
-	case !res.Applied:
-		return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
-	case res.HasReply:
-		// Taken over from a lost worker, whose handler may have written.
-		job := res.Reply
-		job.q, job.att = q, &attempt{may: job.State == StateRunning}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, c.l.Epoch(), now
-		job.Attempt++
-		return job, nil
-	}
-	// Taken over or not, unknown: take it that it was.
-	job := res.Read
-	job.q, job.att = q, &attempt{may: true}
-	return job, nil
-}
-
-// claimUpdate is the update that claims a job for an attempt under the
-// epoch of owner's lease: running, the attempt counted.
-func claimUpdate(owner string, epoch int64, now time.Time) bson.D {
-	return bson.D{
-		{Key: "$set", Value: bson.D{
-			{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner},
-			{Key: "epoch", Value: epoch}, {Key: "started", Value: now},
-		}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
-	}
-}
-
 // head reads the job at seq on the claim's key: nil when there is none.
 func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
 	job := new(Job)
@@ -648,10 +578,18 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 		// A newer holder of the key claimed the job: this claim is lost.
 		return kd, false
 	case q.handler(job.Name) == nil:
-		return c.noHandler(kd, job)
+		// A handler this process lacks (a rolling deploy): name it on the
+		// key's document, where the candidate search of such processes
+		// skips the key until its head moves on or is cancelled; and skip
+		// it here a poll interval anyway.
+		c.skip = true
+		c.skipped(job)
+		c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
+		return kd, false
 	default:
-		// Not due yet: wait for it.
-		return c.postpone(kd, seq, job.RunAt)
+		// Not due yet: give the key up until then.
+		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
+		return c.recheck(kd, seq)
 	}
 	// No job yet: most often its enqueuer is between its two writes.
 	since := now
@@ -927,7 +865,6 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 	// with the delete either lands first (n: 1, not deleted) or finds no
 	// document and makes a new one, whose numbers start above the old ones.
 	idle := now.Add(-q.c.Retention)
-	field := q.leases.Field()
 	_, err := q.keys.DeleteMany(ctx, bson.D{
 		{Key: "n", Value: int64(0)},
 		{Key: "$and", Value: bson.A{
@@ -935,10 +872,7 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 				bson.D{{Key: "t", Value: bson.D{{Key: "$lt", Value: idle}}}},
 				bson.D{{Key: "t", Value: bson.D{{Key: "$exists", Value: false}}}, {Key: "off", Value: bson.D{{Key: "$lt", Value: idle.UnixMicro()}}}},
 			}}},
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: field + ".owner", Value: nil}},
-				bson.D{{Key: field + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
-			}}},
+			q.unheld(now),
 		}},
 	})
 	if err != nil {
