@@ -14,21 +14,18 @@ import (
 	"github.com/mongocas/mongocas/versioned"
 )
 
-// Change is a named change to the documents of one versioned repository,
-// made with NewChange: a function of the document and an argument A that
-// runs now through versioned's Modify or, when Modify's retries run out,
-// later from the queue, exactly once either way.
+// Change is a named change to the documents of one versioned repository
+// (NewChange): applied now through versioned's Modify or, when its retries
+// run out, later from the queue, exactly once either way.
 type Change[T, A any] struct {
 	kind *Kind[A]
 	repo *versioned.Repo[T]
 	fn   func(doc *T, args A) error
 }
 
-// Result is what Change.ModifyOrEnqueue did: applied the change now (Doc),
-// or queued it (Queued, JobID).
+// Result is what Change.ModifyOrEnqueue did.
 type Result[T any] struct {
-	// Doc is the document as stored after the change, when it was applied
-	// now.
+	// Doc is the document as stored after the change, applied now.
 	Doc *T
 	// Queued is true when the change was enqueued instead: it runs later,
 	// exactly once. A service answers 202 Accepted with JobID to poll.
@@ -86,18 +83,15 @@ func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func
 	return c, nil
 }
 
-// errOneByOne says that a run of jobs must be run one job at a time: the
-// document carries the stamp of one of them already, or an argument does
-// not decode (step then records what each job comes to).
+// errOneByOne says a run must be taken one job at a time: the document
+// carries the stamp of one of them, or an argument does not decode.
 var errOneByOne = errors.New("deferred: run the jobs one at a time")
 
-// applyRun applies the changes of jobs, a run of consecutive jobs of the
-// document id, in one versioned Modify (one read, one write), fenced on the
-// first job's sequence number and stamped with the last one's: the run
-// applies whole or not at all, and a stamp says how far. It returns how
-// many jobs it applied and, when fewer than all, the error of the first
-// one not applied: when fn fails on a job, the jobs before it are applied
-// without it (Modify again, from a fresh read).
+// applyRun applies a run of jobs of the document id in one versioned Modify,
+// fenced on the first job's number and stamped with the last one's (whole
+// or not at all). It returns how many it applied and, when fewer than all,
+// the error of the first one not applied: when fn fails on a job, the jobs
+// before it are applied without it, from a fresh read.
 func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, error) {
 	args := make([]A, len(jobs))
 	n, rest := len(jobs), error(nil)
@@ -141,8 +135,7 @@ func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, 
 	return 0, rest
 }
 
-// idTypeOf returns the type of the field of struct type t that the driver
-// maps to "_id" (its bson tag names it).
+// idTypeOf returns the type of the field of struct t mapped to "_id".
 func idTypeOf(t reflect.Type) (reflect.Type, bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -162,8 +155,7 @@ func idTypeOf(t reflect.Type) (reflect.Type, bool) {
 // Kind returns the change's Kind.
 func (c *Change[T, A]) Kind() *Kind[A] { return c.kind }
 
-// Enqueue queues the change to the document with id, without trying it
-// now.
+// Enqueue queues the change to the document with id without trying it now.
 func (c *Change[T, A]) Enqueue(ctx context.Context, id any, args A) (bson.ObjectID, error) {
 	return c.kind.Enqueue(ctx, id, args)
 }

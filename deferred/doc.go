@@ -27,28 +27,19 @@
 // whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
 // inspect and manage jobs; Queue.Wait polls one.
 //
-// Each job has a key (usually the id of the document it changes): Enqueue
-// takes the key's next sequence number and inserts the job with it. A
-// worker of Run claims a whole key with a lease of the lease package
-// (renewed while its handlers run) and runs the key's due jobs in sequence
-// order, a run of them at a time: one write claims the run, one records
-// the completed jobs, one moves the key's head, and a run of one Change's
-// jobs is applied to its document in one read and one write. A failed
-// attempt is retried after a jittered backoff; after MaxAttempts, or at
-// once for retry.Permanent, the job is dead with its errors recorded, and
-// the key moves on. A process without the handler of a key's next job
-// leaves the key to the processes that have it (a QueueKeySkipped event).
-// DESIGN.md beside this file gives the protocol and why it is safe.
-//
-// Delivery is at least once; the effect is exactly once when the handler's
-// write is conditioned on the job's fence and records its stamp in the same
-// statement (Job.Fence, Job.Stamp): a per-key sequence number on the target
-// document that only grows. Guarded, Modify and Change do that for you.
-//
-// Options.Observer receives each job's events (enqueued, claimed,
-// completed, failed, snoozed, dead, requeued, cancelled), and as a
-// QueueError what the workers cannot return to anyone (a failed search for
-// work, sweep, claim or release, a claim lost while a job ran).
+// Each job has a key (usually the id of the document it changes). A worker
+// of Run claims a whole key with a lease (renewed while it works) and runs
+// the key's due jobs in sequence order, a run of them at a time: one write
+// claims the run, one records it, one moves the key's head, and a run of
+// one Change's jobs is applied to its document in one read and one write.
+// A failed attempt is retried after a jittered backoff; after MaxAttempts,
+// or at once for retry.Permanent, the job is dead and the key moves on. A
+// process without the handler of a key's next job leaves the key to those
+// that have it. Delivery is at least once; the effect is exactly once for a
+// write conditioned on the job's fence that records its stamp in the same
+// statement (Job.Fence, Job.Stamp), as Guarded, Modify and Change do.
+// Options.Observer receives each job's events. DESIGN.md beside this file
+// gives the protocol and why it is safe.
 //
 // # Guarantees
 //
@@ -99,10 +90,6 @@
 //   - A Queue is safe for concurrent use. Run's goroutines end before it
 //     returns.
 //
-// The embedded test backend (FerretDB v1) has no TTL indexes (Run sweeps
-// instead) and no transactions; DocumentDB has TTL indexes but no
-// transactions. See the README for what each backend proves.
-//
 // # Errors
 //
 // Messages start with "deferred: "; errors of the versioned, lease and
@@ -116,10 +103,8 @@
 //     its target documents, then Cancel it or enqueue what is missing);
 //     Cancel of a running or finished job.
 //   - ErrUnknownOutcome, *UnknownOutcomeError: an Enqueue, Requeue or
-//     Cancel failed ambiguously and settling it (re-reading, or writing the
-//     tombstone of its number, for up to ResolveTimeout) could not tell
-//     whether it took effect. Its ID (the job's bson.ObjectID) says what to
-//     look for later.
+//     Cancel failed ambiguously and settling it could not tell whether it
+//     took effect. Its ID (the job's) says what to look for later.
 //   - A context that ended: the context's error, wrapped, never ErrInvalid,
 //     and promptly, also while another call makes the indexes. A nil context
 //     is ErrInvalid.

@@ -35,9 +35,8 @@ func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
 	return job, err
 }
 
-// Counts returns how many jobs are in each state (every state is present,
-// zero or not): one aggregation that groups the jobs by state. Completed
-// and cancelled jobs are counted until their retention ends.
+// Counts returns how many jobs are in each state (every state present):
+// one aggregation by state. Finished jobs count until their retention ends.
 func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 	if err := checkCtx(ctx, "counts"); err != nil {
 		return nil, err
@@ -100,8 +99,6 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		case job.State != StateDead && job.State != StateCancelled:
 			return &StateError{Op: "requeue", ID: id, State: job.State}
 		case job.MayHaveApplied:
-			// Its fence is its sequence number: under a new one, a write
-			// that landed before would apply again.
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := q.local.Now()
@@ -114,7 +111,6 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		// Every copy carries the old number in its filter: at most one lands.
 		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update, 1))
 		var unknown *UnknownOutcomeError
 		switch {
@@ -125,8 +121,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		}
 		if matched {
 			if !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2 {
-				// As for a slow enqueue: the number may have been skipped.
-				// Then put the job back as it was, and requeue it again.
+				// As for a slow enqueue: put it back as it was, and again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
 				if err != nil {
 					return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow update: %w", err)}
@@ -142,8 +137,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			q.jobEvent(ctx, observe.JobRequeued, opRequeue, job)
 			return nil
 		}
-		// Changed meanwhile (requeued or cancelled by someone else): give
-		// the number up and look again.
+		// Changed meanwhile: give the number up and look again.
 		q.abandon(ctx, job.Key, seq)
 		if try >= 3 {
 			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
@@ -155,25 +149,17 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 // is none.
 func (q *Queue) readJobDoc(ctx context.Context, id bson.ObjectID) (*Job, bson.Raw, error) {
 	var doc bson.Raw
-	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil, nil
-	}
-	if err != nil {
+	if err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc); err != nil {
+		_, err = found(&doc, err)
 		return nil, nil, err
 	}
-	var job Job
-	if err := bson.Unmarshal(doc, &job); err != nil {
-		return nil, nil, err
-	}
-	job.q = q
-	return &job, doc, nil
+	job := &Job{q: q}
+	return job, doc, bson.Unmarshal(doc, job)
 }
 
 // restoreOf is the update that puts job, stored as doc, back as it was
-// before Requeue's update: its number, state and attempt, and the fields
-// that update unset (finished; expireAt, without which a cancelled job is
-// never deleted; runAt) set again or left unset as they were.
+// before Requeue's update (its number, state, attempt, finished, expireAt
+// and runAt).
 func restoreOf(job *Job, doc bson.Raw) bson.D {
 	set := bson.D{{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
 	unset := bson.D{}
@@ -193,13 +179,11 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 
 // Cancel takes a job that is waiting (available or retryable) or dead out
 // of the queue for good: it is marked cancelled, its key moves on without
-// it, and it is deleted after the retention. A running job cannot be
-// cancelled (its handler may be writing): a *StateError, as for a finished
-// job; an unknown id is a *NotFoundError. Cancel then clears, best effort,
-// the hints that keep workers away from the key (when to look again, the
-// name of a handler some processes lack) and wakes this process's Run. A
-// lost reply is settled by re-reading the job; unsettled, it is an
-// *UnknownOutcomeError.
+// it, and it is deleted after the retention. A running or finished job is
+// a *StateError; an unknown id a *NotFoundError. Cancel then clears, best
+// effort, the hints that keep workers away from the key and wakes this
+// process's Run. A lost reply is settled by re-reading the job; unsettled,
+// it is an *UnknownOutcomeError.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -252,8 +236,6 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
 	}})
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
-	// $unset is idempotent, and a copy sent again after one landed matches
-	// nothing.
 	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
 		Send: q.updated(q.keys, filter, update, 1),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
@@ -269,10 +251,9 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 }
 
 // Wait polls the job with id every interval until it is completed, dead or
-// cancelled, or ctx ends, and returns it as last read. A read that fails
-// with an error other than ErrNotFound or ErrInvalid is tried again at the
-// next poll. It is for tests, demos and tools; a service answers 202 and
-// lets its client poll.
+// cancelled, or ctx ends, and returns it as last read; a failed read other
+// than ErrNotFound or ErrInvalid is tried again. It is for tests, demos and
+// tools: a service answers 202 and lets its client poll.
 func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
 	var job *Job
 	for {

@@ -59,9 +59,8 @@ type Options struct {
 	// bounds only a stall. Default 10s.
 	HoleTimeout time.Duration
 	// Retention is how long completed and cancelled jobs are kept after
-	// they finished, before a TTL index (or Sweep) deletes them, and how
-	// long an idle key keeps its document. Dead jobs are kept until they
-	// are requeued or cancelled. Default 24h.
+	// they finished (a TTL index or Sweep deletes them), and an idle key's
+	// document. Dead jobs are kept until requeued or cancelled. Default 24h.
 	Retention time.Duration
 	// Batch is how many jobs of one key a worker runs per claim of the key,
 	// a run of due jobs at a time (one write claims a run, one records it,
@@ -89,10 +88,9 @@ type Options struct {
 	// a worker's bookkeeping after Run's context ended. Default 5s.
 	ResolveTimeout time.Duration
 	// Observer, if not nil, receives the Queue's events: each job's life,
-	// keys left to other processes (QueueKeySkipped), and as QueueError
-	// what the workers cannot return to anyone. The claims' lease events
-	// and the Modify helper's retries (unless Retry has an Observer) go to
-	// it too.
+	// keys left to other processes (QueueKeySkipped), what the workers
+	// cannot return to anyone (QueueError), the claims' lease events and
+	// the Modify helper's retries (unless Retry has an Observer).
 	Observer observe.Observer
 }
 
@@ -138,8 +136,7 @@ func (o *Options) config() (Options, error) {
 	c.Retention, c.Batch = or(c.Retention, DefaultRetention), or(c.Batch, DefaultBatch)
 	c.FenceField, c.MaxStamps = or(c.FenceField, DefaultFenceField), or(c.MaxStamps, DefaultMaxStamps)
 	c.ResolveTimeout = or(c.ResolveTimeout, DefaultResolveTimeout)
-	// The Modify helper's policy goes to versioned, whose zero fields
-	// differ from the retry package's.
+	// For versioned, whose zero fields differ from the retry package's:
 	c.Retry.MaxAttempts = or(c.Retry.MaxAttempts, retry.DefaultMaxAttempts)
 	c.Retry.MaxElapsedTime = or(c.Retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)
 	c.Retry.Observer = or[observe.Observer](c.Retry.Observer, c.Observer)

@@ -26,29 +26,24 @@ import (
 // State is the state of a job.
 type State string
 
-// The states of a job. A job is enqueued available; a worker makes it
-// running; it ends completed, dead or cancelled, or goes back to retryable
-// (failed, waiting for its next attempt) or available (snoozed, or its worker
-// was stopped).
+// The states of a job: enqueued available, made running by a worker, then
+// completed, dead or cancelled, or back to retryable or available.
 const (
 	// StateAvailable: waiting for its turn on its key.
 	StateAvailable State = "available"
-	// StateRunning: a worker claimed it and runs its handler (or did, and
-	// was lost: the next holder of the key takes it over).
+	// StateRunning: a worker claimed it (if lost, the next one takes over).
 	StateRunning State = "running"
 	// StateRetryable: an attempt failed; it runs again after a backoff.
 	StateRetryable State = "retryable"
 	// StateCompleted: its handler returned nil.
 	StateCompleted State = "completed"
-	// StateDead: it failed MaxAttempts times, or with a permanent error
-	// (retry.Permanent). Its errors are recorded. Requeue or Cancel it.
+	// StateDead: it failed MaxAttempts times, or permanently; Requeue or Cancel it.
 	StateDead State = "dead"
 	// StateCancelled: Cancel took it out of the queue; it never runs again.
 	StateCancelled State = "cancelled"
 )
 
-// stateSkipped marks a tombstone: a sequence number that was reserved but
-// whose job was never inserted. It is not a job; Counts does not count it.
+// stateSkipped marks a tombstone: a number reserved but never used.
 const stateSkipped State = "skipped"
 
 // States lists the states of a job, in the order of a job's life.
@@ -61,78 +56,65 @@ func finished(s State) bool {
 	return s == StateCompleted || s == StateDead || s == StateCancelled || s == stateSkipped
 }
 
-// AttemptError is the record of a failed attempt.
+// AttemptError is the record of a failed attempt: its number (from 1),
+// when it failed (server time, estimated), the message (cut to 2 KiB), and
+// whether the handler panicked (the message then holds value and stack).
 type AttemptError struct {
-	// Attempt is the attempt's number, from 1.
-	Attempt int `bson:"attempt"`
-	// At is when it failed, on the server's clock as estimated.
-	At time.Time `bson:"at"`
-	// Error is the error's message (cut to 2 KiB).
-	Error string `bson:"error"`
-	// Panic is true when the handler panicked; Error then holds the value
-	// and the stack.
-	Panic bool `bson:"panic,omitempty"`
+	Attempt int       `bson:"attempt"`
+	At      time.Time `bson:"at"`
+	Error   string    `bson:"error"`
+	Panic   bool      `bson:"panic,omitempty"`
 }
 
 // Job is a deferred change: what a handler receives, and what Queue.Job
-// reports. Its fields are as stored when it was read.
+// reports, as stored when it was read.
 type Job struct {
-	// ID is the job's id, stable across attempts: a handler may use it as
-	// an idempotency key, and a service as the location to poll.
+	// ID is the job's id, stable across attempts: an idempotency key for a
+	// handler, the location to poll for a service.
 	ID bson.ObjectID `bson:"_id"`
-	// Key is the key the job was enqueued with (its BSON value). Jobs of
-	// one key run one at a time, in enqueue order.
+	// Key is the key the job was enqueued with: jobs of a key run one at a
+	// time, in enqueue order.
 	Key bson.RawValue `bson:"k"`
-	// Seq is the job's sequence number on its key: later jobs of the key
-	// have larger ones. Stamp records it in target documents.
+	// Seq is the job's sequence number on its key (Stamp records it).
 	Seq int64 `bson:"s"`
 	// Name is the name of the job's handler.
 	Name string `bson:"name"`
 	// Args is the encoded argument.
-	Args bson.RawValue `bson:"args"`
-	// State is the job's state.
-	State State `bson:"state"`
-	// Attempt is the number of the current (or last) attempt, from 1.
-	// Snoozes and interrupted attempts are not counted.
+	Args  bson.RawValue `bson:"args"`
+	State State         `bson:"state"`
+	// Attempt is the number of the current (or last) attempt, from 1;
+	// snoozes and interrupted attempts are not counted.
 	Attempt int `bson:"attempt"`
 	// MaxAttempts is the number of attempts after which the job is dead.
 	MaxAttempts int `bson:"max"`
-	// EnqueuedAt is when the job was enqueued (local time of the enqueuer).
+	// EnqueuedAt is when the job was enqueued (the enqueuer's clock).
 	EnqueuedAt time.Time `bson:"enqueued"`
-	// RunAt, if set, is when the job may run next (after a failed attempt
-	// or a snooze).
-	RunAt time.Time `bson:"runAt,omitempty"`
-	// StartedAt is when the last attempt started.
-	StartedAt time.Time `bson:"started,omitempty"`
-	// FinishedAt is when the job was completed, died or was cancelled.
+	// RunAt, if set, is when the job may run next (after a failure, a snooze).
+	RunAt      time.Time `bson:"runAt,omitempty"`
+	StartedAt  time.Time `bson:"started,omitempty"`
 	FinishedAt time.Time `bson:"finished,omitempty"`
-	// Owner is the worker (Options.Owner) that ran the last attempt.
+	// Owner and Epoch are the worker (Options.Owner) that ran the last
+	// attempt and the fencing token of its claim on the key.
 	Owner string `bson:"owner,omitempty"`
-	// Epoch is the fencing token of that worker's claim on the key.
-	Epoch int64 `bson:"epoch,omitempty"`
-	// Errors holds the failed attempts, oldest first: the last MaxErrors of
-	// them.
+	Epoch int64  `bson:"epoch,omitempty"`
+	// Errors holds the failed attempts, oldest first: the last MaxErrors.
 	Errors []AttemptError `bson:"errors,omitempty"`
 	// MayHaveApplied is true when an attempt's write to a target document
-	// may have landed: a Guarded or Modify call that applied the change (or
-	// found it applied), or whose outcome is unknown; a handler that called
-	// Stamp; an attempt whose worker was lost. Requeue refuses such a job
-	// once it is dead or cancelled: running it again under a new sequence
-	// number could apply its change twice.
+	// may have landed: a Guarded or Modify call that applied (or found
+	// applied) the change, or whose outcome is unknown; a handler that
+	// called Stamp; an attempt whose worker was lost. Requeue refuses such
+	// a job: under a new sequence number it could apply twice.
 	MayHaveApplied bool `bson:"mw,omitempty"`
 
 	q   *Queue
 	att *attempt // this delivery's writes, for a job handed to a handler
 }
 
-// MaxErrors is how many failed attempts a job keeps in Job.Errors: the
-// newest ones, so that a job tried again and again (Requeue) stays small.
+// MaxErrors is how many failed attempts (the newest) a job keeps in Errors.
 const MaxErrors = 20
 
-// keyDoc is a key's document in the keys collection: its sequence counter
-// and the position of its head. The sequence number of the i-th reservation
-// is Off+i; Done counts the finished ones, so the head is Off+Done+1 and
-// N = Tail-Done jobs (or reserved numbers) wait.
+// keyDoc is a key's document: the i-th reservation is Off+i, the head is
+// Off+Done+1, and N = Tail-Done numbers wait (DESIGN.md, Collections).
 type keyDoc struct {
 	Off  int64         `bson:"off"`
 	Tail int64         `bson:"tail"`
@@ -145,7 +127,7 @@ type keyDoc struct {
 	R    bson.ObjectID `bson:"r"`
 }
 
-// hole is a reserved sequence number found without its job.
+// hole is a reserved number found without its job, and since when.
 type hole struct {
 	Seq   int64     `bson:"s"`
 	Since time.Time `bson:"since"`
@@ -160,12 +142,9 @@ type handler struct {
 	batch func(ctx context.Context, jobs []*Job) (int, error)
 }
 
-// Queue is a durable queue of deferred changes in two collections of one
-// database: the jobs collection given to New, and a keys collection beside
-// it ("<jobs>_keys") holding one small document per key ever used. Make it
-// with New, register handlers with Register or NewChange, enqueue from any
-// process, and call Run in as many processes as needed. A Queue is safe for
-// concurrent use.
+// Queue is a durable queue of deferred changes in the jobs collection given
+// to New and a keys collection beside it ("<jobs>_keys", a small document
+// per key). A Queue is safe for concurrent use.
 type Queue struct {
 	jobs, keys *mongo.Collection
 	c          Options        // with the defaults filled in
@@ -270,19 +249,17 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if caps.TTLIndexes {
 		expire.SetExpireAfterSeconds(0)
 	}
-	err = createIndexes(ctx, q.jobs, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
-		{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
-		{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
-	})
-	if err != nil {
-		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.jobs.Name(), err)
-	}
-	err = createIndexes(ctx, q.keys, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)},
-	})
-	if err != nil {
-		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.keys.Name(), err)
+	for coll, models := range map[*mongo.Collection][]mongo.IndexModel{
+		q.jobs: {
+			{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
+			{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
+			{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
+		},
+		q.keys: {{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)}},
+	} {
+		if err := createIndexes(ctx, coll, models); err != nil {
+			return false, fmt.Errorf("deferred: ensure indexes on %s: %w", coll.Name(), err)
+		}
 	}
 	q.isReady, q.ttl = true, caps.TTLIndexes
 	q.expr.Store(caps.Expr)
@@ -330,22 +307,20 @@ func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.I
 }
 
 // Register registers fn as the handler of the jobs named name, whose
-// argument is an A, and returns the Kind to enqueue them with. Register
-// them before Run, in every process that enqueues or runs them, under the
-// same name with the same argument type. A nil Queue or fn, an empty name
-// (or one over 100 bytes), or a name registered already is an
-// *InvalidError.
+// argument is an A, and returns the Kind to enqueue them with: before Run,
+// in every process that enqueues or runs them, under the same name with the
+// same argument type. A nil Queue or fn, an empty name (or one over 100
+// bytes), or a name registered already is an *InvalidError.
 //
 // fn runs once per attempt, on the worker that holds the job's key, with a
 // context that ends when the attempt's time is up (Options.JobTimeout), when
-// the worker loses its claim on the key, or when Run's context ends. Since a
-// job may be delivered more than once (a worker that dies after the change
-// and before its acknowledgment), fn's writes must apply once: use Guarded or
-// Modify, or add Job.Fence and Job.Stamp to your own conditional write. fn
-// returns nil when done, an error to fail the attempt (retried with backoff
-// until MaxAttempts), retry.Permanent(err) to make the job dead at once, or
-// Snooze(d) to run it again later without counting the attempt. A panic
-// fails the attempt; the worker lives on.
+// the worker loses its claim on the key, or when Run's context ends. A job
+// may be delivered more than once, so fn's writes must apply once: use
+// Guarded or Modify, or add Job.Fence and Job.Stamp to your own conditional
+// write. fn returns nil when done, an error to fail the attempt (retried
+// with backoff until MaxAttempts), retry.Permanent(err) to make the job
+// dead at once, or Snooze(d) to run it again later without counting the
+// attempt. A panic fails the attempt.
 func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error) (*Kind[A], error) {
 	return register(q, name, fn, nil)
 }
@@ -403,18 +378,15 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 }
 
 // Enqueue stores a job for the handler registered as name, on key, with
-// args, and returns its id. args must be of the handler's argument type.
-// Jobs with the same key run one at a time, in the order their Enqueue calls
-// returned (two calls that overlap may run in either order).
+// args (of the handler's argument type), and returns its id. Jobs with the
+// same key run one at a time, in the order their Enqueue calls returned.
 //
-// It costs two round trips: a findOneAndUpdate of the key's document
-// reserves the key's next sequence number, an insert stores the job (the
-// key's first Enqueue makes the document first: four). Inside a
-// transaction (ctx carries a session with one in progress) both take part
-// in it. A lost reply is settled by re-reading, or by the tombstone of the
-// job's number, after which no copy of the insert can land. An error other
-// than an *UnknownOutcomeError means the job is not stored and will not be;
-// after a write that may have landed, the answer is the id or an
+// It costs two round trips (four for a key's first): a findOneAndUpdate of
+// the key's document reserves the key's next sequence number, an insert
+// stores the job. Inside a transaction (ctx carries a session with one in
+// progress) both take part in it. An error other than an
+// *UnknownOutcomeError means the job is not stored and will not be; after a
+// write that may have landed, the answer is the id or an
 // *UnknownOutcomeError with the id, also when ctx ended meanwhile. A number
 // reserved by an enqueuer that died before its insert is skipped after
 // Options.HoleTimeout.
@@ -637,16 +609,12 @@ func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int
 	case err == nil && res.HasRead:
 		return false, nil // the place is taken
 	case err != nil && !errors.As(err, &ue):
-		// The first send failed for sure, or inside a transaction, whose
-		// owner retries it whole.
 		if !settle.InTransaction(ctx) {
 			q.abandon(ctx, raw, seq)
 		}
 		return false, err
 	}
-	// Refused at once (the place is taken: by a tombstone, or by this very
-	// job should the driver have sent it twice), or not settled: what holds
-	// the place once its tombstone is in tells.
+	// Refused at once, or not settled: the tombstone tells.
 	landed, serr := q.settle(ctx, raw, seq, id)
 	switch {
 	case serr != nil:
@@ -709,8 +677,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 			kd := shown(res)
 			return kd.Off + kd.Tail, nil
 		case err == nil && res.HasReply && creates < 3:
-			// Nothing was reserved: make the key's document and reserve
-			// again.
+			// No key document: make it and reserve again.
 			creates++
 			try--
 			if err := q.createKey(ctx, raw); err != nil {
@@ -943,6 +910,7 @@ func checkCtx(ctx context.Context, op string) error {
 	return nil
 }
 
+// shorten cuts s to 64 bytes for a message.
 func shorten(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "…"

@@ -34,10 +34,7 @@ func (q *Queue) Run(ctx context.Context) error {
 	if err := checkCtx(ctx, "run"); err != nil {
 		return err
 	}
-	q.mu.RLock()
-	n := len(q.handlers)
-	q.mu.RUnlock()
-	if n == 0 {
+	if len(q.handlerNames()) == 0 {
 		return invalid("run", "handlers", "none registered", nil)
 	}
 	ttl, err := q.EnsureIndexes(ctx)
@@ -279,20 +276,16 @@ func (c *claim) loop() {
 	}
 }
 
-// runOf runs a run of the key's jobs from its head, up to limit of them:
-// jobs at consecutive places, each due and of a handler registered here
-// (cancelled ones between them are passed over), of one handler when it
-// runs them together (NewChange's). It claims them in one write, runs them
-// in order, records the completed ones in one write and moves the head past
-// them in one; a job that fails is recorded as after says, and the jobs
-// after it are put back. A job left running by a lost worker (taken over,
-// its attempt counted), or at its last attempt, runs alone. It returns n 0
-// and ok when the head has no job to claim: noHead tells why.
-//
-// The claim is fenced on the key's lease: it refuses a job claimed under a
-// newer epoch (lease epochs only grow), so a late copy of it (held in the
-// network, or sent by a worker paused past its lease) changes nothing, and
-// one resent after it landed matches nothing and counts no attempt.
+// runOf runs a run of the key's jobs from its head, up to limit: jobs at
+// consecutive places, each due and of a handler registered here (cancelled
+// ones between them passed over), of one handler when it runs them together
+// (NewChange's). It claims them in one write, runs them in order, records
+// the completed ones in one write and moves the head past them in one; a
+// job that fails is recorded by after, and those behind it are put back. A
+// job taken over from a lost worker, or at its last attempt, runs alone.
+// The claim is fenced on the lease's epoch (a late copy changes nothing)
+// and skips jobs this claim holds (a resent copy counts no attempt). It
+// returns n 0 and ok when the head has nothing to claim: see noHead.
 func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	q := c.q
 	head := kd.Off + kd.Done + 1
@@ -345,14 +338,12 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	case !res.Applied && len(jobs) == 1:
 		return kd, 0, true // changed meanwhile: noHead looks
 	case !res.Applied:
-		// One changed meanwhile (cancelled, say): give back what this
-		// claim took, and take the head alone.
+		// One changed meanwhile (cancelled, say): give back, go one by one.
 		c.putBack(jobs...)
 		return c.runOf(kd, 1)
 	}
 	for _, job := range jobs {
-		// One left running was taken over from a lost worker, whose
-		// handler may have written: the attempt carries that on.
+		// Taken over from a lost worker, whose handler may have written.
 		job.q, job.att = q, &attempt{may: job.State == StateRunning}
 		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, epoch, now
 		job.Attempt++
@@ -397,9 +388,8 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	return next, n, ok
 }
 
-// ahead reads the jobs at the key's places from head on, up to limit of
-// them, and returns the run among them that runOf may claim, and how many
-// places it spans.
+// ahead reads the key's places from head on, up to limit, and returns the
+// run runOf may claim among them, and how many places it spans.
 func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time) ([]*Job, int64, error) {
 	q := c.q
 	var docs []*Job
@@ -442,11 +432,10 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 	return jobs, span, err
 }
 
-// runJobs runs the claimed jobs of a run in order, and returns how many
-// completed, with the error of the first that did not: one call of their
-// handler's run function where it has one (NewChange's), else one call of
-// the handler per job, stopping at the first error, at a lost claim, or
-// when Run stops.
+// runJobs runs a claimed run in order, in one call of its handler's batch
+// function (NewChange's) or one call per job, stopping at the first error,
+// a lost claim or Run's stop, and returns how many completed, with the
+// error of the first that did not.
 func (c *claim) runJobs(jobs []*Job) (n int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
@@ -492,7 +481,6 @@ func (c *claim) complete(kd keyDoc, jobs []*Job, m int64) (keyDoc, bool) {
 func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 	switch {
 	case c.lost():
-		// Another worker has (or will have) the key and retakes the job.
 		c.interrupted(job)
 		return kd, false
 	case err == nil:
@@ -575,13 +563,11 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	case finished(job.State):
 		return c.advance(kd, 1)
 	case job.Epoch > c.l.Epoch():
-		// A newer holder of the key claimed the job: this claim is lost.
+		// Claimed by a newer holder of the key: this claim is lost.
 		return kd, false
 	case q.handler(job.Name) == nil:
-		// A handler this process lacks (a rolling deploy): name it on the
-		// key's document, where the candidate search of such processes
-		// skips the key until its head moves on or is cancelled; and skip
-		// it here a poll interval anyway.
+		// A handler this process lacks: name it on the key (the search of
+		// such processes skips it) and skip it here a poll interval anyway.
 		c.skip = true
 		c.skipped(job)
 		c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
@@ -720,12 +706,10 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
 }
 
-// updateJobs applies update(mw) to each of jobs while it runs under this
-// claim, mw being whether its attempt may have written, and reports whether
-// it did to all (false: one was taken over by another worker): an
-// updateMany per value of mw. A lost reply is settled by re-reading them:
-// the state to says landed, running under this claim that a copy may still
-// land (its filter lets one apply).
+// updateJobs applies update(mw) to jobs running under this claim (mw:
+// whether its attempt may have written), an updateMany per value of mw, and
+// reports whether it did to all (false: one was taken over). A lost reply:
+// state to, landed; running under this claim, live.
 func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D) (bool, error) {
 	q := c.q
 	var ids [2]bson.A
@@ -768,8 +752,7 @@ func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update fu
 }
 
 // putBack returns claimed jobs to the available state without counting
-// their attempts: Run is stopping, this process has no handler for one, or
-// a run of jobs ended before them.
+// their attempts.
 func (c *claim) putBack(jobs ...*Job) {
 	ctx, cancel := c.book()
 	defer cancel()
@@ -781,10 +764,9 @@ func (c *claim) putBack(jobs ...*Job) {
 	}
 }
 
-// advance moves the key's head past its next m places: one
-// findOneAndUpdate fenced on this claim and on the head's position, so that
-// a copy sent again after a lost reply, or a worker that lost the key,
-// moves nothing.
+// advance moves the key's head past its next m places, fenced on this
+// claim and on the head's position: a resent copy, or a worker that lost
+// the key, moves nothing.
 func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -822,8 +804,7 @@ func (c *claim) setKey(set bson.D) {
 	filter := append(keyID(c.key), c.l.Fence()...)
 	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
 	set = append(set, bson.E{Key: "t", Value: t})
-	// $set is idempotent: a copy sent again does no harm. The time it sets
-	// tells whether it landed.
+	// $set is idempotent; the time it sets tells whether it landed.
 	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
 		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}, 1),
 		Read:   func(ctx context.Context) (*keyDoc, error) { return c.q.readKey(ctx, c.key, true) },
@@ -835,14 +816,12 @@ func (c *claim) setKey(set bson.D) {
 	}
 }
 
-// Sweep deletes the completed and cancelled jobs (and the tombstones of
-// skipped numbers) whose retention has passed, and the documents of keys
-// that have had nothing to run for Retention, and returns how many jobs it
-// deleted: two deleteMany. Run calls it from time to time (where
-// EnsureIndexes made a TTL index, that index deletes the jobs, and Run's
-// sweep deletes only idle keys). A key whose document was deleted starts
-// again, at its next Enqueue, from a new document whose sequence numbers
-// are above the old ones.
+// Sweep deletes, in two deleteMany, the completed and cancelled jobs (and
+// the tombstones of skipped numbers) whose retention has passed, and the
+// documents of keys idle for Retention, and returns how many jobs it
+// deleted. Run calls it (where a TTL index deletes the jobs, for idle keys
+// only). A key whose document was deleted starts again above its old
+// numbers.
 func (q *Queue) Sweep(ctx context.Context) (int64, error) {
 	if err := checkCtx(ctx, "sweep"); err != nil {
 		return 0, err
@@ -860,10 +839,7 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 		}
 		n = res.DeletedCount
 	}
-	// A key with nothing waiting (n: 0), worked last (t) or made (off, in
-	// microseconds) over Retention ago, and not held. A reservation racing
-	// with the delete either lands first (n: 1, not deleted) or finds no
-	// document and makes a new one, whose numbers start above the old ones.
+	// Idle: nothing waiting, worked (t) or made (off) over Retention ago, not held.
 	idle := now.Add(-q.c.Retention)
 	_, err := q.keys.DeleteMany(ctx, bson.D{
 		{Key: "n", Value: int64(0)},
