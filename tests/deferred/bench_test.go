@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/deferred"
 )
@@ -55,15 +56,19 @@ func BenchmarkDrainOneKey(b *testing.B) {
 	for range b.N {
 		enqueue(b, bb.ctx, change, "hot", credit{Amount: 1})
 	}
+	before := rawUpdate(b, bb)
 	b.ResetTimer()
 	start := time.Now()
-	run(b, q)
+	stop := run(b, q)
 	for bb.get(b, "hot").Applied < int64(b.N) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
+	stop()
+	raw := (before + rawUpdate(b, bb)) / 2
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "jobs/s")
+	b.ReportMetric(float64(elapsed/time.Duration(b.N))/float64(raw), "x-raw")
 	bb.requireAccount(b, "hot", int64(b.N), int64(b.N), "every change applied once")
 }
 
@@ -149,7 +154,7 @@ func benchmarkPool(b *testing.B, keys, finished int) {
 func rawUpdate(b *testing.B, bb *bundle) time.Duration {
 	b.Helper()
 	coll := bb.db.Collection("raw")
-	_, err := coll.InsertOne(bb.ctx, bson.D{{Key: "_id", Value: 1}})
+	_, err := coll.UpdateOne(bb.ctx, bson.D{{Key: "_id", Value: 1}}, bson.D{{Key: "$set", Value: bson.D{{Key: "n", Value: 0}}}}, options.UpdateOne().SetUpsert(true))
 	require.NoError(b, err)
 	const n = 200
 	start := time.Now()
