@@ -889,6 +889,7 @@ func walkArgs(v bson.RawValue, depth int) error {
 		}
 	case bson.TypeArray:
 		vals, _ = v.Array().Values()
+	default: // a scalar holds no field name
 	}
 	for _, x := range vals {
 		if err := walkArgs(x, depth+1); err != nil {

@@ -3,7 +3,7 @@ package deferred_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +81,7 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	failOnce := 0
 	kind, err := deferred.Register(q, "flaky", func(ctx context.Context, job *deferred.Job, c credit) error {
 		if failOnce++; failOnce == 1 {
-			return fmt.Errorf("first attempt fails")
+			return errors.New("first attempt fails")
 		}
 		_, err := deferred.Guarded(ctx, job, accounts, "b", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}})
 		return err
@@ -120,7 +120,8 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 		}
 		var out bson.M
 		require.NoError(t, b.db.RunCommand(b.ctx, bson.D{{Key: "explain", Value: cmd}, {Key: "verbosity", Value: "queryPlanner"}}).Decode(&out))
-		plan, _ := json.Marshal(out["queryPlanner"])
+		plan, err := json.Marshal(out["queryPlanner"])
+		require.NoError(t, err)
 		t.Logf("%s\n\tpushdown=%v plan=%s", shape, out["filterPushdown"], plan)
 		pushdown, isV1 := out["filterPushdown"]
 		v1 = v1 || isV1

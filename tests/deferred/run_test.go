@@ -45,7 +45,7 @@ func TestChangeRunStopsAtAFailingChange(t *testing.T) {
 	require.NoError(t, err)
 	b.insert(t, "ana")
 	v0 := b.get(t, "ana").Version
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 4)
 	for i, amount := range []int64{10, 20, -100, 5} {
 		ids = append(ids, enqueue(t, b.ctx, change, "ana", credit{Amount: amount, Index: int64(i + 1)}))
 	}
@@ -80,7 +80,7 @@ func TestChangeRunAfterAPartlyAppliedRun(t *testing.T) {
 	change, err := deferred.NewChange(q, "add", b.accounts, inOrder(&calls))
 	require.NoError(t, err)
 	b.insert(t, "ana")
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 3)
 	for i := range 3 {
 		ids = append(ids, enqueue(t, b.ctx, change, "ana", credit{Amount: 10, Index: int64(i + 1)}))
 	}
@@ -106,7 +106,7 @@ func TestChangeRunAfterAPartlyAppliedRun(t *testing.T) {
 func TestRunWritesSettleLostReplies(t *testing.T) {
 	t.Parallel()
 	b, k, calls := setupCredit(t)
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 5)
 	for i := range 5 {
 		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
 	}
