@@ -32,23 +32,31 @@ func inOrder(calls *atomic.Int64) func(a *account, c credit) error {
 	}
 }
 
+// queuedInOrder queues changes of amounts (indexes 1, 2, ...) on the
+// account "ana" through an inOrder change, and runs none of them.
+func queuedInOrder(t *testing.T, amounts ...int64) (*bundle, *deferred.Queue, []bson.ObjectID, *atomic.Int64) {
+	t.Helper()
+	b := setup(t)
+	q := b.queue(t, nil, nil)
+	calls := new(atomic.Int64)
+	change, err := deferred.NewChange(q, "add", b.accounts, inOrder(calls))
+	require.NoError(t, err)
+	b.insert(t, "ana")
+	ids := make([]bson.ObjectID, 0, len(amounts))
+	for i, amount := range amounts {
+		ids = append(ids, enqueue(t, b.ctx, change, "ana", credit{Amount: amount, Index: int64(i + 1)}))
+	}
+	return b, q, ids, calls
+}
+
 // TestChangeRunStopsAtAFailingChange: four changes of one document queued
 // before Run are one run; the third overdraws. The two before it land in
 // one write, the third is dead at once, the fourth lands after it: in
 // order, each once, in two writes to the document.
 func TestChangeRunStopsAtAFailingChange(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	q := b.queue(t, nil, nil)
-	var calls atomic.Int64
-	change, err := deferred.NewChange(q, "add", b.accounts, inOrder(&calls))
-	require.NoError(t, err)
-	b.insert(t, "ana")
+	b, q, ids, _ := queuedInOrder(t, 10, 20, -100, 5)
 	v0 := b.get(t, "ana").Version
-	ids := make([]bson.ObjectID, 0, 4)
-	for i, amount := range []int64{10, 20, -100, 5} {
-		ids = append(ids, enqueue(t, b.ctx, change, "ana", credit{Amount: amount, Index: int64(i + 1)}))
-	}
 	run(t, q)
 	for i, id := range ids {
 		job := wait(t, q, id)
@@ -74,16 +82,7 @@ func TestChangeRunStopsAtAFailingChange(t *testing.T) {
 // the third applies once.
 func TestChangeRunAfterAPartlyAppliedRun(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	q := b.queue(t, nil, nil)
-	var calls atomic.Int64
-	change, err := deferred.NewChange(q, "add", b.accounts, inOrder(&calls))
-	require.NoError(t, err)
-	b.insert(t, "ana")
-	ids := make([]bson.ObjectID, 0, 3)
-	for i := range 3 {
-		ids = append(ids, enqueue(t, b.ctx, change, "ana", credit{Amount: 10, Index: int64(i + 1)}))
-	}
+	b, q, ids, calls := queuedInOrder(t, 10, 10, 10)
 	second, err := q.Job(b.ctx, ids[1])
 	require.NoError(t, err)
 	_, err = b.accounts.Collection().UpdateOne(b.ctx, bson.D{{Key: "_id", Value: "ana"}}, bson.D{
