@@ -56,9 +56,10 @@ func (q *Queue) failed(ctx context.Context, op string, raw bson.RawValue, err er
 	q.report(ctx, observe.QueueError, op, nil, raw, func(e *observe.Event) { e.Err = err })
 }
 
-// warn reports a step op of the claim that failed, unless Run is stopping.
+// warn reports a step op of the claim that failed with err (nil: nothing
+// to report), unless Run is stopping.
 func (c *claim) warn(op string, err error) {
-	if c.run.Err() == nil {
+	if err != nil && c.run.Err() == nil {
 		c.q.failed(c.run, op, c.key, err)
 	}
 }

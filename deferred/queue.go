@@ -211,14 +211,6 @@ func (q *Queue) Keys() *mongo.Collection { return q.keys }
 // Owner returns the owner string this Queue's workers write in their claims.
 func (q *Queue) Owner() string { return q.c.Owner }
 
-// Index names EnsureIndexes creates.
-const (
-	indexKeySeq  = "deferred_key_seq"
-	indexState   = "deferred_state"
-	indexExpire  = "deferred_expire"
-	indexPending = "deferred_pending"
-)
-
 // EnsureIndexes creates the indexes the queue needs: a unique one on a
 // job's key and sequence number, one on the state (Counts), one on the
 // keys' pending count (the workers' search), and, where the server has TTL
@@ -245,17 +237,17 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
 	}
-	expire := options.Index().SetName(indexExpire)
+	expire := options.Index().SetName("deferred_expire")
 	if caps.TTLIndexes {
 		expire.SetExpireAfterSeconds(0)
 	}
 	for coll, models := range map[*mongo.Collection][]mongo.IndexModel{
 		q.jobs: {
-			{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
-			{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
+			{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName("deferred_key_seq").SetUnique(true)},
+			{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName("deferred_state")},
 			{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
 		},
-		q.keys: {{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)}},
+		q.keys: {{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName("deferred_pending")}},
 	} {
 		if err := createIndexes(ctx, coll, models); err != nil {
 			return false, fmt.Errorf("deferred: ensure indexes on %s: %w", coll.Name(), err)
@@ -728,9 +720,6 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 	}
 }
 
-// tombstoneRetention is the least time a tombstone is kept.
-const tombstoneRetention = time.Hour
-
 // tombstone inserts the tombstone of seq on key; a copy after a lost reply
 // fails on the unique index, which means "there".
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
@@ -739,13 +728,14 @@ func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) err
 	return err
 }
 
-// tombstoneDoc returns the tombstone of seq on key, and its id.
+// tombstoneDoc returns the tombstone of seq on key, kept an hour at least
+// (DESIGN.md, Holes), and its id.
 func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
 	now, id := q.now(ctx), bson.NewObjectID()
 	return bson.D{
 		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
-		{Key: "expireAt", Value: now.Add(max(q.c.Retention, tombstoneRetention))},
+		{Key: "expireAt", Value: now.Add(max(q.c.Retention, time.Hour))},
 	}, id
 }
 
@@ -805,8 +795,7 @@ func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd
 	}
 }
 
-// readKey reads a key's document, at majority (settled: for settling a
-// lost reply) or from the primary; nil when there is none.
+// readKey reads a key's document (nil: none), at majority when settled.
 func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
 	kd := new(keyDoc)
 	read := func(c *mongo.Collection) error { return c.FindOne(ctx, keyID(raw)).Decode(kd) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,17 +20,15 @@ import (
 )
 
 // Run works the queue until ctx ends: it finds keys with jobs ready to run,
-// claims each (a lease on the key's document, renewed while its handlers
-// run), runs the key's jobs in sequence order and records each outcome. At
-// most Options.Workers keys are worked on at once. Any number of processes
-// may call Run on the same collections; within a process, call it once per
-// Queue. It works only the jobs of the handlers registered on q.
-//
-// When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
-// an interrupted job back without counting its attempt, releases its claims
-// and returns nil once every worker has stopped. It returns an error only
-// when it cannot start: a nil ctx, no handler registered, indexes it could
-// not make.
+// claims each (a lease on the key's document, renewed while it works), runs
+// the key's jobs in sequence order and records each outcome, at most
+// Options.Workers keys at once. Any number of processes may call Run on the
+// same collections; within a process, call it once per Queue. It works only
+// the jobs of the handlers registered on q. When ctx ends, Run stops
+// claiming, cancels the handlers' contexts, puts an interrupted job back
+// without counting its attempt, releases its claims and returns nil once
+// every worker has stopped. It returns an error only when it cannot start:
+// a nil ctx, no handler registered, indexes it could not make.
 func (q *Queue) Run(ctx context.Context) error {
 	if err := checkCtx(ctx, "run"); err != nil {
 		return err
@@ -67,7 +66,8 @@ func (q *Queue) Run(ctx context.Context) error {
 		if started > 0 {
 			continue
 		}
-		wait := q.local.NewTimer(jitter(q.c.PollInterval))
+		// Jittered, so that the polls of many processes spread out.
+		wait := q.local.NewTimer(q.c.PollInterval/2 + time.Duration(rand.Int64N(int64(q.c.PollInterval)+1)))
 		select {
 		case <-ctx.Done():
 		case <-q.wake:
@@ -77,12 +77,6 @@ func (q *Queue) Run(ctx context.Context) error {
 		wait.Stop()
 	}
 	return nil
-}
-
-// jitter returns d scaled by a random factor in [0.5, 1.5), so that the
-// polls of many processes spread out.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
 }
 
 // runner is one Run: the keys its workers hold, and those it skips a while.
@@ -365,18 +359,25 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	}
 	var failed *Job
 	rest := jobs[n:]
-	if err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0 {
+	switch {
+	case errors.Is(err, errUnrecorded):
+		rest = rest[1:] // left running: its next holder takes it over
+	case err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0:
 		failed, rest = rest[0], rest[1:]
 	}
 	if len(rest) > 0 {
 		c.putBack(rest...)
 	}
-	next, ok := kd, c.run.Err() == nil
+	next, ok := kd, c.run.Err() == nil && !errors.Is(err, errUnrecorded)
 	if n > 0 {
 		if n < len(jobs) {
 			span = jobs[n].Seq - head
 		}
-		next, ok = c.complete(kd, jobs[:n], span)
+		moved := false
+		if c.record(jobs[:n]) {
+			next, moved = c.advance(kd, span)
+		}
+		ok = ok && moved
 	}
 	switch {
 	case failed != nil && ok:
@@ -433,9 +434,10 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 }
 
 // runJobs runs a claimed run in order, in one call of its handler's batch
-// function (NewChange's) or one call per job, stopping at the first error,
-// a lost claim or Run's stop, and returns how many completed, with the
-// error of the first that did not.
+// function (NewChange's: one write, recorded with the run) or one call per
+// job, each recorded before the next starts, stopping at the first error, a
+// lost claim or Run's stop. It returns how many completed, with the error
+// of the first that did not (errUnrecorded: its record failed).
 func (c *claim) runJobs(jobs []*Job) (n int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
@@ -449,31 +451,39 @@ func (c *claim) runJobs(jobs []*Job) (n int, err error) {
 		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
 			return n, err
 		}
+		if !c.record(jobs[n : n+1]) {
+			return n, errUnrecorded
+		}
 	}
 	return n, nil
 }
 
-// complete records the jobs as completed, in one write, and moves the head
-// past the m places they and the cancelled jobs between them hold.
-func (c *claim) complete(kd keyDoc, jobs []*Job, m int64) (keyDoc, bool) {
+// errUnrecorded says a job completed and its record failed.
+var errUnrecorded = errors.New("deferred: record a completed job")
+
+// record records jobs as completed, in one write, unless they are already.
+func (c *claim) record(jobs []*Job) bool {
+	jobs = slices.DeleteFunc(slices.Clone(jobs), func(j *Job) bool { return j.State == StateCompleted })
+	if len(jobs) == 0 {
+		return true
+	}
 	q := c.q
 	ctx, cancel := c.book()
+	defer cancel()
 	now := q.now(ctx)
 	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
 		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
 			bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
 	})
-	cancel()
 	if err != nil || !ok {
-		if err != nil {
-			c.warn("record_attempt", err)
-		}
-		return kd, false
+		c.warn("record_attempt", err)
+		return false
 	}
 	for _, job := range jobs {
+		job.State = StateCompleted
 		c.recorded(job, outcome{}, StateCompleted, 0)
 	}
-	return c.advance(kd, m)
+	return true
 }
 
 // after records the outcome err of job's attempt, which this claim ran, and

@@ -1,6 +1,7 @@
 package deferred_test
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -122,4 +123,40 @@ func TestRunWritesSettleLostReplies(t *testing.T) {
 	require.True(t, record.HasFired())
 	b.requireAccount(t, "ana", 5, 5)
 	require.Equal(t, int64(5), calls.Load())
+}
+
+// TestRunRecordsEachJobBeforeTheNext: five jobs of one key queued before
+// Run are one run; each handler finds the job before it recorded as
+// completed, so no job of the key starts before the one ahead of it is
+// finished, even within a run (a worker that died would deliver again only
+// the job it was running).
+func TestRunRecordsEachJobBeforeTheNext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, nil)
+	ids := make([]bson.ObjectID, 0, 5)
+	var early atomic.Int64
+	k, err := deferred.Register(q, "check", func(ctx context.Context, job *deferred.Job, c credit) error {
+		if c.Index > 1 {
+			prev, err := q.Job(ctx, ids[c.Index-2])
+			if err != nil {
+				return err
+			}
+			if prev.State != deferred.StateCompleted {
+				early.Add(1)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for i := range 5 {
+		ids = append(ids, enqueue(t, b.ctx, k, "x", credit{Index: int64(i + 1)}))
+	}
+	run(t, q)
+	for _, id := range ids {
+		job := wait(t, q, id)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		require.Equal(t, 1, job.Attempt)
+	}
+	require.Zero(t, early.Load(), "a job started before the one ahead of it was recorded")
 }
