@@ -601,7 +601,7 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 				return kd, false
 			}
 			if n, err := q.jobs.CountDocuments(ctx, at(c.key, seq)); err == nil && n > 0 {
-				return kd, true // it landed: step again
+				return kd, true // it landed: look again
 			}
 		}
 		wait := min(max(now.Sub(since), q.c.PollInterval/10), since.Add(q.c.HoleTimeout).Sub(now))
