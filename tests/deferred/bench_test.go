@@ -61,11 +61,7 @@ func drainChanges(b *testing.B, keys int) {
 		return nil
 	})
 	require.NoError(b, err)
-	ids := make([]string, keys)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("k%02d", i)
-		bb.insert(b, ids[i])
-	}
+	ids := accounts(b, bb, keys)
 	for i := range b.N {
 		enqueue(b, bb.ctx, change, ids[i%keys], credit{Amount: 1})
 	}
@@ -137,11 +133,7 @@ func benchmarkPool(b *testing.B, keys, finished int) {
 		return err
 	})
 	require.NoError(b, err)
-	ids := make([]string, keys)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("k%02d", i)
-		bb.insert(b, ids[i])
-	}
+	ids := accounts(b, bb, keys)
 	for i := range b.N {
 		_, err := k.Enqueue(bb.ctx, ids[i%keys], credit{Amount: 1})
 		require.NoError(b, err)
@@ -171,6 +163,17 @@ func benchmarkPool(b *testing.B, keys, finished int) {
 		total += bb.get(b, id).Balance
 	}
 	require.Equal(b, int64(b.N), total, "every job applied once")
+}
+
+// accounts inserts n accounts, "k00", "k01", ..., and returns their ids.
+func accounts(b *testing.B, bb *bundle, n int) []string {
+	b.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%02d", i)
+		bb.insert(b, ids[i])
+	}
+	return ids
 }
 
 // rawUpdate returns the mean time of a plain updateOne by _id ($inc) on
