@@ -4,72 +4,32 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/tests/internal/shardtest"
 	"github.com/mongocas/mongocas/versioned"
 )
-
-// query is a filter (and sort) a command sent to a collection.
-type query struct {
-	cmd, coll    string
-	filter, sort bson.Raw
-}
-
-// queries records the filters of the commands a client sends.
-type queries struct {
-	mu  sync.Mutex
-	all []query
-}
-
-func (qs *queries) started(_ context.Context, e *event.CommandStartedEvent) {
-	c := e.Command
-	coll, _ := c.Lookup(e.CommandName).StringValueOK()
-	add := func(filter, sort bson.RawValue) {
-		f, _ := filter.DocumentOK()
-		s, _ := sort.DocumentOK()
-		qs.mu.Lock()
-		qs.all = append(qs.all, query{cmd: e.CommandName, coll: coll, filter: f, sort: s})
-		qs.mu.Unlock()
-	}
-	switch e.CommandName {
-	case "find":
-		add(c.Lookup("filter"), c.Lookup("sort"))
-	case "findAndModify", "count":
-		add(c.Lookup("query"), c.Lookup("sort"))
-	case "update", "delete":
-		field := map[string]string{"update": "updates", "delete": "deletes"}[e.CommandName]
-		stmts, _ := c.Lookup(field).Array().Values()
-		for _, s := range stmts {
-			add(s.Document().Lookup("q"), bson.RawValue{})
-		}
-	case "aggregate":
-		stages, _ := c.Lookup("pipeline").Array().Values()
-		if len(stages) > 0 {
-			add(stages[0].Document().Lookup("$match"), bson.RawValue{})
-		}
-	}
-}
 
 // TestEveryQueueQuerySeeks runs Enqueue and a worker through the paths of
 // a job's life (a run of jobs, a lone job, a failed attempt, a cancelled
 // head), records every filter they send to the queue's collections, and
 // asks the server to explain each one as a find: none may scan its
-// collection. FerretDB v1 pushes down only a filter of one _id equal to a
-// string or an ObjectID (filterPushdown), DocumentDB plans with indexes
-// (no COLLSCAN stage).
+// collection: DocumentDB plans no sequential scan; FerretDB v1, which
+// filters in SQL only a lone _id equal to a string or an ObjectID
+// (filterPushdown), takes that path for every lookup by one id.
 func TestEveryQueueQuerySeeks(t *testing.T) {
 	b := setup(t)
-	qs := &queries{}
-	client, err := mongo.Connect(options.Client().ApplyURI(b.db.Server.URI).SetMonitor(&event.CommandMonitor{Started: qs.started}))
+	capture, copts := shardtest.NewCapture(b.jobs.Name(), b.jobs.Name()+"_keys")
+	client, err := mongo.Connect(copts.ApplyURI(b.db.Server.URI))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
 	db := client.Database(b.db.Name())
@@ -78,9 +38,9 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	require.NoError(t, err)
 	change, err := deferred.NewChange(q, "add", accounts, func(a *account, c credit) error { a.Balance += c.Amount; return nil })
 	require.NoError(t, err)
-	failOnce := 0
+	var calls atomic.Int64
 	kind, err := deferred.Register(q, "flaky", func(ctx context.Context, job *deferred.Job, c credit) error {
-		if failOnce++; failOnce == 1 {
+		if calls.Add(1) == 1 {
 			return errors.New("first attempt fails")
 		}
 		_, err := deferred.Guarded(ctx, job, accounts, "b", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}})
@@ -101,52 +61,69 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	wait(t, q, last)
 	wait(t, q, flaky)
 
-	qs.mu.Lock()
-	all := qs.all
-	qs.mu.Unlock()
 	seen, byID, v1 := map[string]bool{}, 0, false
-	for _, qu := range all {
-		if qu.coll != b.jobs.Name() && qu.coll != b.jobs.Name()+"_keys" {
-			continue
+	for _, c := range capture.Take() {
+		if !slices.Contains([]string{"find", "findAndModify", "update", "delete", "aggregate"}, c.Name) {
+			continue // inserts, and the index commands
 		}
-		shape := qu.cmd + " " + qu.coll + " " + shapeOf(qu.filter) + " " + shapeOf(qu.sort)
-		if seen[shape] {
-			continue
-		}
-		seen[shape] = true
-		cmd := bson.D{{Key: "find", Value: qu.coll}, {Key: "filter", Value: qu.filter}}
-		if len(qu.sort) > 0 {
-			cmd = append(cmd, bson.E{Key: "sort", Value: qu.sort})
-		}
-		var out bson.M
-		require.NoError(t, b.db.RunCommand(b.ctx, bson.D{{Key: "explain", Value: cmd}, {Key: "verbosity", Value: "queryPlanner"}}).Decode(&out))
-		plan, err := json.Marshal(out["queryPlanner"])
-		require.NoError(t, err)
-		t.Logf("%s\n\tpushdown=%v plan=%s", shape, out["filterPushdown"], plan)
-		pushdown, isV1 := out["filterPushdown"]
-		v1 = v1 || isV1
-		if isV1 {
-			// FerretDB v1 (SQLite) filters in SQL only a lone _id equal
-			// to a string or an ObjectID (filterPushdown), and decodes and
-			// filters every document for any other filter, whatever the
-			// indexes: a lookup by one id must take that path; the others
-			// are logged above.
-			elems, _ := qu.filter.Elements()
-			if len(elems) == 1 && elems[0].Key() == "_id" && elems[0].Value().Type != bson.TypeEmbeddedDocument {
-				require.Equal(t, true, pushdown, "%s scans its collection", shape)
-				byID++
+		sort, _ := c.Body.Lookup("sort").DocumentOK()
+		for _, filter := range shardtest.Filters(t, []shardtest.Command{c}) {
+			shape := c.Name + " " + c.Coll + " " + shapeOf(filter) + " " + shapeOf(sort)
+			if !seen[shape] {
+				seen[shape] = true
+				byID += explainSeeks(t, b, c.Coll, filter, sort, shape, &v1)
 			}
-		} else {
-			for _, scan := range []string{"COLLSCAN", "Seq Scan"} {
-				require.NotContains(t, string(plan), scan, "%s scans its collection", shape)
-			}
-			require.Contains(t, string(plan), "Index", "%s uses no index", shape)
 		}
 	}
 	require.NotEmpty(t, seen)
 	if v1 {
 		require.NotZero(t, byID, "no lookup by one id was seen")
 	}
+}
+
+// indexCond finds the index conditions of a Postgres plan as JSON.
+var indexCond = regexp.MustCompile(`"Index Cond":"([^"]*)"`)
+
+// explainSeeks asks the server to explain filter (and sort) on coll as a
+// find and fails t on a scan; it returns 1 for a lookup by one id that
+// FerretDB v1 pushed down, and sets v1 when the server is FerretDB v1.
+func explainSeeks(t *testing.T, b *bundle, coll string, filter, sort bson.Raw, shape string, v1 *bool) int {
+	t.Helper()
+	cmd := bson.D{{Key: "find", Value: coll}, {Key: "filter", Value: filter}}
+	if len(sort) > 0 {
+		cmd = append(cmd, bson.E{Key: "sort", Value: sort})
+	}
+	var out bson.M
+	require.NoError(t, b.db.RunCommand(b.ctx, bson.D{{Key: "explain", Value: cmd}, {Key: "verbosity", Value: "queryPlanner"}}).Decode(&out))
+	plan, err := json.Marshal(out["queryPlanner"])
+	require.NoError(t, err)
+	t.Logf("%s\n\tpushdown=%v plan=%s", shape, out["filterPushdown"], plan)
+	pushdown, isV1 := out["filterPushdown"]
+	if !isV1 {
+		require.NotContains(t, string(plan), "COLLSCAN", "%s scans its collection", shape)
+		if strings.Contains(string(plan), "Node Type") {
+			// DocumentDB's Postgres plan: a scan is a Seq Scan, or an index
+			// scan whose only condition is the collection's shard.
+			seek := false
+			for _, c := range indexCond.FindAllStringSubmatch(string(plan), -1) {
+				seek = seek || strings.Contains(c[1], "object_id") || strings.Contains(c[1], "document OPERATOR")
+			}
+			require.NotContains(t, string(plan), "Seq Scan", "%s scans its collection", shape)
+			require.True(t, seek, "%s scans its collection: no index condition on it", shape)
+		}
+		return 0
+	}
+	// FerretDB v1 (SQLite) filters in SQL only a lone _id equal to a string
+	// or an ObjectID (filterPushdown), and decodes and filters every
+	// document for any other filter, whatever the indexes: a lookup by one
+	// id must take that path; the others are logged above.
+	*v1 = true
+	elems, _ := filter.Elements()
+	if len(elems) != 1 || elems[0].Key() != "_id" || elems[0].Value().Type == bson.TypeEmbeddedDocument {
+		return 0
+	}
+	require.Equal(t, true, pushdown, "%s scans its collection", shape)
+	return 1
 }
 
 // shapeOf is a filter's field names and operators, without its values.
