@@ -10,35 +10,29 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )
 
-// Change is a named change to the documents of one versioned repository,
-// made with NewChange: a function of the document and an argument A that
-// runs now through versioned's Modify or, when Modify's retries run out,
-// later from the queue, exactly once either way.
+// Change is a named change to the documents of one versioned repository
+// (NewChange): applied now through versioned's Modify or, when its retries
+// run out, later from the queue, exactly once either way.
 type Change[T, A any] struct {
 	kind *Kind[A]
 	repo *versioned.Repo[T]
 	fn   func(doc *T, args A) error
 }
 
-// Result is what Change.ModifyOrEnqueue did: applied the change now (Doc),
-// or queued it (Queued, JobID) because Modify's retries or the retry budget
-// ran out on version conflicts.
+// Result is what Change.ModifyOrEnqueue did.
 type Result[T any] struct {
-	// Doc is the document as stored after the change, when it was applied
-	// now.
+	// Doc is the document as stored after the change, applied now.
 	Doc *T
 	// Queued is true when the change was enqueued instead: it runs later,
-	// exactly once. A service answers 202 Accepted with JobID as the
-	// location to poll (Queue.Job).
+	// exactly once. A service answers 202 Accepted with JobID to poll.
 	Queued bool
 	// JobID is the id of the queued job.
 	JobID bson.ObjectID
-	// Cause is Modify's error that made it queue (it matches
-	// versioned.ErrConflict and retry.ErrExhausted or
-	// retry.ErrBudgetExhausted).
+	// Cause is Modify's error that made it queue (see Exhausted).
 	Cause error
 }
 
@@ -46,9 +40,12 @@ type Result[T any] struct {
 // fn(doc, args) edits the document in place, as a versioned Modify
 // function does, and may run several times (on conflicts, on later
 // attempts), so it must have no side effects. The job's key is the
-// document's id. The handler applies fn with Modify (exactly once, through
-// the job's fence); fn's error fails the attempt, retry.Permanent(err)
-// makes the job dead at once. Errors are those of Register.
+// document's id. A worker applies a run of a document's queued changes in
+// one Modify (one read, one write): fn runs for each in order on one copy,
+// and the write carries the stamp of the last; a change applied alone goes
+// through the Modify helper. fn's error fails that job's attempt (the
+// changes before it are applied without it); retry.Permanent(err) makes
+// it dead at once. Errors are those of Register.
 func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func(doc *T, args A) error) (*Change[T, A], error) {
 	if repo == nil || fn == nil {
 		return nil, invalid("register", "change", "nil repository or function", nil)
@@ -57,22 +54,88 @@ func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func
 	if !ok {
 		return nil, invalid("register", "change", fmt.Sprintf("%v maps no field to _id", reflect.TypeFor[T]()), nil)
 	}
-	k, err := Register(q, name, func(ctx context.Context, job *Job, args A) error {
+	c := &Change[T, A]{repo: repo, fn: fn}
+	docID := func(job *Job) (any, error) {
 		id := reflect.New(idType)
 		if err := job.Key.Unmarshal(id.Interface()); err != nil {
-			return retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
+			return nil, retry.Permanent(fmt.Errorf("deferred: job %s: decode its key as the %v id of %v: %w", job.ID.Hex(), idType, reflect.TypeFor[T](), err))
 		}
-		_, err := Modify(ctx, job, repo, id.Elem().Interface(), func(doc *T) error { return fn(doc, args) })
+		return id.Elem().Interface(), nil
+	}
+	k, err := register(q, name, func(ctx context.Context, job *Job, args A) error {
+		id, err := docID(job)
+		if err != nil {
+			return err
+		}
+		_, err = Modify(ctx, job, repo, id, func(doc *T) error { return fn(doc, args) })
 		return err
+	}, func(ctx context.Context, jobs []*Job) (int, error) {
+		id, err := docID(jobs[0])
+		if err != nil {
+			return 0, err
+		}
+		return c.applyRun(ctx, jobs, id)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Change[T, A]{kind: k, repo: repo, fn: fn}, nil
+	c.kind = k
+	return c, nil
 }
 
-// idTypeOf returns the type of the field of struct type t that the driver
-// maps to "_id" (its bson tag names it).
+// errOneByOne says a run must be taken one job at a time: the document
+// carries the stamp of one of them, or an argument does not decode.
+var errOneByOne = errors.New("deferred: run the jobs one at a time")
+
+// applyRun applies a run of jobs of the document id in one versioned Modify,
+// fenced on the first job's number and stamped with the last one's (whole
+// or not at all). It returns how many it applied and, when fewer than all,
+// the error of the first one not applied: when fn fails on a job, the jobs
+// before it are applied without it, from a fresh read.
+func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, error) {
+	args := make([]A, len(jobs))
+	n, rest := len(jobs), error(nil)
+	for i, job := range jobs {
+		if err := job.Args.Unmarshal(&args[i]); err != nil {
+			n, rest = i, errOneByOne
+			break
+		}
+	}
+	for n > 0 {
+		first := jobs[0]
+		failed, fnErr := 0, error(nil)
+		_, err := c.repo.Modify(ctx, id, func(d *T) error {
+			for failed = range n {
+				if fnErr = c.fn(d, args[failed]); fnErr != nil {
+					return fnErr
+				}
+			}
+			return nil
+		}, append(first.where(), versioned.WithSet(jobs[n-1].stamp()), versioned.WithRetry(first.q.c.Retry))...)
+		switch {
+		case err == nil:
+			for _, job := range jobs[:n] {
+				job.att.mayHaveWritten()
+			}
+			return n, rest
+		case fnErr != nil && errors.Is(err, fnErr):
+			n, rest = failed, fnErr
+			continue
+		case errors.Is(err, errApplied):
+			return 0, errOneByOne
+		case errors.Is(err, errStamps):
+			return 0, first.stampsError("modify", first.Key)
+		case errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err):
+			for _, job := range jobs {
+				job.att.mayHaveWritten()
+			}
+		}
+		return 0, err
+	}
+	return 0, rest
+}
+
+// idTypeOf returns the type of the field of struct t mapped to "_id".
 func idTypeOf(t reflect.Type) (reflect.Type, bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -92,26 +155,23 @@ func idTypeOf(t reflect.Type) (reflect.Type, bool) {
 // Kind returns the change's Kind.
 func (c *Change[T, A]) Kind() *Kind[A] { return c.kind }
 
-// Enqueue queues the change to the document with id, without trying it
-// now.
+// Enqueue queues the change to the document with id without trying it now.
 func (c *Change[T, A]) Enqueue(ctx context.Context, id any, args A) (bson.ObjectID, error) {
 	return c.kind.Enqueue(ctx, id, args)
 }
 
 // ModifyOrEnqueue applies the change to the document with id now, with
-// versioned.Repo.Modify (its retries and budget: the repository's
-// Options.Retry), and, when Modify gives up on version conflicts (its
-// error matches versioned.ErrConflict and retry.ErrExhausted or
-// retry.ErrBudgetExhausted: nothing was written), enqueues it on the
-// document's key instead. The Result says which. Any other error of Modify
-// (fn's own, ErrNotFound, an *UnknownOutcomeError after which the change
-// may have landed) is returned as it is, and nothing is queued. If the
-// enqueue fails too, the error matches both Modify's and the enqueue's.
+// versioned.Repo.Modify, and, when Modify gives up on version conflicts
+// (Exhausted: nothing was written), enqueues it on the document's key
+// instead; the Result says which. Any other error of Modify (fn's own,
+// ErrNotFound, an unknown outcome after which the change may have landed)
+// is returned as it is, and nothing is queued. If the enqueue fails too,
+// the error matches both.
 //
 // A change applied now does not wait for the changes queued on the same
 // document before it: order holds among queued changes. A caller that needs
 // every change in order after the first queued one calls Enqueue instead
-// while Queue.Counts (or its own flag) says the key has queued work.
+// while the key has queued work.
 func (c *Change[T, A]) ModifyOrEnqueue(ctx context.Context, id any, args A) (*Result[T], error) {
 	if err := checkCtx(ctx, "modify or enqueue"); err != nil {
 		return nil, err

@@ -27,50 +27,19 @@
 // whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
 // inspect and manage jobs; Queue.Wait polls one.
 //
-// Processes may register different handlers (during a rolling deploy that
-// adds one, say): a Run works only the jobs whose handlers it has. When a
-// key's next job has a handler it lacks, it reports it (a QueueKeySkipped
-// event to Options.Observer, with the handler's name and the key, which
-// observe.Slog logs as a warning), marks the key, and leaves it to the
-// processes that have the handler, without looking at it again until that
-// job is finished or cancelled. Cancel frees a cancelled job's key at once
-// for the jobs behind it.
-//
-// # Events
-//
-// Give Options.Observer an observe.Observer (observe.Slog, observe.Counters,
-// the OpenTelemetry adapter otelmongocas) to see each job's life: enqueued,
-// claimed (its attempt, and its age: how long it waited), then completed,
-// failed (its attempt and error; it runs again after the event's Delay),
-// snoozed, or dead; requeued and cancelled. What the workers cannot return
-// to anyone (a search for work, a sweep, a claim or a release that failed,
-// a claim lost while a job ran) is a QueueError, and a key left to the
-// processes that have its head job's handler a QueueKeySkipped: observe.Slog
-// warns of both, and of dead jobs, and is quiet at Info while all goes well.
-// The lease events of the workers' claims go to the same Observer.
-//
-// # How it works
-//
-// Each job has a key (usually the id of the document it changes). Enqueue
-// takes the key's next sequence number (a findOneAndUpdate on the key's
-// document) and inserts the job with it. A worker of Run claims a whole key,
-// with a lease of the lease package on the key's document (the visibility
-// timeout, renewed while its handlers run; a renewal that fails for a
-// transient reason is retried soon), and runs the key's jobs in
-// sequence order, moving the key's head past each finished one under the
-// lease's fence; so the jobs of one key run one at a time, in order, across
-// all workers and processes (as the messages of one group of an SQS FIFO
-// queue). A failed attempt is retried after a jittered backoff (the retry
-// package); after MaxAttempts, or at once for retry.Permanent, the job is
-// dead, with its errors recorded, and the key moves on. The protocol and why
-// it is safe are in DESIGN.md beside this file.
-//
-// Delivery is at least once: a worker that dies after its handler wrote and
-// before it recorded the job completed leaves the job to the next holder of
-// the key, which runs it again. The effect is exactly once when the handler's
-// write is conditioned on the job's fence and records its stamp in the same
-// statement (Job.Fence, Job.Stamp): a per-key sequence number on the target
-// document that only grows. Guarded, Modify and Change do that for you.
+// Each job has a key (usually the id of the document it changes). A worker
+// of Run claims a whole key with a lease (renewed while it works) and runs
+// the key's due jobs in sequence order, a run at a time: one write claims
+// the run, one records each job (a Change run's jobs, applied to their
+// document in one read and one write, together), one moves the key's head.
+// A failed attempt is retried after a jittered backoff; after MaxAttempts,
+// or at once for retry.Permanent, the job is dead and the key moves on. A
+// process without the handler of a key's next job leaves the key to those
+// that have it. Delivery is at least once; the effect is exactly once for a
+// write conditioned on the job's fence that records its stamp in the same
+// statement (Job.Fence, Job.Stamp), as Guarded, Modify and Change do.
+// Options.Observer receives each job's events. DESIGN.md beside this file
+// gives the protocol and why it is safe.
 //
 // # Guarantees
 //
@@ -96,13 +65,11 @@
 //   - A job is stored at most once per Enqueue that returns its id, where a
 //     worker will run it, and an Enqueue that returns an error other than an
 //     *UnknownOutcomeError stored nothing, nor can a copy of its writes still
-//     in flight store it later: once a write may have landed, the answer is
-//     the job's id or an *UnknownOutcomeError naming it. Likewise a Requeue
-//     that returns nil put the job back in the queue, and one that returns
-//     another error than an *UnknownOutcomeError changed nothing. Inside a
-//     transaction (ctx carries a session with one in
-//     progress) Enqueue's writes take part in it: they commit or abort with
-//     the caller's writes.
+//     in flight store it later. Likewise a Requeue that returns nil put the
+//     job back in the queue, and one that returns another error than an
+//     *UnknownOutcomeError changed nothing. Inside a transaction (ctx
+//     carries a session with one in progress) Enqueue's writes take part in
+//     it: they commit or abort with the caller's writes.
 //   - A job is tried at most MaxAttempts times (an attempt whose worker was
 //     lost counts; snoozes and attempts interrupted by Run's stop do not),
 //     then dead with one recorded error per failed attempt (the newest
@@ -117,16 +84,11 @@
 //     jobs wrote it (NewChange keys jobs by their document, so one).
 //   - A handler's panic fails its attempt; the worker lives on.
 //   - Bad input is refused before anything is written: keys are checked by
-//     store.CheckID and compared with $eq, handler names must be registered,
-//     arguments must be of the handler's type, encode, and hold no field name
-//     a server could read as an operator.
+//     store.CheckID, handler names must be registered, arguments must be of
+//     the handler's type, encode, and hold no field name a server could read
+//     as an operator.
 //   - A Queue is safe for concurrent use. Run's goroutines end before it
 //     returns.
-//
-// The embedded test backend (FerretDB v1) provides single-document atomicity
-// only behind mongotest's serializing proxy, and has no TTL indexes (Run
-// sweeps instead) and no transactions; DocumentDB has TTL indexes but no
-// transactions. See the README for what each backend proves.
 //
 // # Errors
 //
@@ -140,12 +102,9 @@
 //     or that may have applied its change (StateError.MayHaveApplied: check
 //     its target documents, then Cancel it or enqueue what is missing);
 //     Cancel of a running or finished job.
-//   - ErrUnknownOutcome, *UnknownOutcomeError: an enqueue or a requeue
-//     failed ambiguously and settling it (re-reading, or writing the
-//     tombstone of its number, for up to ResolveTimeout) could not tell
-//     whether the job was stored, or put back, where a worker will run it;
-//     or a Cancel whose lost reply could not be settled (Op "cancel"). Its
-//     ID (the job's bson.ObjectID) says what to look for later.
+//   - ErrUnknownOutcome, *UnknownOutcomeError: an Enqueue, Requeue or
+//     Cancel failed ambiguously and settling it could not tell whether it
+//     took effect. Its ID (the job's) says what to look for later.
 //   - A context that ended: the context's error, wrapped, never ErrInvalid,
 //     and promptly, also while another call makes the indexes. A nil context
 //     is ErrInvalid.

@@ -13,48 +13,28 @@ import (
 // Sentinel errors. Match them with errors.Is; the typed errors below carry
 // the facts and match their sentinel.
 var (
-	// ErrInvalid is matched by every error that refuses a caller's input (a
-	// nil context, an unknown handler name, arguments of the wrong type or
-	// that do not encode, a bad option) before anything is stored. It is
-	// [store.ErrInvalid], the same value in every mongocas package.
+	// ErrInvalid is matched by every error that refuses a caller's input
+	// before anything is stored. It is [store.ErrInvalid].
 	ErrInvalid = store.ErrInvalid
-
-	// ErrInvalidID is matched by an error that refuses a key: nil, a zero
-	// value, or a value whose encoding could act as a query operator (a
-	// document with a $-prefixed key, a regular expression, an array). It
-	// also matches ErrInvalid. It is [store.ErrInvalidID].
+	// ErrInvalidID is matched by an error that refuses a key (nil, zero,
+	// operator-shaped), with ErrInvalid. It is [store.ErrInvalidID].
 	ErrInvalidID = store.ErrInvalidID
-
-	// ErrUnknownOutcome is matched by an error that reports an enqueue whose
-	// outcome could not be settled: the job may or may not have been
-	// stored. It is [store.ErrUnknownOutcome].
+	// ErrUnknownOutcome is matched by an error whose write may or may not
+	// have taken effect. It is [store.ErrUnknownOutcome].
 	ErrUnknownOutcome = store.ErrUnknownOutcome
-
 	// ErrNotFound is matched by *NotFoundError: no job has the id.
 	ErrNotFound = errors.New("deferred: job not found")
-
-	// ErrState is matched by *StateError: the job is not in a state that
-	// allows the operation (Requeue of a job that is not dead or cancelled,
-	// or that may have applied its change; Cancel of a running or finished
-	// job).
+	// ErrState is matched by *StateError: wrong state for the operation.
 	ErrState = errors.New("deferred: job in the wrong state")
 )
 
-// InvalidError reports bad input refused before anything was stored: a nil
-// context, an unknown handler name, a key store.CheckID refuses, arguments
-// that do not encode or are not of the handler's type, a bad Options field.
-// It matches ErrInvalid (and ErrInvalidID for a key) and unwraps to the
-// underlying error, if any.
+// InvalidError reports bad input refused before anything was stored: the
+// operation ("new", "register", "enqueue", ...), what was refused ("name",
+// "key", "args", an Options field), why, and the underlying error, if any.
+// It matches ErrInvalid (and ErrInvalidID for a key) and unwraps to Err.
 type InvalidError struct {
-	// Op is the operation: "new", "register", "enqueue", ...
-	Op string
-	// Field names what was refused: "name", "key", "args", an Options field.
-	Field string
-	// Reason says what is wrong.
-	Reason string
-	// Err is the underlying error (an encoding error, the key's check), if
-	// any.
-	Err error
+	Op, Field, Reason string
+	Err               error
 }
 
 // Error returns a message with the operation, the field and the reason.
@@ -76,7 +56,6 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 
 // NotFoundError reports that no job has the id. It matches ErrNotFound.
 type NotFoundError struct {
-	// ID is the job id looked for.
 	ID bson.ObjectID
 }
 
@@ -88,20 +67,14 @@ func (e *NotFoundError) Error() string {
 // Is reports whether target is ErrNotFound.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
-// StateError reports that a job is not in a state that allows the
-// operation. It matches ErrState.
+// StateError reports that a job's state does not allow the operation
+// ("requeue" or "cancel"); MayHaveApplied is true when Requeue refused a
+// job whose write may have landed (Job.MayHaveApplied). It matches
+// ErrState.
 type StateError struct {
-	// Op is the operation: "requeue" or "cancel".
-	Op string
-	// ID is the job's id.
-	ID bson.ObjectID
-	// State is the job's state when read.
-	State State
-	// MayHaveApplied is true when Requeue refused a dead or cancelled job
-	// because an attempt's write may have landed (Job.MayHaveApplied):
-	// running it again under a new sequence number could apply its change
-	// twice. Check its target documents; then Cancel it, or enqueue what is
-	// missing as a new job.
+	Op             string
+	ID             bson.ObjectID
+	State          State
 	MayHaveApplied bool
 }
 
@@ -116,19 +89,16 @@ func (e *StateError) Error() string {
 // Is reports whether target is ErrState.
 func (e *StateError) Is(target error) bool { return target == ErrState }
 
-// UnknownOutcomeError reports a write whose reply was lost and whose
-// outcome re-reading could not settle: it may or may not have been applied.
-// It is [store.UnknownOutcomeError], the one such type of the library (its
-// Pkg is "deferred"); it matches ErrUnknownOutcome and unwraps to the
-// write's error.
+// UnknownOutcomeError reports a write whose outcome could not be settled.
+// It is [store.UnknownOutcomeError] (Pkg "deferred"); it matches
+// ErrUnknownOutcome and unwraps to the write's error.
 type UnknownOutcomeError = store.UnknownOutcomeError
 
-// PanicError is the error an attempt records when its handler panicked. The
-// worker recovers, fails the attempt, and lives on.
+// PanicError is the error an attempt records when its handler panicked:
+// the value, and the goroutine's stack cut to a few kilobytes. The worker
+// recovers, fails the attempt, and lives on.
 type PanicError struct {
-	// Value is what the handler panicked with.
 	Value any
-	// Stack is the goroutine's stack at the panic, cut to a few kilobytes.
 	Stack string
 }
 
@@ -152,10 +122,4 @@ func invalid(op, field, reason string, err error) error {
 }
 
 // keyText formats a key for a message, cut short: keys come from requests.
-func keyText(k bson.RawValue) string {
-	s := k.String()
-	if len(s) > 64 {
-		s = s[:64] + "…"
-	}
-	return s
-}
+func keyText(k bson.RawValue) string { return shorten(k.String()) }

@@ -21,25 +21,19 @@ import (
 
 // FenceField returns the path, in a target document, where Stamp records
 // the sequence number of the last job of this job's queue and key applied
-// to that document: "<Options.FenceField>.k<hash>", the hash being of the
-// queue's namespace and the key (so that field names never come from
-// input, and two queues or two keys never share one). Numeric keys that
-// the server compares as equal (1, int64(1), 1.0) are one key, with one
-// sequence and one field.
+// to it: "<Options.FenceField>.k<hash of the queue and the key>". Numeric
+// keys the server compares as equal (1, int64(1), 1.0) share one field.
 func (j *Job) FenceField() string {
 	h := sha256.New()
 	h.Write([]byte(j.q.ns))
 	k := canonicalKey(j.Key)
 	h.Write([]byte{0, byte(k.Type)})
 	h.Write(k.Value)
-	return j.q.c.fenceField + ".k" + hex.EncodeToString(h.Sum(nil)[:12])
+	return j.q.c.FenceField + ".k" + hex.EncodeToString(h.Sum(nil)[:12])
 }
 
-// canonicalKey returns the form of a numeric key that the fence hashes: the
-// server matches 1, int64(1) and 1.0 as one _id and one (k, s) place, so
-// they must share a fence field too. A 32- or 64-bit integer, and a double
-// that holds an integer in the int64 range, hash as an int64; other doubles
-// and every other type hash as they are.
+// canonicalKey returns the form of a key the fence hashes: an integer (or a
+// double holding one) as an int64, as the server matches them as one key.
 func canonicalKey(k bson.RawValue) bson.RawValue {
 	var n int64
 	switch k.Type {
@@ -60,49 +54,42 @@ func canonicalKey(k bson.RawValue) bson.RawValue {
 }
 
 // Fence returns the filter condition that holds on a target document while
-// this job's change has not been applied to it: the document's stamp for
-// the job's key is absent or below the job's sequence number. Add it to the
-// filter of the job's conditional write, and Stamp to its $set, in the same
-// statement: the write then applies at most once, however often the job is
-// delivered, and, since the jobs of a key run in sequence order, never
-// after a later job of the key.
+// this job's change has not been applied to it: its stamp for the job's key
+// is absent or below the job's sequence number. Add it to the filter of the
+// job's conditional write, and Stamp to its $set, in the same statement:
+// the write then applies at most once, however often the job is delivered
+// and however many other writes the document takes, and never after a
+// later job of the key.
 //
 //	filter := append(bson.D{{"_id", id}}, job.Fence()...)
 //	update := bson.D{{"$inc", bson.D{{"balance", amount}}}, {"$set", bson.D{job.Stamp()}}}
 //	res, err := coll.UpdateOne(ctx, filter, update)
 //	// res.MatchedCount == 0: applied before (or no such document).
-//
-// Unlike the versioned package's write ids, of which a document keeps the
-// last 32, the stamp is one number per key that only grows: it settles a
-// redelivery however many other writes the document took meanwhile.
 func (j *Job) Fence() bson.D {
 	return bson.D{{Key: j.FenceField(), Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gte", Value: j.Seq}}}}}}
 }
 
 // Stamp returns the $set element that records this job as applied to a
-// target document: its sequence number at FenceField. A handler that calls
-// it is taken to write with it: the job is marked as one that may have
-// applied its change (Job.MayHaveApplied), which Requeue refuses.
+// target document. A handler that calls it is taken to write with it: the
+// job may have applied its change (Job.MayHaveApplied), which Requeue
+// refuses.
 func (j *Job) Stamp() bson.E {
 	j.att.mayHaveWritten()
 	return j.stamp()
 }
 
-// stamp is Stamp without the mark: the helpers mark only writes that may
-// have landed.
+// stamp is Stamp without the mark.
 func (j *Job) stamp() bson.E { return bson.E{Key: j.FenceField(), Value: j.Seq} }
 
-// attempt is what one delivery of a job to its handler did: the target
-// documents written through Guarded and Modify, and whether any write may
-// have landed. The worker records the latter with the attempt's outcome.
+// attempt is what one delivery of a job did: the target documents written
+// through Guarded and Modify, and whether a write may have landed.
 type attempt struct {
 	mu      sync.Mutex
 	targets map[string]bool
 	may     bool
 }
 
-// mayHaveWritten marks the attempt as one whose write may have landed. A
-// nil attempt (a Job not handed out by a worker) marks nothing.
+// mayHaveWritten marks the attempt (nil: none) as one that may have written.
 func (a *attempt) mayHaveWritten() {
 	if a == nil {
 		return
@@ -122,13 +109,10 @@ func (a *attempt) wrote() bool {
 	return a.may
 }
 
-// target reserves the write of the attempt to the document with rawID in
-// coll, and refuses a second one while the first may have landed: the
-// fence lets one write per job and target document through (a second one
-// would find the first one's stamp and change nothing, silently). The
-// returned done releases the reservation when the write surely did not
-// land (err is neither nil nor an unknown outcome), and otherwise marks the
-// attempt as one that may have written.
+// target reserves the attempt's write to the document rawID of coll and
+// refuses a second one (it would find the first one's stamp and change
+// nothing). done releases the reservation when the write surely did not
+// land, and otherwise marks the attempt as one that may have written.
 func (j *Job) target(op string, coll *mongo.Collection, rawID bson.RawValue) (done func(err error), err error) {
 	a := j.att
 	if a == nil {
@@ -167,25 +151,23 @@ func (j *Job) AppliedTo(doc bson.Raw) bool {
 	return ok && n >= j.Seq
 }
 
-// errApplied is the WhereErr error of the fence: the job's change is on the
-// document already.
+// errApplied is the fence's WhereErr error: applied already.
 var errApplied = errors.New("deferred: applied by an earlier attempt")
 
-// errStamps is the WhereErr error of the stamps' bound: the document
-// carries Options.MaxStamps stamps, none of them this job's key's.
+// errStamps is the stamps' bound's WhereErr error.
 var errStamps = errors.New("deferred: too many stamps")
 
-// where returns the conditions of a fenced write: the job's Fence and, where
-// the server evaluates $expr, the bound on the stamps the document carries
-// (the key's own stamp is there already, or there are fewer than MaxStamps).
+// where returns the conditions of a fenced write: the Fence and, where the
+// server evaluates $expr, the stamps' bound (the key's stamp is there, or
+// fewer than MaxStamps are).
 func (j *Job) where() []versioned.WriteOption {
 	opts := []versioned.WriteOption{versioned.WhereErr(j.Fence(), errApplied)}
 	if j.q.expr.Load() {
 		room := bson.D{{Key: "$or", Value: bson.A{
 			bson.D{{Key: j.FenceField(), Value: bson.D{{Key: "$exists", Value: true}}}},
 			bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{
-				bson.D{{Key: "$size", Value: bson.D{{Key: "$objectToArray", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + j.q.c.fenceField, bson.D{}}}}}}}},
-				j.q.c.maxStamps,
+				bson.D{{Key: "$size", Value: bson.D{{Key: "$objectToArray", Value: bson.D{{Key: "$ifNull", Value: bson.A{"$" + j.q.c.FenceField, bson.D{}}}}}}}},
+				j.q.c.MaxStamps,
 			}}}}},
 		}}}
 		opts = append(opts, versioned.WhereErr(room, errStamps))
@@ -195,24 +177,18 @@ func (j *Job) where() []versioned.WriteOption {
 
 // stampsError is the error of a fenced write refused by the stamps' bound.
 func (j *Job) stampsError(op string, rawID bson.RawValue) error {
-	return retry.Permanent(invalid(op, "target", fmt.Sprintf("the document %s carries %d stamps of this queue's keys (Options.MaxStamps): key the jobs that change one shared document by that document", keyText(rawID), j.q.c.maxStamps), errStamps))
+	return retry.Permanent(invalid(op, "target", fmt.Sprintf("the document %s carries %d stamps of this queue's keys (Options.MaxStamps): key the jobs that change one shared document by that document", keyText(rawID), j.q.c.MaxStamps), errStamps))
 }
 
 // Guarded applies the job's change to the document of repo with id, once:
-// versioned's Guarded (cond and update in one statement; see
-// versioned.Repo.Guarded) with the job's Fence added to the filter and its
-// Stamp to the $set (versioned.WithSet). When an earlier delivery of the job
-// applied it already, it changes nothing and returns the document as
-// stored, with a nil error, so a handler can return Guarded's error as its
-// own.
-//
-// update is a document of update operators as versioned.Repo.Guarded takes
-// them; it must not write under Options.FenceField, and a path that
-// overlaps the job's stamp is an *InvalidError of versioned's (matching
-// ErrInvalid). A cond that does not hold is versioned's *GuardError
-// (matching versioned.ErrGuardFailed): return retry.Permanent(err) to make
-// the job dead at once, or err to try again later. With the repository's
-// Options.ShardKey, id is a versioned.Key, as for versioned's Guarded.
+// versioned.Repo.Guarded (cond and update in one statement) with the job's
+// Fence added to the filter and its Stamp to the $set. When an earlier
+// delivery applied it already, it changes nothing and returns the document
+// as stored with a nil error, so a handler can return Guarded's error as its
+// own. update must not write under Options.FenceField (an *InvalidError). A
+// cond that does not hold is versioned's *GuardError: return
+// retry.Permanent(err) to make the job dead at once, or err to try again
+// later. With the repository's Options.ShardKey, id is a versioned.Key.
 func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
 	if job == nil || job.q == nil || repo == nil {
 		return nil, invalid("guarded", "job", "nil job or repository, or a job not from a Queue", nil)
@@ -223,25 +199,20 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 }
 
 // Modify applies fn's change to the document of repo with id, once:
-// versioned.Repo.Modify (fn gets a fresh copy of the document; the fields
-// it changed are written; a version conflict reads again and calls fn
-// again) with the job's Fence in its filter, when it reads and when it
-// writes, and its Stamp set in the same statement as fn's change
-// (versioned.WithSet). Such a call is not combined with other Modify calls
-// on the document. When an earlier delivery applied the job already, fn is
-// not called and the document is returned as stored, with a nil error. If
-// fn changes nothing, nothing is written, the stamp included. With the
-// repository's Options.ShardKey, id is a versioned.Key, as for versioned's
-// Modify, and every read and write carries the shard key.
+// versioned.Repo.Modify (fn edits a fresh copy; the fields it changed are
+// written; a conflict reads again and calls fn again) with the job's Fence
+// in its filter, when it reads and when it writes, and its Stamp set in the
+// same statement. When an earlier delivery applied it already, fn is not
+// called and the document is returned as stored, with a nil error. If fn
+// changes nothing, nothing is written. With the repository's
+// Options.ShardKey, id is a versioned.Key.
 //
-// fn's error ends Modify without a write and is returned as it is: the
-// attempt fails and is tried again later, unless fn returned
-// retry.Permanent(err), which makes the job dead at once. fn must not
-// change the id (an *InvalidError); its changes to the version field are
-// ignored. Conflicts are retried under Options.Retry; when the retries run
-// out the error matches versioned.ErrConflict and retry.ErrExhausted (or
-// retry.ErrBudgetExhausted): the attempt fails, and the next one starts
-// again from a fresh read.
+// fn's error ends Modify without a write and is returned as it is (the
+// attempt fails; retry.Permanent makes the job dead at once). fn must not
+// change the id (an *InvalidError). Conflicts are retried under
+// Options.Retry; when they run out the error matches versioned.ErrConflict
+// and retry.ErrExhausted (or retry.ErrBudgetExhausted), and the next
+// attempt starts from a fresh read.
 func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id any, fn func(doc *T) error) (*T, error) {
 	if job == nil || job.q == nil || repo == nil || fn == nil {
 		return nil, invalid("modify", "job", "nil job, repository or function, or a job not from a Queue", nil)
@@ -251,7 +222,7 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 		doc, err := repo.Modify(ctx, id, func(d *T) error {
 			fnErr = fn(d)
 			return fnErr
-		}, append(opts, versioned.WithRetry(job.q.c.retry))...)
+		}, append(opts, versioned.WithRetry(job.q.c.Retry))...)
 		if fnErr != nil && errors.Is(err, fnErr) {
 			return nil, fnErr // as fn returned it, retry.Permanent included
 		}
@@ -259,11 +230,9 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 	})
 }
 
-// fenced makes the write of a helper, write, with the job's fence, the
-// stamps' bound and the stamp as options, within the reservation of the
-// target document (see target), and turns what the fence says into the
-// helper's outcome: "applied earlier" is the document as stored and a nil
-// error.
+// fenced makes a helper's write with the fence, the stamps' bound and the
+// stamp, within the target's reservation: "applied earlier" is the document
+// as stored and a nil error.
 func fenced[T any](ctx context.Context, op string, job *Job, repo *versioned.Repo[T], id any, write func([]versioned.WriteOption) (*T, error)) (*T, error) {
 	bare := id
 	if k, ok := id.(store.Key); ok {

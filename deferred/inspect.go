@@ -12,7 +12,6 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
-	"github.com/mongocas/mongocas/store"
 )
 
 // Job reads the job with id. It returns a *NotFoundError when there is none
@@ -32,13 +31,12 @@ func (q *Queue) Job(ctx context.Context, id bson.ObjectID) (*Job, error) {
 }
 
 func (q *Queue) readJob(ctx context.Context, id bson.ObjectID) (*Job, error) {
-	job := &Job{q: q}
-	return found(job, q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(job))
+	job, _, err := q.readJobDoc(ctx, id)
+	return job, err
 }
 
-// Counts returns how many jobs are in each state (every state is present,
-// zero or not): one aggregation that groups the jobs by state. Completed
-// and cancelled jobs are counted until their retention ends.
+// Counts returns how many jobs are in each state (every state present):
+// one aggregation by state. Finished jobs count until their retention ends.
 func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 	if err := checkCtx(ctx, "counts"); err != nil {
 		return nil, err
@@ -73,20 +71,16 @@ func (q *Queue) Counts(ctx context.Context) (map[State]int64, error) {
 // counted from zero again and its errors kept: it takes a new sequence
 // number at the tail of its key, so it runs after the jobs enqueued on the
 // key before the requeue. Any other state is a *StateError (matching
-// ErrState); an unknown id a *NotFoundError.
-//
-// A job that may have applied its change (Job.MayHaveApplied: a write of an
-// attempt landed, or its outcome is unknown, or its worker was lost) is
-// refused with a *StateError whose MayHaveApplied is true: the job's fence
-// is its sequence number, so under a new one a write that landed before
-// would apply again. Check the job's target documents; then Cancel it, or
-// enqueue what is missing as a new job.
+// ErrState); an unknown id a *NotFoundError. A job that may have applied
+// its change (Job.MayHaveApplied) is refused with a *StateError whose
+// MayHaveApplied is true: under a new sequence number its write would apply
+// again. Check its target documents; then Cancel it, or enqueue what is
+// missing as a new job.
 //
 // A Requeue that returns nil put the job back in the queue; one that
-// returns an error other than an *UnknownOutcomeError (Op "requeue") changed
-// nothing: the job is as it was, and no copy of its write can change it
-// later. A lost reply is settled as Enqueue's is: by re-reading the job, or
-// by the tombstone of the new number, which the update can no longer take.
+// returns an error other than an *UnknownOutcomeError (Op "requeue")
+// changed nothing, and no copy of its write can change it later. A lost
+// reply is settled as Enqueue's is.
 func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "requeue"); err != nil {
 		return err
@@ -105,8 +99,6 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		case job.State != StateDead && job.State != StateCancelled:
 			return &StateError{Op: "requeue", ID: id, State: job.State}
 		case job.MayHaveApplied:
-			// Its fence is its sequence number: under a new one, a write
-			// that landed before would apply again.
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := q.local.Now()
@@ -119,8 +111,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		// Every copy carries the old number in its filter: at most one lands.
-		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update))
+		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update, 1))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -129,9 +120,8 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return fmt.Errorf("deferred: requeue job %s: %w", id.Hex(), err)
 		}
 		if matched {
-			if !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2 {
-				// As for a slow enqueue: the number may have been skipped.
-				// Then put the job back as it was, and requeue it again.
+			if !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2 {
+				// As for a slow enqueue: put it back as it was, and again.
 				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
 				if err != nil {
 					return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow update: %w", err)}
@@ -147,8 +137,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			q.jobEvent(ctx, observe.JobRequeued, opRequeue, job)
 			return nil
 		}
-		// Changed meanwhile (requeued or cancelled by someone else): give
-		// the number up and look again.
+		// Changed meanwhile: give the number up and look again.
 		q.abandon(ctx, job.Key, seq)
 		if try >= 3 {
 			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
@@ -160,25 +149,17 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 // is none.
 func (q *Queue) readJobDoc(ctx context.Context, id bson.ObjectID) (*Job, bson.Raw, error) {
 	var doc bson.Raw
-	err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc)
-	if errors.Is(err, mongo.ErrNoDocuments) {
-		return nil, nil, nil
-	}
-	if err != nil {
+	if err := q.jobs.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc); err != nil {
+		_, err = found(&doc, err)
 		return nil, nil, err
 	}
-	var job Job
-	if err := bson.Unmarshal(doc, &job); err != nil {
-		return nil, nil, err
-	}
-	job.q = q
-	return &job, doc, nil
+	job := &Job{q: q}
+	return job, doc, bson.Unmarshal(doc, job)
 }
 
 // restoreOf is the update that puts job, stored as doc, back as it was
-// before Requeue's update: its number, state and attempt, and the fields
-// that update unset (finished; expireAt, without which a cancelled job is
-// never deleted; runAt) set again or left unset as they were.
+// before Requeue's update (its number, state, attempt, finished, expireAt
+// and runAt).
 func restoreOf(job *Job, doc bson.Raw) bson.D {
 	set := bson.D{{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
 	unset := bson.D{}
@@ -198,18 +179,11 @@ func restoreOf(job *Job, doc bson.Raw) bson.D {
 
 // Cancel takes a job that is waiting (available or retryable) or dead out
 // of the queue for good: it is marked cancelled, its key moves on without
-// it, and it is deleted after the retention. A running job cannot be
-// cancelled (its handler may be writing): a *StateError, as for a finished
-// job; an unknown id is a *NotFoundError.
-//
-// A cancelled job no longer holds its key back: Cancel clears the hints on
-// the key's document that keep workers away from it (when to look again,
-// set by a head job that failed or snoozed; the name of its handler, set by
-// a process that lacks it), and wakes this process's Run. Clearing them is best effort: when that
-// write fails, Cancel still returns nil (the job is cancelled) and logs it,
-// and the key's next jobs may wait until the cancelled job's run time.
-// A lost reply is settled by re-reading the job (cancelled: landed; waiting
-// or dead: sent again); unsettled, it is an *UnknownOutcomeError.
+// it, and it is deleted after the retention. A running or finished job is
+// a *StateError; an unknown id a *NotFoundError. Cancel then clears, best
+// effort, the hints that keep workers away from the key and wakes this
+// process's Run. A lost reply is settled by re-reading the job; unsettled,
+// it is an *UnknownOutcomeError.
 func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	if err := checkCtx(ctx, "cancel"); err != nil {
 		return err
@@ -217,7 +191,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	now := q.now(ctx)
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateDead}}}}}
 	update := bson.D{{Key: "$set", Value: bson.D{
-		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)},
+		{Key: "state", Value: StateCancelled}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.Retention)},
 	}}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
 		Send: modified[Job](q, q.jobs, filter, update, options.Before),
@@ -252,24 +226,18 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	return &StateError{Op: "cancel", ID: id, State: cur.State}
 }
 
-// freeKey clears the hints on key's document that keep workers away from
-// it (due, when its head may run; the head's handler, which some processes
-// lack) after its head may have been cancelled, and wakes this process's
-// Run. The hints only say when and where to look: a worker that claims the
-// key derives them again from its head. It is best effort: a failure is
-// logged.
+// freeKey clears, best effort, the hints on key's document (due, the head's
+// handler) after its head may have been cancelled, and wakes Run.
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
-	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
+	filter := append(keyID(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
 		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
 	}})
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
-	// $unset is idempotent, and a copy sent again after one landed matches
-	// nothing.
 	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send: q.updated(q.keys, filter, update),
+		Send: q.updated(q.keys, filter, update, 1),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
 		Judge: func(kd *keyDoc) (settle.Verdict, string) {
 			return verdict(kd == nil || kd.Due.IsZero() && kd.H == "", true)
@@ -283,11 +251,9 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 }
 
 // Wait polls the job with id every interval until it is completed, dead or
-// cancelled, or ctx ends, and returns it as last read. Reads that fail with
-// an error other than ErrNotFound or ErrInvalid (the server unreachable a
-// while, a connection pool cleared) are tried again at the next poll.
-// It is for tests, demos and tools; a service answers 202 and lets its
-// client poll.
+// cancelled, or ctx ends, and returns it as last read; a failed read other
+// than ErrNotFound or ErrInvalid is tried again. It is for tests, demos and
+// tools: a service answers 202 and lets its client poll.
 func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Duration) (*Job, error) {
 	var job *Job
 	for {

@@ -30,11 +30,11 @@ func TestOptions(t *testing.T) {
 	t.Parallel()
 	c, err := (*Options)(nil).config()
 	require.NoError(t, err)
-	require.Equal(t, DefaultWorkers, c.workers)
-	require.Equal(t, DefaultVisibilityTimeout, c.visibility)
-	require.Equal(t, DefaultMaxAttempts, c.maxAttempts)
-	require.Equal(t, time.Second, c.backoff.InitialInterval)
-	require.Equal(t, DefaultFenceField, c.fenceField)
+	require.Equal(t, DefaultWorkers, c.Workers)
+	require.Equal(t, DefaultVisibilityTimeout, c.VisibilityTimeout)
+	require.Equal(t, DefaultMaxAttempts, c.MaxAttempts)
+	require.Equal(t, time.Second, c.Backoff.InitialInterval)
+	require.Equal(t, DefaultFenceField, c.FenceField)
 	for _, bad := range []Options{
 		{Workers: -1}, {MaxAttempts: -1}, {Batch: -1}, {MaxStamps: -1}, {VisibilityTimeout: -1}, {PollInterval: -1},
 		{HoleTimeout: -1}, {Retention: -1}, {ResolveTimeout: -1}, {FenceField: "$x"}, {FenceField: "a.b"},

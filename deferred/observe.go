@@ -10,11 +10,6 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// The Queue's events (see Options.Observer). Every function here checks for
-// an Observer before it builds anything, so that a Queue without one costs
-// nothing more than before. The lifecycle points of queue.go, worker.go and
-// inspect.go call them with one line each.
-
 // The operations of the job events, as observe.Event.Op.
 const (
 	opEnqueue = "enqueue"
@@ -27,64 +22,46 @@ const (
 // no handler in this process.
 const reasonNoHandler = "no_handler"
 
-// event returns an event of kind k reported by op, about the job id (nil
-// for none) on key raw (zero for none) of handler name.
-func (q *Queue) event(k observe.Kind, op string, id any, raw bson.RawValue, name string) observe.Event {
-	e := observe.Event{Kind: k, Op: op, Database: q.jobs.Database().Name(), Collection: q.jobs.Name(), ID: id, Name: name}
+// report sends Options.Observer the event of kind k, reported by op, about
+// job (nil: none) on key raw (zero: the job's), with the facts set adds;
+// without an Observer it builds nothing.
+func (q *Queue) report(ctx context.Context, k observe.Kind, op string, job *Job, raw bson.RawValue, set func(*observe.Event)) {
+	if q.c.Observer == nil {
+		return
+	}
+	e := observe.Event{Kind: k, Op: op, Database: q.jobs.Database().Name(), Collection: q.jobs.Name()}
+	if job != nil {
+		e.ID, e.Name = job.ID, job.Name
+		if raw.Type == 0 {
+			raw = job.Key
+		}
+	}
 	if raw.Type != 0 {
 		e.Key = keyText(raw)
 	}
-	return e
+	if set != nil {
+		set(&e)
+	}
+	q.c.Observer.Observe(ctx, e)
 }
 
 // jobEvent reports an event of kind k about job, reported by op.
 func (q *Queue) jobEvent(ctx context.Context, k observe.Kind, op string, job *Job) {
-	if q.c.observer == nil || job == nil {
-		return
-	}
-	q.c.observer.Observe(ctx, q.event(k, op, job.ID, job.Key, job.Name))
-}
-
-// enqueued reports the job id that Enqueue stored on key raw.
-func (q *Queue) enqueued(ctx context.Context, id bson.ObjectID, raw bson.RawValue, name string) {
-	if q.c.observer != nil {
-		q.c.observer.Observe(ctx, q.event(observe.JobEnqueued, opEnqueue, id, raw, name))
-	}
+	q.report(ctx, k, op, job, bson.RawValue{}, nil)
 }
 
 // failed reports what a worker (or Cancel's clean-up) could not return to
 // anyone: step op failed with err, about key raw (zero for none).
 func (q *Queue) failed(ctx context.Context, op string, raw bson.RawValue, err error) {
-	if q.c.observer == nil {
-		return
-	}
-	e := q.event(observe.QueueError, op, nil, raw, "")
-	e.Err = err
-	q.c.observer.Observe(ctx, e)
+	q.report(ctx, observe.QueueError, op, nil, raw, func(e *observe.Event) { e.Err = err })
 }
 
-// warnOps are the steps of the workers' warn calls, as QueueError's Op.
-var warnOps = map[string]string{
-	"claim a job":       "claim_job",
-	"read the head job": "read_head",
-	"skip a hole":       "skip_hole",
-	"record an attempt": "record_attempt",
-	"put a job back":    "put_back",
-	"move the head":     "move_head",
-	"update the key":    "update_key",
-}
-
-// warn reports a step of the claim that failed (what, as the worker's code
-// names it), unless Run is stopping.
-func (c *claim) warn(what string, _ int64, err error) {
-	if c.run.Err() != nil || c.q.c.observer == nil {
-		return
+// warn reports a step op of the claim that failed with err (nil: nothing
+// to report), unless Run is stopping.
+func (c *claim) warn(op string, err error) {
+	if err != nil && c.run.Err() == nil {
+		c.q.failed(c.run, op, c.key, err)
 	}
-	op, ok := warnOps[what]
-	if !ok {
-		op = what
-	}
-	c.q.failed(c.run, op, c.key, err)
 }
 
 // timed records how long the handler of the claim's current attempt ran,
@@ -94,26 +71,17 @@ func (c *claim) timed(start time.Time) { c.ran = c.q.local.Now().Sub(start) }
 // claimed reports the claim of job for an attempt, with its age.
 func (c *claim) claimed(job *Job) {
 	c.ran = 0
-	q := c.q
-	if q.c.observer == nil {
-		return
-	}
-	e := q.event(observe.JobClaimed, opRun, job.ID, job.Key, job.Name)
-	e.Attempt = job.Attempt
-	if !job.EnqueuedAt.IsZero() && !job.StartedAt.IsZero() {
-		e.Age = max(job.StartedAt.Sub(job.EnqueuedAt), 0)
-	}
-	q.c.observer.Observe(c.run, e)
+	c.q.report(c.run, observe.JobClaimed, opRun, job, bson.RawValue{}, func(e *observe.Event) {
+		e.Attempt = job.Attempt
+		if !job.EnqueuedAt.IsZero() && !job.StartedAt.IsZero() {
+			e.Age = max(job.StartedAt.Sub(job.EnqueuedAt), 0)
+		}
+	})
 }
 
-// recorded reports the outcome of job's attempt, which finish recorded:
-// the job went to state to, and runs again after delay (retryable,
-// snoozed).
+// recorded reports the outcome of job's attempt: the job went to state to,
+// and runs again after delay (retryable, snoozed).
 func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
-	q := c.q
-	if q.c.observer == nil {
-		return
-	}
 	var k observe.Kind
 	switch {
 	case o.snoozed:
@@ -125,37 +93,25 @@ func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
 	default:
 		k = observe.JobFailed
 	}
-	e := q.event(k, opRun, job.ID, job.Key, job.Name)
-	e.Attempt, e.Elapsed, e.Err = job.Attempt, c.ran, o.err
-	if k != observe.JobSnoozed {
-		e.Outcome = ended.Outcome(o.err)
-	}
-	if k == observe.JobFailed || k == observe.JobSnoozed {
-		e.Delay = max(delay, 0)
-	}
-	q.c.observer.Observe(c.run, e)
+	c.q.report(c.run, k, opRun, job, bson.RawValue{}, func(e *observe.Event) {
+		e.Attempt, e.Elapsed, e.Err = job.Attempt, c.ran, o.err
+		if k != observe.JobSnoozed {
+			e.Outcome = ended.Outcome(o.err)
+		}
+		if k == observe.JobFailed || k == observe.JobSnoozed {
+			e.Delay = max(delay, 0)
+		}
+	})
 }
 
 // skipped reports that this worker leaves the key to other processes:
 // this one has no handler for job, its head.
 func (c *claim) skipped(job *Job) {
-	q := c.q
-	if q.c.observer == nil {
-		return
-	}
-	e := q.event(observe.QueueKeySkipped, opRun, job.ID, c.key, job.Name)
-	e.Reason = reasonNoHandler
-	q.c.observer.Observe(c.run, e)
+	c.q.report(c.run, observe.QueueKeySkipped, opRun, job, c.key, func(e *observe.Event) { e.Reason = reasonNoHandler })
 }
 
 // interrupted reports that the worker lost its claim on the key while job
 // ran: another worker takes the job over.
 func (c *claim) interrupted(job *Job) {
-	q := c.q
-	if q.c.observer == nil {
-		return
-	}
-	e := q.event(observe.QueueError, opRun, job.ID, c.key, job.Name)
-	e.Err = c.l.Err()
-	q.c.observer.Observe(c.run, e)
+	c.q.report(c.run, observe.QueueError, opRun, job, c.key, func(e *observe.Event) { e.Err = c.l.Err() })
 }

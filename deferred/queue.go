@@ -18,6 +18,7 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -25,29 +26,24 @@ import (
 // State is the state of a job.
 type State string
 
-// The states of a job. A job is enqueued available; a worker makes it
-// running; it ends completed, dead or cancelled, or goes back to retryable
-// (failed, waiting for its next attempt) or available (snoozed, or its worker
-// was stopped).
+// The states of a job: enqueued available, made running by a worker, then
+// completed, dead or cancelled, or back to retryable or available.
 const (
 	// StateAvailable: waiting for its turn on its key.
 	StateAvailable State = "available"
-	// StateRunning: a worker claimed it and runs its handler (or did, and
-	// was lost: the next holder of the key takes it over).
+	// StateRunning: a worker claimed it (if lost, the next one takes over).
 	StateRunning State = "running"
 	// StateRetryable: an attempt failed; it runs again after a backoff.
 	StateRetryable State = "retryable"
 	// StateCompleted: its handler returned nil.
 	StateCompleted State = "completed"
-	// StateDead: it failed MaxAttempts times, or with a permanent error
-	// (retry.Permanent). Its errors are recorded. Requeue or Cancel it.
+	// StateDead: it failed MaxAttempts times, or permanently; Requeue or Cancel it.
 	StateDead State = "dead"
 	// StateCancelled: Cancel took it out of the queue; it never runs again.
 	StateCancelled State = "cancelled"
 )
 
-// stateSkipped marks a tombstone: a sequence number that was reserved but
-// whose job was never inserted. It is not a job; Counts does not count it.
+// stateSkipped marks a tombstone: a number reserved but never used.
 const stateSkipped State = "skipped"
 
 // States lists the states of a job, in the order of a job's life.
@@ -60,78 +56,65 @@ func finished(s State) bool {
 	return s == StateCompleted || s == StateDead || s == StateCancelled || s == stateSkipped
 }
 
-// AttemptError is the record of a failed attempt.
+// AttemptError is the record of a failed attempt: its number (from 1),
+// when it failed (server time, estimated), the message (cut to 2 KiB), and
+// whether the handler panicked (the message then holds value and stack).
 type AttemptError struct {
-	// Attempt is the attempt's number, from 1.
-	Attempt int `bson:"attempt"`
-	// At is when it failed, on the server's clock as estimated.
-	At time.Time `bson:"at"`
-	// Error is the error's message (cut to 2 KiB).
-	Error string `bson:"error"`
-	// Panic is true when the handler panicked; Error then holds the value
-	// and the stack.
-	Panic bool `bson:"panic,omitempty"`
+	Attempt int       `bson:"attempt"`
+	At      time.Time `bson:"at"`
+	Error   string    `bson:"error"`
+	Panic   bool      `bson:"panic,omitempty"`
 }
 
 // Job is a deferred change: what a handler receives, and what Queue.Job
-// reports. Its fields are as stored when it was read.
+// reports, as stored when it was read.
 type Job struct {
-	// ID is the job's id, stable across attempts: a handler may use it as
-	// an idempotency key, and a service as the location to poll.
+	// ID is the job's id, stable across attempts: an idempotency key for a
+	// handler, the location to poll for a service.
 	ID bson.ObjectID `bson:"_id"`
-	// Key is the key the job was enqueued with (its BSON value). Jobs of
-	// one key run one at a time, in enqueue order.
+	// Key is the key the job was enqueued with: jobs of a key run one at a
+	// time, in enqueue order.
 	Key bson.RawValue `bson:"k"`
-	// Seq is the job's sequence number on its key: later jobs of the key
-	// have larger ones. Stamp records it in target documents.
+	// Seq is the job's sequence number on its key (Stamp records it).
 	Seq int64 `bson:"s"`
 	// Name is the name of the job's handler.
 	Name string `bson:"name"`
 	// Args is the encoded argument.
-	Args bson.RawValue `bson:"args"`
-	// State is the job's state.
-	State State `bson:"state"`
-	// Attempt is the number of the current (or last) attempt, from 1.
-	// Snoozes and interrupted attempts are not counted.
+	Args  bson.RawValue `bson:"args"`
+	State State         `bson:"state"`
+	// Attempt is the number of the current (or last) attempt, from 1;
+	// snoozes and interrupted attempts are not counted.
 	Attempt int `bson:"attempt"`
 	// MaxAttempts is the number of attempts after which the job is dead.
 	MaxAttempts int `bson:"max"`
-	// EnqueuedAt is when the job was enqueued (local time of the enqueuer).
+	// EnqueuedAt is when the job was enqueued (the enqueuer's clock).
 	EnqueuedAt time.Time `bson:"enqueued"`
-	// RunAt, if set, is when the job may run next (after a failed attempt
-	// or a snooze).
-	RunAt time.Time `bson:"runAt,omitempty"`
-	// StartedAt is when the last attempt started.
-	StartedAt time.Time `bson:"started,omitempty"`
-	// FinishedAt is when the job was completed, died or was cancelled.
+	// RunAt, if set, is when the job may run next (after a failure, a snooze).
+	RunAt      time.Time `bson:"runAt,omitempty"`
+	StartedAt  time.Time `bson:"started,omitempty"`
 	FinishedAt time.Time `bson:"finished,omitempty"`
-	// Owner is the worker (Options.Owner) that ran the last attempt.
+	// Owner and Epoch are the worker (Options.Owner) that ran the last
+	// attempt and the fencing token of its claim on the key.
 	Owner string `bson:"owner,omitempty"`
-	// Epoch is the fencing token of that worker's claim on the key.
-	Epoch int64 `bson:"epoch,omitempty"`
-	// Errors holds the failed attempts, oldest first: the last MaxErrors of
-	// them.
+	Epoch int64  `bson:"epoch,omitempty"`
+	// Errors holds the failed attempts, oldest first: the last MaxErrors.
 	Errors []AttemptError `bson:"errors,omitempty"`
 	// MayHaveApplied is true when an attempt's write to a target document
-	// may have landed: a Guarded or Modify call that applied the change (or
-	// found it applied), or whose outcome is unknown; a handler that called
-	// Stamp; an attempt whose worker was lost. Requeue refuses such a job
-	// once it is dead or cancelled: running it again under a new sequence
-	// number could apply its change twice.
+	// may have landed: a Guarded or Modify call that applied (or found
+	// applied) the change, or whose outcome is unknown; a handler that
+	// called Stamp; an attempt whose worker was lost. Requeue refuses such
+	// a job: under a new sequence number it could apply twice.
 	MayHaveApplied bool `bson:"mw,omitempty"`
 
 	q   *Queue
 	att *attempt // this delivery's writes, for a job handed to a handler
 }
 
-// MaxErrors is how many failed attempts a job keeps in Job.Errors: the
-// newest ones, so that a job tried again and again (Requeue) stays small.
+// MaxErrors is how many failed attempts (the newest) a job keeps in Errors.
 const MaxErrors = 20
 
-// keyDoc is a key's document in the keys collection: its sequence counter
-// and the position of its head. The sequence number of the i-th reservation
-// is Off+i; Done counts the finished ones, so the head is Off+Done+1 and
-// N = Tail-Done jobs (or reserved numbers) wait.
+// keyDoc is a key's document: the i-th reservation is Off+i, the head is
+// Off+Done+1, and N = Tail-Done numbers wait (DESIGN.md, Collections).
 type keyDoc struct {
 	Off  int64         `bson:"off"`
 	Tail int64         `bson:"tail"`
@@ -144,28 +127,27 @@ type keyDoc struct {
 	R    bson.ObjectID `bson:"r"`
 }
 
-// hole is a reserved sequence number found without its job.
+// hole is a reserved number found without its job, and since when.
 type hole struct {
 	Seq   int64     `bson:"s"`
 	Since time.Time `bson:"since"`
 }
 
-// handler is a registered handler.
+// handler is a registered handler. batch, where set (NewChange), applies a
+// run of its jobs of one key together: see runOf.
 type handler struct {
-	name string
-	typ  reflect.Type
-	run  func(ctx context.Context, job *Job) error
+	name  string
+	typ   reflect.Type
+	run   func(ctx context.Context, job *Job) error
+	batch func(ctx context.Context, jobs []*Job) (int, error)
 }
 
-// Queue is a durable queue of deferred changes in two collections of one
-// database: the jobs collection given to New, and a keys collection beside
-// it ("<jobs>_keys") holding one small document per key ever used. Make it
-// with New, register handlers with Register or NewChange, enqueue from any
-// process, and call Run in as many processes as needed. A Queue is safe for
-// concurrent use.
+// Queue is a durable queue of deferred changes in the jobs collection given
+// to New and a keys collection beside it ("<jobs>_keys", a small document
+// per key). A Queue is safe for concurrent use.
 type Queue struct {
 	jobs, keys *mongo.Collection
-	c          config
+	c          Options        // with the defaults filled in
 	leases     *lease.Manager // its Clock estimates the server's time, where the queue dates things
 	local      store.Clock    // durations, deadlines and waits of this process
 	ns         string
@@ -175,16 +157,13 @@ type Queue struct {
 
 	wake chan struct{}
 
-	// ready is a 1-slot semaphore that EnsureIndexes holds across its
-	// round trips; a caller waits for it with its context, never longer.
+	// ready is a 1-slot semaphore EnsureIndexes holds; callers wait for it with their context.
 	ready   chan struct{}
 	isReady bool // guarded by ready
 	ttl     bool // guarded by ready
-	// expr is whether the server evaluates $expr in a write's filter
-	// (store.Capabilities): where it does, the fence also bounds the stamps a
-	// target document carries (Options.MaxStamps).
+	// expr: the server evaluates $expr in a write filter (the stamps' bound, Options.MaxStamps).
 	expr atomic.Bool
-	// maj holds the majority readers of the settling reads (see majority).
+	// maj holds the majority readers of the settling reads.
 	maj struct {
 		once       sync.Once
 		jobs, keys *settle.Majority
@@ -203,14 +182,14 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.owner == "" {
+	if c.Owner == "" {
 		host, _ := os.Hostname()
-		c.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), rand.Text()[:8])
+		c.Owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), rand.Text()[:8])
 	}
 	keys := jobs.Database().Collection(jobs.Name() + "_keys")
 	leases, err := lease.New(keys, &lease.Options{
-		TTL: c.visibility, Owner: c.owner, Mode: c.mode, Clock: c.clock, ResolveTimeout: c.resolve,
-		Observer: c.observer,
+		TTL: c.VisibilityTimeout, Owner: c.Owner, Mode: c.LeaseMode, Clock: c.Clock, ResolveTimeout: c.ResolveTimeout,
+		Observer: c.Observer,
 	})
 	if err != nil {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
@@ -230,26 +209,16 @@ func (q *Queue) Jobs() *mongo.Collection { return q.jobs }
 func (q *Queue) Keys() *mongo.Collection { return q.keys }
 
 // Owner returns the owner string this Queue's workers write in their claims.
-func (q *Queue) Owner() string { return q.c.owner }
+func (q *Queue) Owner() string { return q.c.Owner }
 
-// Index names EnsureIndexes creates.
-const (
-	indexKeySeq  = "deferred_key_seq"
-	indexState   = "deferred_state"
-	indexExpire  = "deferred_expire"
-	indexPending = "deferred_pending"
-)
-
-// EnsureIndexes creates the indexes the queue needs: a unique index on a
-// job's key and sequence number (what keeps two jobs, or a job and the
-// tombstone of its number, from sharing a place on a key), one on the state
-// (Counts), one on the keys' pending count (the workers' search), and, where
-// the server has TTL indexes (store.Capabilities, probed once per client), a
-// TTL index that deletes completed and cancelled jobs Retention after they
-// finished; it reports whether it made that one. Elsewhere Run deletes them with Sweep. It is idempotent, and Run
-// and the first Enqueue of a Queue call it. A call that waits for another
-// one's round trips ends with its own context (the context's error,
-// wrapped).
+// EnsureIndexes creates the indexes the queue needs: a unique one on a
+// job's key and sequence number, one on the state (Counts), one on the
+// keys' pending count (the workers' search), and, where the server has TTL
+// indexes, a TTL index that deletes completed and cancelled jobs Retention
+// after they finished; it reports whether it made that one (elsewhere Run
+// deletes them with Sweep). It is idempotent; Run and the first Enqueue
+// call it. A call that waits for another one's round trips ends with its
+// own context.
 func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := checkCtx(ctx, "ensure indexes"); err != nil {
 		return false, err
@@ -268,33 +237,30 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("deferred: ensure indexes: probe the server: %w", err)
 	}
-	expire := options.Index().SetName(indexExpire)
+	expire := options.Index().SetName("deferred_expire")
 	if caps.TTLIndexes {
 		expire.SetExpireAfterSeconds(0)
 	}
-	err = createIndexes(ctx, q.jobs, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName(indexKeySeq).SetUnique(true)},
-		{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName(indexState)},
-		{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
-	})
-	if err != nil {
-		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.jobs.Name(), err)
-	}
-	err = createIndexes(ctx, q.keys, []mongo.IndexModel{
-		{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName(indexPending)},
-	})
-	if err != nil {
-		return false, fmt.Errorf("deferred: ensure indexes on %s: %w", q.keys.Name(), err)
+	for coll, models := range map[*mongo.Collection][]mongo.IndexModel{
+		q.jobs: {
+			{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName("deferred_key_seq").SetUnique(true)},
+			{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName("deferred_state")},
+			{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
+		},
+		q.keys: {{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName("deferred_pending")}},
+	} {
+		if err := createIndexes(ctx, coll, models); err != nil {
+			return false, fmt.Errorf("deferred: ensure indexes on %s: %w", coll.Name(), err)
+		}
 	}
 	q.isReady, q.ttl = true, caps.TTLIndexes
 	q.expr.Store(caps.Expr)
 	return q.ttl, nil
 }
 
-// createIndexes creates those of models (each named) that coll lacks. It
-// lists the indexes first, since FerretDB v1 drops the connection when asked
-// to create an index that exists; an index another process made meanwhile
-// counts as made.
+// createIndexes creates those of models (each named) that coll lacks,
+// listing them first (FerretDB v1 drops the connection on an index that
+// exists).
 func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.IndexModel) error {
 	var last error
 	for range 3 {
@@ -333,23 +299,25 @@ func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.I
 }
 
 // Register registers fn as the handler of the jobs named name, whose
-// argument is an A, and returns the Kind to enqueue them with. Register
-// them before Run, in every process that enqueues or runs them, under the
-// same name with the same argument type. A nil Queue or fn, an empty name
-// (or one over 100 bytes), or a name registered already is an
-// *InvalidError.
+// argument is an A, and returns the Kind to enqueue them with: before Run,
+// in every process that enqueues or runs them, under the same name with the
+// same argument type. A nil Queue or fn, an empty name (or one over 100
+// bytes), or a name registered already is an *InvalidError.
 //
 // fn runs once per attempt, on the worker that holds the job's key, with a
 // context that ends when the attempt's time is up (Options.JobTimeout), when
-// the worker loses its claim on the key, or when Run's context ends. Since a
-// job may be delivered more than once (a worker that dies after the change
-// and before its acknowledgment), fn's writes must apply once: use Guarded or
-// Modify, or add Job.Fence and Job.Stamp to your own conditional write. fn
-// returns nil when done, an error to fail the attempt (retried with backoff
-// until MaxAttempts), retry.Permanent(err) to make the job dead at once, or
-// Snooze(d) to run it again later without counting the attempt. A panic
-// fails the attempt; the worker lives on.
+// the worker loses its claim on the key, or when Run's context ends. A job
+// may be delivered more than once, so fn's writes must apply once: use
+// Guarded or Modify, or add Job.Fence and Job.Stamp to your own conditional
+// write. fn returns nil when done, an error to fail the attempt (retried
+// with backoff until MaxAttempts), retry.Permanent(err) to make the job
+// dead at once, or Snooze(d) to run it again later without counting the
+// attempt. A panic fails the attempt.
 func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error) (*Kind[A], error) {
+	return register(q, name, fn, nil)
+}
+
+func register[A any](q *Queue, name string, fn func(context.Context, *Job, A) error, batch func(context.Context, []*Job) (int, error)) (*Kind[A], error) {
 	if q == nil || fn == nil {
 		return nil, invalid("register", "handler", "nil Queue or function", nil)
 	}
@@ -359,7 +327,7 @@ func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Jo
 			return fmt.Errorf("deferred: job %s: decode the %s argument: %w", job.ID.Hex(), job.Name, err)
 		}
 		return fn(ctx, job, a)
-	}}
+	}, batch: batch}
 	if err := q.register(h); err != nil {
 		return nil, err
 	}
@@ -402,30 +370,24 @@ func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, 
 }
 
 // Enqueue stores a job for the handler registered as name, on key, with
-// args, and returns its id. args must be of the handler's argument type.
-// Jobs with the same key run one at a time, in the order their Enqueue calls
-// returned (two calls that overlap may run in either order).
+// args (of the handler's argument type), and returns its id. Jobs with the
+// same key run one at a time, in the order their Enqueue calls returned.
 //
-// It makes two writes: one findOneAndUpdate on the key's document reserves
-// the next sequence number of the key, and one insert stores the job with
-// it. (The key's first Enqueue finds no document to reserve on, inserts it
-// and reserves again: four round trips.) When ctx carries a session with a transaction in progress,
-// both take part in it (the transactional outbox: "write my part and queue
-// the rest" commits or aborts as one); outside a transaction, an enqueuer
-// that dies between the two leaves a reserved number without a job, which the
-// key skips after Options.HoleTimeout. A lost reply is settled by re-reading
-// the job by its id, which is chosen before the first write: the job is
-// stored at most once. When re-reading cannot tell, the tombstone of its
-// number settles it: once that lands, no copy of the insert can. An error
-// other than an *UnknownOutcomeError means the job is not stored and will
-// not be; after a write that may have landed, the answer is the id or an
-// *UnknownOutcomeError with the id, also when ctx ended meanwhile.
+// It costs two round trips (four for a key's first): a findOneAndUpdate of
+// the key's document reserves the key's next sequence number, an insert
+// stores the job. Inside a transaction (ctx carries a session with one in
+// progress) both take part in it. An error other than an
+// *UnknownOutcomeError means the job is not stored and will not be; after a
+// write that may have landed, the answer is the id or an
+// *UnknownOutcomeError with the id, also when ctx ended meanwhile. A number
+// reserved by an enqueuer that died before its insert is skipped after
+// Options.HoleTimeout.
 //
 // Bad input is refused before anything is written, with an *InvalidError: a
 // nil ctx, a name no handler is registered under, args that are not of the
 // handler's type, that do not encode, hold a field name starting with '$' or
-// containing '.', or exceed 15 MiB, and a key that store.CheckID refuses (nil,
-// zero, operator-shaped; that error matches ErrInvalidID).
+// containing '.', or exceed 15 MiB, and a key that store.CheckID refuses
+// (matching ErrInvalidID).
 func (q *Queue) Enqueue(ctx context.Context, name string, key any, args any) (bson.ObjectID, error) {
 	h := q.handler(name)
 	if h == nil {
@@ -440,12 +402,10 @@ func (q *Queue) Enqueue(ctx context.Context, name string, key any, args any) (bs
 	return q.enqueue(ctx, h, key, args)
 }
 
-// maxArgs bounds the encoded argument, below MongoDB's 16 MiB document
-// limit with room for the job's own fields.
+// maxArgs bounds the encoded argument, below the 16 MiB document limit.
 const maxArgs = 15 << 20
 
-// maxEnqueueTries bounds the reservations of one Enqueue whose numbers were
-// skipped meanwhile.
+// maxEnqueueTries bounds the reservations of one Enqueue whose numbers were skipped.
 const maxEnqueueTries = 5
 
 func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bson.ObjectID, error) {
@@ -479,54 +439,39 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 		doc := bson.D{
 			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "name", Value: h.name},
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
-			{Key: "max", Value: q.c.maxAttempts}, {Key: "enqueued", Value: q.local.Now()},
+			{Key: "max", Value: q.c.MaxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
-		// Every copy of the insert has the same _id and the same (k, s):
-		// at most one lands. Refused on the unique index, the place is taken.
 		stored, err := q.place(ctx, "enqueue", raw, seq, id, q.inserted(doc))
 		var unknown *UnknownOutcomeError
+		late := false
 		switch {
 		case errors.As(err, &unknown):
 			return none, err // it names the job and the operation
 		case err != nil:
-			// Not stored, and no copy of the insert can land: see place.
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
-		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.holeTimeout/2:
-			// Slow enough that the number may have been skipped, and its
-			// tombstone deleted, before the insert landed: see landedLate.
-			// The job is stored: from here the answer is its id, or an
-			// unknown outcome that names it.
-			late, err := q.landedLate(ctx, raw, id, seq, nil)
-			if err != nil {
+		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2:
+			// The number may have been skipped meanwhile (landedLate).
+			if late, err = q.landedLate(ctx, raw, id, seq, nil); err != nil {
 				return none, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow insert: %w", err)}
 			}
-			if !late {
-				q.notify()
-				q.enqueued(ctx, id, raw, h.name)
-				return id, nil
-			}
-		case stored:
+		}
+		if stored && !late {
 			q.notify()
-			q.enqueued(ctx, id, raw, h.name)
+			q.jobEvent(ctx, observe.JobEnqueued, opEnqueue, &Job{ID: id, Key: raw, Name: h.name})
 			return id, nil
 		}
 		if try >= maxEnqueueTries {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: the key skipped %d numbers reserved for this job (Options.HoleTimeout too short?)", h.name, keyText(raw), try)
 		}
-		// The number was skipped (a worker wrote its tombstone) before the
-		// insert landed, or the job landed behind the head and was taken
-		// back: no copy of this job can land with that number any more.
+		// The number was skipped, or the job taken back: reserve another.
 	}
 }
 
 // landedLate reports whether the job id, whose slow write (an insert, or
 // Requeue's update) put it at seq on key, landed behind the key's head, and
-// then takes it back: it deletes the job (restore nil) or applies restore to
-// it, and writes the number's tombstone, so that no copy of the write still
-// in flight can put it there again. It settles what it does with reads and
-// writes of its own for up to ResolveTimeout, even after ctx ended (the
-// write landed: the caller's deadline must not leave the job stranded). An
-// error means it could not tell whether the job is behind the head.
+// then takes it back: deletes it (restore nil) or applies restore, and
+// writes the number's tombstone. It settles on a context of its own
+// (settling). An error means it could not tell. See DESIGN.md, Holes.
 func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.ObjectID, seq int64, restore bson.D) (bool, error) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
@@ -541,38 +486,29 @@ func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.Objec
 	return true, nil
 }
 
-// settling returns a context for settling a write whose outcome matters to
-// the caller's answer: ctx's values without its session, its cancellation
-// or its deadline, ended after ResolveTimeout.
+// settling returns a context for settling a write the caller's answer
+// depends on: ctx's values, no session, deadline or cancellation, and
+// ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
-	return settle.Detached(store.NoSession(ctx), q.c.resolve)
+	return settle.Detached(store.NoSession(ctx), q.c.ResolveTimeout)
 }
 
-// passed reports whether the head of key has moved past seq. A job that
-// just landed at seq while the head has passed it landed late: its number
-// was skipped as a hole, and the tombstone deleted (after Retention), before
-// the write that put the job there arrived, so no worker would ever run it.
-// If the job is still available at seq it landed late (a worker that moved
-// the head past it while it was there would have run it first), and the
-// caller takes it back. Only a slow write can land late: a number is skipped
-// HoleTimeout after it was found missing at the earliest. It reads the key
-// from the primary (the latest head, which a majority read may not show
-// yet), retrying a failed read (settle.Reread).
+// passed reports whether the head of key (read from the primary, retried)
+// has moved past seq: a job that just landed there, still available, landed
+// late.
 func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
 	kd, err := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, false) })
 	return kd != nil && kd.Off+kd.Done >= seq, err
 }
 
-// takeBack deletes the job id (update nil), or applies update to it, if it
-// is still available at seq, and reports whether it did: how a write that
-// landed late is undone. A lost reply is judged by the job at majority:
-// gone, or moved off seq (update restores its old number), it was taken
-// back; still available at seq, a copy may land; at seq in another state, a
-// worker or Cancel has it. An error means it could not tell.
+// takeBack deletes the job id (update nil), or applies update, if it is
+// still available at seq, and reports whether it did. A lost reply is
+// judged by the job at majority: gone or moved off seq, done; available at
+// seq, live; else a worker or Cancel has it.
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update),
+		Send: q.updated(q.jobs, filter, update, 1),
 		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
 		Judge: func(job *Job) (settle.Verdict, string) {
 			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)
@@ -584,7 +520,7 @@ func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, updat
 
 // settleConfig is how the package uses the settling engine.
 func (q *Queue) settleConfig() settle.Config {
-	return settle.Config{Retry: q.c.retry, ResolveTimeout: q.c.resolve}
+	return settle.Config{Retry: q.c.Retry, ResolveTimeout: q.c.ResolveTimeout}
 }
 
 // majority returns the majority readers of the jobs and keys collections.
@@ -599,6 +535,20 @@ func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
 	jobs, _ := q.majority()
 	job := new(Job)
 	return found(job, jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(job) }))
+}
+
+// settledJobs reads at majority the jobs with ids.
+func (q *Queue) settledJobs(ctx context.Context, ids bson.A) ([]Job, error) {
+	jobs, _ := q.majority()
+	var out []Job
+	return out, jobs.Read(ctx, func(c *mongo.Collection) error {
+		cur, err := c.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+		if err != nil {
+			return err
+		}
+		out = nil
+		return cur.All(ctx, &out)
+	})
 }
 
 // holder reads at majority the id of what holds seq on key raw, a job or a
@@ -616,8 +566,7 @@ func at(raw bson.RawValue, seq int64) bson.D {
 	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
 }
 
-// verdict is the engine's verdict on a read that shows the write (landed),
-// or else shows that a copy of it could still land (live), or neither.
+// verdict is the engine's verdict on a read: landed, else live, else dead.
 func verdict(landed, live bool) (settle.Verdict, string) {
 	switch {
 	case landed:
@@ -628,26 +577,19 @@ func verdict(landed, live bool) (settle.Verdict, string) {
 	return settle.Dead, ""
 }
 
-// holds judges a write that puts the thing id (a job, a tombstone) at a
-// place of a key from what holds the place: every copy of the write carries
-// the place, which the unique (k, s) index gives to one document only.
+// holds judges a write that puts the thing id at a place of a key from the
+// id of what holds the place (the unique (k, s) index gives it to one).
 func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
 	return func(h bson.ObjectID) (settle.Verdict, string) { return verdict(h == id, h.IsZero()) }
 }
 
 // place sends, through the settling engine, the write that puts the job id
-// at seq on key raw (Enqueue's insert, Requeue's update); its reply says
-// applied false when an insert was refused on the unique index, or an
-// update matched nothing. A lost reply is judged by what holds (key, seq)
-// at majority: the job means it landed; another document (a tombstone) that
-// no copy can land any more; nothing, that a copy may still land, and the
-// write is sent again (every copy carries seq, so at most one lands).
-//
-// Its answers are honest: true means the job is at seq; false, or an error
-// other than an *UnknownOutcomeError, that the write did not apply and no
-// copy of it can: the place is taken, the first send failed for sure (its
-// number then gets a tombstone, best effort, outside a transaction), or the
-// number's tombstone settled what the engine could not (settle).
+// at seq on key raw (Enqueue's insert, Requeue's update); applied false
+// means the place is taken, or the update matched nothing. A lost reply is
+// judged by what holds the place at majority, and resent while nothing
+// does. Its answers are honest: false, or an error other than an
+// *UnknownOutcomeError, means no copy of the write can apply any more (the
+// number gets a tombstone where that is not yet sure). See DESIGN.md.
 func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (struct{}, bool, error)) (bool, error) {
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
 		Send: send, Read: func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }, Judge: holds(id), Resend: true,
@@ -659,16 +601,12 @@ func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int
 	case err == nil && res.HasRead:
 		return false, nil // the place is taken
 	case err != nil && !errors.As(err, &ue):
-		// The first send failed for sure, or inside a transaction, whose
-		// owner retries it whole.
 		if !settle.InTransaction(ctx) {
 			q.abandon(ctx, raw, seq)
 		}
 		return false, err
 	}
-	// Refused at once (the place is taken: by a tombstone, or by this very
-	// job should the driver have sent it twice), or not settled: what holds
-	// the place once its tombstone is in tells.
+	// Refused at once, or not settled: the tombstone tells.
 	landed, serr := q.settle(ctx, raw, seq, id)
 	switch {
 	case serr != nil:
@@ -679,13 +617,10 @@ func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int
 	return false, ue.Err
 }
 
-// settle decides whether the write that puts the job id at seq on key raw
-// landed, when the engine could not settle it: it inserts the number's
-// tombstone, through the engine. Once that lands, "not landed" is final
-// (every copy of the write carries seq, and the unique (k, s) index refuses
-// it); refused, what holds the number at majority tells: the job means it
-// landed. When that cannot be settled, it returns the error (the outcome
-// stays unknown). It runs for up to ResolveTimeout, even after ctx ended.
+// settle decides whether the write that puts the job id at seq landed when
+// the engine could not tell, by inserting the number's tombstone: landed,
+// the write cannot land any more; refused, what holds the number tells. An
+// error leaves the outcome unknown. It runs on the settling context.
 func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
@@ -711,13 +646,10 @@ func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bso
 }
 
 // reserve takes the next sequence number of key: one findOneAndUpdate of
-// the key's document, which sets a fresh reservation id. The key's first
-// reservation makes the document first (createKey) and reserves again. A
-// lost reply is settled by the engine, re-reading the document at majority:
-// the reservation id on it says whether the number on it is this
-// reservation's. A reservation is not sent again as it is (each copy would
-// take a number): when the read does not show it, it reserves again (the
-// number it may have taken is skipped later: a hole).
+// the key's document that sets a fresh reservation id r (the key's first
+// reservation makes the document first). A lost reply is judged by r on the
+// document at majority; it is never resent as it is (each copy would take a
+// number): it reserves again, and a number it may have taken is a hole.
 func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 	var last error
 	for try, creates := 1, 0; try <= 5; try++ {
@@ -727,7 +659,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
 		}
 		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
-			Send:  modified[keyDoc](q, q.keys, store.IDFilter(raw), update, options.After),
+			Send:  modified[keyDoc](q, q.keys, keyID(raw), update, options.After),
 			Read:  func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
 			Judge: func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.R == rid, true) },
 		})
@@ -737,8 +669,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 			kd := shown(res)
 			return kd.Off + kd.Tail, nil
 		case err == nil && res.HasReply && creates < 3:
-			// Nothing was reserved: make the key's document and reserve
-			// again.
+			// No key document: make it and reserve again.
 			creates++
 			try--
 			if err := q.createKey(ctx, raw); err != nil {
@@ -762,21 +693,13 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 	return 0, last
 }
 
-// createKey inserts the document of a key that has none, with no number
-// reserved; it is there afterwards, whoever made it. An insert, not an
-// upsert of the reservation: the unique _id lets exactly one of two first
-// reservations make the document, while a server may run two concurrent
-// upserts of one _id as two inserts and answer both with the document each
-// would have made: FerretDB v2 on DocumentDB does (one of 8 concurrent
-// upserts of a new _id returns a document that is not the one stored, and
-// an $inc is lost), which gave two jobs of a key numbers off two different
-// offsets, behind the head.
+// createKey inserts the document of a key that has none; it is there
+// afterwards, whoever made it. An insert, not an upsert: FerretDB v2 runs
+// concurrent upserts of one new _id as separate inserts (DESIGN.md).
 func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 	doc := bson.D{
 		{Key: "_id", Value: raw},
-		// A key document made again after a deletion (Sweep deletes idle
-		// ones) restarts above the numbers of the old one: the server's
-		// time in microseconds, as the Clock estimates it. See DESIGN.md.
+		// Above the numbers of a deleted document of the key: DESIGN.md, Bounds.
 		{Key: "off", Value: q.now(ctx).UnixMicro()},
 		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
 	}
@@ -787,9 +710,8 @@ func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
 	return err // in a transaction, its owner retries it whole
 }
 
-// abandon writes the tombstone of a sequence number reserved by an enqueue
-// whose insert surely failed, so that the key need not wait HoleTimeout
-// for it. It is best effort: a failure leaves the hole to the workers.
+// abandon writes, best effort, the tombstone of a number whose insert
+// surely failed, so that its key need not wait HoleTimeout.
 func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
@@ -798,33 +720,27 @@ func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
 	}
 }
 
-// tombstoneRetention is the least time a tombstone is kept.
-const tombstoneRetention = time.Hour
-
-// tombstone inserts the tombstone of seq on key. It is an insert with a
-// unique (key, seq): a copy sent again after a lost reply fails on the
-// index, which means "there".
+// tombstone inserts the tombstone of seq on key; a copy after a lost reply
+// fails on the unique index, which means "there".
 func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
 	doc, _ := q.tombstoneDoc(ctx, raw, seq)
 	_, _, err := q.inserted(doc)(ctx)
 	return err
 }
 
-// tombstoneDoc returns the tombstone of seq on key, and its id.
+// tombstoneDoc returns the tombstone of seq on key, kept an hour at least
+// (DESIGN.md, Holes), and its id.
 func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
 	now, id := q.now(ctx), bson.NewObjectID()
 	return bson.D{
 		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
-		// Kept at least an hour: while it is there, a copy of the skipped
-		// insert still in flight cannot land behind the key's head.
-		{Key: "expireAt", Value: now.Add(max(q.c.retention, tombstoneRetention))},
+		{Key: "expireAt", Value: now.Add(max(q.c.Retention, time.Hour))},
 	}, id
 }
 
-// The sends of the settled writes (see try): whether the reply says the
-// write applied. inserted inserts doc into the jobs collection (refused on a
-// unique index: not applied).
+// inserted is the send of an insert of doc into the jobs collection:
+// refused on a unique index, not applied.
 func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, error) {
 	return func(ctx context.Context) (struct{}, bool, error) {
 		err := q.try(ctx, func(ctx context.Context) error { _, err := q.jobs.InsertOne(ctx, doc); return err })
@@ -835,26 +751,32 @@ func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, erro
 	}
 }
 
-// updated updates (an empty update: deletes) the document of coll that
-// matches filter.
-func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(context.Context) (struct{}, bool, error) {
+// updated updates (an empty update: deletes) the want documents of coll
+// that match filter: applied when it matched them all.
+func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D, want int64) func(context.Context) (struct{}, bool, error) {
 	return func(ctx context.Context) (struct{}, bool, error) {
 		var n int64
 		err := q.try(ctx, func(ctx context.Context) error {
-			if len(update) == 0 {
-				res, err := coll.DeleteOne(ctx, filter)
-				if err == nil {
-					n = res.DeletedCount
+			var res *mongo.UpdateResult
+			var err error
+			switch {
+			case len(update) == 0:
+				var d *mongo.DeleteResult
+				if d, err = coll.DeleteOne(ctx, filter); err == nil {
+					n = d.DeletedCount
 				}
 				return err
+			case want == 1:
+				res, err = coll.UpdateOne(ctx, filter, update)
+			default:
+				res, err = coll.UpdateMany(ctx, filter, update)
 			}
-			res, err := coll.UpdateOne(ctx, filter, update)
 			if err == nil {
 				n = res.MatchedCount
 			}
 			return err
 		})
-		return struct{}{}, err == nil && n == 1, err
+		return struct{}{}, err == nil && n == want, err
 	}
 }
 
@@ -873,15 +795,24 @@ func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd
 	}
 }
 
-// readKey reads a key's document, at majority (settled: for settling a
-// lost reply) or from the primary; nil when there is none.
+// readKey reads a key's document (nil: none), at majority when settled.
 func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
 	kd := new(keyDoc)
-	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(kd) }
+	read := func(c *mongo.Collection) error { return c.FindOne(ctx, keyID(raw)).Decode(kd) }
 	if _, keys := q.majority(); settled {
 		return found(kd, keys.Read(ctx, read))
 	}
 	return found(kd, read(q.keys))
+}
+
+// keyID is the filter of a key's document: {_id: raw} for a string or an
+// ObjectID, which no server reads as an operator (and FerretDB v1 finds by
+// its primary key), else store.IDFilter's {_id: {$eq: raw}}.
+func keyID(raw bson.RawValue) bson.D {
+	if raw.Type == bson.TypeString || raw.Type == bson.TypeObjectID {
+		return bson.D{{Key: "_id", Value: raw}}
+	}
+	return store.IDFilter(raw)
 }
 
 // shown returns what shows that a write landed: its reply, or else the
@@ -912,9 +843,8 @@ func (q *Queue) notify() {
 }
 
 // now returns the server's time as the Clock estimates it, or the local
-// time when the Clock has no estimate. It dates retries, holes and clean-up,
-// where an error of the estimate moves a time a little, never a decision of
-// safety.
+// time without an estimate: it dates retries, holes and clean-up, never a
+// decision of safety.
 func (q *Queue) now(ctx context.Context) time.Time {
 	est, err := q.leases.Clock().Now(ctx)
 	if err != nil || est.Time.IsZero() {
@@ -929,39 +859,33 @@ func checkArgs(v bson.RawValue) error {
 	if len(v.Value) > maxArgs {
 		return fmt.Errorf("%d bytes encoded, over %d", len(v.Value), maxArgs)
 	}
-	var walk func(v bson.RawValue, depth int) error
-	walk = func(v bson.RawValue, depth int) error {
-		if depth > 100 {
-			return errors.New("nested more than 100 levels deep")
-		}
-		var elems []bson.RawElement
-		switch v.Type {
-		case bson.TypeEmbeddedDocument:
-			elems, _ = v.Document().Elements()
-			for _, e := range elems {
-				if k := e.Key(); strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
-					return fmt.Errorf("field name %q starts with '$' or contains '.'", shorten(k))
-				}
-			}
-		case bson.TypeArray:
-			vals, _ := v.Array().Values()
-			for _, x := range vals {
-				if err := walk(x, depth+1); err != nil {
-					return err
-				}
-			}
-			return nil
-		default:
-			return nil
-		}
-		for _, e := range elems {
-			if err := walk(e.Value(), depth+1); err != nil {
-				return err
-			}
-		}
-		return nil
+	return walkArgs(v, 0)
+}
+
+func walkArgs(v bson.RawValue, depth int) error {
+	if depth > 100 {
+		return errors.New("nested more than 100 levels deep")
 	}
-	return walk(v, 0)
+	var vals []bson.RawValue
+	switch v.Type {
+	case bson.TypeEmbeddedDocument:
+		elems, _ := v.Document().Elements()
+		for _, e := range elems {
+			if k := e.Key(); strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
+				return fmt.Errorf("field name %q starts with '$' or contains '.'", shorten(k))
+			}
+			vals = append(vals, e.Value())
+		}
+	case bson.TypeArray:
+		vals, _ = v.Array().Values()
+	default: // a scalar holds no field name
+	}
+	for _, x := range vals {
+		if err := walkArgs(x, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkCtx refuses a nil ctx with an *InvalidError and returns an ended
@@ -976,6 +900,7 @@ func checkCtx(ctx context.Context, op string) error {
 	return nil
 }
 
+// shorten cuts s to 64 bytes for a message.
 func shorten(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "…"
@@ -984,14 +909,13 @@ func shorten(s string) string {
 }
 
 // try runs op under retry.Do and Options.Retry, which retry an operation
-// that was not sent (a connection pool cleared, no server selectable); an
-// ambiguous failure is returned at once, for settle.Exec to settle. Inside a
-// transaction op runs once: its owner retries the transaction whole.
+// that was not sent; an ambiguous failure is returned at once, for
+// settle.Exec. Inside a transaction op runs once.
 func (q *Queue) try(ctx context.Context, op func(context.Context) error) error {
 	if settle.InTransaction(ctx) {
 		return op(ctx)
 	}
-	return retry.Do(ctx, q.c.retry, func(ctx context.Context) error {
+	return retry.Do(ctx, q.c.Retry, func(ctx context.Context) error {
 		err := op(ctx)
 		if store.IsAmbiguous(err) {
 			return retry.Permanent(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,27 +20,20 @@ import (
 )
 
 // Run works the queue until ctx ends: it finds keys with jobs ready to run,
-// claims each (a lease on the key's document, renewed while its handlers
-// run), runs the key's jobs in sequence order through their handlers, and
-// records each outcome. At most Options.Workers keys are worked on at once.
-// Any number of processes may call Run on the same collections; within a
-// process, call it once per Queue. Run works only the jobs of the handlers
-// registered on q: a key whose next job has another handler is left to the
-// processes that have it (see the package doc).
-//
-// When ctx ends, Run stops claiming, cancels the handlers' contexts, puts
-// an interrupted job back without counting its attempt, releases its claims
-// and returns nil once every worker has stopped. It returns an error only
-// when it cannot start: a nil ctx, no handler registered, indexes it could
-// not make.
+// claims each (a lease on the key's document, renewed while it works), runs
+// the key's jobs in sequence order and records each outcome, at most
+// Options.Workers keys at once. Any number of processes may call Run on the
+// same collections; within a process, call it once per Queue. It works only
+// the jobs of the handlers registered on q. When ctx ends, Run stops
+// claiming, cancels the handlers' contexts, puts an interrupted job back
+// without counting its attempt, releases its claims and returns nil once
+// every worker has stopped. It returns an error only when it cannot start:
+// a nil ctx, no handler registered, indexes it could not make.
 func (q *Queue) Run(ctx context.Context) error {
 	if err := checkCtx(ctx, "run"); err != nil {
 		return err
 	}
-	q.mu.RLock()
-	n := len(q.handlers)
-	q.mu.RUnlock()
-	if n == 0 {
+	if len(q.handlerNames()) == 0 {
 		return invalid("run", "handlers", "none registered", nil)
 	}
 	ttl, err := q.EnsureIndexes(ctx)
@@ -54,19 +48,16 @@ func (q *Queue) Run(ctx context.Context) error {
 	nextSweep := q.local.Now()
 	var lastLook time.Time
 	for ctx.Err() == nil {
-		// Local enqueues wake Run at once; still, look for work at most ten
-		// times per PollInterval, so that a burst of them costs few queries.
-		if gap := q.c.poll/10 - q.local.Now().Sub(lastLook); gap > 0 {
+		// Look for work at most ten times per PollInterval.
+		if gap := q.c.PollInterval/10 - q.local.Now().Sub(lastLook); gap > 0 {
 			q.sleep(ctx, gap)
 		}
 		lastLook = q.local.Now()
 		if lastLook.After(nextSweep) {
-			// A TTL index deletes finished jobs where there is one; idle
-			// keys are this sweep's everywhere.
 			if _, err := q.sweep(ctx, !ttl); err != nil && ctx.Err() == nil {
 				q.failed(ctx, "sweep", bson.RawValue{}, err)
 			}
-			nextSweep = q.local.Now().Add(min(max(q.c.retention/2, q.c.poll), time.Minute))
+			nextSweep = q.local.Now().Add(min(max(q.c.Retention/2, q.c.PollInterval), time.Minute))
 		}
 		started, err := r.dispatch(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -75,7 +66,8 @@ func (q *Queue) Run(ctx context.Context) error {
 		if started > 0 {
 			continue
 		}
-		wait := q.local.NewTimer(jitter(q.c.poll))
+		// Jittered, so that the polls of many processes spread out.
+		wait := q.local.NewTimer(q.c.PollInterval/2 + time.Duration(rand.Int64N(int64(q.c.PollInterval)+1)))
 		select {
 		case <-ctx.Done():
 		case <-q.wake:
@@ -85,12 +77,6 @@ func (q *Queue) Run(ctx context.Context) error {
 		wait.Stop()
 	}
 	return nil
-}
-
-// jitter returns d scaled by a random factor in [0.5, 1.5), so that the
-// polls of many processes spread out.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
 }
 
 // runner is one Run: the keys its workers hold, and those it skips a while.
@@ -108,7 +94,7 @@ type runner struct {
 func (r *runner) dispatch(ctx context.Context) (int, error) {
 	q := r.q
 	r.mu.Lock()
-	free := q.c.workers - len(r.busy)
+	free := q.c.Workers - len(r.busy)
 	exclude := len(r.busy) + len(r.skip)
 	now := q.local.Now()
 	for k, until := range r.skip {
@@ -120,9 +106,8 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	if free <= 0 {
 		return 0, nil
 	}
-	// Several times more candidates than free workers, shuffled: processes
-	// that look at once mostly pick different keys.
-	keys, err := q.candidates(ctx, int64(4*q.c.workers+exclude))
+	// More candidates than workers, shuffled: processes pick different keys.
+	keys, err := q.candidates(ctx, int64(4*q.c.Workers+exclude))
 	if err != nil {
 		return 0, err
 	}
@@ -145,7 +130,7 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 			r.mu.Lock()
 			delete(r.busy, id)
 			if skip {
-				r.skip[id] = q.local.Now().Add(q.c.poll)
+				r.skip[id] = q.local.Now().Add(q.c.PollInterval)
 			}
 			r.mu.Unlock()
 			select {
@@ -157,10 +142,8 @@ func (r *runner) dispatch(ctx context.Context) (int, error) {
 	return started, nil
 }
 
-// keyHandler is the field of a key's document that names the handler of
-// its head job, set by a worker whose process has no such handler, so that
-// the candidate search of such processes skips the key until its head moves
-// on (advance unsets it) or is cancelled (Cancel unsets it).
+// keyHandler is the field of a key's document naming its head's handler,
+// set by a process that lacks it (see noHead).
 const keyHandler = "h"
 
 // handlerNames returns the names of the handlers registered on q.
@@ -174,29 +157,20 @@ func (q *Queue) handlerNames() bson.A {
 	return names
 }
 
-// candidates returns up to limit keys that have jobs waiting, whose head is
-// due, whose head's handler is not known to be missing here, and whose
-// claim looks free or expired. The claim decides; this only keeps workers
-// from claiming keys that are surely held or that they could not work.
+// candidates returns up to limit keys with jobs waiting, whose head is due,
+// of a handler not known to be missing here, and whose claim looks free or
+// expired: a hint; the claim decides.
 func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, error) {
 	now := q.now(ctx)
 	filter := bson.D{
 		{Key: "n", Value: bson.D{{Key: "$gt", Value: 0}}},
+		{Key: "due", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: now}}}}},
 		{Key: "$and", Value: bson.A{
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: false}}}},
-				bson.D{{Key: "due", Value: bson.D{{Key: "$lte", Value: now}}}},
-			}}},
 			bson.D{{Key: "$or", Value: bson.A{
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: false}}}},
 				bson.D{{Key: keyHandler, Value: bson.D{{Key: "$in", Value: q.handlerNames()}}}},
 			}}},
-			// The lease record's owner and expiry (see lease.Manager.Field):
-			// free, or expired by this estimate.
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
-				bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
-			}}},
+			q.unheld(now),
 		}},
 	}
 	cur, err := q.keys.Find(ctx, filter, options.Find().
@@ -215,8 +189,16 @@ func (q *Queue) candidates(ctx context.Context, limit int64) ([]bson.RawValue, e
 	return keys, nil
 }
 
-// claim is a worker's hold on one key: the lease, the context its handlers
-// run under, and the context of its bookkeeping writes.
+// unheld matches a key whose claim (lease.Manager.Field) is free, or
+// expired by the estimate now.
+func (q *Queue) unheld(now time.Time) bson.D {
+	return bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: q.leases.Field() + ".owner", Value: nil}},
+		bson.D{{Key: q.leases.Field() + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
+	}}}
+}
+
+// claim is a worker's hold on one key.
 type claim struct {
 	q    *Queue
 	key  bson.RawValue
@@ -227,18 +209,16 @@ type claim struct {
 	ran  time.Duration   // how long the handler of the current attempt ran
 }
 
-// book returns a context for one bookkeeping write: it outlives Run's
-// context by ResolveTimeout, so that an outcome is recorded after a stop.
+// book returns the context of a bookkeeping write: ResolveTimeout past Run's.
 func (c *claim) book() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(c.run), c.q.c.resolve)
+	return context.WithTimeout(context.WithoutCancel(c.run), c.q.c.ResolveTimeout)
 }
 
 // lost reports whether the claim is known to be lost.
 func (c *claim) lost() bool { return c.l.Err() != nil }
 
-// work claims key and runs its jobs. It reports whether this Run should
-// leave the key alone for a poll interval: it did not get the claim, or the
-// key's head job has no handler here.
+// work claims key and runs its jobs; it reports whether this Run should
+// leave the key alone a poll interval.
 func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	l, err := q.leases.TryAcquire(ctx, key)
 	if err != nil {
@@ -251,7 +231,7 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	stop := context.AfterFunc(ctx, cancel)
 	c := &claim{q: q, key: key, l: l, run: ctx, jobs: jobs}
 	var renewing sync.WaitGroup
-	renewing.Go(func() { c.renew() })
+	renewing.Go(func() { l.KeepAlive(jobs) }) // renewals, retried soon after a transient failure
 	defer func() {
 		stop()
 		cancel()
@@ -266,70 +246,251 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	return c.skip
 }
 
-// renew keeps the claim alive until its jobs' context ends: the lease
-// package's renewal loop (lease.Lease.KeepAlive), every third of the
-// visibility timeout, with a transient failure retried soon within the
-// lease's remaining time, so that a few failed renewals in a row do not lose
-// the key.
-func (c *claim) renew() {
-	c.l.KeepAlive(c.jobs)
-}
-
 // loop runs the key's jobs in order, at most Batch of them, while the claim
-// holds and Run's context lives.
+// holds and Run's context lives: a run of due jobs at a time (runOf), or
+// the head alone (step).
 func (c *claim) loop() {
 	q := c.q
 	ctx, cancel := c.book()
-	kd, err := retry.DoValue(ctx, q.c.retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
+	kd, err := retry.DoValue(ctx, q.c.Retry, func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, false) })
 	cancel()
 	if err != nil || kd == nil {
 		return
 	}
-	for i := 0; i < q.c.batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; i++ {
-		next, ok := c.step(*kd)
+	for i := 0; i < q.c.Batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
+		next, n, ok := c.runOf(*kd, q.c.Batch-i)
+		if ok && n == 0 {
+			next, ok = c.noHead(*kd, kd.Off+kd.Done+1)
+			n = 1
+		}
 		if !ok {
 			return
 		}
-		kd = &next
+		kd, i = &next, i+n
 	}
 }
 
-// step runs the head job of the key as kd shows it and moves the head on.
-// It returns the key's document after the step, and false when the worker
-// should give the key up (the head must wait, the claim is lost, a write
-// failed).
-func (c *claim) step(kd keyDoc) (keyDoc, bool) {
+// runOf runs a run of the key's jobs from its head, up to limit: jobs at
+// consecutive places, each due and of a handler registered here (cancelled
+// ones between them passed over), of one handler when it runs them together
+// (NewChange's). It claims them in one write, runs them in order, records
+// the completed ones in one write and moves the head past them in one; a
+// job that fails is recorded by after, and those behind it are put back. A
+// job taken over from a lost worker, or at its last attempt, runs alone.
+// The claim is fenced on the lease's epoch (a late copy changes nothing)
+// and skips jobs this claim holds (a resent copy counts no attempt). It
+// returns n 0 and ok when the head has nothing to claim: see noHead.
+func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	q := c.q
-	seq := kd.Off + kd.Done + 1
-	job, err := c.claimJob(seq)
-	if err != nil {
-		c.warn("claim a job", seq, err)
-		return kd, false
+	head := kd.Off + kd.Done + 1
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
+	jobs, span, err := c.ahead(ctx, head, limit, now)
+	if err != nil || len(jobs) == 0 {
+		return kd, 0, true
 	}
-	if job == nil {
-		return c.noHead(kd, seq)
+	ids := make(bson.A, len(jobs))
+	for i, job := range jobs {
+		ids[i] = job.ID
 	}
-	c.claimed(job)
-	if job.Attempt > job.MaxAttempts {
-		// The worker of the last attempt was lost while it ran: its
-		// handler may have written.
+	epoch := c.l.Epoch()
+	mine := bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: epoch}, {Key: "owner", Value: q.c.Owner}}
+	filter := bson.D{
+		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: epoch}}}}},
+		{Key: "$nor", Value: bson.A{mine}},
+	}
+	update := bson.D{
+		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.Owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+	}
+	send := q.updated(q.jobs, filter, update, int64(len(jobs)))
+	if len(jobs) == 1 {
+		one := modified[Job](q, q.jobs, filter, update, options.Before)
+		send = func(ctx context.Context) (struct{}, bool, error) { _, ok, err := one(ctx); return struct{}{}, ok, err }
+	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: send,
+		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(jobs), true
+			for _, j := range cur {
+				isMine := j.State == StateRunning && j.Epoch == epoch && j.Owner == q.c.Owner
+				landed = landed && isMine
+				live = live && (isMine || !finished(j.State) && j.Epoch <= epoch)
+			}
+			return verdict(landed, live)
+		},
+		Resend: true,
+	})
+	switch {
+	case err != nil:
+		c.warn("claim_job", err)
+		return kd, 0, false
+	case !res.Applied && len(jobs) == 1:
+		return kd, 0, true // changed meanwhile: noHead looks
+	case !res.Applied:
+		// One changed meanwhile (cancelled, say): give back, go one by one.
+		c.putBack(jobs...)
+		return c.runOf(kd, 1)
+	}
+	for _, job := range jobs {
+		// Taken over from a lost worker, whose handler may have written.
+		job.q, job.att = q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, epoch, now
+		job.Attempt++
+		c.claimed(job)
+	}
+	if job := jobs[0]; job.Attempt > job.MaxAttempts {
 		job.att.mayHaveWritten()
-		return c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
+		next, ok := c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
+		return next, 1, ok
 	}
-	h := q.handler(job.Name)
-	if h == nil {
-		// claimJob claims only jobs of the handlers registered here, and
-		// handlers are never removed: this does not happen. Should it, put
-		// the job back and leave the key to another process.
-		c.putBack(job)
-		c.skip = true
-		c.skipped(job)
-		return kd, false
+	n, err := c.runJobs(jobs)
+	if c.lost() {
+		c.interrupted(jobs[min(n, len(jobs)-1)])
+		return kd, n, false
 	}
-	err = c.call(h, job)
+	if errors.Is(err, errOneByOne) && n == 0 {
+		c.putBack(jobs...)
+		return c.runOf(kd, 1)
+	}
+	var failed *Job
+	rest := jobs[n:]
+	switch {
+	case errors.Is(err, errUnrecorded):
+		rest = rest[1:] // left running: its next holder takes it over
+	case err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0:
+		failed, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		c.putBack(rest...)
+	}
+	next, ok := kd, c.run.Err() == nil && !errors.Is(err, errUnrecorded)
+	if n > 0 {
+		if n < len(jobs) {
+			span = jobs[n].Seq - head
+		}
+		moved := false
+		if c.record(jobs[:n]) {
+			next, moved = c.advance(kd, span)
+		}
+		ok = ok && moved
+	}
+	switch {
+	case failed != nil && ok:
+		next, ok = c.after(next, failed, err)
+		return next, n + 1, ok
+	case failed != nil:
+		c.putBack(failed)
+	}
+	return next, n, ok
+}
+
+// ahead reads the key's places from head on, up to limit, and returns the
+// run runOf may claim among them, and how many places it spans.
+func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time) ([]*Job, int64, error) {
+	q := c.q
+	var docs []*Job
+	err := q.try(ctx, func(ctx context.Context) error {
+		filter := bson.D{
+			{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
+			{Key: "s", Value: bson.D{{Key: "$gte", Value: head}, {Key: "$lt", Value: head + int64(limit)}}},
+		}
+		cur, err := q.jobs.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "s", Value: 1}}))
+		if err != nil {
+			return err
+		}
+		docs = nil
+		return cur.All(ctx, &docs)
+	})
+	var jobs []*Job
+	var span int64
+	for _, job := range docs {
+		alone := job.State == StateRunning || job.Attempt >= job.MaxAttempts
+		switch {
+		case job.Seq != head+span:
+		case len(jobs) > 0 && finished(job.State):
+			span++
+			continue
+		case finished(job.State) || job.Epoch > c.l.Epoch() || job.RunAt.After(now) || q.handler(job.Name) == nil:
+		case job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.Owner:
+		case len(jobs) > 0 && (alone || q.handler(jobs[0].Name).batch != nil && job.Name != jobs[0].Name):
+		default:
+			jobs = append(jobs, job)
+			span++
+			if !alone {
+				continue
+			}
+		}
+		break
+	}
+	if len(jobs) > 0 {
+		span = max(span, jobs[len(jobs)-1].Seq-head+1)
+	}
+	return jobs, span, err
+}
+
+// runJobs runs a claimed run in order, in one call of its handler's batch
+// function (NewChange's: one write, recorded with the run) or one call per
+// job, each recorded before the next starts, stopping at the first error, a
+// lost claim or Run's stop. It returns how many completed, with the error
+// of the first that did not (errUnrecorded: its record failed).
+func (c *claim) runJobs(jobs []*Job) (n int, err error) {
+	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
+		err = c.call(func(ctx context.Context) (err error) {
+			n, err = h.batch(ctx, jobs)
+			return err
+		})
+		return n, err
+	}
+	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
+		job, h := jobs[n], c.q.handler(jobs[n].Name)
+		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
+			return n, err
+		}
+		if !c.record(jobs[n : n+1]) {
+			return n, errUnrecorded
+		}
+	}
+	return n, nil
+}
+
+// errUnrecorded says a job completed and its record failed.
+var errUnrecorded = errors.New("deferred: record a completed job")
+
+// record records jobs as completed, in one write, unless they are already.
+func (c *claim) record(jobs []*Job) bool {
+	jobs = slices.DeleteFunc(slices.Clone(jobs), func(j *Job) bool { return j.State == StateCompleted })
+	if len(jobs) == 0 {
+		return true
+	}
+	q := c.q
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
+	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
+		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
+			bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
+	})
+	if err != nil || !ok {
+		c.warn("record_attempt", err)
+		return false
+	}
+	for _, job := range jobs {
+		job.State = StateCompleted
+		c.recorded(job, outcome{}, StateCompleted, 0)
+	}
+	return true
+}
+
+// after records the outcome err of job's attempt, which this claim ran, and
+// moves the head on as the outcome says.
+func (c *claim) after(kd keyDoc, job *Job, err error) (keyDoc, bool) {
 	switch {
 	case c.lost():
-		// Another worker has (or will have) the key and retakes the job.
 		c.interrupted(job)
 		return kd, false
 	case err == nil:
@@ -346,8 +507,7 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 		}
 		return c.recheck(kd, job.Seq) // finish set the key's due
 	}
-	// Bad input (a second write to one document, an update that writes the
-	// fence field, a refused id) fails every attempt alike: dead at once.
+	// Bad input fails every attempt alike: dead at once.
 	dead := retry.IsPermanent(err) || errors.Is(err, ErrInvalid) || job.Attempt >= job.MaxAttempts
 	next, ok := c.finish(kd, job, outcome{dead: dead, err: err})
 	if dead || ok || c.lost() {
@@ -356,52 +516,26 @@ func (c *claim) step(kd keyDoc) (keyDoc, bool) {
 	return c.recheck(kd, job.Seq) // finish set the key's due
 }
 
-// noHandler gives up a key whose head job has a handler this process does
-// not have (a rolling deploy that adds a handler): another process runs it.
-// It records the handler's name on the key's document, where the candidate
-// search of every process without it skips the key until its head moves on
-// or is cancelled, so that such a process neither claims the key nor looks
-// at it again; and this Run skips the key a poll interval anyway, should
-// that write fail.
-func (c *claim) noHandler(kd keyDoc, job *Job) (keyDoc, bool) {
-	c.skip = true
-	c.skipped(job)
-	c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
-	return kd, false
-}
-
-// postpone gives the key up until runAt, when its head job at seq may run:
-// it sets the key's due (the candidate search skips the key until then),
-// then rechecks the head.
-func (c *claim) postpone(kd keyDoc, seq int64, runAt time.Time) (keyDoc, bool) {
-	c.setKey(bson.D{{Key: "due", Value: runAt}})
-	return c.recheck(kd, seq)
-}
-
-// recheck reads the head job at seq again after this claim set the key's
-// due, and moves the head on if the job is finished now. Cancel cancels a
-// waiting job and then clears the key's due; when it cancelled the head
-// before this claim's due landed, its clearing may have come first, and the
-// key's next jobs would wait until the cancelled job's run time. This read
-// comes after the due was written: if it does not see the job cancelled,
-// Cancel's clearing comes after the due too.
+// recheck reads the head at seq after this claim set the key's due, and
+// moves the head on if it is finished: a Cancel whose clearing of due came
+// before this claim's due is seen by this read (DESIGN.md, Running a key).
 func (c *claim) recheck(kd keyDoc, seq int64) (keyDoc, bool) {
 	ctx, cancel := c.book()
 	job, err := c.head(ctx, seq)
 	cancel()
 	if err == nil && job != nil && finished(job.State) && !c.lost() {
-		return c.advance(kd)
+		return c.advance(kd, 1)
 	}
 	return kd, false
 }
 
-// call runs the handler with the attempt's context, and turns a panic into
-// a *PanicError.
-func (c *claim) call(h *handler, job *Job) (err error) {
+// call runs fn, a handler's work, with the attempt's context, and turns a
+// panic into a *PanicError.
+func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 	defer c.timed(c.q.local.Now())
 	ctx, cancel := c.jobs, context.CancelFunc(func() {})
-	if c.q.c.jobTimeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, c.q.c.jobTimeout)
+	if c.q.c.JobTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.q.c.JobTimeout)
 	}
 	defer cancel()
 	defer func() {
@@ -413,79 +547,7 @@ func (c *claim) call(h *handler, job *Job) (err error) {
 			err = &PanicError{Value: r, Stack: string(stack)}
 		}
 	}()
-	return h.run(ctx, job)
-}
-
-// claimJob claims the job at seq on the key for this attempt: one
-// findOneAndUpdate that matches it while it waits (or was left running by
-// a lost worker) and is due, makes it running under this claim's epoch and
-// counts the attempt. It returns nil when no such job is there.
-//
-// It claims only a job whose handler is registered here: a job of another
-// handler is left alone (noHead tells the key so), not claimed and put back.
-//
-// The claim is fenced on the key's lease: it refuses a job whose recorded
-// epoch is greater than this claim's. Lease epochs of a key's document only
-// grow, so a copy of this write that arrives late (held in the network, or
-// sent by a worker paused past its lease), after a newer holder of the key
-// claimed the job, neither takes the job back nor burns an attempt.
-func (c *claim) claimJob(seq int64) (*Job, error) {
-	q := c.q
-	ctx, cancel := c.book()
-	defer cancel()
-	now := q.now(ctx)
-	filter := append(at(c.key, seq), bson.D{
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
-		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: c.l.Epoch()}}}}},
-		{Key: "name", Value: bson.D{{Key: "$in", Value: q.handlerNames()}}},
-		{Key: "$or", Value: bson.A{
-			bson.D{{Key: "runAt", Value: bson.D{{Key: "$exists", Value: false}}}},
-			bson.D{{Key: "runAt", Value: bson.D{{Key: "$lte", Value: now}}}},
-		}},
-		// Not a job this claim holds already: a copy sent again after one
-		// landed matches nothing, and counts no second attempt.
-		{Key: "$nor", Value: bson.A{
-			bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}},
-		}},
-	}...)
-	update := bson.D{
-		{Key: "$set", Value: bson.D{
-			{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.owner},
-			{Key: "epoch", Value: c.l.Epoch()}, {Key: "started", Value: now},
-		}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
-	}
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
-		// The document before the claim: its state says whether an earlier
-		// attempt was lost while it ran.
-		Send: modified[Job](q, q.jobs, filter, update, options.Before),
-		// If the claim landed, the job is running under this claim.
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, at(c.key, seq)) },
-		Judge: func(job *Job) (settle.Verdict, string) {
-			return verdict(job != nil && job.State == StateRunning && job.Epoch == c.l.Epoch() && job.Owner == q.c.owner,
-				job != nil && !finished(job.State) && job.Epoch <= c.l.Epoch())
-		},
-		Resend: true,
-	})
-	switch {
-	case err != nil:
-		return nil, err
-	case !res.Applied:
-		return nil, nil //nolint:nilnil // no job to claim is an answer, which noHead explains
-	case res.HasReply:
-		// A job left running was taken over from a lost worker, whose
-		// handler may have written: the attempt carries that on.
-		job := res.Reply
-		job.q, job.att = q, &attempt{may: job.State == StateRunning}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.owner, c.l.Epoch(), now
-		job.Attempt++
-		return job, nil
-	}
-	// Whether the claim took the job over from a lost worker is not known:
-	// take it that it did.
-	job := res.Read
-	job.q, job.att = q, &attempt{may: true}
-	return job, nil
+	return fn(ctx)
 }
 
 // head reads the job at seq on the claim's key: nil when there is none.
@@ -494,11 +556,9 @@ func (c *claim) head(ctx context.Context, seq int64) (*Job, error) {
 	return found(job, c.q.try(ctx, func(ctx context.Context) error { return c.q.jobs.FindOne(ctx, at(c.key, seq)).Decode(job) }))
 }
 
-// noHead handles a key whose head seq has no job to claim: the job is
-// finished already (a worker died between recording it and moving the
-// head), claimed under a newer lease of the key (this claim is lost), of a
-// handler this process does not have, not due yet, or not there at all (a
-// hole).
+// noHead handles a head seq with no job to claim: finished already (its
+// worker died before moving the head), claimed under a newer lease, of a
+// handler this process lacks, not due, or not there (a hole: DESIGN.md).
 func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
@@ -507,53 +567,52 @@ func (c *claim) noHead(kd keyDoc, seq int64) (keyDoc, bool) {
 	now := q.now(ctx)
 	switch {
 	case err != nil:
-		c.warn("read the head job", seq, err)
+		c.warn("read_head", err)
 		return kd, false
 	case job == nil:
 	case finished(job.State):
-		return c.advance(kd)
+		return c.advance(kd, 1)
 	case job.Epoch > c.l.Epoch():
-		// A newer holder of the key claimed the job: this claim is lost.
+		// Claimed by a newer holder of the key: this claim is lost.
 		return kd, false
 	case q.handler(job.Name) == nil:
-		return c.noHandler(kd, job)
+		// A handler this process lacks: name it on the key (the search of
+		// such processes skips it) and skip it here a poll interval anyway.
+		c.skip = true
+		c.skipped(job)
+		c.setKey(bson.D{{Key: keyHandler, Value: job.Name}})
+		return kd, false
 	default:
-		// Not due yet: wait for it.
-		return c.postpone(kd, seq, job.RunAt)
+		// Not due yet: give the key up until then.
+		c.setKey(bson.D{{Key: "due", Value: job.RunAt}})
+		return c.recheck(kd, seq)
 	}
-	// No job has the number yet. Most often its enqueuer is between its two
-	// writes: look again a few times, holding the key, before giving it up.
+	// No job yet: most often its enqueuer is between its two writes.
 	since := now
 	if kd.Hole != nil && kd.Hole.Seq == seq {
 		since = kd.Hole.Since
 	} else {
 		c.setKey(bson.D{{Key: "hole", Value: hole{Seq: seq, Since: now}}})
 	}
-	if now.Sub(since) < q.c.holeTimeout {
+	if now.Sub(since) < q.c.HoleTimeout {
 		for d := 5 * time.Millisecond; d <= 80*time.Millisecond; d *= 2 {
 			q.sleep(c.jobs, d)
 			if c.lost() || c.run.Err() != nil {
 				return kd, false
 			}
 			if n, err := q.jobs.CountDocuments(ctx, at(c.key, seq)); err == nil && n > 0 {
-				return kd, true // it landed: step again
+				return kd, true // it landed: look again
 			}
 		}
-		// Look again after a while that grows with the hole's age, up to
-		// when it may be skipped.
-		wait := min(max(now.Sub(since), q.c.poll/10), since.Add(q.c.holeTimeout).Sub(now))
+		wait := min(max(now.Sub(since), q.c.PollInterval/10), since.Add(q.c.HoleTimeout).Sub(now))
 		c.setKey(bson.D{{Key: "due", Value: now.Add(wait)}})
 		return kd, false
 	}
-	// The number was reserved HoleTimeout ago (as this key's workers saw
-	// it) and its job is not there: skip it. If its enqueuer is still trying,
-	// its insert now fails on the unique index and it reserves another
-	// number.
+	// Missing for HoleTimeout: skip it (a late insert then fails on the index).
 	if err := q.tombstone(ctx, c.key, seq); err != nil && !store.IsDuplicateKey(err) {
-		c.warn("skip a hole", seq, err)
+		c.warn("skip_hole", err)
 		return kd, false
 	}
-	// Either the tombstone or the job is there now: step again.
 	return kd, true
 }
 
@@ -583,7 +642,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		inc = bson.D{{Key: "attempt", Value: -1}, {Key: "snoozes", Value: 1}}
 	case o.err == nil:
 		to = StateCompleted
-		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.retention)}}
+		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.Retention)}}
 	case o.dead:
 		to = StateDead
 		set = bson.D{{Key: "finished", Value: now}}
@@ -591,15 +650,11 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		to, runAt = StateRetryable, now.Add(q.delay(job.Attempt))
 		set = bson.D{{Key: "runAt", Value: runAt}}
 	}
-	set = append(bson.D{{Key: "state", Value: to}}, set...)
-	if job.att.wrote() {
-		set = append(set, bson.E{Key: "mw", Value: true})
-	}
+	set = jobSet(job.att.wrote(), append(bson.D{{Key: "state", Value: to}}, set...)...)
 	if o.err != nil {
 		e := attemptError(job.Attempt, now, o.err)
 		if n := len(job.Errors); n >= MaxErrors {
-			// Keep the newest: the job's document is fenced to this
-			// claim, so the list read with the claim is the one stored.
+			// Keep the newest: the list read with the claim is the one stored.
 			set = append(set, bson.E{Key: "errors", Value: append(job.Errors[n-MaxErrors+1:n:n], e)})
 		} else {
 			push = bson.D{{Key: "errors", Value: e}}
@@ -612,11 +667,11 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	if len(inc) > 0 {
 		update = append(update, bson.E{Key: "$inc", Value: inc})
 	}
-	ok, err := c.updateJob(ctx, job, update, to)
+	ok, err := c.updateJobs(ctx, []*Job{job}, to, func(bool) bson.D { return update })
 	cancel()
 	if err != nil || !ok {
 		if err != nil {
-			c.warn("record an attempt", job.Seq, err)
+			c.warn("record_attempt", err)
 		}
 		return kd, false
 	}
@@ -625,12 +680,21 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 		c.setKey(bson.D{{Key: "due", Value: runAt}})
 		return kd, false
 	}
-	return c.advance(kd)
+	return c.advance(kd, 1)
+}
+
+// jobSet is the $set of a job's record: set, and mw when its attempt may
+// have written (sticky: never unset).
+func jobSet(mw bool, set ...bson.E) bson.D {
+	if mw {
+		set = append(set, bson.E{Key: "mw", Value: true})
+	}
+	return set
 }
 
 // delay returns the backoff before the attempt after attempt n.
 func (q *Queue) delay(n int) time.Duration {
-	b := q.c.backoff.NewBackoff()
+	b := q.c.Backoff.NewBackoff()
 	var d time.Duration
 	for range max(n, 1) {
 		d = b.Next()
@@ -652,53 +716,75 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
 }
 
-// updateJob applies update to job while it is running under this claim,
-// and reports whether it did (false: another worker took the job over).
-// A lost reply is settled by re-reading: the state it sets says whether it
-// landed, and a copy sent again matches nothing once one landed.
-func (c *claim) updateJob(ctx context.Context, job *Job, update bson.D, to State) (bool, error) {
+// updateJobs applies update(mw) to jobs running under this claim (mw:
+// whether its attempt may have written), an updateMany per value of mw, and
+// reports whether it did to all (false: one was taken over). A lost reply:
+// state to, landed; running under this claim, live.
+func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D) (bool, error) {
 	q := c.q
-	filter := bson.D{{Key: "_id", Value: job.ID}, {Key: "state", Value: StateRunning}, {Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.owner}}
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update),
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: job.ID}}) },
-		// Still running under this claim: not applied yet. Otherwise taken
-		// over, unless in the state the update sets.
-		Judge: func(cur *Job) (settle.Verdict, string) {
-			mine := cur != nil && cur.Epoch == c.l.Epoch()
-			return verdict(mine && cur.State == to, mine && cur.State == StateRunning && cur.Owner == q.c.owner)
+	var ids [2]bson.A
+	for _, job := range jobs {
+		mw := 0
+		if job.att.wrote() {
+			mw = 1
+		}
+		ids[mw] = append(ids[mw], job.ID)
+	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: func(ctx context.Context) (struct{}, bool, error) {
+			for mw, ids := range ids {
+				if len(ids) == 0 {
+					continue
+				}
+				filter := bson.D{
+					{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
+					{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner},
+				}
+				if _, ok, err := q.updated(q.jobs, filter, update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
+					return struct{}{}, false, err
+				}
+			}
+			return struct{}{}, true, nil
+		},
+		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, append(ids[0], ids[1]...)) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(jobs), true
+			for _, j := range cur {
+				mine := j.Epoch == c.l.Epoch()
+				landed = landed && mine && j.State == to
+				live = live && mine && (j.State == to || j.State == StateRunning && j.Owner == q.c.Owner)
+			}
+			return verdict(landed, live)
 		},
 		Resend: true,
 	})
 	return res.Applied, err
 }
 
-// putBack returns a claimed job to the available state without counting
-// its attempt: Run is stopping, or this process has no handler for it.
-func (c *claim) putBack(job *Job) {
+// putBack returns claimed jobs to the available state without counting
+// their attempts.
+func (c *claim) putBack(jobs ...*Job) {
 	ctx, cancel := c.book()
 	defer cancel()
-	set := bson.D{{Key: "state", Value: StateAvailable}}
-	if job.att.wrote() {
-		set = append(set, bson.E{Key: "mw", Value: true})
-	}
-	update := bson.D{{Key: "$set", Value: set}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
-	if _, err := c.updateJob(ctx, job, update, StateAvailable); err != nil {
-		c.warn("put a job back", job.Seq, err)
+	_, err := c.updateJobs(ctx, jobs, StateAvailable, func(mw bool) bson.D {
+		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateAvailable})}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
+	})
+	if err != nil {
+		c.warn("put_back", err)
 	}
 }
 
-// advance moves the key's head past its current one: one findOneAndUpdate
-// fenced on this claim and on the head's position, so that a copy sent
-// again after a lost reply, or a worker that lost the key, moves nothing.
-func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
+// advance moves the key's head past its next m places, fenced on this
+// claim and on the head's position: a resent copy, or a worker that lost
+// the key, moves nothing.
+func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	filter := append(append(store.IDFilter(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
+	filter := append(append(keyID(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
 	update := bson.D{
-		{Key: "$inc", Value: bson.D{{Key: "done", Value: int64(1)}, {Key: "n", Value: int64(-1)}}},
+		{Key: "$inc", Value: bson.D{{Key: "done", Value: m}, {Key: "n", Value: -m}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
 		{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: "hole", Value: ""}, {Key: keyHandler, Value: ""}}},
 	}
@@ -707,13 +793,13 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 		Send: modified[keyDoc](q, q.keys, filter, update, options.After),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, c.key, true) },
 		Judge: func(cur *keyDoc) (settle.Verdict, string) {
-			return verdict(cur != nil && cur.Done > kd.Done, cur != nil)
+			return verdict(cur != nil && cur.Done >= kd.Done+m, cur != nil)
 		},
 		Resend: true,
 	})
 	switch {
 	case err != nil:
-		c.warn("move the head", kd.Off+kd.Done+1, err)
+		c.warn("move_head", err)
 		return kd, false
 	case res.Applied:
 		return *shown(res), !c.lost()
@@ -725,30 +811,27 @@ func (c *claim) advance(kd keyDoc) (keyDoc, bool) {
 func (c *claim) setKey(set bson.D) {
 	ctx, cancel := c.book()
 	defer cancel()
-	filter := append(store.IDFilter(c.key), c.l.Fence()...)
+	filter := append(keyID(c.key), c.l.Fence()...)
 	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
 	set = append(set, bson.E{Key: "t", Value: t})
-	// $set is idempotent: a copy sent again does no harm. The time it sets
-	// tells whether it landed.
+	// $set is idempotent; the time it sets tells whether it landed.
 	_, err := settle.Exec(ctx, c.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}),
+		Send:   c.q.updated(c.q.keys, filter, bson.D{{Key: "$set", Value: set}}, 1),
 		Read:   func(ctx context.Context) (*keyDoc, error) { return c.q.readKey(ctx, c.key, true) },
 		Judge:  func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.T.Equal(t), kd != nil) },
 		Resend: true,
 	})
 	if err != nil {
-		c.warn("update the key", 0, err)
+		c.warn("update_key", err)
 	}
 }
 
-// Sweep deletes the completed and cancelled jobs (and the tombstones of
-// skipped numbers) whose retention has passed, and the documents of keys
-// that have had nothing to run for Retention, and returns how many jobs it
-// deleted: two deleteMany. Run calls it from time to time (where
-// EnsureIndexes made a TTL index, that index deletes the jobs, and Run's
-// sweep deletes only idle keys). A key whose document was deleted starts
-// again, at its next Enqueue, from a new document whose sequence numbers
-// are above the old ones.
+// Sweep deletes, in two deleteMany, the completed and cancelled jobs (and
+// the tombstones of skipped numbers) whose retention has passed, and the
+// documents of keys idle for Retention, and returns how many jobs it
+// deleted. Run calls it (where a TTL index deletes the jobs, for idle keys
+// only). A key whose document was deleted starts again above its old
+// numbers.
 func (q *Queue) Sweep(ctx context.Context) (int64, error) {
 	if err := checkCtx(ctx, "sweep"); err != nil {
 		return 0, err
@@ -766,12 +849,8 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 		}
 		n = res.DeletedCount
 	}
-	// A key with nothing waiting (n: 0), worked last (t) or made (off, in
-	// microseconds) over Retention ago, and not held. A reservation racing
-	// with the delete either lands first (n: 1, not deleted) or finds no
-	// document and makes a new one, whose numbers start above the old ones.
-	idle := now.Add(-q.c.retention)
-	field := q.leases.Field()
+	// Idle: nothing waiting, worked (t) or made (off) over Retention ago, not held.
+	idle := now.Add(-q.c.Retention)
 	_, err := q.keys.DeleteMany(ctx, bson.D{
 		{Key: "n", Value: int64(0)},
 		{Key: "$and", Value: bson.A{
@@ -779,10 +858,7 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 				bson.D{{Key: "t", Value: bson.D{{Key: "$lt", Value: idle}}}},
 				bson.D{{Key: "t", Value: bson.D{{Key: "$exists", Value: false}}}, {Key: "off", Value: bson.D{{Key: "$lt", Value: idle.UnixMicro()}}}},
 			}}},
-			bson.D{{Key: "$or", Value: bson.A{
-				bson.D{{Key: field + ".owner", Value: nil}},
-				bson.D{{Key: field + ".expiresAt", Value: bson.D{{Key: "$lt", Value: now}}}},
-			}}},
+			q.unheld(now),
 		}},
 	})
 	if err != nil {

@@ -234,16 +234,23 @@ func TestRoundTripCosts(t *testing.T) {
 	// Jobs run by a worker, counted on a client of its own: n jobs of one
 	// key enqueued beforehand, then one Run until the last completes. The
 	// difference between 11 jobs and 1 is the cost of 10 jobs, without the
-	// worker's start-up (its sweep, its first poll, the key's claim).
-	work := func(n int) int {
+	// worker's start-up (its sweep, its first poll, the key's claim). The
+	// handler is a Change (the run applied in one Modify) or a Guarded
+	// write per job.
+	work := func(n int, guarded bool) int {
 		wc := &counter{}
 		wdb := monitored(t, db, wc)
-		coll := fmt.Sprintf("jobs%d", n)
+		coll := fmt.Sprintf("jobs%d%v", n, guarded)
 		wq, err := deferred.New(wdb.Collection(coll), &deferred.Options{PollInterval: time.Hour, Workers: 1})
 		require.NoError(t, err)
 		wrepo, err := versioned.New[account](wdb.Collection("accounts"), nil)
 		require.NoError(t, err)
 		_, err = deferred.NewChange(wq, "add", wrepo, func(a *account, n int64) error { a.Balance += n; return nil })
+		require.NoError(t, err)
+		_, err = deferred.Register(wq, "inc", func(ctx context.Context, job *deferred.Job, n int64) error {
+			_, err := deferred.Guarded(ctx, job, wrepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: n}}}})
+			return err
+		})
 		require.NoError(t, err)
 		_, err = wq.EnsureIndexes(ctx)
 		require.NoError(t, err)
@@ -251,9 +258,15 @@ func TestRoundTripCosts(t *testing.T) {
 		require.NoError(t, err)
 		echange, err := deferred.NewChange(eq, "add", repo, func(a *account, n int64) error { a.Balance += n; return nil })
 		require.NoError(t, err)
+		einc, err := deferred.Register(eq, "inc", func(context.Context, *deferred.Job, int64) error { return nil })
+		require.NoError(t, err)
 		var last bson.ObjectID
 		for range n {
-			last, err = echange.Enqueue(ctx, "ana", 1)
+			if guarded {
+				last, err = einc.Enqueue(ctx, "ana", 1)
+			} else {
+				last, err = echange.Enqueue(ctx, "ana", 1)
+			}
 			require.NoError(t, err)
 		}
 		c.take()
@@ -270,10 +283,14 @@ func TestRoundTripCosts(t *testing.T) {
 		stop()
 		wg.Wait()
 		names := wc.take()
-		t.Logf("%-40s %d  %v", fmt.Sprintf("deferred: a worker, %d job(s) of one key", n), len(names), names)
+		what := map[bool]string{false: "Change", true: "Guarded"}[guarded]
+		t.Logf("%-40s %d  %v", fmt.Sprintf("deferred: a worker, %d %s job(s) of one key", n, what), len(names), names)
 		return len(names)
 	}
-	one, eleven := work(1), work(11)
-	t.Logf("%-40s %.1f", "deferred: per job, (11 jobs - 1 job)/10", float64(eleven-one)/10)
+	for _, guarded := range []bool{false, true} {
+		one, eleven := work(1, guarded), work(11, guarded)
+		what := map[bool]string{false: "Change", true: "Guarded"}[guarded]
+		t.Logf("%-40s %.1f", "deferred: per "+what+" job, (11 jobs - 1 job)/10", float64(eleven-one)/10)
+	}
 	fmt.Println()
 }
