@@ -111,8 +111,8 @@ func TestDiesAfterWrite(t *testing.T) {
 }
 
 // TestStampOutlivesWriteIDs: the handler's write lands, its reply is lost,
-// and meanwhile 37 other writes move the document on, more than the 32 write
-// ids a document keeps: versioned cannot tell whether the write landed (an
+// and meanwhile 37 other writes move the document on, more than the
+// versioned.WriteIDs (16) write ids a document keeps: versioned cannot tell whether the write landed (an
 // unknown outcome). The next attempt can: the job's stamp is one number per
 // key, and it is on the document.
 func TestStampOutlivesWriteIDs(t *testing.T) {
