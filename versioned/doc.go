@@ -95,7 +95,8 @@
 //     writes landed since, or the document was deleted meanwhile). Modify
 //     never runs fn again after a write it could not settle. The re-read
 //     uses read concern majority, so a write reported landed is one no
-//     replica-set rollback can undo.
+//     replica-set rollback can undo (a server that refuses majority reads,
+//     and so has no such rollback, is read at its default).
 //   - A document deleted and inserted again is never taken for the old one,
 //     by any repository, whatever it has seen: a copy of the old document
 //     (its version) never matches the new one, since their versions come

@@ -77,7 +77,7 @@ type outcome struct {
 
 // exec sends w through the library's settling engine (internal/settle):
 // if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
-// document at majority and, by w's judge, reports landed, reports not
+// document at majority (settle.Majority) and, by w's judge, reports landed, reports not
 // landed, or sends w again with the same write id (every copy's filter lets
 // at most one apply). When a re-read cannot settle it, exec returns an
 // *UnknownOutcomeError; it returns an ambiguous error as it is only inside a
@@ -94,12 +94,11 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 			s, err := w.send(ctx)
 			return s.after, s.matched, err
 		},
-		// A missing document is an answer here, which the judges judge.
-		Read: func(ctx context.Context) (*docState, error) {
-			st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
-			if errors.Is(err, ErrNotFound) {
-				return nil, nil //nolint:nilnil // no document is an answer here, which the judges judge
-			}
+		Read: func(ctx context.Context) (st *docState, err error) {
+			err = r.majority.Read(ctx, func(coll *mongo.Collection) error {
+				st, err = r.reread(ctx, coll, w.op, w.id, w.key)
+				return err
+			})
 			return st, err
 		},
 		Judge:  w.judge,
@@ -129,7 +128,8 @@ func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guard
 	return r.findIn(ctx, r.coll, op, id, key, guards)
 }
 
-// findIn is find through coll (the repository's collection, or settle).
+// findIn is find through coll (the repository's collection, or the
+// majority reader's).
 func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
 	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
@@ -211,10 +211,10 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey,
 	return ge
 }
 
-// rereadNow reads the document to classify a failed write; a missing
-// document is nil.
-func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key docKey) (*docState, error) {
-	st, err := r.find(ctx, op, id, key, nil)
+// reread reads the document through coll to settle or classify a write; a
+// missing document is nil.
+func (r *Repo[T]) reread(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey) (*docState, error) {
+	st, err := r.findIn(ctx, coll, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge
 	}

@@ -167,7 +167,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 		st := out.reread
 		if !out.read {
-			if st, err = r.rereadNow(ctx, op, idv, key); err != nil {
+			if st, err = r.reread(ctx, r.coll, op, idv, key); err != nil {
 				return nil, err
 			}
 		}

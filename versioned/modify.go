@@ -623,7 +623,7 @@ func (b *batch[T]) read() (*docState, error) {
 	if errors.Is(err, ErrNotFound) && len(guards) > 0 {
 		// The guarded read missed: tell a failed guard from a missing
 		// document. A failed re-read says neither.
-		st, err := r.rereadNow(b.io, op, id, key)
+		st, err := r.reread(b.io, r.coll, op, id, key)
 		if err != nil {
 			return nil, err
 		}
@@ -720,7 +720,7 @@ func (b *batch[T]) final(err error) error {
 	r, op, id := b.r, b.op, b.id
 	var ce *ConflictError
 	if errors.As(err, &ce) && ce.Current < 0 && b.lead.ctx.Err() == nil {
-		st, rerr := r.rereadNow(b.lead.ctx, op, id, b.key)
+		st, rerr := r.reread(b.lead.ctx, r.coll, op, id, b.key)
 		if rerr == nil {
 			cerr := r.classify(b.lead.ctx, op, id, b.key, ce.Expected, st, b.cfg.guards)
 			var c *ConflictError

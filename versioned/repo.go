@@ -8,9 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -25,16 +24,16 @@ import (
 // "What every document carries").
 type Repo[T any] struct {
 	coll *mongo.Collection
-	// settle is coll with read concern majority: the re-reads that settle
-	// an ambiguous write read through it, so that they never see a write
-	// that a replica set may still roll back.
-	settle *mongo.Collection
-	s      *schema
-	opts   Options
-	cache  *docCache
-	shard  shard.Spec // Options.ShardKey, checked
-	lines  *collLines // where Modify calls on one document wait in line
-	server *store.Server
+	// majority reads coll for the re-reads that settle an ambiguous write
+	// (settle.Majority), so that they never see a write that a replica set
+	// may still roll back.
+	majority *settle.Majority
+	s        *schema
+	opts     Options
+	cache    *docCache
+	shard    shard.Spec // Options.ShardKey, checked
+	lines    *collLines // where Modify calls on one document wait in line
+	server   *store.Server
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -64,9 +63,11 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err := s.checkShardKey(spec); err != nil {
 		return nil, err
 	}
-	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
 	o.Retry = withDefaults(o.Retry, newBudget())
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client())}, nil
+	return &Repo[T]{
+		coll: coll, majority: settle.NewMajority(coll), s: s, opts: o, cache: newDocCache(),
+		shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client()),
+	}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -289,7 +290,7 @@ func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docK
 	st := out.reread
 	if !out.read {
 		var err error
-		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
+		if st, err = r.reread(ctx, r.coll, op, id, key); err != nil {
 			return err
 		}
 	}

@@ -475,6 +475,58 @@ func TestAmbiguousWriteIsSettledByMajorityRead(t *testing.T) {
 	require.Equal(t, []string{"", "majority"}, levels, "the Get reads as the collection does; the settling re-read reads majority")
 }
 
+// TestSettlingReadWithoutMajority: a server that refuses read concern
+// majority (code 148, ReadConcernMajorityNotEnabled, injected on the first
+// settling read) still has the lost write settled, by a read at the
+// collection's read concern; the repository reads that way from then on, so
+// the next settling read is one find without majority.
+func TestSettlingReadWithoutMajority(t *testing.T) {
+	repo, f, b := setupFaulty[account](t, nil)
+	a := &account{ID: "nm", Balance: 1}
+	require.NoError(t, repo.Insert(b.ctx, a))
+	v0 := a.Version
+
+	var (
+		mu     sync.Mutex
+		levels []string // the read concern level of each find, "" for none
+	)
+	// A fault that never acts, to watch the finds the server answers.
+	f.DropNextReply(func(c *mongotest.Command) bool {
+		if c.Name == "find" && c.Collection == b.coll.Name() {
+			level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
+			mu.Lock()
+			levels = append(levels, level)
+			mu.Unlock()
+		}
+		return false
+	})
+	finds := mongotest.Commands([]string{"find"}, b.coll.Name())
+	majority := func(c *mongotest.Command) bool {
+		level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
+		return finds(c) && level == "majority"
+	}
+	refused := f.ErrorBeforeApply(majority, mongotest.ServerError{
+		Code: 148, CodeName: "ReadConcernMajorityNotEnabled",
+		Errmsg: "Majority read concern requested, but it is not supported by the storage engine.",
+	})
+	fault := dropNextWrite(f, b)
+	a.Balance = 2
+	require.NoError(t, repo.Update(b.ctx, a), "the re-read without majority found the write applied")
+	requireDropped(t, fault)
+	require.True(t, refused.HasFired(), "the settling read asked for majority and was refused")
+
+	fault = dropNextWrite(f, b)
+	a.Balance = 3
+	require.NoError(t, repo.Update(b.ctx, a), "settled again, by a read without majority")
+	requireDropped(t, fault)
+	require.Equal(t, v0+2, a.Version)
+	require.Equal(t, int64(3), b.raw(t, "nm")["balance"])
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"", ""}, levels, "after the refusal, both settling reads at the collection's read concern")
+}
+
 // A write-concern error is an ambiguous outcome, not a failure.
 //
 // A reply with writeConcernError means the primary APPLIED the write but
