@@ -269,7 +269,7 @@ func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (ver
 			return unknown, whyOther
 		case st.version == w.base:
 			return live, ""
-		case st.version > w.base && st.version-w.base-(k-1) <= st.nids():
+		case st.version > w.base && st.version-w.base-(k-1) <= countIDs(st.ids):
 			return dead, ""
 		case st.version > w.base:
 			return unknown, whyFar

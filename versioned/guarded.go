@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -220,15 +219,11 @@ func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
 		fields := 0
 		walked := elements(v.Value, func(path []byte, fv bson.RawValue) bool {
 			fields++
-			if !r.pathOK(path) {
-				if err = r.checkPath(op, string(path)); err != nil {
-					return false
-				}
+			if err = r.checkPath(op, path); err != nil {
+				return false
 			}
-			if !operandOK(name, fv) {
-				if err = checkOperand(op, string(name), string(path), fv); err != nil {
-					return false
-				}
+			if err = checkOperand(op, name, path, fv); err != nil {
+				return false
 			}
 			for _, p := range paths {
 				if overlap(p, path) {
@@ -272,45 +267,6 @@ func opsOf(raw bson.Raw) bson.D {
 	return ops
 }
 
-// pathOK reports, without allocating, that an update path is well formed
-// and outside what the repository owns; false also where it cannot tell
-// (checkPath then says).
-func (r *Repo[T]) pathOK(path []byte) bool {
-	if r.shard.Enabled() {
-		return false // a shard-key field: checkShardPath tells
-	}
-	first := true
-	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
-		if len(seg) == 0 || seg[0] == '$' {
-			return false
-		}
-		if first && (string(seg) == "_id" || string(seg) == r.opts.VersionField || string(seg) == r.opts.MetaField) {
-			return false
-		}
-		for _, res := range r.opts.Reserved {
-			if first && string(seg) == res {
-				return false
-			}
-		}
-		first = false
-	}
-	return true
-}
-
-// operandOK reports, without allocating, that an operator's value for a
-// path is one checkOperand accepts; false also where it cannot tell.
-func operandOK(name []byte, v bson.RawValue) bool {
-	switch string(name) {
-	case "$inc":
-		return v.Type == bson.TypeInt32 || v.Type == bson.TypeInt64 || v.Type == bson.TypeDouble || v.Type == bson.TypeDecimal128
-	case "$currentDate":
-		return v.Type == bson.TypeBoolean
-	case "$set":
-		return (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || keysOK(v.Value)
-	}
-	return true
-}
-
 // overlap reports whether two update paths are equal or one is a prefix of
 // the other at a segment boundary.
 func overlap(a, b []byte) bool {
@@ -336,41 +292,49 @@ func encodeUpdate(op string, update any) (bson.Raw, error) {
 }
 
 // checkPath refuses an update path that is malformed or that touches what
-// the repository owns: the id, the version and the write ids.
-func (r *Repo[T]) checkPath(op, path string) error {
-	segs := strings.Split(path, ".")
-	for _, s := range segs {
+// the repository owns: the id, the version, the write ids, a reserved or a
+// shard-key field. It allocates only to say what is wrong.
+func (r *Repo[T]) checkPath(op string, path []byte) error {
+	bad := func(reason string) error { return &InvalidError{Op: op, Field: string(path), Reason: reason} }
+	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
 		switch {
-		case s == "":
-			return &InvalidError{Op: op, Field: path, Reason: "path has an empty segment"}
-		case strings.HasPrefix(s, "$"):
-			return &InvalidError{Op: op, Field: path, Reason: "path segment starts with '$' (positional and other $ paths are not supported)"}
+		case len(seg) == 0:
+			return bad("path has an empty segment")
+		case seg[0] == '$':
+			return bad("path segment starts with '$' (positional and other $ paths are not supported)")
 		}
 	}
-	switch segs[0] {
+	root, _, _ := bytes.Cut(path, []byte{'.'})
+	switch string(root) {
 	case "_id":
-		return &InvalidError{Op: op, Field: path, Reason: "the id cannot be changed"}
+		return bad("the id cannot be changed")
 	case r.opts.VersionField:
-		return &InvalidError{Op: op, Field: path, Reason: "the version field is the repository's to change"}
+		return bad("the version field is the repository's to change")
 	case r.opts.MetaField:
-		return &InvalidError{Op: op, Field: path, Reason: "the write-id field is the repository's to change"}
+		return bad("the write-id field is the repository's to change")
 	}
-	if r.reserved(segs[0]) {
-		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
+	for _, f := range r.opts.Reserved {
+		if string(root) == f {
+			return bad("the field is reserved (Options.Reserved) for another component, such as the lease package")
+		}
 	}
-	return r.checkShardPath(op, path)
+	if r.shard.Enabled() {
+		return r.checkShardPath(op, string(path))
+	}
+	return nil
 }
 
-// checkOperand checks the value an operator gives a path.
-func checkOperand(op, name, path string, v bson.RawValue) error {
-	switch name {
+// checkOperand checks the value an operator gives a path. It allocates
+// only to say what is wrong.
+func checkOperand(op string, name, path []byte, v bson.RawValue) error {
+	switch string(name) {
 	case "$inc":
 		switch v.Type {
 		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
 			return nil
 		default:
 		}
-		return &InvalidError{Op: op, Field: path, Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
+		return &InvalidError{Op: op, Field: string(path), Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
 	case "$currentDate":
 		if v.Type == bson.TypeBoolean {
 			return nil
@@ -380,9 +344,12 @@ func checkOperand(op, name, path string, v bson.RawValue) error {
 				return nil
 			}
 		}
-		return &InvalidError{Op: op, Field: path, Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
+		return &InvalidError{Op: op, Field: string(path), Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
 	case "$set":
-		return checkValueKeys(op, v, path)
+		if (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || keysOK(v.Value) {
+			return nil
+		}
+		return checkValueKeys(op, v, string(path))
 	}
 	return nil
 }

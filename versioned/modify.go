@@ -656,13 +656,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 			m.left = true
 			continue
 		}
-		var doc *T
-		var err error
-		if k == 0 {
-			doc, err = r.decode(op, id, st)
-		} else {
-			doc, err = r.decodeRaw(op, id, raw, ver)
-		}
+		doc, err := r.decode(op, id, &docState{raw: raw, version: ver})
 		if err != nil {
 			m.err = err
 			continue
@@ -681,7 +675,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 		var changed bool
 		if encErr != nil {
 			// Not writable as it is; fine if fn changed nothing.
-			changed, err = r.changedFrom(op, id, raw, cur, valueOf(doc))
+			_, _, changed, err = r.compare(op, id, raw, cur, valueOf(doc), nil, false)
 			if err == nil && changed {
 				err = encErr
 			}
@@ -760,6 +754,7 @@ func (b *batch[T]) errFor(err error, m *member[T]) error {
 // whether fn changed a field, refusing a change of the id or of a reserved
 // field, and, if want, returns the $set of each changed field as enc
 // (doc's encoding) has it and the $unset of each changed field enc omits.
+// With enc nil (doc cannot be encoded) it compares Go values only.
 func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value, enc bson.Raw, want bool) (set, unset bson.D, changed bool, err error) {
 	for _, name := range r.s.names {
 		if name == r.opts.VersionField {
@@ -768,6 +763,7 @@ func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc refl
 		a, aerr := prevRaw.LookupErr(name)
 		e, eerr := enc.LookupErr(name)
 		switch {
+		case enc == nil: // no encoding to compare
 		case aerr != nil && eerr != nil:
 			continue // absent from both
 		case aerr == nil && eerr == nil && a.Type == e.Type && bytes.Equal(a.Value, e.Value):
@@ -795,30 +791,6 @@ func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc refl
 	return set, unset, changed, nil
 }
 
-// changedFrom is compare for a doc that cannot be encoded: it compares Go
-// values only.
-func (r *Repo[T]) changedFrom(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value) (bool, error) {
-	changed := false
-	for _, name := range r.s.names {
-		if name == r.opts.VersionField {
-			continue
-		}
-		a, aerr := prevRaw.LookupErr(name)
-		index := r.s.mapped[name]
-		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
-			continue
-		}
-		switch {
-		case name == "_id":
-			return false, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
-		case r.reserved(name):
-			return false, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
-		}
-		changed = true
-	}
-	return changed, nil
-}
-
 // same reports whether the field at index of doc, f, equals as a Go value
 // the previous state's: prevVal's field when prevVal is valid, else the
 // stored value a (absent when !present: the zero value) decoded into f's
@@ -834,11 +806,6 @@ func same(prevVal reflect.Value, a bson.RawValue, present bool, f reflect.Value,
 		}
 	}
 	return equal(old.Elem(), f)
-}
-
-// decodeRaw decodes an encoded T into a new T at version ver.
-func (r *Repo[T]) decodeRaw(op string, id any, raw bson.Raw, ver int64) (*T, error) {
-	return r.decode(op, id, &docState{raw: raw, version: ver})
 }
 
 // equal reports whether two values of one field type are deeply equal,

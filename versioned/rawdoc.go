@@ -118,9 +118,6 @@ func (st *docState) has(wid int64) bool {
 	}
 }
 
-// nids is the number of write ids the document carries.
-func (st *docState) nids() int64 { return countIDs(st.ids) }
-
 // countIDs is the number of write ids in a list (ids of an earlier
 // protocol not counted: invariant L then just knows less).
 func countIDs(ids bson.RawArray) int64 {

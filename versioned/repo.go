@@ -348,7 +348,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 			return landed, "" // the incarnation it targeted is gone
 		case st.version == ver:
 			return live, ""
-		case st.version > ver && (known || st.version-ver <= st.nids()):
+		case st.version > ver && (known || st.version-ver <= countIDs(st.ids)):
 			// The same incarnation moved on: a delete that landed would
 			// have removed it.
 			return dead, ""
