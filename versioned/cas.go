@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -71,17 +72,17 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		return casOut{outcome: out}, r.dupOr(op, id, err)
 	}
 	ck := cacheKey(key)
-	if out.landed {
+	if out.Applied {
 		inc := read.inc
-		if out.reread != nil {
-			inc = out.reread.inc
+		if out.Read != nil {
+			inc = out.Read.inc
 		}
 		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
 	var cur *docState
-	if out.after != nil {
-		if cur, err = r.readState(op, id, out.after); err != nil {
+	if out.Reply != nil {
+		if cur, err = r.readState(op, id, out.Reply); err != nil {
 			return casOut{outcome: out}, err
 		}
 		r.cache.observe(ck, cur)
@@ -258,22 +259,22 @@ func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson
 // w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
 // stays listed while the document is less than n versions (its number of
 // ids) past base+k-1. See DESIGN.md, "The judges" and "Combining".
-func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (verdict, string) {
-	return func(st *docState) (verdict, string) {
+func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (settle.Verdict, string) {
+	return func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil:
-			return unknown, whyGone
+			return settle.Unknown, whyGone
 		case st.has(w.wid):
-			return landed, ""
+			return settle.Landed, ""
 		case incKnown && st.inc != inc:
-			return unknown, whyOther
+			return settle.Unknown, whyOther
 		case st.version == w.base:
-			return live, ""
+			return settle.Live, ""
 		case st.version > w.base && st.version-w.base-(k-1) <= countIDs(st.ids):
-			return dead, ""
+			return settle.Dead, ""
 		case st.version > w.base:
-			return unknown, whyFar
+			return settle.Unknown, whyFar
 		}
-		return unknown, whyUnrelated
+		return settle.Unknown, whyUnrelated
 	}
 }

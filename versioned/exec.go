@@ -29,17 +29,6 @@ func newWriteID() int64 {
 // widText is a write id as UnknownOutcomeError.WriteID shows it.
 func widText(wid int64) string { return strconv.FormatUint(uint64(wid), 16) } //nolint:gosec // the bits as they are
 
-// verdict is what a re-read says about a write whose reply was lost: the
-// engine's verdicts, named as the judges here use them.
-type verdict = settle.Verdict
-
-const (
-	landed  = settle.Landed
-	live    = settle.Live
-	dead    = settle.Dead
-	unknown = settle.Unknown
-)
-
 // sent is the outcome of sending a write once.
 type sent struct {
 	matched bool
@@ -57,23 +46,16 @@ type write struct {
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
-	judge func(st *docState) (verdict, string)
+	judge func(st *docState) (settle.Verdict, string)
 	// to, if not nil, are the contexts of the calls whose changes the write
 	// carries (a combined Modify write): its Ambiguous and Settled events
 	// go to each of them instead of the context exec runs in.
 	to []context.Context
 }
 
-// outcome is the result of exec.
-type outcome struct {
-	landed bool
-	after  bson.Raw  // the document after the write, if a reply carried it
-	reread *docState // the last re-read (nil if none, or no document)
-	read   bool      // a re-read was made
-	// resent says the write was sent more than once: a copy other than the
-	// one that landed may still be in flight.
-	resent bool
-}
+// outcome is the result of exec: Read is the last re-read (nil if none, or
+// no document), Reply the document after the write if a reply carried it.
+type outcome = settle.Result[bson.Raw, *docState]
 
 // exec sends w through the library's settling engine (internal/settle):
 // if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
@@ -115,7 +97,7 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	default:
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
-	return outcome{landed: res.Applied, after: res.Reply, reread: res.Read, read: res.HasRead, resent: res.Resent}, nil
+	return res, nil
 }
 
 func isVersionTypeError(err error) bool {

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -126,16 +127,16 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			// anchor: present while the write's own id, pushed after it,
 			// cannot have been cut from the list.
 			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
-			w.judge = func(st *docState) (verdict, string) {
+			w.judge = func(st *docState) (settle.Verdict, string) {
 				switch {
 				case st == nil:
-					return unknown, whyGone
+					return settle.Unknown, whyGone
 				case st.has(w.wid):
-					return landed, ""
+					return settle.Landed, ""
 				case st.has(s.last):
-					return live, ""
+					return settle.Live, ""
 				}
-				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
+				return settle.Unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
 			}
 		}
 		filter = withGuards(filter, guards)
@@ -154,18 +155,18 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		if err != nil {
 			return nil, r.dupOr(op, idv, err)
 		}
-		if out.landed {
-			st := out.reread
-			if out.after != nil {
-				if st, err = r.readState(op, idv, out.after); err != nil {
+		if out.Applied {
+			st := out.Read
+			if out.Reply != nil {
+				if st, err = r.readState(op, idv, out.Reply); err != nil {
 					return nil, err
 				}
 				r.cache.observe(ck, st)
 			}
 			return r.decode(op, idv, st)
 		}
-		st := out.reread
-		if !out.read {
+		st := out.Read
+		if !out.HasRead {
 			if st, err = r.reread(ctx, r.coll, op, idv, key); err != nil {
 				return nil, err
 			}

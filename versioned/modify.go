@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync/atomic"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -350,21 +351,29 @@ func (b *batch[T]) join() {
 		}
 		return
 	}
-	c := b.lines
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if m.w.withdrawn || m.w.state == wDone {
-			continue
-		}
+	b.prune(func(m *member[T]) {
 		if m.w.state == wBusy { // an attempt retried at once: no idle in between
 			m.w.state = wTaken
 			m.w.signal()
 		}
 		m.ob.attempts++ // under the lock: the call reads it once it has left
-		ms = append(ms, m)
+	})
+}
+
+// prune drops, under the lines' lock, the calls that left the batch
+// (withdrawn, or settled), and passes each other one to mark.
+func (b *batch[T]) prune(mark func(m *member[T])) {
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := b.ms[:0]
+	for _, m := range b.ms {
+		if !m.w.withdrawn && m.w.state != wDone {
+			mark(m)
+			ms = append(ms, m)
+		}
 	}
+	clear(b.ms[len(ms):])
 	b.ms = ms
 }
 
@@ -418,22 +427,9 @@ func (b *batch[T]) dropLeft() {
 // and marks the others in progress until idle, so that none leaves while
 // the retry loop reports the attempt to the calls.
 func (b *batch[T]) seal() {
-	if b.alone() {
-		return
+	if !b.alone() {
+		b.prune(func(m *member[T]) { m.w.state = wBusy })
 	}
-	c := b.lines
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if m.w.withdrawn || m.w.state == wDone {
-			continue
-		}
-		m.w.state = wBusy
-		ms = append(ms, m)
-	}
-	clear(b.ms[len(ms):])
-	b.ms = ms
 }
 
 // idle marks the batch's calls as between attempts, and wakes them, so
@@ -459,11 +455,8 @@ func (b *batch[T]) settle(m *member[T], out *T, err error) {
 	if m.w != nil {
 		b.lines.settle(m.w)
 	}
-	for i, x := range b.ms {
-		if x == m {
-			b.ms = append(b.ms[:i], b.ms[i+1:]...)
-			break
-		}
+	if i := slices.Index(b.ms, m); i >= 0 {
+		b.ms = slices.Delete(b.ms, i, i+1)
 	}
 }
 
@@ -546,7 +539,7 @@ func (b *batch[T]) try() error {
 	switch {
 	case err != nil:
 		return err
-	case out.landed:
+	case out.Applied:
 		for i := 0; i < len(b.ms); {
 			if m := b.ms[i]; !m.deferred {
 				b.settleOwn(m) // removes it from b.ms
@@ -568,7 +561,7 @@ func (b *batch[T]) try() error {
 		}
 		b.quick, b.pre = true, out.current
 		return retry.Immediately(err)
-	case !out.read && !settle.InTransaction(b.io):
+	case !out.HasRead && !settle.InTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read
 		// now, which saves a round trip per conflict.

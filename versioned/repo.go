@@ -133,24 +133,24 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 		}
 		return sent{matched: err == nil}, err
 	}
-	w.judge = func(st *docState) (verdict, string) {
+	w.judge = func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil:
-			return unknown, "no document has the id: the insert may have landed and been deleted since, or never arrived, and sending it again could bring back a deleted document"
+			return settle.Unknown, "no document has the id: the insert may have landed and been deleted since, or never arrived, and sending it again could bring back a deleted document"
 		case st.inc == wid || st.has(wid):
-			return landed, ""
+			return settle.Landed, ""
 		}
-		return unknown, "another incarnation of the document is stored: the insert may have been refused as a duplicate, or have landed and been deleted since"
+		return settle.Unknown, "another incarnation of the document is stored: the insert may have been refused as a duplicate, or have landed and been deleted since"
 	}
 	out, err := r.exec(ctx, &r.opts.Retry, w)
 	if err != nil {
 		return err
 	}
-	if !out.landed {
+	if !out.Applied {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
 	r.s.setVersion(v, start)
-	if out.reread == nil {
+	if out.Read == nil {
 		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid, ids: exactIDs(nil, wid).Value})
 	}
 	return nil
@@ -207,8 +207,8 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err != nil {
 		return err
 	}
-	if !out.landed {
-		return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
+	if !out.Applied {
+		return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, ver, out, cfg.guards))
 	}
 	r.s.setVersion(v, ver+1)
 	return nil
@@ -261,13 +261,13 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
-	if out.landed {
+	if out.Applied {
 		// Of which incarnation version base+1 is, when known: the one
 		// read, or re-read, or cached at base. The cache only saves round
 		// trips, so when none says, it is left as it is.
 		switch {
-		case out.reread != nil:
-			r.cache.put(ck, seen{version: base + 1, inc: out.reread.inc, last: w.wid})
+		case out.Read != nil:
+			r.cache.put(ck, seen{version: base + 1, inc: out.Read.inc, last: w.wid})
 		case known:
 			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid, ids: ids.Value})
 		case cached:
@@ -277,18 +277,13 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	return out, nil
 }
 
-// notApplied tells why a write made against version expected did not
-// apply, re-reading the document unless exec already did, and reports a
-// conflict to the Observer.
-func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
-	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, expected, out, guards))
-}
-
-// whyNotApplied is notApplied without the report (a combined Modify write
-// reports its conflict to each of its calls).
+// whyNotApplied tells why a write made against version expected did not
+// apply, re-reading the document unless exec already did. The caller
+// reports a conflict to the Observer (a combined Modify write, to each of
+// its calls).
 func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
-	st := out.reread
-	if !out.read {
+	st := out.Read
+	if !out.HasRead {
 		var err error
 		if st, err = r.reread(ctx, r.coll, op, id, key); err != nil {
 			return err
@@ -342,30 +337,30 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 		}
 		return sent{matched: res.DeletedCount == 1}, nil
 	}
-	w.judge = func(st *docState) (verdict, string) {
+	w.judge = func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil, known && st.inc != s.inc:
-			return landed, "" // the incarnation it targeted is gone
+			return settle.Landed, "" // the incarnation it targeted is gone
 		case st.version == ver:
-			return live, ""
+			return settle.Live, ""
 		case st.version > ver && (known || st.version-ver <= countIDs(st.ids)):
 			// The same incarnation moved on: a delete that landed would
 			// have removed it.
-			return dead, ""
+			return settle.Dead, ""
 		}
 		// Another incarnation, the same far ahead, or a majority-committed
 		// state that has not caught up with the version the caller read.
-		return unknown, whyUnrelated
+		return settle.Unknown, whyUnrelated
 	}
 	out, err := r.exec(ctx, r.policy(&cfg), w)
 	if err != nil {
 		return err
 	}
-	if out.landed {
+	if out.Applied {
 		r.cache.forget(ck)
 		return nil
 	}
-	return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
+	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, ver, out, cfg.guards))
 }
 
 // start checks ctx and id (a Key, or a bare id) for an operation that
