@@ -62,7 +62,7 @@ func FuzzCheckOps(f *testing.F) {
 			return
 		}
 		ops := opsOf(bson.Raw(data))
-		upd, err := r.updateOps("guarded", bson.Raw(data))
+		upd, err := r.updateOps("guarded", bson.Raw(data), nil)
 		if err != nil {
 			if wellFormed(data) {
 				t.Fatalf("updateOps refused a well-formed update checkOps accepts: %v", err)

@@ -68,10 +68,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	if err != nil {
 		return nil, err
 	}
-	if update, err = r.withSets(op, update, cfg.sets); err != nil {
-		return nil, err
-	}
-	ops, err := r.updateOps(op, update)
+	ops, err := r.updateOps(op, update, cfg.sets)
 	if err != nil {
 		return nil, err
 	}
@@ -347,10 +344,10 @@ func checkOperand(op string, name, path []byte, v bson.RawValue) error {
 		}
 		return &InvalidError{Op: op, Field: string(path), Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
 	case "$set":
-		if (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || keysOK(v.Value) {
+		if (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || walkOK(v.Value, true) {
 			return nil
 		}
-		return checkValueKeys(op, v, string(path))
+		return checkKeys(op, v.Value, string(path))
 	}
 	return nil
 }

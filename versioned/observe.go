@@ -7,7 +7,6 @@ import (
 
 	"github.com/mongocas/mongocas/internal/ended"
 	"github.com/mongocas/mongocas/observe"
-	"github.com/mongocas/mongocas/retry"
 )
 
 // The repository's events (see Options.Observer). Every function here
@@ -99,16 +98,6 @@ func (r *Repo[T]) settled(ctx context.Context, w *write, s observe.Settlement, e
 		e.Err = err
 	}
 	r.report(ctx, w, e)
-}
-
-// observedPolicy is p with the repository's Observer when p has none.
-func (r *Repo[T]) observedPolicy(p *retry.Policy) *retry.Policy {
-	if p.Observer != nil || r.opts.Observer == nil {
-		return p
-	}
-	c := *p
-	c.Observer = r.opts.Observer
-	return &c
 }
 
 // outcomes are the repository's own errors, in the order ended.Outcome tries

@@ -2,7 +2,6 @@ package versioned
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -246,28 +245,6 @@ func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
 		}
 	}
 	return c, nil
-}
-
-// withSets returns Guarded's update with the WithSet fields added to its
-// $set; updateOps then checks the whole (an overlap of the two included).
-func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
-	if len(sets) == 0 {
-		return update, nil
-	}
-	raw, err := encodeUpdate(op, update)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.checkOps(op, raw); err != nil {
-		return nil, err
-	}
-	ops := opsOf(raw)
-	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
-	if i < 0 {
-		return append(ops, bson.E{Key: "$set", Value: sets}), nil
-	}
-	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // opsOf's form
-	return ops, nil
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one

@@ -41,6 +41,3 @@ func withDefaults(p retry.Policy, budget *retry.Budget) retry.Policy {
 	}
 	return p
 }
-
-// newBudget is the retry budget of a Repo whose Options.Retry has none.
-func newBudget() *retry.Budget { return retry.NewBudget(DefaultRetryBudget, 2*DefaultRetryBudget) }

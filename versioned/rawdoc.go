@@ -162,37 +162,30 @@ func asInt(v bson.RawValue) (int64, bool) {
 	return 0, false
 }
 
-// checkKeys walks an encoded document and reports the first field name
-// MongoDB would misread ('$' prefix or '.'), with its path.
-func checkKeys(op string, doc bson.Raw, path string) error {
-	if keysOK(doc) {
+// checkKeys reports the first field name of an encoded document (or array)
+// that MongoDB would misread ('$' prefix or '.'), at any depth, with its
+// path. It allocates only to say what is wrong.
+func checkKeys(op string, doc []byte, path string) error {
+	if walkOK(doc, true) {
 		return nil
 	}
-	elems, err := doc.Elements()
-	if err != nil {
-		return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
-	}
-	for _, e := range elems {
-		k := e.Key()
-		p := k
+	var err error
+	walked := elements(doc, func(k []byte, v bson.RawValue) bool {
+		p := string(k)
 		if path != "" {
-			p = path + "." + k
+			p = path + "." + p
 		}
-		if err := checkKey(k); err != nil {
-			return &InvalidError{Op: op, Field: p, Reason: err.Error()}
+		if err = checkKey(string(k)); err != nil {
+			err = &InvalidError{Op: op, Field: p, Reason: err.Error()}
+		} else if v.Type == bson.TypeEmbeddedDocument || v.Type == bson.TypeArray {
+			err = checkKeys(op, v.Value, p)
 		}
-		if err := checkValueKeys(op, e.Value(), p); err != nil {
-			return err
-		}
+		return err == nil
+	})
+	if err == nil && !walked {
+		err = &InvalidError{Op: op, Field: path, Reason: "malformed BSON"}
 	}
-	return nil
-}
-
-// keysOK walks an encoded document without allocating and reports whether
-// it is well formed and every field name, at any depth, is one MongoDB reads
-// as written. checkKeys says why not.
-func keysOK(doc []byte) bool {
-	return walkOK(doc, true)
+	return err
 }
 
 // wellFormed reports whether doc is a well-formed encoded document at every
@@ -230,25 +223,6 @@ func elements(doc []byte, fn func(key []byte, v bson.RawValue) bool) bool {
 		rest = r
 	}
 	return true
-}
-
-func checkValueKeys(op string, v bson.RawValue, path string) error {
-	switch v.Type {
-	case bson.TypeEmbeddedDocument:
-		return checkKeys(op, v.Document(), path)
-	case bson.TypeArray:
-		vals, err := v.Array().Values()
-		if err != nil {
-			return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
-		}
-		for i, x := range vals {
-			if err := checkValueKeys(op, x, path+"."+strconv.Itoa(i)); err != nil {
-				return err
-			}
-		}
-	default: // a scalar has no field names
-	}
-	return nil
 }
 
 // encode marshals doc and checks it can be stored as it is.
@@ -290,7 +264,7 @@ func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
 // write: mapped by T, and neither the id, the version, reserved nor a
 // shard-key field.
 func (r *Repo[T]) own(k string) bool {
-	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shardTop(k)
+	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shard.Has(k)
 }
 
 // reserved reports whether k is one of Options.Reserved.

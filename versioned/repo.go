@@ -63,7 +63,7 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err := s.checkShardKey(spec); err != nil {
 		return nil, err
 	}
-	o.Retry = withDefaults(o.Retry, newBudget())
+	o.Retry = withDefaults(o.Retry, retry.NewBudget(DefaultRetryBudget, 2*DefaultRetryBudget))
 	return &Repo[T]{
 		coll: coll, majority: settle.NewMajority(coll), s: s, opts: o, cache: newDocCache(),
 		shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client()),
@@ -414,11 +414,14 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
-	if cfg != nil && cfg.policy != nil {
-		p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
-		return r.observedPolicy(&p)
+	if cfg == nil || cfg.policy == nil {
+		return &r.opts.Retry
 	}
-	return &r.opts.Retry
+	p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
+	if p.Observer == nil {
+		p.Observer = r.opts.Observer
+	}
+	return &p
 }
 
 // dupOr turns a duplicate key error, as exec returns it, into a

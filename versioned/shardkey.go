@@ -84,13 +84,6 @@ func (r *Repo[T]) docShard(op string, id any, doc *T) (shard.Values, error) {
 	return vals, nil
 }
 
-// shardTop reports whether the top-level field k is itself a shard-key
-// field: Update never writes it (it cannot change, and the filter already
-// pins its value).
-func (r *Repo[T]) shardTop(k string) bool {
-	return r.shard.Has(k)
-}
-
 // keepsShard refuses a Modify whose fn changed a shard-key value: set and
 // unset are the top-level fields the write would $set and $unset.
 func (r *Repo[T]) keepsShard(op string, id any, key docKey, set, unset bson.D) error {
