@@ -124,12 +124,11 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 	return sent{after: raw}, true, nil
 }
 
-// usePipelines reports whether the CAS write may take its pipeline form:
-// not on FerretDB v1, which has none (store.Server.Kind, from buildInfo
-// asked once per client, so that its writes never pay a refused attempt),
-// nor once a refusal (or a pipeline run wrongly) turned it off for the
-// collection. If buildInfo fails, this write does without, and a later one
-// asks again.
+// usePipelines reports whether the CAS write may take its pipeline form: not
+// on FerretDB v1, which has none (store.Server.Kind, from buildInfo asked
+// once per client, so that its writes never pay a refused attempt), nor once
+// a refusal (or a pipeline run wrongly) turned it off for the collection. If
+// buildInfo fails, this write does without, and a later one asks again.
 func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	if r.lines.noPipes.Load() {
 		return false

@@ -19,10 +19,10 @@ import (
 // given id if it matches cond, in one statement: one findOneAndUpdate whose
 // filter is the id, cond and any Where filters, and whose update is the
 // caller's operators (with any WithSet fields in its $set) plus $inc of the
-// version by one (and the write id). The
-// server evaluates cond and applies the update atomically, so no version
-// needs to be read first and no conflict can occur: this is the call for
-// hot counters such as stock or balances.
+// version by one (and the write id). The server evaluates cond and applies
+// the update atomically, so no version needs to be read first and no
+// conflict can occur: this is the call for hot counters such as stock or
+// balances.
 //
 //	item, err := repo.Guarded(ctx, sku,
 //		bson.D{{"stock", bson.D{{"$gte", qty}}}},
@@ -31,31 +31,29 @@ import (
 // cond is a query filter (a bson.D, bson.M or anything that marshals to a
 // BSON document); nil means no condition. update may use $set, $unset, $inc
 // and $currentDate only (the operators every target server runs), on any
-// path except the id, the version field, Options.MetaField and the reserved
-// fields (Options.Reserved); two paths may not overlap, and the values
-// $set may not exceed MongoDB's 16 MiB document limit. A bad update is an
-// *InvalidError and nothing is sent. So is a write to a document at the
-// largest version (math.MaxInt64-1): the filter requires a version below
-// it, so that the $inc cannot wrap.
+// path except the id, the version field, Options.MetaField, the reserved
+// fields (Options.Reserved) and shard-key fields (Options.ShardKey); two
+// paths may not overlap, and the values $set may not exceed MongoDB's 16 MiB
+// document limit. A bad update is an *InvalidError and nothing is sent. So
+// is a write to a document at the largest version (math.MaxInt64-1): the
+// filter requires a version below it, so that the $inc cannot wrap.
 //
 // Guarded returns the document as stored after the write. If cond (or a
 // Where filter) does not match it returns a *GuardError, and a
-// *NotFoundError if there is no such document: one re-read tells them
-// apart.
+// *NotFoundError if there is no such document: one re-read tells them apart.
 //
 // Guarded normally makes one round trip. Its filter requires an "anchor":
-// the id of a write the document carried when the repository last saw it
-// (or read it first, if it has not seen it), which makes sure that a copy
-// of the write sent again cannot apply twice. If more than WriteIDs writes
-// have landed since, the anchor is gone: Guarded reads and sends again, for
-// as long as the retry policy's MaxElapsedTime allows (Options.Retry or
+// the id of a write the document carried when the repository last saw it (or
+// read it first, if it has not seen it), which makes sure that a copy of the
+// write sent again cannot apply twice. If more than WriteIDs writes have
+// landed since, the anchor is gone: Guarded reads and sends again, for as
+// long as the retry policy's MaxElapsedTime allows (Options.Retry or
 // WithRetry; default [DefaultRetryTime]), then returns a *ConflictError. So
-// that a busy document does not push anchors out, at most WriteIDs/4
-// Guarded calls per document and *mongo.Client are in flight; the others
-// wait their turn (one whose ctx ends meanwhile returns its error, having
-// sent nothing). If the reply is lost and the write turns out to have
-// landed, the document returned is the one re-read, which may include later
-// writes.
+// that a busy document does not push anchors out, at most WriteIDs/4 Guarded
+// calls per document and *mongo.Client are in flight; the others wait their
+// turn (one whose ctx ends meanwhile returns its error, having sent
+// nothing). If the reply is lost and the write turns out to have landed, the
+// document returned is the one re-read, which may include later writes.
 func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)

@@ -77,19 +77,18 @@ type Options struct {
 	// paths in T's documents ("region", "owner.accountId"), when the
 	// collection is sharded on a key other than _id. Every command the
 	// repository sends then filters on an equality with each of them, so
-	// that mongos routes it to the one shard that owns the document (see
-	// the package documentation, "Sharded collections"); the values come
-	// from the document (Insert, Update, Delete) or from the [Key] passed
-	// as the id (Get, Modify, Guarded, which refuse a bare id). Hashed or
-	// ranged makes no difference; list every field of a compound key.
-	// Fields under _id are left out (the _id's equality covers them), so
-	// {"_id"} is the same as nil. A field must be under a top-level field T
-	// maps and not the version field, MetaField or a reserved field; no
-	// segment may be empty or start with '$'. Each _id must be unique
-	// across the collection, as MongoDB requires of applications whose
-	// shard key is not _id. New does not read the shard key from the
-	// cluster's metadata: name it here. nil: the collection is not
-	// sharded, or is sharded on _id.
+	// that mongos routes it to the one shard that owns the document (see the
+	// package documentation, "Sharded collections"); the values come from
+	// the document (Insert, Update, Delete) or from the [Key] passed as the
+	// id (Get, Modify, Guarded, which refuse a bare id). Hashed or ranged
+	// makes no difference; list every field of a compound key. Fields under
+	// _id are left out (the _id's equality covers them), so {"_id"} is the
+	// same as nil. A field must be under a top-level field T maps and not
+	// the version field, MetaField or a reserved field; no segment may be
+	// empty or start with '$'. Each _id must be unique across the
+	// collection, as MongoDB requires of applications whose shard key is not
+	// _id. New does not read the shard key from the cluster's metadata: name
+	// it here. nil: the collection is not sharded, or is sharded on _id.
 	ShardKey []string
 
 	// Observer, if not nil, receives the repository's events: the start and

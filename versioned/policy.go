@@ -17,13 +17,12 @@ const (
 
 	// DefaultRetryBudget is the rate, in retries per second, of the retry
 	// budget each Repo makes for itself when Options.Retry has none; it
-	// holds up to twice as many. Every retry of a conflict (and of a
-	// re-read after an ambiguous write) takes a token, so a storm of
-	// conflicts cannot turn into a storm of writes: when the bucket is
-	// empty, Modify fails at once with an error matching
-	// retry.ErrBudgetExhausted. Calls on one document in one process wait
-	// in line instead of conflicting, so at most one retry per document and
-	// process is pending at any time.
+	// holds up to twice as many. Every retry of a conflict (and of a re-read
+	// after an ambiguous write) takes a token, so a storm of conflicts
+	// cannot turn into a storm of writes: when the bucket is empty, Modify
+	// fails at once with an error matching retry.ErrBudgetExhausted. Calls
+	// on one document in one process wait in line instead of conflicting, so
+	// at most one retry per document and process is pending at any time.
 	DefaultRetryBudget = 100
 )
 

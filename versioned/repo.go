@@ -95,15 +95,14 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 
 // Insert stores doc as a new document at a random starting version, below
 // 2^52, and sets doc's version field to it (versions are opaque: see the
-// package documentation). Its id must be set (Insert does not generate
-// one). An id that exists already is a *DuplicateError, as is a value
-// another unique index holds. The random start, and the incarnation id
-// Insert stamps, make sure that a document deleted and inserted again is
-// never taken for the old one, by any repository. If
-// the reply is lost, Insert re-reads to learn whether its document landed;
-// it never sends the insert again (a second copy could bring back a
-// document deleted meanwhile), so when the document is not there it
-// returns an *UnknownOutcomeError.
+// package documentation). Its id must be set (Insert does not generate one).
+// An id that exists already is a *DuplicateError, as is a value another
+// unique index holds. The random start, and the incarnation id Insert
+// stamps, make sure that a document deleted and inserted again is never
+// taken for the old one, by any repository. If the reply is lost, Insert
+// re-reads to learn whether its document landed; it never sends the insert
+// again (a second copy could bring back a document deleted meanwhile), so
+// when the document is not there it returns an *UnknownOutcomeError.
 func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	const op = "insert"
 	v, id, key, err := r.docID(ctx, op, doc)
