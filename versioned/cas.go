@@ -38,7 +38,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	ids := exactIDs(read.ids, wids...)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
-		bson.E{Key: r.idsPath(), Value: ids})
+		bson.E{Key: r.idsPath, Value: ids})
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
@@ -220,7 +220,7 @@ func (r *Repo[T]) casCond(read *docState) bson.Raw {
 	for i, e := range [2]struct {
 		path string
 		v    int64
-	}{{r.opts.VersionField, read.version}, {metaPath(r.opts.MetaField, metaInc), read.inc}} {
+	}{{r.opts.VersionField, read.version}, {r.incPath, read.inc}} {
 		var eq, args, ifNull, nullArgs int32
 		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
 		args, b = bsoncore.AppendArrayElementStart(b, "$eq")

@@ -150,7 +150,7 @@ func TestAnchorAndWithMetaEncoding(t *testing.T) {
 // TestCASPipelineEncoding: the pipeline built as bytes is the one the
 // driver would marshal from documents of $cond expressions.
 func TestCASPipelineEncoding(t *testing.T) {
-	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}}
+	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}, incPath: "_mc.inc", idsPath: "_mc.ids"}
 	ids := exactIDs(nil, 5, 6)
 	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
 		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}

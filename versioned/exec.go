@@ -14,10 +14,8 @@ import (
 	"github.com/mongocas/mongocas/retry"
 )
 
-// newWriteID returns a fresh write id: a random non-zero int64 from
-// math/rand/v2's ChaCha8, seeded by the runtime from the OS. A judge
-// compares one id with at most WriteIDs others: a false match has
-// probability about WriteIDs/2^64.
+// newWriteID returns a fresh write id: a random non-zero int64 (ChaCha8,
+// seeded from the OS; a false match has probability about WriteIDs/2^64).
 func newWriteID() int64 {
 	for {
 		if id := int64(mrand.Uint64()); id != 0 { //nolint:gosec // any bit pattern is an id
@@ -57,13 +55,12 @@ type write struct {
 // no document), Reply the document after the write if a reply carried it.
 type outcome = settle.Result[bson.Raw, *docState]
 
-// exec sends w through the library's settling engine (internal/settle):
-// if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
-// document at majority (settle.Majority) and, by w's judge, reports landed, reports not
-// landed, or sends w again with the same write id (every copy's filter lets
-// at most one apply). When a re-read cannot settle it, exec returns an
-// *UnknownOutcomeError; it returns an ambiguous error as it is only inside a
-// transaction, the unit to retry there.
+// exec sends w through the settling engine: after an ambiguous failure it
+// re-reads the document at majority (settle.Majority) and, by w's judge,
+// reports landed, not landed, or sends w again with the same write id (every
+// copy's filter lets at most one apply). A write it cannot settle is an
+// *UnknownOutcomeError; inside a transaction an ambiguous error is returned
+// as it is.
 func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
 	res, err := settle.Exec(ctx, settle.Config{
 		Retry:          *p,
@@ -105,14 +102,9 @@ func isVersionTypeError(err error) bool {
 	return errors.As(err, &vte)
 }
 
-// find reads the document with id key that also matches the guards.
-func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guards []guard) (*docState, error) {
-	return r.findIn(ctx, r.coll, op, id, key, guards)
-}
-
-// findIn is find through coll (the repository's collection, or the
-// majority reader's).
-func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
+// find reads through coll the document with id key that also matches the
+// guards.
+func (r *Repo[T]) find(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
 	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -170,7 +162,7 @@ func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, e
 // guardsFail reports whether the document fails one of the guards (or is
 // gone).
 func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key docKey, guards []guard) (bool, error) {
-	_, err := r.find(ctx, op, id, key, guards)
+	_, err := r.find(ctx, r.coll, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) {
 		return true, nil
 	}
@@ -185,7 +177,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey,
 		if g.failErr == nil {
 			continue
 		}
-		if _, err := r.find(ctx, op, id, key, []guard{g}); errors.Is(err, ErrNotFound) {
+		if _, err := r.find(ctx, r.coll, op, id, key, []guard{g}); errors.Is(err, ErrNotFound) {
 			ge.Err = g.failErr
 			break
 		}
@@ -196,7 +188,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey,
 // reread reads the document through coll to settle or classify a write; a
 // missing document is nil.
 func (r *Repo[T]) reread(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey) (*docState, error) {
-	st, err := r.findIn(ctx, coll, op, id, key, nil)
+	st, err := r.find(ctx, coll, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge
 	}

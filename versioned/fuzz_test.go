@@ -24,7 +24,7 @@ func fuzzRepo(t testing.TB) *Repo[fuzzDoc] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Repo[fuzzDoc]{s: s, opts: o, cache: newDocCache()}
+	return &Repo[fuzzDoc]{s: s, opts: o, cache: newDocCache(), idsPath: metaPath(o.MetaField, metaIDs), incPath: metaPath(o.MetaField, metaInc)}
 }
 
 func seedDocs(f *testing.F) {

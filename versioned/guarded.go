@@ -93,7 +93,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	for round := 0; ; round++ {
 		s, ok := r.cache.lookup(ck)
 		if !ok {
-			st, err := r.find(ctx, op, idv, key, nil)
+			st, err := r.find(ctx, r.coll, op, idv, key, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -112,7 +112,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			}
 			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
 			if s.last != 0 { // the list at that version is the one seen (see updateCAS)
-				filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+				filter = append(filter, bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
 			}
 			ids = exactIDs(s.ids, w.wid).Value
 			w.judge = judgeSpan(w, s.inc, true, 1)
@@ -121,7 +121,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			// wrap it (a stored version written by another program). The
 			// anchor: present while the write's own id, pushed after it,
 			// cannot have been cut from the list.
-			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (settle.Verdict, string) {
 				switch {
 				case st == nil:

@@ -46,7 +46,7 @@ func (r *Repo[T]) updateOps(op string, update any, sets bson.D) (bson.Raw, error
 // its last WriteIDs entries; or, if ids is not nil (the write pins the
 // version it was read at), the $set of the list to ids.
 func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
-	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath())+len(ids)+96)
+	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath)+len(ids)+96)
 	var hasInc, hasSet bool
 	elements(ops, func(name []byte, v bson.RawValue) bool {
 		var start int
@@ -78,7 +78,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 		b = append(b, byte(bson.TypeEmbeddedDocument))
 		b = append(b, "$push"...)
 		b = append(b, 0)
-		b = append(b, pushID(r.idsPath(), wid)...)
+		b = append(b, pushID(r.idsPath, wid)...)
 	}
 	return closeDoc(b, 0)
 }
@@ -89,7 +89,7 @@ func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
 		return b
 	}
 	b = append(b, byte(bson.TypeArray))
-	b = append(b, r.idsPath()...)
+	b = append(b, r.idsPath...)
 	b = append(b, 0)
 	return append(b, ids...)
 }

@@ -612,7 +612,7 @@ func (o *batchObserver[T]) Observe(_ context.Context, e observe.Event) {
 // failed filter from a missing document.
 func (b *batch[T]) read() (*docState, error) {
 	r, op, id, key, guards := b.r, b.op, b.id, b.key, b.cfg.guards
-	st, err := r.find(b.io, op, id, key, guards)
+	st, err := r.find(b.io, r.coll, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) && len(guards) > 0 {
 		// The guarded read missed: tell a failed guard from a missing
 		// document. A failed re-read says neither.

@@ -312,9 +312,9 @@ func checkBase(op, field string, base int64, next bool) error {
 // not inserted by a repository, which has none).
 func (r *Repo[T]) incIs(inc int64) bson.E {
 	if inc == 0 {
-		return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: bson.D{{Key: "$exists", Value: false}}}
+		return bson.E{Key: r.incPath, Value: bson.D{{Key: "$exists", Value: false}}}
 	}
-	return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: inc}
+	return bson.E{Key: r.incPath, Value: inc}
 }
 
 // withGuards ANDs the guards' filters (the Where filters, and cond for
@@ -331,22 +331,8 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 	return append(filter, bson.E{Key: "$and", Value: and})
 }
 
-// idsPath is the path of the list of write ids.
-func (r *Repo[T]) idsPath() string { return metaPath(r.opts.MetaField, metaIDs) }
-
-// metaPath is the path of name in the metadata subdocument meta, with no
-// allocation for the default one.
-func metaPath(meta, name string) string {
-	if meta == DefaultMetaField {
-		switch name {
-		case metaIDs:
-			return DefaultMetaField + "." + metaIDs
-		case metaInc:
-			return DefaultMetaField + "." + metaInc
-		}
-	}
-	return meta + "." + name
-}
+// metaPath is the path of name in the metadata subdocument meta.
+func metaPath(meta, name string) string { return meta + "." + name }
 
 // pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
 // encoded directly: the write appends its id and cuts the list to its last

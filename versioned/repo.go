@@ -33,7 +33,10 @@ type Repo[T any] struct {
 	cache    *docCache
 	shard    shard.Spec // Options.ShardKey, checked
 	lines    *collLines // where Modify calls on one document wait in line
-	server   *store.Server
+	// idsPath and incPath are the paths of the write ids and the
+	// incarnation id in MetaField.
+	idsPath, incPath string
+	server           *store.Server
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -67,6 +70,7 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	return &Repo[T]{
 		coll: coll, majority: settle.NewMajority(coll), s: s, opts: o, cache: newDocCache(),
 		shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client()),
+		idsPath: metaPath(o.MetaField, metaIDs), incPath: metaPath(o.MetaField, metaInc),
 	}, nil
 }
 
@@ -86,7 +90,7 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 	}
 	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
-	st, err := r.find(ctx, op, idv, key, nil)
+	st, err := r.find(ctx, r.coll, op, idv, key, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -236,12 +240,12 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	if known {
 		filter = append(filter, r.incIs(s.inc))
 		if s.last != 0 {
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: s.last})
+			filter = append(filter, bson.E{Key: r.idsPath, Value: s.last})
 		}
 		ids = exactIDs(s.ids, w.wid)
-		set = append(set, bson.E{Key: r.idsPath(), Value: ids})
+		set = append(set, bson.E{Key: r.idsPath, Value: ids})
 	} else {
-		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath(), w.wid)})
+		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath, w.wid)})
 	}
 	filter = withGuards(filter, cfg.guards)
 	update[0] = bson.E{Key: "$set", Value: set}
