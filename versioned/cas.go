@@ -60,11 +60,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 				return s, err
 			}
 		}
-		res, err := r.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return sent{}, err
-		}
-		return sent{matched: res.MatchedCount == 1}, nil
+		return r.updateOne(ctx, filter, update)
 	}
 	w.judge = judgeSpan(w, read.inc, true, k)
 	out, err := r.exec(ctx, r.policy(cfg), w)
@@ -88,6 +84,15 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		r.cache.observe(ck, cur)
 	}
 	return casOut{outcome: out, current: cur}, nil
+}
+
+// updateOne sends an updateOne write once.
+func (r *Repo[T]) updateOne(ctx context.Context, filter, update any) (sent, error) {
+	res, err := r.coll.UpdateOne(ctx, filter, update)
+	if err != nil {
+		return sent{}, err
+	}
+	return sent{matched: res.MatchedCount == 1}, nil
 }
 
 // afterOpts returns the document after a findOneAndUpdate.

@@ -9,7 +9,6 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
@@ -137,7 +136,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		filter = withGuards(filter, guards)
 		upd := r.guardedWrite(ops, w.wid, ids)
 		w.send = func(ctx context.Context) (sent, error) {
-			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, afterOpts).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
 				return sent{}, nil
 			}

@@ -134,9 +134,6 @@ type member[T any] struct {
 	err2 error
 }
 
-// changedNothing reports whether the member's fn left nothing to write.
-func (m *member[T]) changedNothing() bool { return m.wid == 0 }
-
 // inLine waits for m's turn on the document, leads a batch when promoted,
 // and returns m's outcome.
 func (r *Repo[T]) inLine(ctx context.Context, op string, id any, key docKey, cfg *writeConfig, m *member[T]) (*T, error) {
@@ -409,20 +406,6 @@ func (b *batch[T]) commit(m *member[T]) bool {
 	return true
 }
 
-// dropLeft takes out of the batch the calls apply found gone before their
-// fn's turn: nothing of them is written, and no event of the attempt
-// reaches them.
-func (b *batch[T]) dropLeft() {
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if !m.left {
-			ms = append(ms, m)
-		}
-	}
-	clear(b.ms[len(ms):])
-	b.ms = ms
-}
-
 // seal ends an attempt: it drops the calls that left the batch during it
 // and marks the others in progress until idle, so that none leaves while
 // the retry loop reports the attempt to the calls.
@@ -476,6 +459,17 @@ func (b *batch[T]) settleOwn(m *member[T]) {
 	}
 }
 
+// settleOwnIf settles with its own result each call that done accepts.
+func (b *batch[T]) settleOwnIf(done func(m *member[T]) bool) {
+	for i := 0; i < len(b.ms); {
+		if m := b.ms[i]; done(m) {
+			b.settleOwn(m) // takes it out of b.ms
+			continue
+		}
+		i++
+	}
+}
+
 // attempt is one read, the calls' fns, and one write. It returns nil when
 // the batch is settled, and otherwise the error of the attempt, which is
 // every unsettled call's unless the retry loop tries again.
@@ -505,16 +499,12 @@ func (b *batch[T]) try() error {
 		return err
 	}
 	k, last, raw := b.apply(st)
-	b.dropLeft()
+	// The calls found gone before their fn's turn: nothing of them is
+	// written, and no event of the attempt reaches them.
+	b.ms = slices.DeleteFunc(b.ms, func(m *member[T]) bool { return m.left })
 	// A call whose fn saw the state as read and wrote nothing is settled:
 	// its outcome does not depend on the write.
-	for i := 0; i < len(b.ms); {
-		if m := b.ms[i]; m.real && m.changedNothing() && !m.deferred {
-			b.settleOwn(m) // removes it from b.ms
-			continue
-		}
-		i++
-	}
+	b.settleOwnIf(func(m *member[T]) bool { return m.real && m.wid == 0 && !m.deferred })
 	if k == 0 {
 		return nil
 	}
@@ -540,13 +530,7 @@ func (b *batch[T]) try() error {
 	case err != nil:
 		return err
 	case out.Applied:
-		for i := 0; i < len(b.ms); {
-			if m := b.ms[i]; !m.deferred {
-				b.settleOwn(m) // removes it from b.ms
-				continue
-			}
-			i++
-		}
+		b.settleOwnIf(func(m *member[T]) bool { return !m.deferred })
 		return nil
 	case out.current != nil && settle.InTransaction(b.io):
 		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))

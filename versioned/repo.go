@@ -206,7 +206,7 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err := r.shardMoved(op, id, key); err != nil {
 		return err
 	}
-	out, err := r.updateCAS(ctx, op, id, key, ver, nil, set, unset, &cfg)
+	out, err := r.updateCAS(ctx, op, id, key, ver, set, unset, &cfg)
 	if err != nil {
 		return err
 	}
@@ -217,21 +217,17 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	return nil
 }
 
-// updateCAS sends the updateOne of a write made against version base: the
-// field changes, the version set to base+1 and the write id pushed,
-// filtered on the id, base and the guards; see exec. When the list of write
-// ids at base is known (read, or cached), the filter pins the incarnation
-// and last id too, and the list is $set exactly (DESIGN.md, "What every
-// document carries").
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
+// updateCAS sends Update's updateOne against version base: the field
+// changes, the version set to base+1 and the write id pushed, filtered on
+// the id, base and the guards; see exec. When the list of write ids at base
+// is cached, the filter pins the incarnation and last id too, and the list
+// is $set exactly (DESIGN.md, "What every document carries").
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	ck := cacheKey(key)
 	s, cached := r.cache.lookup(ck)
 	cached = cached && s.version == base
 	known := cached && s.ids != nil
-	if read != nil {
-		s, known = seen{version: base, inc: read.inc, ids: read.ids}, true
-	}
 	filter := append(key.Filter(), r.versionIs(base))
 	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
@@ -252,22 +248,15 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	w.send = func(ctx context.Context) (sent, error) {
-		res, err := r.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return sent{}, err
-		}
-		return sent{matched: res.MatchedCount == 1}, nil
-	}
+	w.send = func(ctx context.Context) (sent, error) { return r.updateOne(ctx, filter, update) }
 	w.judge = judgeSpan(w, s.inc, known, 1)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
 	if out.Applied {
-		// Of which incarnation version base+1 is, when known: the one
-		// read, or re-read, or cached at base. The cache only saves round
-		// trips, so when none says, it is left as it is.
+		// Of which incarnation version base+1 is, when known (re-read, or
+		// cached at base); else the cache is left as it is.
 		switch {
 		case out.Read != nil:
 			r.cache.put(ck, seen{version: base + 1, inc: out.Read.inc, last: w.wid})
