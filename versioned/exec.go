@@ -66,8 +66,8 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 		Retry:          *p,
 		ResolveTimeout: r.opts.ResolveTimeout,
 		Pass:           isVersionTypeError,
-		Ambiguous:      func(err error) { r.ambiguous(ctx, w, err) },
-		Settled:        func(s observe.Settlement, err error) { r.settled(ctx, w, s, err) },
+		Ambiguous:      func(err error) { r.settling(ctx, w, observe.Ambiguous, 0, err) },
+		Settled:        func(s observe.Settlement, err error) { r.settling(ctx, w, observe.Settled, s, err) },
 	}, settle.Write[bson.Raw, *docState]{
 		Send: func(ctx context.Context) (bson.Raw, bool, error) {
 			s, err := w.send(ctx)
@@ -83,7 +83,14 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 		Judge:  w.judge,
 		Resend: true,
 		Unknown: func(st *docState, _ bool, reason string, err error) error {
-			return r.unknown(w, st, reason, err)
+			cur := int64(-1)
+			if st != nil {
+				cur = st.version
+			}
+			return &UnknownOutcomeError{
+				Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid),
+				Base: w.base, Current: cur, Reason: reason, Err: err,
+			}
 		},
 	})
 	var ue *UnknownOutcomeError
@@ -119,14 +126,6 @@ func (r *Repo[T]) find(ctx context.Context, coll *mongo.Collection, op string, i
 	}
 	r.cache.observe(cacheKey(key), st)
 	return st, nil
-}
-
-func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) error {
-	cur := int64(-1)
-	if st != nil {
-		cur = st.version
-	}
-	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid), Base: w.base, Current: cur, Reason: reason, Err: err}
 }
 
 // Reasons an outcome is unknown.

@@ -38,8 +38,8 @@ func TestObserveAllocations(t *testing.T) {
 		var err error
 		c, ob := none.begin(ctx, "update", "a")
 		_ = none.conflicted(c, conflict)
-		none.ambiguous(c, w, conflict)
-		none.settled(c, w, observe.SettledLanded, nil)
+		none.settling(c, w, observe.Ambiguous, 0, conflict)
+		none.settling(c, w, observe.Settled, observe.SettledLanded, nil)
 		_ = none.policy(nil)
 		ob.attempts++
 		none.end(&ob, &err)

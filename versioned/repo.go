@@ -361,19 +361,12 @@ func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, docKey, er
 	if err := checkCtx(ctx, op); err != nil {
 		return nil, docKey{}, err
 	}
-	bare, vals, err := r.splitID(op, id)
+	bare, vals, err := r.shard.Split(id)
 	if err != nil {
-		return nil, docKey{}, err
+		return nil, docKey{}, &InvalidError{Op: op, Field: "_id", Err: err}
 	}
-	idv, err := r.s.checkID(op, bare)
-	if err != nil {
-		return nil, docKey{}, err
-	}
-	key, err := encodeID(op, idv)
-	if err != nil {
-		return nil, docKey{}, err
-	}
-	return idv.Interface(), docKey{ID: key, Shard: vals}, nil
+	idv, key, err := r.s.checkID(op, bare)
+	return idv, docKey{ID: key, Shard: vals}, err
 }
 
 // docID checks ctx and doc, and returns doc as a settable value, with its
@@ -386,19 +379,15 @@ func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, 
 		return reflect.Value{}, nil, docKey{}, &InvalidError{Op: op, Reason: "document is nil"}
 	}
 	v := valueOf(doc)
-	idv, err := r.s.checkID(op, r.s.idOf(v).Interface())
+	idv, key, err := r.s.checkID(op, r.s.idOf(v).Interface())
 	if err != nil {
 		return reflect.Value{}, nil, docKey{}, err
 	}
-	key, err := encodeID(op, idv)
+	vals, err := r.docShard(op, idv, doc)
 	if err != nil {
 		return reflect.Value{}, nil, docKey{}, err
 	}
-	vals, err := r.docShard(op, idv.Interface(), doc)
-	if err != nil {
-		return reflect.Value{}, nil, docKey{}, err
-	}
-	return v, idv.Interface(), docKey{ID: key, Shard: vals}, nil
+	return v, idv, docKey{ID: key, Shard: vals}, nil
 }
 
 // valueOf returns the struct doc points to.

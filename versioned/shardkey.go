@@ -59,15 +59,6 @@ func (s *schema) checkShardKey(spec shard.Spec) error {
 	return nil
 }
 
-// splitID takes the id a caller passed (a Key, or a bare id) apart.
-func (r *Repo[T]) splitID(op string, id any) (any, shard.Values, error) {
-	bare, vals, err := r.shard.Split(id)
-	if err != nil {
-		return nil, shard.Values{}, &InvalidError{Op: op, Field: "_id", Err: err}
-	}
-	return bare, vals, nil
-}
-
 // docShard returns the shard-key values doc holds.
 func (r *Repo[T]) docShard(op string, id any, doc *T) (shard.Values, error) {
 	if !r.shard.Enabled() {
