@@ -22,12 +22,10 @@ type casOut struct {
 	current *docState
 }
 
-// casBatch sends the write of a batch made against read, the document as
-// read: the field changes, the version raised by k = len(wids) (one per
-// combined change), and the list of write ids $set to its last WriteIDs-k
-// entries and wids, filtered on the id (and shard key), the version and
-// incarnation read, and the guards. See exec for what happens when it fails
-// ambiguously (to are the contexts its events go to: see write.to).
+// casBatch sends the write of a batch made against read: the field changes,
+// the version raised by k = len(wids), and the list of write ids $set
+// exactly, filtered on the key, the version and incarnation read, and the
+// guards; see exec (to: see write.to).
 func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
@@ -43,10 +41,9 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	// Where the server runs update pipelines, the same write as one
-	// findOneAndUpdate filtered on the key alone, whose pipeline applies the
-	// change only if the version and incarnation are the ones read, and
-	// which returns the document either way (DESIGN.md, "Combining").
+	// Where the server runs update pipelines, the same write as a
+	// findOneAndUpdate that returns the document either way (DESIGN.md,
+	// "Combining").
 	var pipe rawPipeline
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {
@@ -99,10 +96,8 @@ func (r *Repo[T]) updateOne(ctx context.Context, filter, update any) (sent, erro
 var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 
 // sendPipeline sends the pipeline form of a CAS write whose last write id is
-// wid. It reports ok false, having changed nothing, when the server cannot
-// run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
-// without applying a change whose condition held. The repository then sends
-// the updateOne form from now on.
+// wid. It reports ok false, having changed nothing, when the server refuses
+// update pipelines or ran one wrongly: the updateOne form from then on.
 func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe rawPipeline, wid int64) (s sent, ok bool, err error) {
 	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
@@ -130,10 +125,8 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 }
 
 // usePipelines reports whether the CAS write may take its pipeline form: not
-// on FerretDB v1, which has none (store.Server.Kind, from buildInfo asked
-// once per client, so that its writes never pay a refused attempt), nor once
-// a refusal (or a pipeline run wrongly) turned it off for the collection. If
-// buildInfo fails, this write does without, and a later one asks again.
+// on FerretDB v1 (store.Server.Kind; if it fails, this write does without),
+// nor once sendPipeline turned it off for the collection.
 func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	if r.lines.noPipes.Load() {
 		return false
@@ -166,11 +159,9 @@ func refusesPipeline(err error) bool {
 }
 
 // casPipeline is the update pipeline of a CAS write against read: each
-// field of set (a literal) and unset ($$REMOVE), the version and the list
-// of write ids take their new value if the version and incarnation are
-// still read's, and keep their own otherwise. set already holds the
-// version and the list of write ids. It is built as bytes (nil if a value
-// cannot be encoded: the updateOne form then).
+// field of set (which holds the version and the write ids) and unset takes
+// its new value if the version and incarnation are still read's. It is
+// built as bytes (nil if a value cannot be encoded: the updateOne form).
 func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
 	cond := r.casCond(read)
 	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
@@ -258,11 +249,8 @@ type rawPipeline []byte
 func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson.TypeArray), p, nil }
 
 // judgeSpan judges a write filtered on version == w.base (and, if
-// incKnown, incarnation inc) that makes k versions at once (a combined
-// write: k = 1 for any other) and appends k write ids, the last of them
-// w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
-// stays listed while the document is less than n versions (its number of
-// ids) past base+k-1. See DESIGN.md, "The judges" and "Combining".
+// incKnown, incarnation inc) that makes k versions and appends k write ids,
+// the last w.wid (DESIGN.md, "The judges" and "Combining").
 func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (settle.Verdict, string) {
 	return func(st *docState) (settle.Verdict, string) {
 		switch {

@@ -98,12 +98,9 @@
 //     any version counter.
 //   - Modify's fn sees the state it replaces, and writes only the fields it
 //     changed (compared as Go values). fn may run several times. In a
-//     combined write each fn sees the state the fn before it left (the
-//     state read, for the first), and each call returns the document as its
-//     own fn left it; a call reports success only if the write holding its
-//     change landed. An error from one fn, or a change that cannot be
-//     written, affects only its own call: nothing of it is written, and the
-//     next fn sees the state before it.
+//     combined write a call reports success only if the write holding its
+//     change landed; an error from one fn, or a change that cannot be
+//     written, affects only its own call ([Repo.Modify]).
 //   - Guarded's condition and change are one atomic statement.
 //   - Bad input is refused before anything is sent: ids are compared with
 //     $eq and an id that could act as an operator is refused; field names

@@ -100,9 +100,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := key.Filter()
-		// A document with no write id yet, or (on a server that ignores
-		// $slice) a full list: pin the version and incarnation, and $set
-		// the list exactly, which keeps the bound there.
+		// No write id yet, or a full list where $slice is ignored: pin the
+		// version and incarnation, and $set the list exactly.
 		pinned := s.last == 0 || (round < 2 && countIDs(s.ids) >= WriteIDs && r.ignoresSlice(ctx))
 		var ids []byte
 		if pinned {
@@ -116,10 +115,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			ids = exactIDs(s.ids, w.wid).Value
 			w.judge = judgeSpan(w, s.inc, true, 1)
 		} else {
-			// The version must be below the last one, so that $inc cannot
-			// wrap it (a stored version written by another program). The
-			// anchor: present while the write's own id, pushed after it,
-			// cannot have been cut from the list.
+			// A version below the last, so that $inc cannot wrap it; the
+			// anchor, so that a copy sent again cannot apply twice.
 			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
 			w.judge = func(st *docState) (settle.Verdict, string) {
 				switch {

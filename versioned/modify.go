@@ -723,15 +723,13 @@ func (b *batch[T]) errFor(err error, m *member[T]) error {
 }
 
 // compare compares doc, as fn left it, with prev, the state fn was given:
-// prevRaw is its encoding, and prevVal its value (invalid when prev is the
-// state read, which is not decoded twice). A field whose encodings are
-// equal is unchanged; one whose encodings differ is compared as Go values
-// (the stored one decoded on demand), so a map's key order and a stored
-// int32 read into an int64 field do not count as changes. It reports
+// prevRaw is its encoding, prevVal its value (invalid for the state read,
+// which is not decoded twice). Fields whose encodings differ are compared
+// as Go values, so a map's key order or a stored int32 read into an int64
+// is no change; with enc nil (doc cannot be encoded), all are. It reports
 // whether fn changed a field, refusing a change of the id or of a reserved
-// field, and, if want, returns the $set of each changed field as enc
-// (doc's encoding) has it and the $unset of each changed field enc omits.
-// With enc nil (doc cannot be encoded) it compares Go values only.
+// field, and, if want, returns the $set of each changed field as enc (doc's
+// encoding) has it and the $unset of each changed field enc omits.
 func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value, enc bson.Raw, want bool) (set, unset bson.D, changed bool, err error) {
 	for _, name := range r.s.names {
 		if name == r.opts.VersionField {

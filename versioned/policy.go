@@ -7,8 +7,7 @@ import (
 )
 
 // Modify's retry defaults, for the zero fields of Options.Retry (and of a
-// WithRetry policy): the time bound and the budget, not an attempt count,
-// protect the server from a storm of conflicts.
+// WithRetry policy).
 const (
 	// DefaultRetryTime bounds the time Modify spends retrying conflicts
 	// (retry.Policy.MaxElapsedTime). The number of attempts is not bounded

@@ -335,8 +335,7 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 func metaPath(meta, name string) string { return meta + "." + name }
 
 // pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
-// encoded directly: the write appends its id and cuts the list to its last
-// WriteIDs entries in the same statement.
+// encoded directly.
 func pushID(path string, wid int64) bson.Raw {
 	b := make([]byte, 4, 64+len(path))
 	b, doc := openDoc(b, []byte(path))
@@ -348,12 +347,10 @@ func pushID(path string, wid int64) bson.Raw {
 	return closeDoc(b, 0)
 }
 
-// exactIDs is the list of write ids after a write that appends wids to the
-// list ids read at the version the write pins: its last WriteIDs-len(wids)
-// entries and wids, as a BSON array (ids of an earlier protocol dropped). A
-// write whose filter pins the version and the incarnation $sets it instead
-// of pushing: the list cannot have changed since, and this keeps the bound
-// on servers that ignore $slice (FerretDB v1).
+// exactIDs is the list of write ids after a write, pinned to the version
+// ids were read at, that appends wids: its last WriteIDs-len(wids) entries
+// and wids, as a BSON array (ids of an earlier protocol dropped). $set, it
+// keeps the bound on servers that ignore $slice (FerretDB v1).
 func exactIDs(ids bson.RawArray, wids ...int64) bson.RawValue {
 	skip := max(countIDs(ids)-(WriteIDs-int64(len(wids))), 0)
 	buf := make([]byte, 4, 5+WriteIDs*12)
@@ -399,9 +396,7 @@ func appendIDElement(buf []byte, i int, id int64) []byte {
 }
 
 // withMeta returns the encoded document raw with the write-id subdocument
-// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}. It
-// builds the bytes directly: Insert sends them as they are, with no
-// element-by-element copy for the driver to marshal again.
+// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}.
 func withMeta(raw bson.Raw, meta string, wid int64) bson.Raw {
 	out := make([]byte, 0, len(raw)+len(meta)+48)
 	out = append(out, raw[:len(raw)-1]...)

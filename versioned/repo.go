@@ -23,19 +23,14 @@ import (
 // reply exactly. Safety never depends on it (DESIGN.md beside this file,
 // "What every document carries").
 type Repo[T any] struct {
-	coll *mongo.Collection
-	// majority reads coll for the re-reads that settle an ambiguous write
-	// (settle.Majority), so that they never see a write that a replica set
-	// may still roll back.
-	majority *settle.Majority
-	s        *schema
-	opts     Options
-	cache    *docCache
-	shard    shard.Spec // Options.ShardKey, checked
-	lines    *collLines // where Modify calls on one document wait in line
-	// idsPath and incPath are the paths of the write ids and the
-	// incarnation id in MetaField.
-	idsPath, incPath string
+	coll             *mongo.Collection
+	majority         *settle.Majority // the settling re-reads of coll
+	s                *schema
+	opts             Options
+	cache            *docCache
+	shard            shard.Spec // Options.ShardKey, checked
+	lines            *collLines // where Modify calls on one document wait in line
+	idsPath, incPath string     // of the write ids and incarnation in MetaField
 	server           *store.Server
 }
 
@@ -310,9 +305,8 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {
 		return err
 	}
-	// If the repository saw the document at this version, it knows its
-	// incarnation (a version names one): the filter pins it too, and a lost
-	// reply is judged exactly. Otherwise the version alone pins it.
+	// The incarnation seen at this version, if any, is pinned too, so that
+	// a lost reply is judged exactly.
 	ck := cacheKey(key)
 	s, known := r.cache.lookup(ck)
 	known = known && s.version == ver
@@ -336,8 +330,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 		case st.version == ver:
 			return settle.Live, ""
 		case st.version > ver && (known || st.version-ver <= countIDs(st.ids)):
-			// The same incarnation moved on: a delete that landed would
-			// have removed it.
+			// The same incarnation moved on: a delete would have removed it.
 			return settle.Dead, ""
 		}
 		// Another incarnation, the same far ahead, or a majority-committed

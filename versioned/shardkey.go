@@ -13,13 +13,8 @@ import (
 
 // Key names a document of a sharded collection by its id and its shard-key
 // values, for Get, Modify and Guarded on a repository configured with
-// Options.ShardKey:
-//
-//	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
-//		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},
-//	}})
-//
-// It is [store.Key]; see there for what is checked.
+// Options.ShardKey (the package documentation, "Sharded collections", has
+// an example). It is [store.Key]; see there for what is checked.
 type Key = store.Key
 
 // docKey names a document in every filter of the repository (its Filter
