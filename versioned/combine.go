@@ -10,17 +10,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// Combining: Modify calls on one document in one process wait in line, per
-// document key, shared by every Repo on the collection through the client;
-// see DESIGN.md, "Combining".
-
 // maxBatch bounds the calls one write combines: at most half of the
 // [WriteIDs] window per write, so the ids of the write before it stay listed.
 const maxBatch = WriteIDs / 2
 
-// collKey names a collection of a client: the unit whose calls share the
-// lines. The client is held weakly, so a line never keeps a disconnected
-// client alive.
+// collKey names a collection of a client (held weakly), the unit whose
+// Modify calls share lines (DESIGN.md, "Combining").
 type collKey struct {
 	client   weak.Pointer[mongo.Client]
 	db, coll string
@@ -68,9 +63,8 @@ type waiter struct {
 	self  any           // the call (a *member[T])
 	wake  chan struct{} // 1-buffered: the state changed
 	state wstate
-	// withdrawn: the call's context ended while it was in a batch and
-	// before its fn started in the attempt; it returned, and the batch
-	// drops it without calling its fn.
+	// withdrawn: the call's context ended in a batch before its fn started
+	// in the attempt; it returned, and the batch drops it.
 	withdrawn bool
 }
 

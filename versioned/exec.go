@@ -45,9 +45,8 @@ type write struct {
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
 	judge func(st *docState) (settle.Verdict, string)
-	// to, if not nil, are the contexts of the calls whose changes the write
-	// carries (a combined Modify write): its Ambiguous and Settled events
-	// go to each of them instead of the context exec runs in.
+	// to, if not nil, are the contexts of the calls whose changes a
+	// combined write carries: its settling events go to each of them.
 	to []context.Context
 }
 
@@ -138,9 +137,8 @@ const (
 
 // classify tells why a write filtered on id, version == expected (and an
 // incarnation) and the guards matched nothing, from a re-read st (nil: no
-// document). A failed Where filter wins over a moved version: the caller's
-// fence (a lease, say) is what stopped the write, and retrying will not
-// help.
+// document). A failed Where filter wins over a moved version: retrying will
+// not help.
 func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, expected int64, st *docState, guards []guard) error {
 	if st == nil {
 		r.cache.forget(cacheKey(key))

@@ -181,11 +181,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	}
 }
 
-// checkOps checks an encoded update of Guarded (or the $set of WithSet's
-// fields): the operators every target server runs, each naming at least one
-// path; paths the caller may write (checkPath), with values their operator
-// takes (checkOperand), none overlapping another; at most MongoDB's document
-// size. It walks the bytes, and allocates only to say what is wrong.
+// checkOps checks an encoded update of Guarded (or WithSet's $set): allowed
+// operators, each naming a path; paths the caller may write, with values
+// their operator takes, none overlapping another; at most MongoDB's
+// document size. It allocates only to say what is wrong.
 func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
 	var (
 		err   error

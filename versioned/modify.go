@@ -109,9 +109,8 @@ type member[T any] struct {
 	wt  waiter          // what w points to
 	ctx context.Context // the call's, as its Observer's Start returned it
 	fn  func(doc *T) error
-	// ob is the call's operation for the Observer (its attempts, whether
-	// fn aborted it); the batch's goroutine updates it while the call is in
-	// the batch, the call reports it when it returns.
+	// ob is the call's operation for the Observer: the batch updates it,
+	// the call reports it when it returns.
 	ob observed
 
 	// The current attempt.
@@ -220,10 +219,8 @@ type batch[T any] struct {
 	lines *collLines   // nil outside a line (in a transaction)
 	io    context.Context
 	pre   *docState // the current document, as a failed CAS write returned it
-	// quick is set once the batch has retried a conflict at once, on the
-	// document the failed write returned (see attempt).
-	quick bool
-	once  bool // one attempt, not under retry.Do
+	quick bool      // a conflict was retried at once, on the document a write returned
+	once  bool      // one attempt, not under retry.Do
 
 	mbuf [maxBatch]*member[T] // what ms starts in
 	wbuf [maxBatch]*waiter
@@ -233,9 +230,8 @@ type batch[T any] struct {
 var errBatchEmpty = errors.New("versioned: batch empty")
 
 // run runs the batch under the policy (one attempt if once) and settles its
-// calls. It returns the waiters of the calls it did not settle, for the
-// line: calls left for a later batch, or, when the leader's context ended,
-// the other calls.
+// calls. It returns the waiters of the calls it did not settle (left for a
+// later batch, or the others when the leader's context ended), for the line.
 func (b *batch[T]) run(once bool) []*waiter {
 	r := b.r
 	b.io = b.lead.ctx
@@ -309,9 +305,8 @@ func stopped(err error) bool {
 }
 
 // sharedContext returns the context of a batch's reads and writes: the
-// leader's values, ended when every call's context has ended. A caller
-// whose context ends leaves the batch between attempts; the write is not
-// cut short for the others.
+// leader's values, ended when every call's context has ended, so that the
+// write is not cut short for the others.
 func (b *batch[T]) sharedContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(b.lead.ctx))
 	live := atomic.Int64{}
@@ -614,9 +609,8 @@ func (b *batch[T]) read() (*docState, error) {
 
 // apply calls each member's fn in turn, each on a fresh copy of the state
 // the one before left, and returns how many changed the document, the last
-// that did, and its encoding. A member that left the batch, or whose
-// context ended, before its turn is dropped from the batch, its fn not
-// called (see commit).
+// that did, and its encoding. A member gone before its turn (see commit) is
+// marked left, its fn not called.
 func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	r, op, id := b.r, b.op, b.id
 	var cur reflect.Value // the state the last change left; invalid: the state read

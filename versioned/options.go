@@ -167,16 +167,6 @@ type writeConfig struct {
 	policy *retry.Policy
 }
 
-func newWriteConfig(opts []WriteOption) writeConfig {
-	var c writeConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c
-}
-
 // Where adds conditions to a write's filter, ANDed with the id, the version
 // and any other condition. If the document exists (at the expected version,
 // for writes that expect one) but does not match, the write changes nothing
@@ -223,7 +213,12 @@ func WithSet(fields ...bson.E) WriteOption {
 // config applies a call's options and checks its WithSet fields as
 // Guarded's checks a $set, and against T's fields.
 func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
-	c := newWriteConfig(opts)
+	var c writeConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
 	if len(c.sets) == 0 {
 		return c, nil
 	}

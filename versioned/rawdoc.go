@@ -50,10 +50,9 @@ const (
 func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
 
 // readState parses the version of a stored document and its write-id
-// metadata. A missing version field is version 0 (a document written before
-// the repository was adopted); an integer up to lastVersion, or a double
-// holding one (as mongosh writes numbers), is that version; anything else
-// (a negative number, math.MaxInt64) is a *VersionTypeError.
+// metadata. No version field is version 0; an integer up to lastVersion, or
+// a double holding one (as mongosh writes numbers), is that version;
+// anything else is a *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
 	st := &docState{raw: raw}
 	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
