@@ -100,7 +100,8 @@
 //     changed (compared as Go values). fn may run several times. In a
 //     combined write a call reports success only if the write holding its
 //     change landed; an error from one fn, or a change that cannot be
-//     written, affects only its own call ([Repo.Modify]).
+//     written, affects only its own call: nothing of it is written, and the
+//     next fn sees the state before it ([Repo.Modify]).
 //   - Guarded's condition and change are one atomic statement.
 //   - Bad input is refused before anything is sent: ids are compared with
 //     $eq and an id that could act as an operator is refused; field names

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -296,18 +297,15 @@ func (r *Repo[T]) checkPath(op string, path []byte) error {
 		}
 	}
 	root, _, _ := bytes.Cut(path, []byte{'.'})
-	switch string(root) {
-	case "_id":
+	switch {
+	case string(root) == "_id":
 		return bad("the id cannot be changed")
-	case r.opts.VersionField:
+	case string(root) == r.opts.VersionField:
 		return bad("the version field is the repository's to change")
-	case r.opts.MetaField:
+	case string(root) == r.opts.MetaField:
 		return bad("the write-id field is the repository's to change")
-	}
-	for _, f := range r.opts.Reserved {
-		if string(root) == f {
-			return bad("the field is reserved (Options.Reserved) for another component, such as the lease package")
-		}
+	case slices.ContainsFunc(r.opts.Reserved, func(f string) bool { return string(root) == f }):
+		return bad("the field is reserved (Options.Reserved) for another component, such as the lease package")
 	}
 	if r.shard.Enabled() {
 		return r.checkShardPath(op, string(path))
