@@ -447,20 +447,7 @@ func TestAmbiguousWriteIsSettledByMajorityRead(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, a))
 	v0 := a.Version
 
-	var (
-		mu     sync.Mutex
-		levels []string // the read concern level of each find, "" for none
-	)
-	// A fault that never acts, to watch the finds.
-	f.DropNextReply(func(c *mongotest.Command) bool {
-		if c.Name == "find" && c.Collection == b.coll.Name() {
-			level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
-			mu.Lock()
-			levels = append(levels, level)
-			mu.Unlock()
-		}
-		return false
-	})
+	levels := findLevels(f, b)
 	got, err := repo.Get(b.ctx, "m")
 	require.NoError(t, err)
 	fault := dropNextWrite(f, b)
@@ -470,9 +457,7 @@ func TestAmbiguousWriteIsSettledByMajorityRead(t *testing.T) {
 	require.Equal(t, v0+1, got.Version)
 	require.Equal(t, int64(2), b.raw(t, "m")["balance"])
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, []string{"", "majority"}, levels, "the Get reads as the collection does; the settling re-read reads majority")
+	require.Equal(t, []string{"", "majority"}, levels(), "the Get reads as the collection does; the settling re-read reads majority")
 }
 
 // TestSettlingReadWithoutMajority: a server that refuses read concern
@@ -486,25 +471,9 @@ func TestSettlingReadWithoutMajority(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, a))
 	v0 := a.Version
 
-	var (
-		mu     sync.Mutex
-		levels []string // the read concern level of each find, "" for none
-	)
-	// A fault that never acts, to watch the finds the server answers.
-	f.DropNextReply(func(c *mongotest.Command) bool {
-		if c.Name == "find" && c.Collection == b.coll.Name() {
-			level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
-			mu.Lock()
-			levels = append(levels, level)
-			mu.Unlock()
-		}
-		return false
-	})
+	levels := findLevels(f, b)
 	finds := mongotest.Commands([]string{"find"}, b.coll.Name())
-	majority := func(c *mongotest.Command) bool {
-		level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
-		return finds(c) && level == "majority"
-	}
+	majority := func(c *mongotest.Command) bool { return finds(c) && readLevel(c) == "majority" }
 	refused := f.ErrorBeforeApply(majority, mongotest.ServerError{
 		Code: 148, CodeName: "ReadConcernMajorityNotEnabled",
 		Errmsg: "Majority read concern requested, but it is not supported by the storage engine.",
@@ -522,9 +491,36 @@ func TestSettlingReadWithoutMajority(t *testing.T) {
 	require.Equal(t, v0+2, a.Version)
 	require.Equal(t, int64(3), b.raw(t, "nm")["balance"])
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, []string{"", ""}, levels, "after the refusal, both settling reads at the collection's read concern")
+	require.Equal(t, []string{"", ""}, levels(), "after the refusal, both settling reads at the collection's read concern")
+}
+
+// findLevels watches the finds on b's collection that f passes to the
+// server (by a fault that never acts), and returns the read concern level
+// of each so far, "" for none.
+func findLevels(f *mongotest.Faulty, b *bundle) func() []string {
+	var (
+		mu     sync.Mutex
+		levels []string
+	)
+	f.DropNextReply(func(c *mongotest.Command) bool {
+		if c.Name == "find" && c.Collection == b.coll.Name() {
+			mu.Lock()
+			levels = append(levels, readLevel(c))
+			mu.Unlock()
+		}
+		return false
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), levels...)
+	}
+}
+
+// readLevel is the read concern level a command asks for, "" for none.
+func readLevel(c *mongotest.Command) string {
+	level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
+	return level
 }
 
 // A write-concern error is an ambiguous outcome, not a failure.
