@@ -10,11 +10,9 @@ import (
 // maxCached bounds the documents a repository remembers.
 const maxCached = 4096
 
-// seen is what a repository last observed of one document. Safety never
-// depends on it: every value taken from it goes into a write's filter, so a
-// stale one makes the write match nothing, never apply where it should not.
-// It saves round trips: Guarded's anchor, Update's exact list of write ids,
-// Delete's incarnation (DESIGN.md).
+// seen is what a repository last observed of one document. Every value
+// taken from it goes into a write's filter, so a stale one makes the write
+// match nothing: it only saves round trips (DESIGN.md).
 type seen struct {
 	version int64
 	inc     int64 // the incarnation id (0 for none)
@@ -24,11 +22,10 @@ type seen struct {
 	ids bson.RawArray
 }
 
-// docCache remembers, per document id, the last observation, and the
-// shard-key values of the document it was made on (an _id must be unique
-// across a sharded collection: MongoDB leaves that to the application when
-// the shard key is not _id). It is safe for concurrent use and forgets an
-// arbitrary document when full.
+// docCache remembers, per document id (unique across a sharded collection),
+// the last observation and the shard-key values of the document it was
+// made on. It is safe for concurrent use and forgets an arbitrary document
+// when full.
 type docCache struct {
 	mu   sync.Mutex
 	docs map[string]cached

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -21,12 +22,10 @@ type casOut struct {
 	current *docState
 }
 
-// casBatch sends the write of a batch made against read, the document as
-// read: the field changes, the version raised by k = len(wids) (one per
-// combined change), and the list of write ids $set to its last WriteIDs-k
-// entries and wids, filtered on the id (and shard key), the version and
-// incarnation read, and the guards. See exec for what happens when it fails
-// ambiguously (to are the contexts its events go to: see write.to).
+// casBatch sends the write of a batch made against read: the field changes,
+// the version raised by k = len(wids), and the list of write ids $set
+// exactly, filtered on the key, the version and incarnation read, and the
+// guards; see exec (to: see write.to).
 func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
@@ -37,15 +36,14 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	ids := exactIDs(read.ids, wids...)
 	set = append(set,
 		bson.E{Key: r.opts.VersionField, Value: base + k},
-		bson.E{Key: r.idsPath(), Value: ids})
+		bson.E{Key: r.idsPath, Value: ids})
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	// Where the server runs update pipelines, the same write as one
-	// findOneAndUpdate filtered on the key alone, whose pipeline applies the
-	// change only if the version and incarnation are the ones read, and
-	// which returns the document either way (DESIGN.md, "Combining").
+	// Where the server runs update pipelines, the same write as a
+	// findOneAndUpdate that returns the document either way (DESIGN.md,
+	// "Combining").
 	var pipe rawPipeline
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	if usePipe {
@@ -59,11 +57,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 				return s, err
 			}
 		}
-		res, err := r.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return sent{}, err
-		}
-		return sent{matched: res.MatchedCount == 1}, nil
+		return r.updateOne(ctx, filter, update)
 	}
 	w.judge = judgeSpan(w, read.inc, true, k)
 	out, err := r.exec(ctx, r.policy(cfg), w)
@@ -71,17 +65,17 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		return casOut{outcome: out}, r.dupOr(op, id, err)
 	}
 	ck := cacheKey(key)
-	if out.landed {
+	if out.Applied {
 		inc := read.inc
-		if out.reread != nil {
-			inc = out.reread.inc
+		if out.Read != nil {
+			inc = out.Read.inc
 		}
 		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
 	var cur *docState
-	if out.after != nil {
-		if cur, err = r.readState(op, id, out.after); err != nil {
+	if out.Reply != nil {
+		if cur, err = r.readState(op, id, out.Reply); err != nil {
 			return casOut{outcome: out}, err
 		}
 		r.cache.observe(ck, cur)
@@ -89,14 +83,21 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	return casOut{outcome: out, current: cur}, nil
 }
 
+// updateOne sends an updateOne write once.
+func (r *Repo[T]) updateOne(ctx context.Context, filter, update any) (sent, error) {
+	res, err := r.coll.UpdateOne(ctx, filter, update)
+	if err != nil {
+		return sent{}, err
+	}
+	return sent{matched: res.MatchedCount == 1}, nil
+}
+
 // afterOpts returns the document after a findOneAndUpdate.
 var afterOpts = options.FindOneAndUpdate().SetReturnDocument(options.After)
 
 // sendPipeline sends the pipeline form of a CAS write whose last write id is
-// wid. It reports ok false, having changed nothing, when the server cannot
-// run it: it refuses update pipelines (FerretDB v1), or it ran the pipeline
-// without applying a change whose condition held. The repository then sends
-// the updateOne form from now on.
+// wid. It reports ok false, having changed nothing, when the server refuses
+// update pipelines or ran one wrongly: the updateOne form from then on.
 func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKey, read *docState, pipe rawPipeline, wid int64) (s sent, ok bool, err error) {
 	raw, err := r.coll.FindOneAndUpdate(ctx, key.Filter(), pipe, afterOpts).Raw()
 	switch {
@@ -123,12 +124,9 @@ func (r *Repo[T]) sendPipeline(ctx context.Context, op string, id any, key docKe
 	return sent{after: raw}, true, nil
 }
 
-// usePipelines reports whether the CAS write may take its pipeline form:
-// not on FerretDB v1, which has none (store.Server.Kind, from buildInfo
-// asked once per client, so that its writes never pay a refused attempt),
-// nor once a refusal (or a pipeline run wrongly) turned it off for the
-// collection. If buildInfo fails, this write does without, and a later one
-// asks again.
+// usePipelines reports whether the CAS write may take its pipeline form: not
+// on FerretDB v1 (store.Server.Kind; if it fails, this write does without),
+// nor once sendPipeline turned it off for the collection.
 func (r *Repo[T]) usePipelines(ctx context.Context) bool {
 	if r.lines.noPipes.Load() {
 		return false
@@ -161,11 +159,9 @@ func refusesPipeline(err error) bool {
 }
 
 // casPipeline is the update pipeline of a CAS write against read: each
-// field of set (a literal) and unset ($$REMOVE), the version and the list
-// of write ids take their new value if the version and incarnation are
-// still read's, and keep their own otherwise. set already holds the
-// version and the list of write ids. It is built as bytes (nil if a value
-// cannot be encoded: the updateOne form then).
+// field of set (which holds the version and the write ids) and unset takes
+// its new value if the version and incarnation are still read's. It is
+// built as bytes (nil if a value cannot be encoded: the updateOne form).
 func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
 	cond := r.casCond(read)
 	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
@@ -220,7 +216,7 @@ func (r *Repo[T]) casCond(read *docState) bson.Raw {
 	for i, e := range [2]struct {
 		path string
 		v    int64
-	}{{r.opts.VersionField, read.version}, {metaPath(r.opts.MetaField, metaInc), read.inc}} {
+	}{{r.opts.VersionField, read.version}, {r.incPath, read.inc}} {
 		var eq, args, ifNull, nullArgs int32
 		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
 		args, b = bsoncore.AppendArrayElementStart(b, "$eq")
@@ -253,27 +249,24 @@ type rawPipeline []byte
 func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson.TypeArray), p, nil }
 
 // judgeSpan judges a write filtered on version == w.base (and, if
-// incKnown, incarnation inc) that makes k versions at once (a combined
-// write: k = 1 for any other) and appends k write ids, the last of them
-// w.wid. Had it landed, it made versions base+1 .. base+k, so its last id
-// stays listed while the document is less than n versions (its number of
-// ids) past base+k-1. See DESIGN.md, "The judges" and "Combining".
-func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (verdict, string) {
-	return func(st *docState) (verdict, string) {
+// incKnown, incarnation inc) that makes k versions and appends k write ids,
+// the last w.wid (DESIGN.md, "The judges" and "Combining").
+func judgeSpan(w *write, inc int64, incKnown bool, k int64) func(*docState) (settle.Verdict, string) {
+	return func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil:
-			return unknown, whyGone
+			return settle.Unknown, whyGone
 		case st.has(w.wid):
-			return landed, ""
+			return settle.Landed, ""
 		case incKnown && st.inc != inc:
-			return unknown, whyOther
+			return settle.Unknown, whyOther
 		case st.version == w.base:
-			return live, ""
-		case st.version > w.base && st.version-w.base-(k-1) <= st.nids():
-			return dead, ""
+			return settle.Live, ""
+		case st.version > w.base && st.version-w.base-(k-1) <= countIDs(st.ids):
+			return settle.Dead, ""
 		case st.version > w.base:
-			return unknown, whyFar
+			return settle.Unknown, whyFar
 		}
-		return unknown, whyUnrelated
+		return settle.Unknown, whyUnrelated
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/internal/settle"
 )
 
 // stateWith returns a document at version ver carrying the given write ids.
@@ -79,20 +81,20 @@ func TestJudgeSpan(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		st   *docState
-		want verdict
+		want settle.Verdict
 	}{
-		{"gone", nil, unknown},
-		{"landed", full(b+k, w1, w2, w3), landed},
-		{"landed, then more writes", full(b+k+2, w1, w2, w3, y1, y2), landed},
-		{"other incarnation", stateWith(t, b, inc+1), unknown},
-		{"not yet", full(b), live},
-		{"another write won", full(b + 1), dead},
-		{"another write won, k-1 later", full(b + k - 1), dead},
+		{"gone", nil, settle.Unknown},
+		{"landed", full(b+k, w1, w2, w3), settle.Landed},
+		{"landed, then more writes", full(b+k+2, w1, w2, w3, y1, y2), settle.Landed},
+		{"other incarnation", stateWith(t, b, inc+1), settle.Unknown},
+		{"not yet", full(b), settle.Live},
+		{"another write won", full(b + 1), settle.Dead},
+		{"another write won, k-1 later", full(b + k - 1), settle.Dead},
 		// Had it landed, w3 (version b+k) would be among the last 8 ids
 		// while the version is at most b+k-1+8.
-		{"still covered", full(b + k - 1 + 8), dead},
-		{"too far", full(b + k + 8), unknown},
-		{"behind", full(b - 1), unknown},
+		{"still covered", full(b + k - 1 + 8), settle.Dead},
+		{"too far", full(b + k + 8), settle.Unknown},
+		{"behind", full(b - 1), settle.Unknown},
 	} {
 		if got, _ := judge(tc.st); got != tc.want {
 			t.Errorf("%s: got verdict %d, want %d", tc.name, got, tc.want)
@@ -148,7 +150,7 @@ func TestAnchorAndWithMetaEncoding(t *testing.T) {
 // TestCASPipelineEncoding: the pipeline built as bytes is the one the
 // driver would marshal from documents of $cond expressions.
 func TestCASPipelineEncoding(t *testing.T) {
-	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}}
+	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}, incPath: "_mc.inc", idsPath: "_mc.ids"}
 	ids := exactIDs(nil, 5, 6)
 	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
 		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}

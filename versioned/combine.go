@@ -10,17 +10,12 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// Combining: Modify calls on one document in one process wait in line, per
-// document key, shared by every Repo on the collection through the client;
-// see DESIGN.md, "Combining".
-
 // maxBatch bounds the calls one write combines: at most half of the
 // [WriteIDs] window per write, so the ids of the write before it stay listed.
 const maxBatch = WriteIDs / 2
 
-// collKey names a collection of a client: the unit whose calls share the
-// lines. The client is held weakly, so a line never keeps a disconnected
-// client alive.
+// collKey names a collection of a client (held weakly), the unit whose
+// Modify calls share lines (DESIGN.md, "Combining").
 type collKey struct {
 	client   weak.Pointer[mongo.Client]
 	db, coll string
@@ -68,9 +63,8 @@ type waiter struct {
 	self  any           // the call (a *member[T])
 	wake  chan struct{} // 1-buffered: the state changed
 	state wstate
-	// withdrawn: the call's context ended while it was in a batch and
-	// before its fn started in the attempt; it returned, and the batch
-	// drops it without calling its fn.
+	// withdrawn: the call's context ended in a batch before its fn started
+	// in the attempt; it returned, and the batch drops it.
 	withdrawn bool
 }
 
@@ -159,9 +153,8 @@ func (c *collLines) take(dk cacheID, lead *waiter, limit int, batch []*waiter) [
 }
 
 // withdraw takes w out of its line or batch because its context ended, if
-// its fn has not started in the current attempt, and reports whether it
-// did. A call that
-// withdrew returns its context's error: nothing of it was written.
+// its fn has not started in the current attempt, and reports whether it did
+// (the call then returns its context's error: nothing of it was written).
 func (c *collLines) withdraw(dk cacheID, w *waiter) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -200,9 +193,8 @@ func (c *collLines) settle(w *waiter) bool {
 }
 
 // release ends a batch on dk: the waiters in rest, which it did not settle,
-// go back to the head of the line, in their order, and the head of the line
-// is promoted to lead the next batch; with nobody waiting, the line is
-// removed.
+// go back to the head of the line, in their order, and the head is promoted
+// to lead the next batch (promote).
 func (c *collLines) release(dk cacheID, rest []*waiter) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -237,10 +229,8 @@ func (c *collLines) promote(dk cacheID, l *line) {
 }
 
 // guardedSlots bounds the Guarded writes to one document that one client
-// has in flight. A write's anchor is the last write id its process saw,
-// and every write in flight may land before it: 4 processes at this bound
-// have at most WriteIDs writes in flight, so a busy document seldom pushes
-// an anchor out of the window (Guarded then reads and sends again).
+// has in flight: 4 processes at this bound have at most WriteIDs in flight,
+// so a busy document seldom pushes an anchor out of the window.
 const guardedSlots = WriteIDs / 4
 
 // gate is the slots of one document's Guarded writes.

@@ -43,41 +43,31 @@
 // repository re-reads and looks for it. How and why this is safe is in
 // DESIGN.md, beside this file.
 //
-// Modify calls on one document in one process do not race each other
-// through the server: they wait in line (one line per document, shared by
-// every Repo on the same collection of the same *mongo.Client), and the
-// call at the head of the line combines itself and the calls behind it
-// from the same Repo, up to 8, into one read and one write: it calls each
-// fn in turn, each on the state the one before left, and the write gives
-// each call a version and a write id of its own. Across processes (other
-// clients) the version check arbitrates, as for any write. Modify's
-// default policy retries conflicts for up to [DefaultRetryTime] within a
-// budget per Repo ([DefaultRetryBudget]), with no bound on attempts.
+// Modify calls on one document in one process wait in line, and the call
+// at the head combines itself and the calls behind it into one read and one
+// write ([Repo.Modify]); across processes the version check arbitrates.
+// Modify's default policy retries conflicts for up to [DefaultRetryTime]
+// within a budget per Repo ([DefaultRetryBudget]), with no bound on attempts.
 //
 // # Sharded collections
 //
 // On a collection sharded on a key other than _id, name the shard key's
-// fields in [Options].ShardKey. Every command the repository sends (reads,
-// writes, and the re-reads that judge a conflict or settle a lost reply)
-// then filters on the _id and on {field: {$eq: value}} for each of them, so
-// that mongos sends it to the one shard that owns the document. Insert,
-// Update and Delete take the values from the document; Get, Modify and
-// Guarded from a [Key] passed as the id, and refuse a bare id:
+// fields in [Options].ShardKey: every command the repository sends then
+// filters on the _id and on each of them, so that mongos sends it to the
+// one shard that owns the document. Get, Modify and Guarded then take a
+// [Key] as the id:
 //
 //	repo, err := versioned.New[Account](coll, &versioned.Options{ShardKey: []string{"region", "accountId"}})
 //	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
 //		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},
 //	}})
 //
-// A repository never changes a stored document's shard key: Update does not
-// write a top-level shard-key field and refuses a copy whose values differ
-// from those it last read for the id, Modify refuses an fn that changes
-// one, Guarded an update path that touches one (each an [*InvalidError],
-// nothing sent). Changing a shard key moves the document to another shard,
-// which MongoDB allows only in a transaction or as a retryable write
-// through mongos: do that outside the repository. The guarantees below hold
-// on a sharded cluster as on a replica set, with write concern majority and
-// primary reads (store.Connect's defaults).
+// A repository never changes a stored document's shard key (an
+// [*InvalidError], nothing sent): that moves the document to another shard,
+// which MongoDB allows only in a transaction or as a retryable write through
+// mongos. The guarantees below hold on a sharded cluster as on a replica
+// set, with write concern majority and primary reads (store.Connect's
+// defaults).
 //
 // # Guarantees
 //
@@ -95,7 +85,8 @@
 //     writes landed since, or the document was deleted meanwhile). Modify
 //     never runs fn again after a write it could not settle. The re-read
 //     uses read concern majority, so a write reported landed is one no
-//     replica-set rollback can undo.
+//     replica-set rollback can undo (a server that refuses majority reads,
+//     and so has no such rollback, is read at its default).
 //   - A document deleted and inserted again is never taken for the old one,
 //     by any repository, whatever it has seen: a copy of the old document
 //     (its version) never matches the new one, since their versions come
@@ -107,12 +98,10 @@
 //     any version counter.
 //   - Modify's fn sees the state it replaces, and writes only the fields it
 //     changed (compared as Go values). fn may run several times. In a
-//     combined write each fn sees the state the fn before it left (the
-//     state read, for the first), and each call returns the document as its
-//     own fn left it; a call reports success only if the write holding its
-//     change landed. An error from one fn, or a change that cannot be
+//     combined write a call reports success only if the write holding its
+//     change landed; an error from one fn, or a change that cannot be
 //     written, affects only its own call: nothing of it is written, and the
-//     next fn sees the state before it.
+//     next fn sees the state before it ([Repo.Modify]).
 //   - Guarded's condition and change are one atomic statement.
 //   - Bad input is refused before anything is sent: ids are compared with
 //     $eq and an id that could act as an operator is refused; field names

@@ -79,8 +79,7 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 // from the document's current state.
 func (e *ConflictError) Retryable() bool { return true }
 
-// NotFoundError reports that no document has the id. It matches
-// ErrNotFound.
+// NotFoundError reports that no document has the id. It matches ErrNotFound.
 type NotFoundError struct {
 	// Op is the operation.
 	Op string
@@ -203,9 +202,8 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // VersionTypeError reports that a stored document's version field holds a
 // value that is not an integer from 0 to math.MaxInt64-1 (a string, a
 // fraction, a negative number, math.MaxInt64, after which no write could
-// follow):
-// the repository will not guess what version it means, and writes nothing
-// to it. It matches ErrInvalid.
+// follow): the repository will not guess what version it means, and writes
+// nothing to it. It matches ErrInvalid.
 type VersionTypeError struct {
 	// Op is the operation.
 	Op string

@@ -14,10 +14,8 @@ import (
 	"github.com/mongocas/mongocas/retry"
 )
 
-// newWriteID returns a fresh write id: a random non-zero int64 from
-// math/rand/v2's ChaCha8, seeded by the runtime from the OS. A judge
-// compares one id with at most WriteIDs others: a false match has
-// probability about WriteIDs/2^64.
+// newWriteID returns a fresh write id: a random non-zero int64 (ChaCha8,
+// seeded from the OS; a false match has probability about WriteIDs/2^64).
 func newWriteID() int64 {
 	for {
 		if id := int64(mrand.Uint64()); id != 0 { //nolint:gosec // any bit pattern is an id
@@ -28,17 +26,6 @@ func newWriteID() int64 {
 
 // widText is a write id as UnknownOutcomeError.WriteID shows it.
 func widText(wid int64) string { return strconv.FormatUint(uint64(wid), 16) } //nolint:gosec // the bits as they are
-
-// verdict is what a re-read says about a write whose reply was lost: the
-// engine's verdicts, named as the judges here use them.
-type verdict = settle.Verdict
-
-const (
-	landed  = settle.Landed
-	live    = settle.Live
-	dead    = settle.Dead
-	unknown = settle.Unknown
-)
 
 // sent is the outcome of sending a write once.
 type sent struct {
@@ -57,55 +44,52 @@ type write struct {
 	send func(ctx context.Context) (sent, error)
 	// judge tells what a re-read document (nil: no document) says, and
 	// why, when it is unknown.
-	judge func(st *docState) (verdict, string)
-	// to, if not nil, are the contexts of the calls whose changes the write
-	// carries (a combined Modify write): its Ambiguous and Settled events
-	// go to each of them instead of the context exec runs in.
+	judge func(st *docState) (settle.Verdict, string)
+	// to, if not nil, are the contexts of the calls whose changes a
+	// combined write carries: its settling events go to each of them.
 	to []context.Context
 }
 
-// outcome is the result of exec.
-type outcome struct {
-	landed bool
-	after  bson.Raw  // the document after the write, if a reply carried it
-	reread *docState // the last re-read (nil if none, or no document)
-	read   bool      // a re-read was made
-	// resent says the write was sent more than once: a copy other than the
-	// one that landed may still be in flight.
-	resent bool
-}
+// outcome is the result of exec: Read is the last re-read (nil if none, or
+// no document), Reply the document after the write if a reply carried it.
+type outcome = settle.Result[bson.Raw, *docState]
 
-// exec sends w through the library's settling engine (internal/settle):
-// if it fails ambiguously (store.IsAmbiguous), the engine re-reads the
-// document at majority and, by w's judge, reports landed, reports not
-// landed, or sends w again with the same write id (every copy's filter lets
-// at most one apply). When a re-read cannot settle it, exec returns an
-// *UnknownOutcomeError; it returns an ambiguous error as it is only inside a
-// transaction, the unit to retry there.
+// exec sends w through the settling engine: after an ambiguous failure it
+// re-reads the document at majority (settle.Majority) and, by w's judge,
+// reports landed, not landed, or sends w again with the same write id (every
+// copy's filter lets at most one apply). A write it cannot settle is an
+// *UnknownOutcomeError; inside a transaction an ambiguous error is returned
+// as it is.
 func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome, error) {
 	res, err := settle.Exec(ctx, settle.Config{
 		Retry:          *p,
 		ResolveTimeout: r.opts.ResolveTimeout,
 		Pass:           isVersionTypeError,
-		Ambiguous:      func(err error) { r.ambiguous(ctx, w, err) },
-		Settled:        func(s observe.Settlement, err error) { r.settled(ctx, w, s, err) },
+		Ambiguous:      func(err error) { r.settling(ctx, w, observe.Ambiguous, 0, err) },
+		Settled:        func(s observe.Settlement, err error) { r.settling(ctx, w, observe.Settled, s, err) },
 	}, settle.Write[bson.Raw, *docState]{
 		Send: func(ctx context.Context) (bson.Raw, bool, error) {
 			s, err := w.send(ctx)
 			return s.after, s.matched, err
 		},
-		// A missing document is an answer here, which the judges judge.
-		Read: func(ctx context.Context) (*docState, error) {
-			st, err := r.findIn(ctx, r.settle, w.op, w.id, w.key, nil)
-			if errors.Is(err, ErrNotFound) {
-				return nil, nil //nolint:nilnil // no document is an answer here, which the judges judge
-			}
+		Read: func(ctx context.Context) (st *docState, err error) {
+			err = r.majority.Read(ctx, func(coll *mongo.Collection) error {
+				st, err = r.reread(ctx, coll, w.op, w.id, w.key)
+				return err
+			})
 			return st, err
 		},
 		Judge:  w.judge,
 		Resend: true,
 		Unknown: func(st *docState, _ bool, reason string, err error) error {
-			return r.unknown(w, st, reason, err)
+			cur := int64(-1)
+			if st != nil {
+				cur = st.version
+			}
+			return &UnknownOutcomeError{
+				Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid),
+				Base: w.base, Current: cur, Reason: reason, Err: err,
+			}
 		},
 	})
 	var ue *UnknownOutcomeError
@@ -116,7 +100,7 @@ func (r *Repo[T]) exec(ctx context.Context, p *retry.Policy, w *write) (outcome,
 	default:
 		return outcome{}, wrapErr(w.op, w.id, err)
 	}
-	return outcome{landed: res.Applied, after: res.Reply, reread: res.Read, read: res.HasRead, resent: res.Resent}, nil
+	return res, nil
 }
 
 func isVersionTypeError(err error) bool {
@@ -124,13 +108,9 @@ func isVersionTypeError(err error) bool {
 	return errors.As(err, &vte)
 }
 
-// find reads the document with id key that also matches the guards.
-func (r *Repo[T]) find(ctx context.Context, op string, id any, key docKey, guards []guard) (*docState, error) {
-	return r.findIn(ctx, r.coll, op, id, key, guards)
-}
-
-// findIn is find through coll (the repository's collection, or settle).
-func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
+// find reads through coll the document with id key that also matches the
+// guards.
+func (r *Repo[T]) find(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey, guards []guard) (*docState, error) {
 	filter := withGuards(key.Filter(), guards)
 	raw, err := coll.FindOne(ctx, filter).Raw()
 	if errors.Is(err, mongo.ErrNoDocuments) {
@@ -147,14 +127,6 @@ func (r *Repo[T]) findIn(ctx context.Context, coll *mongo.Collection, op string,
 	return st, nil
 }
 
-func (r *Repo[T]) unknown(w *write, st *docState, reason string, err error) error {
-	cur := int64(-1)
-	if st != nil {
-		cur = st.version
-	}
-	return &UnknownOutcomeError{Pkg: "versioned", Op: w.op, ID: w.id, WriteID: widText(w.wid), Base: w.base, Current: cur, Reason: reason, Err: err}
-}
-
 // Reasons an outcome is unknown.
 const (
 	whyGone      = "the document was deleted since (or is not majority-committed): the write may have landed before"
@@ -165,9 +137,8 @@ const (
 
 // classify tells why a write filtered on id, version == expected (and an
 // incarnation) and the guards matched nothing, from a re-read st (nil: no
-// document). A failed Where filter wins over a moved version: the caller's
-// fence (a lease, say) is what stopped the write, and retrying will not
-// help.
+// document). A failed Where filter wins over a moved version: retrying will
+// not help.
 func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, expected int64, st *docState, guards []guard) error {
 	if st == nil {
 		r.cache.forget(cacheKey(key))
@@ -188,7 +159,7 @@ func (r *Repo[T]) classify(ctx context.Context, op string, id any, key docKey, e
 // guardsFail reports whether the document fails one of the guards (or is
 // gone).
 func (r *Repo[T]) guardsFail(ctx context.Context, op string, id any, key docKey, guards []guard) (bool, error) {
-	_, err := r.find(ctx, op, id, key, guards)
+	_, err := r.find(ctx, r.coll, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) {
 		return true, nil
 	}
@@ -203,7 +174,7 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey,
 		if g.failErr == nil {
 			continue
 		}
-		if _, err := r.find(ctx, op, id, key, []guard{g}); errors.Is(err, ErrNotFound) {
+		if _, err := r.find(ctx, r.coll, op, id, key, []guard{g}); errors.Is(err, ErrNotFound) {
 			ge.Err = g.failErr
 			break
 		}
@@ -211,10 +182,10 @@ func (r *Repo[T]) guardError(ctx context.Context, op string, id any, key docKey,
 	return ge
 }
 
-// rereadNow reads the document to classify a failed write; a missing
-// document is nil.
-func (r *Repo[T]) rereadNow(ctx context.Context, op string, id any, key docKey) (*docState, error) {
-	st, err := r.find(ctx, op, id, key, nil)
+// reread reads the document through coll to settle or classify a write; a
+// missing document is nil.
+func (r *Repo[T]) reread(ctx context.Context, coll *mongo.Collection, op string, id any, key docKey) (*docState, error) {
+	st, err := r.find(ctx, coll, op, id, key, nil)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil //nolint:nilnil // no document is an answer here, which the callers judge
 	}

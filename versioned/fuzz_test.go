@@ -1,6 +1,7 @@
 package versioned
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -24,7 +25,7 @@ func fuzzRepo(t testing.TB) *Repo[fuzzDoc] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Repo[fuzzDoc]{s: s, opts: o, cache: newDocCache()}
+	return &Repo[fuzzDoc]{s: s, opts: o, cache: newDocCache(), idsPath: metaPath(o.MetaField, metaIDs), incPath: metaPath(o.MetaField, metaInc)}
 }
 
 func seedDocs(f *testing.F) {
@@ -62,7 +63,7 @@ func FuzzCheckOps(f *testing.F) {
 			return
 		}
 		ops := opsOf(bson.Raw(data))
-		upd, err := r.updateOps("guarded", bson.Raw(data))
+		upd, err := r.updateOps("guarded", bson.Raw(data), nil)
 		if err != nil {
 			if wellFormed(data) {
 				t.Fatalf("updateOps refused a well-formed update checkOps accepts: %v", err)
@@ -165,4 +166,36 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestCheckOpsAllocatesNothingOnAGoodUpdate: Guarded's checks of an update
+// it accepts allocate nothing, long top-level names included (a conversion
+// of a name over 32 bytes to a string would allocate); a refused one says
+// which path and why.
+func TestCheckOpsAllocatesNothingOnAGoodUpdate(t *testing.T) {
+	r := fuzzRepo(t)
+	long := strings.Repeat("f", 40)
+	good, err := bson.Marshal(bson.D{
+		{Key: "$inc", Value: bson.D{{Key: "stock", Value: -1}}},
+		{Key: "$set", Value: bson.D{{Key: long + ".x", Value: bson.D{{Key: "y", Value: 1}}}, {Key: "a.b", Value: bson.A{"s"}}}},
+		{Key: "$currentDate", Value: bson.D{{Key: "at", Value: true}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if err := r.checkOps("guarded", good); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("checkOps allocated %v times on a good update", n)
+	}
+	bad, err := bson.Marshal(bson.D{{Key: "$set", Value: bson.D{{Key: "_lease.owner", Value: "x"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ie *InvalidError
+	if err := r.checkOps("guarded", bad); !errors.As(err, &ie) || ie.Field != "_lease.owner" {
+		t.Fatalf("a reserved path: got %v, want an *InvalidError at _lease.owner", err)
+	}
 }

@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -19,10 +19,10 @@ import (
 // given id if it matches cond, in one statement: one findOneAndUpdate whose
 // filter is the id, cond and any Where filters, and whose update is the
 // caller's operators (with any WithSet fields in its $set) plus $inc of the
-// version by one (and the write id). The
-// server evaluates cond and applies the update atomically, so no version
-// needs to be read first and no conflict can occur: this is the call for
-// hot counters such as stock or balances.
+// version by one (and the write id). The server evaluates cond and applies
+// the update atomically, so no version needs to be read first and no
+// conflict can occur: this is the call for hot counters such as stock or
+// balances.
 //
 //	item, err := repo.Guarded(ctx, sku,
 //		bson.D{{"stock", bson.D{{"$gte", qty}}}},
@@ -31,31 +31,29 @@ import (
 // cond is a query filter (a bson.D, bson.M or anything that marshals to a
 // BSON document); nil means no condition. update may use $set, $unset, $inc
 // and $currentDate only (the operators every target server runs), on any
-// path except the id, the version field, Options.MetaField and the reserved
-// fields (Options.Reserved); two paths may not overlap, and the values
-// $set may not exceed MongoDB's 16 MiB document limit. A bad update is an
-// *InvalidError and nothing is sent. So is a write to a document at the
-// largest version (math.MaxInt64-1): the filter requires a version below
-// it, so that the $inc cannot wrap.
+// path except the id, the version field, Options.MetaField, the reserved
+// fields (Options.Reserved) and shard-key fields (Options.ShardKey); two
+// paths may not overlap, and the values $set may not exceed MongoDB's 16 MiB
+// document limit. A bad update is an *InvalidError and nothing is sent. So
+// is a write to a document at the largest version (math.MaxInt64-1): the
+// filter requires a version below it, so that the $inc cannot wrap.
 //
 // Guarded returns the document as stored after the write. If cond (or a
 // Where filter) does not match it returns a *GuardError, and a
-// *NotFoundError if there is no such document: one re-read tells them
-// apart.
+// *NotFoundError if there is no such document: one re-read tells them apart.
 //
 // Guarded normally makes one round trip. Its filter requires an "anchor":
-// the id of a write the document carried when the repository last saw it
-// (or read it first, if it has not seen it), which makes sure that a copy
-// of the write sent again cannot apply twice. If more than WriteIDs writes
-// have landed since, the anchor is gone: Guarded reads and sends again, for
-// as long as the retry policy's MaxElapsedTime allows (Options.Retry or
+// the id of a write the document carried when the repository last saw it (or
+// read it first, if it has not seen it), which makes sure that a copy of the
+// write sent again cannot apply twice. If more than WriteIDs writes have
+// landed since, the anchor is gone: Guarded reads and sends again, for as
+// long as the retry policy's MaxElapsedTime allows (Options.Retry or
 // WithRetry; default [DefaultRetryTime]), then returns a *ConflictError. So
-// that a busy document does not push anchors out, at most WriteIDs/4
-// Guarded calls per document and *mongo.Client are in flight; the others
-// wait their turn (one whose ctx ends meanwhile returns its error, having
-// sent nothing). If the reply is lost and the write turns out to have
-// landed, the document returned is the one re-read, which may include later
-// writes.
+// that a busy document does not push anchors out, at most WriteIDs/4 Guarded
+// calls per document and *mongo.Client are in flight; the others wait their
+// turn (one whose ctx ends meanwhile returns its error, having sent
+// nothing). If the reply is lost and the write turns out to have landed, the
+// document returned is the one re-read, which may include later writes.
 func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ...WriteOption) (_ *T, err error) {
 	const op = "guarded"
 	idv, key, err := r.start(ctx, op, id)
@@ -68,10 +66,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	if err != nil {
 		return nil, err
 	}
-	if update, err = r.withSets(op, update, cfg.sets); err != nil {
-		return nil, err
-	}
-	ops, err := r.updateOps(op, update)
+	ops, err := r.updateOps(op, update, cfg.sets)
 	if err != nil {
 		return nil, err
 	}
@@ -98,7 +93,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	for round := 0; ; round++ {
 		s, ok := r.cache.lookup(ck)
 		if !ok {
-			st, err := r.find(ctx, op, idv, key, nil)
+			st, err := r.find(ctx, r.coll, op, idv, key, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -106,9 +101,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := key.Filter()
-		// A document with no write id yet, or (on a server that ignores
-		// $slice) a full list: pin the version and incarnation, and $set
-		// the list exactly, which keeps the bound there.
+		// No write id yet, or a full list where $slice is ignored: pin the
+		// version and incarnation, and $set the list exactly.
 		pinned := s.last == 0 || (round < 2 && countIDs(s.ids) >= WriteIDs && r.ignoresSlice(ctx))
 		var ids []byte
 		if pinned {
@@ -117,32 +111,30 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			}
 			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
 			if s.last != 0 { // the list at that version is the one seen (see updateCAS)
-				filter = append(filter, bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
+				filter = append(filter, bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
 			}
 			ids = exactIDs(s.ids, w.wid).Value
 			w.judge = judgeSpan(w, s.inc, true, 1)
 		} else {
-			// The version must be below the last one, so that $inc cannot
-			// wrap it (a stored version written by another program). The
-			// anchor: present while the write's own id, pushed after it,
-			// cannot have been cut from the list.
-			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath(), Value: anchorClause(s.last, w.wid)})
-			w.judge = func(st *docState) (verdict, string) {
+			// A version below the last, so that $inc cannot wrap it; the
+			// anchor, so that a copy sent again cannot apply twice.
+			filter = append(filter, r.versionBelowLast(), bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
+			w.judge = func(st *docState) (settle.Verdict, string) {
 				switch {
 				case st == nil:
-					return unknown, whyGone
+					return settle.Unknown, whyGone
 				case st.has(w.wid):
-					return landed, ""
+					return settle.Landed, ""
 				case st.has(s.last):
-					return live, ""
+					return settle.Live, ""
 				}
-				return unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
+				return settle.Unknown, "the anchor and the write's id are both gone from the document: more write ids than it keeps were added since, or it was deleted and inserted again"
 			}
 		}
 		filter = withGuards(filter, guards)
 		upd := r.guardedWrite(ops, w.wid, ids)
 		w.send = func(ctx context.Context) (sent, error) {
-			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, options.FindOneAndUpdate().SetReturnDocument(options.After)).Raw()
+			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, afterOpts).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
 				return sent{}, nil
 			}
@@ -155,19 +147,19 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 		if err != nil {
 			return nil, r.dupOr(op, idv, err)
 		}
-		if out.landed {
-			st := out.reread
-			if out.after != nil {
-				if st, err = r.readState(op, idv, out.after); err != nil {
+		if out.Applied {
+			st := out.Read
+			if out.Reply != nil {
+				if st, err = r.readState(op, idv, out.Reply); err != nil {
 					return nil, err
 				}
 				r.cache.observe(ck, st)
 			}
 			return r.decode(op, idv, st)
 		}
-		st := out.reread
-		if !out.read {
-			if st, err = r.rereadNow(ctx, op, idv, key); err != nil {
+		st := out.Read
+		if !out.HasRead {
+			if st, err = r.reread(ctx, r.coll, op, idv, key); err != nil {
 				return nil, err
 			}
 		}
@@ -190,11 +182,10 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	}
 }
 
-// checkOps checks an encoded update of Guarded (or the $set of WithSet's
-// fields): the operators every target server runs, each naming at least one
-// path; paths the caller may write (checkPath), with values their operator
-// takes (checkOperand), none overlapping another; at most MongoDB's document
-// size. It walks the bytes, and allocates only to say what is wrong.
+// checkOps checks an encoded update of Guarded (or WithSet's $set): allowed
+// operators, each naming a path; paths the caller may write, with values
+// their operator takes, none overlapping another; at most MongoDB's
+// document size. It allocates only to say what is wrong.
 func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
 	var (
 		err   error
@@ -220,15 +211,11 @@ func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
 		fields := 0
 		walked := elements(v.Value, func(path []byte, fv bson.RawValue) bool {
 			fields++
-			if !r.pathOK(path) {
-				if err = r.checkPath(op, string(path)); err != nil {
-					return false
-				}
+			if err = r.checkPath(op, path); err != nil {
+				return false
 			}
-			if !operandOK(name, fv) {
-				if err = checkOperand(op, string(name), string(path), fv); err != nil {
-					return false
-				}
+			if err = checkOperand(op, name, path, fv); err != nil {
+				return false
 			}
 			for _, p := range paths {
 				if overlap(p, path) {
@@ -272,45 +259,6 @@ func opsOf(raw bson.Raw) bson.D {
 	return ops
 }
 
-// pathOK reports, without allocating, that an update path is well formed
-// and outside what the repository owns; false also where it cannot tell
-// (checkPath then says).
-func (r *Repo[T]) pathOK(path []byte) bool {
-	if r.shard.Enabled() {
-		return false // a shard-key field: checkShardPath tells
-	}
-	first := true
-	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
-		if len(seg) == 0 || seg[0] == '$' {
-			return false
-		}
-		if first && (string(seg) == "_id" || string(seg) == r.opts.VersionField || string(seg) == r.opts.MetaField) {
-			return false
-		}
-		for _, res := range r.opts.Reserved {
-			if first && string(seg) == res {
-				return false
-			}
-		}
-		first = false
-	}
-	return true
-}
-
-// operandOK reports, without allocating, that an operator's value for a
-// path is one checkOperand accepts; false also where it cannot tell.
-func operandOK(name []byte, v bson.RawValue) bool {
-	switch string(name) {
-	case "$inc":
-		return v.Type == bson.TypeInt32 || v.Type == bson.TypeInt64 || v.Type == bson.TypeDouble || v.Type == bson.TypeDecimal128
-	case "$currentDate":
-		return v.Type == bson.TypeBoolean
-	case "$set":
-		return (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || keysOK(v.Value)
-	}
-	return true
-}
-
 // overlap reports whether two update paths are equal or one is a prefix of
 // the other at a segment boundary.
 func overlap(a, b []byte) bool {
@@ -336,41 +284,46 @@ func encodeUpdate(op string, update any) (bson.Raw, error) {
 }
 
 // checkPath refuses an update path that is malformed or that touches what
-// the repository owns: the id, the version and the write ids.
-func (r *Repo[T]) checkPath(op, path string) error {
-	segs := strings.Split(path, ".")
-	for _, s := range segs {
+// the repository owns: the id, the version, the write ids, a reserved or a
+// shard-key field. It allocates only to say what is wrong.
+func (r *Repo[T]) checkPath(op string, path []byte) error {
+	bad := func(reason string) error { return &InvalidError{Op: op, Field: string(path), Reason: reason} }
+	for seg := range bytes.SplitSeq(path, []byte{'.'}) {
 		switch {
-		case s == "":
-			return &InvalidError{Op: op, Field: path, Reason: "path has an empty segment"}
-		case strings.HasPrefix(s, "$"):
-			return &InvalidError{Op: op, Field: path, Reason: "path segment starts with '$' (positional and other $ paths are not supported)"}
+		case len(seg) == 0:
+			return bad("path has an empty segment")
+		case seg[0] == '$':
+			return bad("path segment starts with '$' (positional and other $ paths are not supported)")
 		}
 	}
-	switch segs[0] {
-	case "_id":
-		return &InvalidError{Op: op, Field: path, Reason: "the id cannot be changed"}
-	case r.opts.VersionField:
-		return &InvalidError{Op: op, Field: path, Reason: "the version field is the repository's to change"}
-	case r.opts.MetaField:
-		return &InvalidError{Op: op, Field: path, Reason: "the write-id field is the repository's to change"}
+	root, _, _ := bytes.Cut(path, []byte{'.'})
+	switch {
+	case string(root) == "_id":
+		return bad("the id cannot be changed")
+	case string(root) == r.opts.VersionField:
+		return bad("the version field is the repository's to change")
+	case string(root) == r.opts.MetaField:
+		return bad("the write-id field is the repository's to change")
+	case slices.ContainsFunc(r.opts.Reserved, func(f string) bool { return string(root) == f }):
+		return bad("the field is reserved (Options.Reserved) for another component, such as the lease package")
 	}
-	if r.reserved(segs[0]) {
-		return &InvalidError{Op: op, Field: path, Reason: "the field is reserved (Options.Reserved) for another component, such as the lease package"}
+	if r.shard.Enabled() {
+		return r.checkShardPath(op, string(path))
 	}
-	return r.checkShardPath(op, path)
+	return nil
 }
 
-// checkOperand checks the value an operator gives a path.
-func checkOperand(op, name, path string, v bson.RawValue) error {
-	switch name {
+// checkOperand checks the value an operator gives a path. It allocates
+// only to say what is wrong.
+func checkOperand(op string, name, path []byte, v bson.RawValue) error {
+	switch string(name) {
 	case "$inc":
 		switch v.Type {
 		case bson.TypeInt32, bson.TypeInt64, bson.TypeDouble, bson.TypeDecimal128:
 			return nil
 		default:
 		}
-		return &InvalidError{Op: op, Field: path, Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
+		return &InvalidError{Op: op, Field: string(path), Reason: fmt.Sprintf("$inc by a %s, want a number", v.Type)}
 	case "$currentDate":
 		if v.Type == bson.TypeBoolean {
 			return nil
@@ -380,9 +333,12 @@ func checkOperand(op, name, path string, v bson.RawValue) error {
 				return nil
 			}
 		}
-		return &InvalidError{Op: op, Field: path, Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
+		return &InvalidError{Op: op, Field: string(path), Reason: `$currentDate takes true or {"$type": "date"|"timestamp"}`}
 	case "$set":
-		return checkValueKeys(op, v, path)
+		if (v.Type != bson.TypeEmbeddedDocument && v.Type != bson.TypeArray) || walkOK(v.Value, true) {
+			return nil
+		}
+		return checkKeys(op, v.Value, string(path))
 	}
 	return nil
 }

@@ -2,18 +2,34 @@ package versioned
 
 import (
 	"encoding/binary"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
-// updateOps marshals Guarded's update and checks it (checkOps): the
-// operators every target server runs, on paths the caller may write, none
-// overlapping another. A bad update is an *InvalidError, nothing sent.
-func (r *Repo[T]) updateOps(op string, update any) (bson.Raw, error) {
+// updateOps marshals Guarded's update, adds the WithSet fields sets to its
+// $set, and checks the whole (checkOps, an overlap of the two included):
+// the operators every target server runs, on paths the caller may write,
+// none overlapping another. A bad update is an *InvalidError, nothing sent.
+func (r *Repo[T]) updateOps(op string, update any, sets bson.D) (bson.Raw, error) {
 	raw, err := encodeUpdate(op, update)
 	if err != nil {
 		return nil, err
+	}
+	if len(sets) > 0 {
+		if err := r.checkOps(op, raw); err != nil {
+			return nil, err
+		}
+		ops := opsOf(raw)
+		if i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" }); i >= 0 {
+			ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // opsOf's form
+		} else {
+			ops = append(ops, bson.E{Key: "$set", Value: sets})
+		}
+		if raw, err = encodeUpdate(op, ops); err != nil {
+			return nil, err
+		}
 	}
 	if err := r.checkOps(op, raw); err != nil {
 		return nil, err
@@ -30,7 +46,7 @@ func (r *Repo[T]) updateOps(op string, update any) (bson.Raw, error) {
 // its last WriteIDs entries; or, if ids is not nil (the write pins the
 // version it was read at), the $set of the list to ids.
 func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
-	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath())+len(ids)+96)
+	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath)+len(ids)+96)
 	var hasInc, hasSet bool
 	elements(ops, func(name []byte, v bson.RawValue) bool {
 		var start int
@@ -62,7 +78,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 		b = append(b, byte(bson.TypeEmbeddedDocument))
 		b = append(b, "$push"...)
 		b = append(b, 0)
-		b = append(b, pushID(r.idsPath(), wid)...)
+		b = append(b, pushID(r.idsPath, wid)...)
 	}
 	return closeDoc(b, 0)
 }
@@ -73,7 +89,7 @@ func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
 		return b
 	}
 	b = append(b, byte(bson.TypeArray))
-	b = append(b, r.idsPath()...)
+	b = append(b, r.idsPath...)
 	b = append(b, 0)
 	return append(b, ids...)
 }

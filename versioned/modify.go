@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync/atomic"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -108,9 +109,8 @@ type member[T any] struct {
 	wt  waiter          // what w points to
 	ctx context.Context // the call's, as its Observer's Start returned it
 	fn  func(doc *T) error
-	// ob is the call's operation for the Observer (its attempts, whether
-	// fn aborted it); the batch's goroutine updates it while the call is in
-	// the batch, the call reports it when it returns.
+	// ob is the call's operation for the Observer: the batch updates it,
+	// the call reports it when it returns.
 	ob observed
 
 	// The current attempt.
@@ -132,9 +132,6 @@ type member[T any] struct {
 	out  *T
 	err2 error
 }
-
-// changedNothing reports whether the member's fn left nothing to write.
-func (m *member[T]) changedNothing() bool { return m.wid == 0 }
 
 // inLine waits for m's turn on the document, leads a batch when promoted,
 // and returns m's outcome.
@@ -222,10 +219,8 @@ type batch[T any] struct {
 	lines *collLines   // nil outside a line (in a transaction)
 	io    context.Context
 	pre   *docState // the current document, as a failed CAS write returned it
-	// quick is set once the batch has retried a conflict at once, on the
-	// document the failed write returned (see attempt).
-	quick bool
-	once  bool // one attempt, not under retry.Do
+	quick bool      // a conflict was retried at once, on the document a write returned
+	once  bool      // one attempt, not under retry.Do
 
 	mbuf [maxBatch]*member[T] // what ms starts in
 	wbuf [maxBatch]*waiter
@@ -235,9 +230,8 @@ type batch[T any] struct {
 var errBatchEmpty = errors.New("versioned: batch empty")
 
 // run runs the batch under the policy (one attempt if once) and settles its
-// calls. It returns the waiters of the calls it did not settle, for the
-// line: calls left for a later batch, or, when the leader's context ended,
-// the other calls.
+// calls. It returns the waiters of the calls it did not settle (left for a
+// later batch, or the others when the leader's context ended), for the line.
 func (b *batch[T]) run(once bool) []*waiter {
 	r := b.r
 	b.io = b.lead.ctx
@@ -311,9 +305,8 @@ func stopped(err error) bool {
 }
 
 // sharedContext returns the context of a batch's reads and writes: the
-// leader's values, ended when every call's context has ended. A caller
-// whose context ends leaves the batch between attempts; the write is not
-// cut short for the others.
+// leader's values, ended when every call's context has ended, so that the
+// write is not cut short for the others.
 func (b *batch[T]) sharedContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(b.lead.ctx))
 	live := atomic.Int64{}
@@ -350,21 +343,29 @@ func (b *batch[T]) join() {
 		}
 		return
 	}
-	c := b.lines
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if m.w.withdrawn || m.w.state == wDone {
-			continue
-		}
+	b.prune(func(m *member[T]) {
 		if m.w.state == wBusy { // an attempt retried at once: no idle in between
 			m.w.state = wTaken
 			m.w.signal()
 		}
 		m.ob.attempts++ // under the lock: the call reads it once it has left
-		ms = append(ms, m)
+	})
+}
+
+// prune drops, under the lines' lock, the calls that left the batch
+// (withdrawn, or settled), and passes each other one to mark.
+func (b *batch[T]) prune(mark func(m *member[T])) {
+	c := b.lines
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := b.ms[:0]
+	for _, m := range b.ms {
+		if !m.w.withdrawn && m.w.state != wDone {
+			mark(m)
+			ms = append(ms, m)
+		}
 	}
+	clear(b.ms[len(ms):])
 	b.ms = ms
 }
 
@@ -400,40 +401,13 @@ func (b *batch[T]) commit(m *member[T]) bool {
 	return true
 }
 
-// dropLeft takes out of the batch the calls apply found gone before their
-// fn's turn: nothing of them is written, and no event of the attempt
-// reaches them.
-func (b *batch[T]) dropLeft() {
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if !m.left {
-			ms = append(ms, m)
-		}
-	}
-	clear(b.ms[len(ms):])
-	b.ms = ms
-}
-
 // seal ends an attempt: it drops the calls that left the batch during it
 // and marks the others in progress until idle, so that none leaves while
 // the retry loop reports the attempt to the calls.
 func (b *batch[T]) seal() {
-	if b.alone() {
-		return
+	if !b.alone() {
+		b.prune(func(m *member[T]) { m.w.state = wBusy })
 	}
-	c := b.lines
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ms := b.ms[:0]
-	for _, m := range b.ms {
-		if m.w.withdrawn || m.w.state == wDone {
-			continue
-		}
-		m.w.state = wBusy
-		ms = append(ms, m)
-	}
-	clear(b.ms[len(ms):])
-	b.ms = ms
 }
 
 // idle marks the batch's calls as between attempts, and wakes them, so
@@ -459,11 +433,8 @@ func (b *batch[T]) settle(m *member[T], out *T, err error) {
 	if m.w != nil {
 		b.lines.settle(m.w)
 	}
-	for i, x := range b.ms {
-		if x == m {
-			b.ms = append(b.ms[:i], b.ms[i+1:]...)
-			break
-		}
+	if i := slices.Index(b.ms, m); i >= 0 {
+		b.ms = slices.Delete(b.ms, i, i+1)
 	}
 }
 
@@ -480,6 +451,17 @@ func (b *batch[T]) settleOwn(m *member[T]) {
 		b.settle(m, nil, m.err)
 	default:
 		b.settle(m, m.res, nil)
+	}
+}
+
+// settleOwnIf settles with its own result each call that done accepts.
+func (b *batch[T]) settleOwnIf(done func(m *member[T]) bool) {
+	for i := 0; i < len(b.ms); {
+		if m := b.ms[i]; done(m) {
+			b.settleOwn(m) // takes it out of b.ms
+			continue
+		}
+		i++
 	}
 }
 
@@ -512,16 +494,12 @@ func (b *batch[T]) try() error {
 		return err
 	}
 	k, last, raw := b.apply(st)
-	b.dropLeft()
+	// The calls found gone before their fn's turn: nothing of them is
+	// written, and no event of the attempt reaches them.
+	b.ms = slices.DeleteFunc(b.ms, func(m *member[T]) bool { return m.left })
 	// A call whose fn saw the state as read and wrote nothing is settled:
 	// its outcome does not depend on the write.
-	for i := 0; i < len(b.ms); {
-		if m := b.ms[i]; m.real && m.changedNothing() && !m.deferred {
-			b.settleOwn(m) // removes it from b.ms
-			continue
-		}
-		i++
-	}
+	b.settleOwnIf(func(m *member[T]) bool { return m.real && m.wid == 0 && !m.deferred })
 	if k == 0 {
 		return nil
 	}
@@ -546,14 +524,8 @@ func (b *batch[T]) try() error {
 	switch {
 	case err != nil:
 		return err
-	case out.landed:
-		for i := 0; i < len(b.ms); {
-			if m := b.ms[i]; !m.deferred {
-				b.settleOwn(m) // removes it from b.ms
-				continue
-			}
-			i++
-		}
+	case out.Applied:
+		b.settleOwnIf(func(m *member[T]) bool { return !m.deferred })
 		return nil
 	case out.current != nil && settle.InTransaction(b.io):
 		return b.conflicted(r.classify(b.io, op, id, b.key, base, out.current, b.cfg.guards))
@@ -568,7 +540,7 @@ func (b *batch[T]) try() error {
 		}
 		b.quick, b.pre = true, out.current
 		return retry.Immediately(err)
-	case !out.read && !settle.InTransaction(b.io):
+	case !out.HasRead && !settle.InTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read
 		// now, which saves a round trip per conflict.
@@ -619,11 +591,11 @@ func (o *batchObserver[T]) Observe(_ context.Context, e observe.Event) {
 // failed filter from a missing document.
 func (b *batch[T]) read() (*docState, error) {
 	r, op, id, key, guards := b.r, b.op, b.id, b.key, b.cfg.guards
-	st, err := r.find(b.io, op, id, key, guards)
+	st, err := r.find(b.io, r.coll, op, id, key, guards)
 	if errors.Is(err, ErrNotFound) && len(guards) > 0 {
 		// The guarded read missed: tell a failed guard from a missing
 		// document. A failed re-read says neither.
-		st, err := r.rereadNow(b.io, op, id, key)
+		st, err := r.reread(b.io, r.coll, op, id, key)
 		if err != nil {
 			return nil, err
 		}
@@ -637,9 +609,8 @@ func (b *batch[T]) read() (*docState, error) {
 
 // apply calls each member's fn in turn, each on a fresh copy of the state
 // the one before left, and returns how many changed the document, the last
-// that did, and its encoding. A member that left the batch, or whose
-// context ended, before its turn is dropped from the batch, its fn not
-// called (see commit).
+// that did, and its encoding. A member gone before its turn (see commit) is
+// marked left, its fn not called.
 func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 	r, op, id := b.r, b.op, b.id
 	var cur reflect.Value // the state the last change left; invalid: the state read
@@ -656,13 +627,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 			m.left = true
 			continue
 		}
-		var doc *T
-		var err error
-		if k == 0 {
-			doc, err = r.decode(op, id, st)
-		} else {
-			doc, err = r.decodeRaw(op, id, raw, ver)
-		}
+		doc, err := r.decode(op, id, &docState{raw: raw, version: ver})
 		if err != nil {
 			m.err = err
 			continue
@@ -681,7 +646,7 @@ func (b *batch[T]) apply(st *docState) (k int, last *member[T], raw bson.Raw) {
 		var changed bool
 		if encErr != nil {
 			// Not writable as it is; fine if fn changed nothing.
-			changed, err = r.changedFrom(op, id, raw, cur, valueOf(doc))
+			_, _, changed, err = r.compare(op, id, raw, cur, valueOf(doc), nil, false)
 			if err == nil && changed {
 				err = encErr
 			}
@@ -720,7 +685,7 @@ func (b *batch[T]) final(err error) error {
 	r, op, id := b.r, b.op, b.id
 	var ce *ConflictError
 	if errors.As(err, &ce) && ce.Current < 0 && b.lead.ctx.Err() == nil {
-		st, rerr := r.rereadNow(b.lead.ctx, op, id, b.key)
+		st, rerr := r.reread(b.lead.ctx, r.coll, op, id, b.key)
 		if rerr == nil {
 			cerr := r.classify(b.lead.ctx, op, id, b.key, ce.Expected, st, b.cfg.guards)
 			var c *ConflictError
@@ -752,14 +717,13 @@ func (b *batch[T]) errFor(err error, m *member[T]) error {
 }
 
 // compare compares doc, as fn left it, with prev, the state fn was given:
-// prevRaw is its encoding, and prevVal its value (invalid when prev is the
-// state read, which is not decoded twice). A field whose encodings are
-// equal is unchanged; one whose encodings differ is compared as Go values
-// (the stored one decoded on demand), so a map's key order and a stored
-// int32 read into an int64 field do not count as changes. It reports
+// prevRaw is its encoding, prevVal its value (invalid for the state read,
+// which is not decoded twice). Fields whose encodings differ are compared
+// as Go values, so a map's key order or a stored int32 read into an int64
+// is no change; with enc nil (doc cannot be encoded), all are. It reports
 // whether fn changed a field, refusing a change of the id or of a reserved
-// field, and, if want, returns the $set of each changed field as enc
-// (doc's encoding) has it and the $unset of each changed field enc omits.
+// field, and, if want, returns the $set of each changed field as enc (doc's
+// encoding) has it and the $unset of each changed field enc omits.
 func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value, enc bson.Raw, want bool) (set, unset bson.D, changed bool, err error) {
 	for _, name := range r.s.names {
 		if name == r.opts.VersionField {
@@ -768,6 +732,7 @@ func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc refl
 		a, aerr := prevRaw.LookupErr(name)
 		e, eerr := enc.LookupErr(name)
 		switch {
+		case enc == nil: // no encoding to compare
 		case aerr != nil && eerr != nil:
 			continue // absent from both
 		case aerr == nil && eerr == nil && a.Type == e.Type && bytes.Equal(a.Value, e.Value):
@@ -795,30 +760,6 @@ func (r *Repo[T]) compare(op string, id any, prevRaw bson.Raw, prevVal, doc refl
 	return set, unset, changed, nil
 }
 
-// changedFrom is compare for a doc that cannot be encoded: it compares Go
-// values only.
-func (r *Repo[T]) changedFrom(op string, id any, prevRaw bson.Raw, prevVal, doc reflect.Value) (bool, error) {
-	changed := false
-	for _, name := range r.s.names {
-		if name == r.opts.VersionField {
-			continue
-		}
-		a, aerr := prevRaw.LookupErr(name)
-		index := r.s.mapped[name]
-		if same(prevVal, a, aerr == nil, doc.FieldByIndex(index), index) {
-			continue
-		}
-		switch {
-		case name == "_id":
-			return false, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("fn changed the id of %v", id)}
-		case r.reserved(name):
-			return false, &InvalidError{Op: op, Field: name, Reason: "fn changed a reserved field (Options.Reserved)"}
-		}
-		changed = true
-	}
-	return changed, nil
-}
-
 // same reports whether the field at index of doc, f, equals as a Go value
 // the previous state's: prevVal's field when prevVal is valid, else the
 // stored value a (absent when !present: the zero value) decoded into f's
@@ -834,11 +775,6 @@ func same(prevVal reflect.Value, a bson.RawValue, present bool, f reflect.Value,
 		}
 	}
 	return equal(old.Elem(), f)
-}
-
-// decodeRaw decodes an encoded T into a new T at version ver.
-func (r *Repo[T]) decodeRaw(op string, id any, raw bson.Raw, ver int64) (*T, error) {
-	return r.decode(op, id, &docState{raw: raw, version: ver})
 }
 
 // equal reports whether two values of one field type are deeply equal,

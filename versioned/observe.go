@@ -7,7 +7,6 @@ import (
 
 	"github.com/mongocas/mongocas/internal/ended"
 	"github.com/mongocas/mongocas/observe"
-	"github.com/mongocas/mongocas/retry"
 )
 
 // The repository's events (see Options.Observer). Every function here
@@ -67,18 +66,18 @@ func (r *Repo[T]) conflicted(ctx context.Context, err error) error {
 	return err
 }
 
-// ambiguous reports that w failed ambiguously with err; exec settles it.
-func (r *Repo[T]) ambiguous(ctx context.Context, w *write, err error) {
-	if r.opts.Observer != nil {
-		e := r.event(observe.Ambiguous, w.op, w.id)
-		e.Err = err
-		r.report(ctx, w, e)
+// settling reports an event of settling write w (Ambiguous, with its
+// error; Settled, with how, and the error when unknown) to the Observer: in
+// ctx, or in the context of each call whose change w carries.
+func (r *Repo[T]) settling(ctx context.Context, w *write, k observe.Kind, s observe.Settlement, err error) {
+	if r.opts.Observer == nil {
+		return
 	}
-}
-
-// report sends e, an event of write w, to the Observer: in ctx, or in the
-// context of each call whose change w carries.
-func (r *Repo[T]) report(ctx context.Context, w *write, e observe.Event) {
+	e := r.event(k, w.op, w.id)
+	e.Settlement = s
+	if k == observe.Ambiguous || s == observe.SettledUnknown {
+		e.Err = err
+	}
 	if w.to == nil {
 		r.opts.Observer.Observe(ctx, e)
 		return
@@ -86,29 +85,6 @@ func (r *Repo[T]) report(ctx context.Context, w *write, e observe.Event) {
 	for _, c := range w.to {
 		r.opts.Observer.Observe(c, e)
 	}
-}
-
-// settled reports how exec settled an ambiguous write.
-func (r *Repo[T]) settled(ctx context.Context, w *write, s observe.Settlement, err error) {
-	if r.opts.Observer == nil {
-		return
-	}
-	e := r.event(observe.Settled, w.op, w.id)
-	e.Settlement = s
-	if s == observe.SettledUnknown {
-		e.Err = err
-	}
-	r.report(ctx, w, e)
-}
-
-// observedPolicy is p with the repository's Observer when p has none.
-func (r *Repo[T]) observedPolicy(p *retry.Policy) *retry.Policy {
-	if p.Observer != nil || r.opts.Observer == nil {
-		return p
-	}
-	c := *p
-	c.Observer = r.opts.Observer
-	return &c
 }
 
 // outcomes are the repository's own errors, in the order ended.Outcome tries

@@ -11,7 +11,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/observe"
-	"github.com/mongocas/mongocas/retry"
 )
 
 type observedDoc struct {
@@ -35,14 +34,13 @@ func TestObserveAllocations(t *testing.T) {
 	require.NoError(t, err)
 	w := &write{op: "update", id: "a"}
 	conflict := error(&ConflictError{Op: "update", ID: "a", Expected: 1, Current: 2})
-	policy := retry.Policy{}
 	require.Zero(t, testing.AllocsPerRun(100, func() {
 		var err error
 		c, ob := none.begin(ctx, "update", "a")
 		_ = none.conflicted(c, conflict)
-		none.ambiguous(c, w, conflict)
-		none.settled(c, w, observe.SettledLanded, nil)
-		_ = none.observedPolicy(&policy)
+		none.settling(c, w, observe.Ambiguous, 0, conflict)
+		none.settling(c, w, observe.Settled, observe.SettledLanded, nil)
+		_ = none.policy(nil)
 		ob.attempts++
 		none.end(&ob, &err)
 	}), "no Observer: nothing is built")

@@ -2,7 +2,6 @@ package versioned
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -78,19 +77,18 @@ type Options struct {
 	// paths in T's documents ("region", "owner.accountId"), when the
 	// collection is sharded on a key other than _id. Every command the
 	// repository sends then filters on an equality with each of them, so
-	// that mongos routes it to the one shard that owns the document (see
-	// the package documentation, "Sharded collections"); the values come
-	// from the document (Insert, Update, Delete) or from the [Key] passed
-	// as the id (Get, Modify, Guarded, which refuse a bare id). Hashed or
-	// ranged makes no difference; list every field of a compound key.
-	// Fields under _id are left out (the _id's equality covers them), so
-	// {"_id"} is the same as nil. A field must be under a top-level field T
-	// maps and not the version field, MetaField or a reserved field; no
-	// segment may be empty or start with '$'. Each _id must be unique
-	// across the collection, as MongoDB requires of applications whose
-	// shard key is not _id. New does not read the shard key from the
-	// cluster's metadata: name it here. nil: the collection is not
-	// sharded, or is sharded on _id.
+	// that mongos routes it to the one shard that owns the document (see the
+	// package documentation, "Sharded collections"); the values come from
+	// the document (Insert, Update, Delete) or from the [Key] passed as the
+	// id (Get, Modify, Guarded, which refuse a bare id). Hashed or ranged
+	// makes no difference; list every field of a compound key. Fields under
+	// _id are left out (the _id's equality covers them), so {"_id"} is the
+	// same as nil. A field must be under a top-level field T maps and not
+	// the version field, MetaField or a reserved field; no segment may be
+	// empty or start with '$'. Each _id must be unique across the
+	// collection, as MongoDB requires of applications whose shard key is not
+	// _id. New does not read the shard key from the cluster's metadata: name
+	// it here. nil: the collection is not sharded, or is sharded on _id.
 	ShardKey []string
 
 	// Observer, if not nil, receives the repository's events: the start and
@@ -169,16 +167,6 @@ type writeConfig struct {
 	policy *retry.Policy
 }
 
-func newWriteConfig(opts []WriteOption) writeConfig {
-	var c writeConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
-		}
-	}
-	return c
-}
-
 // Where adds conditions to a write's filter, ANDed with the id, the version
 // and any other condition. If the document exists (at the expected version,
 // for writes that expect one) but does not match, the write changes nothing
@@ -225,7 +213,12 @@ func WithSet(fields ...bson.E) WriteOption {
 // config applies a call's options and checks its WithSet fields as
 // Guarded's checks a $set, and against T's fields.
 func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
-	c := newWriteConfig(opts)
+	var c writeConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
 	if len(c.sets) == 0 {
 		return c, nil
 	}
@@ -246,28 +239,6 @@ func (r *Repo[T]) config(op string, opts []WriteOption) (writeConfig, error) {
 		}
 	}
 	return c, nil
-}
-
-// withSets returns Guarded's update with the WithSet fields added to its
-// $set; updateOps then checks the whole (an overlap of the two included).
-func (r *Repo[T]) withSets(op string, update any, sets bson.D) (any, error) {
-	if len(sets) == 0 {
-		return update, nil
-	}
-	raw, err := encodeUpdate(op, update)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.checkOps(op, raw); err != nil {
-		return nil, err
-	}
-	ops := opsOf(raw)
-	i := slices.IndexFunc(ops, func(e bson.E) bool { return e.Key == "$set" })
-	if i < 0 {
-		return append(ops, bson.E{Key: "$set", Value: sets}), nil
-	}
-	ops[i].Value = append(ops[i].Value.(bson.D), sets...) //nolint:forcetypeassert // opsOf's form
-	return ops, nil
 }
 
 // WithRetry replaces the repository's retry policy (Options.Retry) for one

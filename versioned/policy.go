@@ -7,8 +7,7 @@ import (
 )
 
 // Modify's retry defaults, for the zero fields of Options.Retry (and of a
-// WithRetry policy): the time bound and the budget, not an attempt count,
-// protect the server from a storm of conflicts.
+// WithRetry policy).
 const (
 	// DefaultRetryTime bounds the time Modify spends retrying conflicts
 	// (retry.Policy.MaxElapsedTime). The number of attempts is not bounded
@@ -17,13 +16,12 @@ const (
 
 	// DefaultRetryBudget is the rate, in retries per second, of the retry
 	// budget each Repo makes for itself when Options.Retry has none; it
-	// holds up to twice as many. Every retry of a conflict (and of a
-	// re-read after an ambiguous write) takes a token, so a storm of
-	// conflicts cannot turn into a storm of writes: when the bucket is
-	// empty, Modify fails at once with an error matching
-	// retry.ErrBudgetExhausted. Calls on one document in one process wait
-	// in line instead of conflicting, so at most one retry per document and
-	// process is pending at any time.
+	// holds up to twice as many. Every retry of a conflict (and of a re-read
+	// after an ambiguous write) takes a token, so a storm of conflicts
+	// cannot turn into a storm of writes: when the bucket is empty, Modify
+	// fails at once with an error matching retry.ErrBudgetExhausted. Calls
+	// on one document in one process wait in line instead of conflicting, so
+	// at most one retry per document and process is pending at any time.
 	DefaultRetryBudget = 100
 )
 
@@ -41,6 +39,3 @@ func withDefaults(p retry.Policy, budget *retry.Budget) retry.Policy {
 	}
 	return p
 }
-
-// newBudget is the retry budget of a Repo whose Options.Retry has none.
-func newBudget() *retry.Budget { return retry.NewBudget(DefaultRetryBudget, 2*DefaultRetryBudget) }

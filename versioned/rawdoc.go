@@ -50,10 +50,9 @@ const (
 func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
 
 // readState parses the version of a stored document and its write-id
-// metadata. A missing version field is version 0 (a document written before
-// the repository was adopted); an integer up to lastVersion, or a double
-// holding one (as mongosh writes numbers), is that version; anything else
-// (a negative number, math.MaxInt64) is a *VersionTypeError.
+// metadata. No version field is version 0; an integer up to lastVersion, or
+// a double holding one (as mongosh writes numbers), is that version;
+// anything else is a *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
 	st := &docState{raw: raw}
 	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
@@ -118,9 +117,6 @@ func (st *docState) has(wid int64) bool {
 	}
 }
 
-// nids is the number of write ids the document carries.
-func (st *docState) nids() int64 { return countIDs(st.ids) }
-
 // countIDs is the number of write ids in a list (ids of an earlier
 // protocol not counted: invariant L then just knows less).
 func countIDs(ids bson.RawArray) int64 {
@@ -165,37 +161,30 @@ func asInt(v bson.RawValue) (int64, bool) {
 	return 0, false
 }
 
-// checkKeys walks an encoded document and reports the first field name
-// MongoDB would misread ('$' prefix or '.'), with its path.
-func checkKeys(op string, doc bson.Raw, path string) error {
-	if keysOK(doc) {
+// checkKeys reports the first field name of an encoded document (or array)
+// that MongoDB would misread ('$' prefix or '.'), at any depth, with its
+// path. It allocates only to say what is wrong.
+func checkKeys(op string, doc []byte, path string) error {
+	if walkOK(doc, true) {
 		return nil
 	}
-	elems, err := doc.Elements()
-	if err != nil {
-		return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
-	}
-	for _, e := range elems {
-		k := e.Key()
-		p := k
+	var err error
+	walked := elements(doc, func(k []byte, v bson.RawValue) bool {
+		p := string(k)
 		if path != "" {
-			p = path + "." + k
+			p = path + "." + p
 		}
-		if err := checkKey(k); err != nil {
-			return &InvalidError{Op: op, Field: p, Reason: err.Error()}
+		if err = checkKey(string(k)); err != nil {
+			err = &InvalidError{Op: op, Field: p, Reason: err.Error()}
+		} else if v.Type == bson.TypeEmbeddedDocument || v.Type == bson.TypeArray {
+			err = checkKeys(op, v.Value, p)
 		}
-		if err := checkValueKeys(op, e.Value(), p); err != nil {
-			return err
-		}
+		return err == nil
+	})
+	if err == nil && !walked {
+		err = &InvalidError{Op: op, Field: path, Reason: "malformed BSON"}
 	}
-	return nil
-}
-
-// keysOK walks an encoded document without allocating and reports whether
-// it is well formed and every field name, at any depth, is one MongoDB reads
-// as written. checkKeys says why not.
-func keysOK(doc []byte) bool {
-	return walkOK(doc, true)
+	return err
 }
 
 // wellFormed reports whether doc is a well-formed encoded document at every
@@ -233,25 +222,6 @@ func elements(doc []byte, fn func(key []byte, v bson.RawValue) bool) bool {
 		rest = r
 	}
 	return true
-}
-
-func checkValueKeys(op string, v bson.RawValue, path string) error {
-	switch v.Type {
-	case bson.TypeEmbeddedDocument:
-		return checkKeys(op, v.Document(), path)
-	case bson.TypeArray:
-		vals, err := v.Array().Values()
-		if err != nil {
-			return &InvalidError{Op: op, Field: path, Reason: "malformed BSON", Err: err}
-		}
-		for i, x := range vals {
-			if err := checkValueKeys(op, x, path+"."+strconv.Itoa(i)); err != nil {
-				return err
-			}
-		}
-	default: // a scalar has no field names
-	}
-	return nil
 }
 
 // encode marshals doc and checks it can be stored as it is.
@@ -293,7 +263,7 @@ func (r *Repo[T]) fullDiff(next bson.Raw) (set, unset bson.D, err error) {
 // write: mapped by T, and neither the id, the version, reserved nor a
 // shard-key field.
 func (r *Repo[T]) own(k string) bool {
-	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shardTop(k)
+	return k != "_id" && k != r.opts.VersionField && !r.reserved(k) && !r.shard.Has(k)
 }
 
 // reserved reports whether k is one of Options.Reserved.
@@ -341,9 +311,9 @@ func checkBase(op, field string, base int64, next bool) error {
 // not inserted by a repository, which has none).
 func (r *Repo[T]) incIs(inc int64) bson.E {
 	if inc == 0 {
-		return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: bson.D{{Key: "$exists", Value: false}}}
+		return bson.E{Key: r.incPath, Value: bson.D{{Key: "$exists", Value: false}}}
 	}
-	return bson.E{Key: metaPath(r.opts.MetaField, metaInc), Value: inc}
+	return bson.E{Key: r.incPath, Value: inc}
 }
 
 // withGuards ANDs the guards' filters (the Where filters, and cond for
@@ -360,26 +330,11 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 	return append(filter, bson.E{Key: "$and", Value: and})
 }
 
-// idsPath is the path of the list of write ids.
-func (r *Repo[T]) idsPath() string { return metaPath(r.opts.MetaField, metaIDs) }
-
-// metaPath is the path of name in the metadata subdocument meta, with no
-// allocation for the default one.
-func metaPath(meta, name string) string {
-	if meta == DefaultMetaField {
-		switch name {
-		case metaIDs:
-			return DefaultMetaField + "." + metaIDs
-		case metaInc:
-			return DefaultMetaField + "." + metaInc
-		}
-	}
-	return meta + "." + name
-}
+// metaPath is the path of name in the metadata subdocument meta.
+func metaPath(meta, name string) string { return meta + "." + name }
 
 // pushID is the $push document {path: {$each: [wid], $slice: -WriteIDs}},
-// encoded directly: the write appends its id and cuts the list to its last
-// WriteIDs entries in the same statement.
+// encoded directly.
 func pushID(path string, wid int64) bson.Raw {
 	b := make([]byte, 4, 64+len(path))
 	b, doc := openDoc(b, []byte(path))
@@ -391,12 +346,10 @@ func pushID(path string, wid int64) bson.Raw {
 	return closeDoc(b, 0)
 }
 
-// exactIDs is the list of write ids after a write that appends wids to the
-// list ids read at the version the write pins: its last WriteIDs-len(wids)
-// entries and wids, as a BSON array (ids of an earlier protocol dropped). A
-// write whose filter pins the version and the incarnation $sets it instead
-// of pushing: the list cannot have changed since, and this keeps the bound
-// on servers that ignore $slice (FerretDB v1).
+// exactIDs is the list of write ids after a write, pinned to the version
+// ids were read at, that appends wids: its last WriteIDs-len(wids) entries
+// and wids, as a BSON array (ids of an earlier protocol dropped). $set, it
+// keeps the bound on servers that ignore $slice (FerretDB v1).
 func exactIDs(ids bson.RawArray, wids ...int64) bson.RawValue {
 	skip := max(countIDs(ids)-(WriteIDs-int64(len(wids))), 0)
 	buf := make([]byte, 4, 5+WriteIDs*12)
@@ -442,9 +395,7 @@ func appendIDElement(buf []byte, i int, id int64) []byte {
 }
 
 // withMeta returns the encoded document raw with the write-id subdocument
-// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}. It
-// builds the bytes directly: Insert sends them as they are, with no
-// element-by-element copy for the driver to marshal again.
+// of a new incarnation appended as field meta: {inc: wid, ids: [wid]}.
 func withMeta(raw bson.Raw, meta string, wid int64) bson.Raw {
 	out := make([]byte, 0, len(raw)+len(meta)+48)
 	out = append(out, raw[:len(raw)-1]...)

@@ -8,9 +8,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
 
+	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/internal/shard"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -24,17 +23,15 @@ import (
 // reply exactly. Safety never depends on it (DESIGN.md beside this file,
 // "What every document carries").
 type Repo[T any] struct {
-	coll *mongo.Collection
-	// settle is coll with read concern majority: the re-reads that settle
-	// an ambiguous write read through it, so that they never see a write
-	// that a replica set may still roll back.
-	settle *mongo.Collection
-	s      *schema
-	opts   Options
-	cache  *docCache
-	shard  shard.Spec // Options.ShardKey, checked
-	lines  *collLines // where Modify calls on one document wait in line
-	server *store.Server
+	coll             *mongo.Collection
+	majority         *settle.Majority // the settling re-reads of coll
+	s                *schema
+	opts             Options
+	cache            *docCache
+	shard            shard.Spec // Options.ShardKey, checked
+	lines            *collLines // where Modify calls on one document wait in line
+	idsPath, incPath string     // of the write ids and incarnation in MetaField
+	server           *store.Server
 }
 
 // New returns a repository of T over coll, the caller's collection (New
@@ -64,9 +61,12 @@ func New[T any](coll *mongo.Collection, opts *Options) (*Repo[T], error) {
 	if err := s.checkShardKey(spec); err != nil {
 		return nil, err
 	}
-	settle := coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))
-	o.Retry = withDefaults(o.Retry, newBudget())
-	return &Repo[T]{coll: coll, settle: settle, s: s, opts: o, cache: newDocCache(), shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client())}, nil
+	o.Retry = withDefaults(o.Retry, retry.NewBudget(DefaultRetryBudget, 2*DefaultRetryBudget))
+	return &Repo[T]{
+		coll: coll, majority: settle.NewMajority(coll), s: s, opts: o, cache: newDocCache(),
+		shard: spec, lines: linesOf(coll), server: store.For(coll.Database().Client()),
+		idsPath: metaPath(o.MetaField, metaIDs), incPath: metaPath(o.MetaField, metaInc),
+	}, nil
 }
 
 // Collection returns the collection the repository works on.
@@ -85,7 +85,7 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 	}
 	ctx, ob := r.begin(ctx, op, idv)
 	defer r.end(&ob, &err)
-	st, err := r.find(ctx, op, idv, key, nil)
+	st, err := r.find(ctx, r.coll, op, idv, key, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -94,15 +94,14 @@ func (r *Repo[T]) Get(ctx context.Context, id any) (_ *T, err error) {
 
 // Insert stores doc as a new document at a random starting version, below
 // 2^52, and sets doc's version field to it (versions are opaque: see the
-// package documentation). Its id must be set (Insert does not generate
-// one). An id that exists already is a *DuplicateError, as is a value
-// another unique index holds. The random start, and the incarnation id
-// Insert stamps, make sure that a document deleted and inserted again is
-// never taken for the old one, by any repository. If
-// the reply is lost, Insert re-reads to learn whether its document landed;
-// it never sends the insert again (a second copy could bring back a
-// document deleted meanwhile), so when the document is not there it
-// returns an *UnknownOutcomeError.
+// package documentation). Its id must be set (Insert does not generate one).
+// An id that exists already is a *DuplicateError, as is a value another
+// unique index holds. The random start, and the incarnation id Insert
+// stamps, make sure that a document deleted and inserted again is never
+// taken for the old one, by any repository. If the reply is lost, Insert
+// re-reads to learn whether its document landed; it never sends the insert
+// again (a second copy could bring back a document deleted meanwhile), so
+// when the document is not there it returns an *UnknownOutcomeError.
 func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	const op = "insert"
 	v, id, key, err := r.docID(ctx, op, doc)
@@ -132,24 +131,24 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 		}
 		return sent{matched: err == nil}, err
 	}
-	w.judge = func(st *docState) (verdict, string) {
+	w.judge = func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil:
-			return unknown, "no document has the id: the insert may have landed and been deleted since, or never arrived, and sending it again could bring back a deleted document"
+			return settle.Unknown, "no document has the id: the insert may have landed and been deleted since, or never arrived, and sending it again could bring back a deleted document"
 		case st.inc == wid || st.has(wid):
-			return landed, ""
+			return settle.Landed, ""
 		}
-		return unknown, "another incarnation of the document is stored: the insert may have been refused as a duplicate, or have landed and been deleted since"
+		return settle.Unknown, "another incarnation of the document is stored: the insert may have been refused as a duplicate, or have landed and been deleted since"
 	}
 	out, err := r.exec(ctx, &r.opts.Retry, w)
 	if err != nil {
 		return err
 	}
-	if !out.landed {
+	if !out.Applied {
 		return &DuplicateError{Op: op, ID: id, Err: dupErr}
 	}
 	r.s.setVersion(v, start)
-	if out.reread == nil {
+	if out.Read == nil {
 		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid, ids: exactIDs(nil, wid).Value})
 	}
 	return nil
@@ -202,32 +201,28 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err := r.shardMoved(op, id, key); err != nil {
 		return err
 	}
-	out, err := r.updateCAS(ctx, op, id, key, ver, nil, set, unset, &cfg)
+	out, err := r.updateCAS(ctx, op, id, key, ver, set, unset, &cfg)
 	if err != nil {
 		return err
 	}
-	if !out.landed {
-		return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
+	if !out.Applied {
+		return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, ver, out, cfg.guards))
 	}
 	r.s.setVersion(v, ver+1)
 	return nil
 }
 
-// updateCAS sends the updateOne of a write made against version base: the
-// field changes, the version set to base+1 and the write id pushed,
-// filtered on the id, base and the guards; see exec. When the list of write
-// ids at base is known (read, or cached), the filter pins the incarnation
-// and last id too, and the list is $set exactly (DESIGN.md, "What every
-// document carries").
-func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, read *docState, set, unset bson.D, cfg *writeConfig) (outcome, error) {
+// updateCAS sends Update's updateOne against version base: the field
+// changes, the version set to base+1 and the write id pushed, filtered on
+// the id, base and the guards; see exec. When the list of write ids at base
+// is cached, the filter pins the incarnation and last id too, and the list
+// is $set exactly (DESIGN.md, "What every document carries").
+func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, set, unset bson.D, cfg *writeConfig) (outcome, error) {
 	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	ck := cacheKey(key)
 	s, cached := r.cache.lookup(ck)
 	cached = cached && s.version == base
 	known := cached && s.ids != nil
-	if read != nil {
-		s, known = seen{version: base, inc: read.inc, ids: read.ids}, true
-	}
 	filter := append(key.Filter(), r.versionIs(base))
 	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
@@ -236,37 +231,30 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	if known {
 		filter = append(filter, r.incIs(s.inc))
 		if s.last != 0 {
-			filter = append(filter, bson.E{Key: r.idsPath(), Value: s.last})
+			filter = append(filter, bson.E{Key: r.idsPath, Value: s.last})
 		}
 		ids = exactIDs(s.ids, w.wid)
-		set = append(set, bson.E{Key: r.idsPath(), Value: ids})
+		set = append(set, bson.E{Key: r.idsPath, Value: ids})
 	} else {
-		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath(), w.wid)})
+		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath, w.wid)})
 	}
 	filter = withGuards(filter, cfg.guards)
 	update[0] = bson.E{Key: "$set", Value: set}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	w.send = func(ctx context.Context) (sent, error) {
-		res, err := r.coll.UpdateOne(ctx, filter, update)
-		if err != nil {
-			return sent{}, err
-		}
-		return sent{matched: res.MatchedCount == 1}, nil
-	}
+	w.send = func(ctx context.Context) (sent, error) { return r.updateOne(ctx, filter, update) }
 	w.judge = judgeSpan(w, s.inc, known, 1)
 	out, err := r.exec(ctx, r.policy(cfg), w)
 	if err != nil {
 		return out, r.dupOr(op, id, err)
 	}
-	if out.landed {
-		// Of which incarnation version base+1 is, when known: the one
-		// read, or re-read, or cached at base. The cache only saves round
-		// trips, so when none says, it is left as it is.
+	if out.Applied {
+		// Of which incarnation version base+1 is, when known (re-read, or
+		// cached at base); else the cache is left as it is.
 		switch {
-		case out.reread != nil:
-			r.cache.put(ck, seen{version: base + 1, inc: out.reread.inc, last: w.wid})
+		case out.Read != nil:
+			r.cache.put(ck, seen{version: base + 1, inc: out.Read.inc, last: w.wid})
 		case known:
 			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid, ids: ids.Value})
 		case cached:
@@ -276,20 +264,15 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	return out, nil
 }
 
-// notApplied tells why a write made against version expected did not
-// apply, re-reading the document unless exec already did, and reports a
-// conflict to the Observer.
-func (r *Repo[T]) notApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
-	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, expected, out, guards))
-}
-
-// whyNotApplied is notApplied without the report (a combined Modify write
-// reports its conflict to each of its calls).
+// whyNotApplied tells why a write made against version expected did not
+// apply, re-reading the document unless exec already did. The caller
+// reports a conflict to the Observer (a combined Modify write, to each of
+// its calls).
 func (r *Repo[T]) whyNotApplied(ctx context.Context, op string, id any, key docKey, expected int64, out outcome, guards []guard) error {
-	st := out.reread
-	if !out.read {
+	st := out.Read
+	if !out.HasRead {
 		var err error
-		if st, err = r.rereadNow(ctx, op, id, key); err != nil {
+		if st, err = r.reread(ctx, r.coll, op, id, key); err != nil {
 			return err
 		}
 	}
@@ -322,9 +305,8 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	if err := checkBase(op, r.opts.VersionField, ver, false); err != nil {
 		return err
 	}
-	// If the repository saw the document at this version, it knows its
-	// incarnation (a version names one): the filter pins it too, and a lost
-	// reply is judged exactly. Otherwise the version alone pins it.
+	// The incarnation seen at this version, if any, is pinned too, so that
+	// a lost reply is judged exactly.
 	ck := cacheKey(key)
 	s, known := r.cache.lookup(ck)
 	known = known && s.version == ver
@@ -341,30 +323,29 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 		}
 		return sent{matched: res.DeletedCount == 1}, nil
 	}
-	w.judge = func(st *docState) (verdict, string) {
+	w.judge = func(st *docState) (settle.Verdict, string) {
 		switch {
 		case st == nil, known && st.inc != s.inc:
-			return landed, "" // the incarnation it targeted is gone
+			return settle.Landed, "" // the incarnation it targeted is gone
 		case st.version == ver:
-			return live, ""
-		case st.version > ver && (known || st.version-ver <= st.nids()):
-			// The same incarnation moved on: a delete that landed would
-			// have removed it.
-			return dead, ""
+			return settle.Live, ""
+		case st.version > ver && (known || st.version-ver <= countIDs(st.ids)):
+			// The same incarnation moved on: a delete would have removed it.
+			return settle.Dead, ""
 		}
 		// Another incarnation, the same far ahead, or a majority-committed
 		// state that has not caught up with the version the caller read.
-		return unknown, whyUnrelated
+		return settle.Unknown, whyUnrelated
 	}
 	out, err := r.exec(ctx, r.policy(&cfg), w)
 	if err != nil {
 		return err
 	}
-	if out.landed {
+	if out.Applied {
 		r.cache.forget(ck)
 		return nil
 	}
-	return r.notApplied(ctx, op, id, key, ver, out, cfg.guards)
+	return r.conflicted(ctx, r.whyNotApplied(ctx, op, id, key, ver, out, cfg.guards))
 }
 
 // start checks ctx and id (a Key, or a bare id) for an operation that
@@ -373,19 +354,12 @@ func (r *Repo[T]) start(ctx context.Context, op string, id any) (any, docKey, er
 	if err := checkCtx(ctx, op); err != nil {
 		return nil, docKey{}, err
 	}
-	bare, vals, err := r.splitID(op, id)
+	bare, vals, err := r.shard.Split(id)
 	if err != nil {
-		return nil, docKey{}, err
+		return nil, docKey{}, &InvalidError{Op: op, Field: "_id", Err: err}
 	}
-	idv, err := r.s.checkID(op, bare)
-	if err != nil {
-		return nil, docKey{}, err
-	}
-	key, err := encodeID(op, idv)
-	if err != nil {
-		return nil, docKey{}, err
-	}
-	return idv.Interface(), docKey{ID: key, Shard: vals}, nil
+	idv, key, err := r.s.checkID(op, bare)
+	return idv, docKey{ID: key, Shard: vals}, err
 }
 
 // docID checks ctx and doc, and returns doc as a settable value, with its
@@ -398,19 +372,15 @@ func (r *Repo[T]) docID(ctx context.Context, op string, doc *T) (reflect.Value, 
 		return reflect.Value{}, nil, docKey{}, &InvalidError{Op: op, Reason: "document is nil"}
 	}
 	v := valueOf(doc)
-	idv, err := r.s.checkID(op, r.s.idOf(v).Interface())
+	idv, key, err := r.s.checkID(op, r.s.idOf(v).Interface())
 	if err != nil {
 		return reflect.Value{}, nil, docKey{}, err
 	}
-	key, err := encodeID(op, idv)
+	vals, err := r.docShard(op, idv, doc)
 	if err != nil {
 		return reflect.Value{}, nil, docKey{}, err
 	}
-	vals, err := r.docShard(op, idv.Interface(), doc)
-	if err != nil {
-		return reflect.Value{}, nil, docKey{}, err
-	}
-	return v, idv.Interface(), docKey{ID: key, Shard: vals}, nil
+	return v, idv, docKey{ID: key, Shard: vals}, nil
 }
 
 // valueOf returns the struct doc points to.
@@ -418,11 +388,14 @@ func valueOf[T any](doc *T) reflect.Value { return reflect.ValueOf(doc).Elem() }
 
 // policy is the retry policy of one call.
 func (r *Repo[T]) policy(cfg *writeConfig) *retry.Policy {
-	if cfg != nil && cfg.policy != nil {
-		p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
-		return r.observedPolicy(&p)
+	if cfg == nil || cfg.policy == nil {
+		return &r.opts.Retry
 	}
-	return &r.opts.Retry
+	p := withDefaults(*cfg.policy, r.opts.Retry.Budget)
+	if p.Observer == nil {
+		p.Observer = r.opts.Observer
+	}
+	return &p
 }
 
 // dupOr turns a duplicate key error, as exec returns it, into a

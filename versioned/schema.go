@@ -151,26 +151,36 @@ func (s *schema) versionOf(v reflect.Value) int64 { return v.FieldByIndex(s.verI
 // setVersion stores ver in doc.
 func (s *schema) setVersion(v reflect.Value, ver int64) { v.FieldByIndex(s.verIndex).SetInt(ver) }
 
-// checkID converts a caller's id to the type of T's id field and reports
-// whether it can identify a document: not nil, not the zero value, of the
-// id field's type (integers of another integer type are converted when the
-// value fits).
-func (s *schema) checkID(op string, id any) (reflect.Value, error) {
+// checkID converts a caller's id to the type of T's id field and encodes
+// it as the driver encodes it inside a document. It refuses an id that
+// cannot identify a document: nil, the zero value, of another type than the
+// id field's (integers of another integer type are converted when the
+// value fits), or whose encoding could act as a query operator or pattern
+// (store.CheckID: $-keys at any depth, regular expressions, code, arrays,
+// null).
+func (s *schema) checkID(op string, id any) (any, bson.RawValue, error) {
+	bad := func(reason string) (any, bson.RawValue, error) {
+		return nil, bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Reason: reason}
+	}
 	if id == nil {
-		return reflect.Value{}, &InvalidError{Op: op, Field: "_id", Reason: "id is nil"}
+		return bad("id is nil")
 	}
 	v := reflect.ValueOf(id)
 	if v.Type() != s.idType && s.idType.Kind() != reflect.Interface {
 		conv, ok := convertInt(v, s.idType)
 		if !ok {
-			return reflect.Value{}, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("id %v has type %s, want %s", id, v.Type(), s.idType)}
+			return bad(fmt.Sprintf("id %v has type %s, want %s", id, v.Type(), s.idType))
 		}
 		v = conv
 	}
 	if v.IsZero() {
-		return reflect.Value{}, &InvalidError{Op: op, Field: "_id", Reason: fmt.Sprintf("id is the zero %s", v.Type())}
+		return bad(fmt.Sprintf("id is the zero %s", v.Type()))
 	}
-	return v, nil
+	raw, err := store.CheckID(v.Interface())
+	if err != nil {
+		return nil, bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Err: err}
+	}
+	return v.Interface(), raw, nil
 }
 
 // convertInt converts an integer to another integer type when the value is
@@ -189,15 +199,3 @@ func convertInt(v reflect.Value, to reflect.Type) (reflect.Value, bool) {
 func isInt(k reflect.Kind) bool { return isSigned(k) || (k >= reflect.Uint && k <= reflect.Uint64) }
 
 func isSigned(k reflect.Kind) bool { return k >= reflect.Int && k <= reflect.Int64 }
-
-// encodeID encodes an id value as the driver encodes it inside a document,
-// refusing, as store.CheckID does, an id whose encoding could act as a
-// query operator or pattern ($-keys at any depth, regular expressions,
-// code, arrays, null).
-func encodeID(op string, v reflect.Value) (bson.RawValue, error) {
-	raw, err := store.CheckID(v.Interface())
-	if err != nil {
-		return bson.RawValue{}, &InvalidError{Op: op, Field: "_id", Err: err}
-	}
-	return raw, nil
-}

@@ -13,13 +13,8 @@ import (
 
 // Key names a document of a sharded collection by its id and its shard-key
 // values, for Get, Modify and Guarded on a repository configured with
-// Options.ShardKey:
-//
-//	acct, err := repo.Get(ctx, versioned.Key{ID: "acct-7", Shard: bson.D{
-//		{Key: "region", Value: "eu"}, {Key: "accountId", Value: int64(7)},
-//	}})
-//
-// It is [store.Key]; see there for what is checked.
+// Options.ShardKey (the package documentation, "Sharded collections", has
+// an example). It is [store.Key]; see there for what is checked.
 type Key = store.Key
 
 // docKey names a document in every filter of the repository (its Filter
@@ -59,15 +54,6 @@ func (s *schema) checkShardKey(spec shard.Spec) error {
 	return nil
 }
 
-// splitID takes the id a caller passed (a Key, or a bare id) apart.
-func (r *Repo[T]) splitID(op string, id any) (any, shard.Values, error) {
-	bare, vals, err := r.shard.Split(id)
-	if err != nil {
-		return nil, shard.Values{}, &InvalidError{Op: op, Field: "_id", Err: err}
-	}
-	return bare, vals, nil
-}
-
 // docShard returns the shard-key values doc holds.
 func (r *Repo[T]) docShard(op string, id any, doc *T) (shard.Values, error) {
 	if !r.shard.Enabled() {
@@ -82,13 +68,6 @@ func (r *Repo[T]) docShard(op string, id any, doc *T) (shard.Values, error) {
 		return shard.Values{}, &InvalidError{Op: op, Field: "_id", Err: err}
 	}
 	return vals, nil
-}
-
-// shardTop reports whether the top-level field k is itself a shard-key
-// field: Update never writes it (it cannot change, and the filter already
-// pins its value).
-func (r *Repo[T]) shardTop(k string) bool {
-	return r.shard.Has(k)
 }
 
 // keepsShard refuses a Modify whose fn changed a shard-key value: set and

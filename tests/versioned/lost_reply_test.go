@@ -447,20 +447,7 @@ func TestAmbiguousWriteIsSettledByMajorityRead(t *testing.T) {
 	require.NoError(t, repo.Insert(b.ctx, a))
 	v0 := a.Version
 
-	var (
-		mu     sync.Mutex
-		levels []string // the read concern level of each find, "" for none
-	)
-	// A fault that never acts, to watch the finds.
-	f.DropNextReply(func(c *mongotest.Command) bool {
-		if c.Name == "find" && c.Collection == b.coll.Name() {
-			level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
-			mu.Lock()
-			levels = append(levels, level)
-			mu.Unlock()
-		}
-		return false
-	})
+	levels := findLevels(f, b)
 	got, err := repo.Get(b.ctx, "m")
 	require.NoError(t, err)
 	fault := dropNextWrite(f, b)
@@ -470,9 +457,70 @@ func TestAmbiguousWriteIsSettledByMajorityRead(t *testing.T) {
 	require.Equal(t, v0+1, got.Version)
 	require.Equal(t, int64(2), b.raw(t, "m")["balance"])
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, []string{"", "majority"}, levels, "the Get reads as the collection does; the settling re-read reads majority")
+	require.Equal(t, []string{"", "majority"}, levels(), "the Get reads as the collection does; the settling re-read reads majority")
+}
+
+// TestSettlingReadWithoutMajority: a server that refuses read concern
+// majority (code 148, ReadConcernMajorityNotEnabled, injected on the first
+// settling read) still has the lost write settled, by a read at the
+// collection's read concern; the repository reads that way from then on, so
+// the next settling read is one find without majority.
+func TestSettlingReadWithoutMajority(t *testing.T) {
+	repo, f, b := setupFaulty[account](t, nil)
+	a := &account{ID: "nm", Balance: 1}
+	require.NoError(t, repo.Insert(b.ctx, a))
+	v0 := a.Version
+
+	levels := findLevels(f, b)
+	finds := mongotest.Commands([]string{"find"}, b.coll.Name())
+	majority := func(c *mongotest.Command) bool { return finds(c) && readLevel(c) == "majority" }
+	refused := f.ErrorBeforeApply(majority, mongotest.ServerError{
+		Code: 148, CodeName: "ReadConcernMajorityNotEnabled",
+		Errmsg: "Majority read concern requested, but it is not supported by the storage engine.",
+	})
+	fault := dropNextWrite(f, b)
+	a.Balance = 2
+	require.NoError(t, repo.Update(b.ctx, a), "the re-read without majority found the write applied")
+	requireDropped(t, fault)
+	require.True(t, refused.HasFired(), "the settling read asked for majority and was refused")
+
+	fault = dropNextWrite(f, b)
+	a.Balance = 3
+	require.NoError(t, repo.Update(b.ctx, a), "settled again, by a read without majority")
+	requireDropped(t, fault)
+	require.Equal(t, v0+2, a.Version)
+	require.Equal(t, int64(3), b.raw(t, "nm")["balance"])
+
+	require.Equal(t, []string{"", ""}, levels(), "after the refusal, both settling reads at the collection's read concern")
+}
+
+// findLevels watches the finds on b's collection that f passes to the
+// server (by a fault that never acts), and returns the read concern level
+// of each so far, "" for none.
+func findLevels(f *mongotest.Faulty, b *bundle) func() []string {
+	var (
+		mu     sync.Mutex
+		levels []string
+	)
+	f.DropNextReply(func(c *mongotest.Command) bool {
+		if c.Name == "find" && c.Collection == b.coll.Name() {
+			mu.Lock()
+			levels = append(levels, readLevel(c))
+			mu.Unlock()
+		}
+		return false
+	})
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), levels...)
+	}
+}
+
+// readLevel is the read concern level a command asks for, "" for none.
+func readLevel(c *mongotest.Command) string {
+	level, _ := c.Body.Lookup("readConcern", "level").StringValueOK()
+	return level
 }
 
 // A write-concern error is an ambiguous outcome, not a failure.
