@@ -78,7 +78,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			// epoch, so that it inserts, or fails on the duplicate _id.
 			filter, upsert = append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}}), true
 		}
-		l, s, done, err := m.send(ctx, parent, id, raw, a, w, func(ctx context.Context) (bson.Raw, error) {
+		l, s, done, err := m.send(ctx, parent, id, raw, a, w, false, func(ctx context.Context) (bson.Raw, error) {
 			return m.findAndModify(ctx, filter, update, upsert)
 		})
 		switch {
@@ -258,25 +258,31 @@ func putDate(b []byte, i int, t time.Time) {
 	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli()))
 }
 
-// send sends the claim a through the settling engine: a record read back
-// after an ambiguous failure that shows a's claim id means applied; any
-// other, not yet (Live), but never sent again as it is (a try takes a fresh
-// claim id): it is pending, as is one left unknown, for a later read to
-// settle. done reports a applied, with its Lease or error; otherwise s is
-// the record read back (err nil), or err the failure.
-func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, w *waiting, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
+// send sends the claim a through the settling engine; send returns the
+// record's document, nil when a copy did not apply. A record read back after
+// an ambiguous failure that shows a's claim id means applied; no record, not
+// yet (Live: sent again if resend); another record, not applied (Dead). A
+// claim that did not land is pending, as is one left unknown, for a later
+// read to settle: a try takes a fresh claim id. done reports a applied, with
+// its Lease or error; otherwise s is the record read back (err nil), or err
+// the failure.
+func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, w *waiting, resend bool, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
 	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[bson.Raw, snapshot]{
 		Send: func(ctx context.Context) (bson.Raw, bool, error) {
 			doc, err := send(ctx)
-			return doc, err == nil, err
+			return doc, err == nil && doc != nil, err
 		},
 		Read: m.reader(raw, a.server),
 		Judge: func(s snapshot) (settle.Verdict, string) {
-			if s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim {
+			switch {
+			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim:
 				return settle.Landed, ""
+			case s.found:
+				return settle.Dead, ""
 			}
 			return settle.Live, ""
 		},
+		Resend:  resend,
 		Unknown: unknown[snapshot](opAcquire, id),
 	})
 	switch {

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
-	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -31,54 +29,37 @@ func (m *Manager) DoInsert(ctx context.Context, id any, doc bson.D, fn func(ctx 
 	return m.do(ctx, id, doc, fn)
 }
 
-// insert makes the document of id from doc with this Manager's claim in it.
+// insert is a claim (send) whose write inserts doc with this Manager's
+// record in it, sent again while a read shows no document: a copy fails on
+// the unique _id. A read that shows another's document is a duplicate key.
 func (m *Manager) insert(ctx context.Context, id any, raw docKey, doc bson.D, parent context.Context) (*Lease, error) {
 	ctx = store.NoSession(ctx)
 	a := attempt{claim: bson.NewObjectID(), t0: m.c.Now()}
 	var err error
-	if a.est, err = m.estimate(ctx); err != nil {
-		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
-	}
-	rec := record{Owner: m.c.Owner, Epoch: a.est.Latest().UnixMicro() + 1, Claim: a.claim}
-	rec.ExpiresAt, rec.AcquiredAt = a.est.Time.Add(m.c.TTL).Truncate(time.Millisecond), a.est.Time.Truncate(time.Millisecond)
-	full := append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.Field, Value: bson.D{
-		{Key: "owner", Value: rec.Owner}, {Key: "expiresAt", Value: rec.ExpiresAt},
-		{Key: "acquiredAt", Value: rec.AcquiredAt}, {Key: "claim", Value: rec.Claim}, {Key: "epoch", Value: rec.Epoch},
-	}})
-	sent := 0
-	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[struct{}, snapshot]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
-			sent++
-			_, err := m.coll.InsertOne(ctx, full)
-			if sent > 1 && store.IsDuplicateKey(err) {
-				return struct{}{}, false, nil // a copy's: the read judges
-			}
-			return struct{}{}, err == nil, err
-		},
-		Read: m.reader(raw, false),
-		Judge: func(s snapshot) (settle.Verdict, string) {
-			switch {
-			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim:
-				return settle.Landed, ""
-			case s.found:
-				return settle.Dead, ""
-			}
-			return settle.Live, ""
-		},
-		Resend: true,
-		Unknown: func(_ snapshot, _ bool, reason string, err error) error {
-			return &UnknownOutcomeError{Pkg: "lease", Op: "insert", ID: id, Reason: reason, Err: err}
-		},
-	})
-	switch {
-	case errors.Is(err, ErrUnknownOutcome):
-		return nil, err
-	case err == nil && !res.Applied:
-		// Another's document, as a read showed: a duplicate key all the same.
-		err = mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "the document exists"}}}
+	var full bson.Raw
+	if a.est, err = m.estimate(ctx); err == nil {
+		full, err = bson.Marshal(append(append(bson.D{{Key: "_id", Value: id}}, doc...), bson.E{Key: m.c.Field, Value: bson.D{
+			{Key: "owner", Value: m.c.Owner}, {Key: "expiresAt", Value: a.est.Time.Add(m.c.TTL)},
+			{Key: "acquiredAt", Value: a.est.Time}, {Key: "claim", Value: a.claim}, {Key: "epoch", Value: a.est.Latest().UnixMicro() + 1},
+		}}))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
 	}
-	return m.newLease(ctx, parent, id, raw, rec, a)
+	sent := 0
+	l, _, done, err := m.send(ctx, parent, id, raw, a, nil, true, func(ctx context.Context) (bson.Raw, error) {
+		sent++
+		if _, err := m.coll.InsertOne(ctx, full); sent == 1 || !store.IsDuplicateKey(err) {
+			return full, err
+		}
+		return nil, nil // a copy's duplicate: the read judges
+	})
+	switch {
+	case done, errors.Is(err, ErrUnknownOutcome):
+		return l, err
+	case err == nil:
+		// Another's document, as a read showed: a duplicate key all the same.
+		err = mongo.WriteException{WriteErrors: []mongo.WriteError{{Code: 11000, Message: "the document exists"}}}
+	}
+	return nil, fmt.Errorf("lease: insert %v: %w", idText(id), err)
 }

@@ -396,3 +396,47 @@ func recordReads(f *mongotest.Faulty, collection string) func() []bson.Raw {
 		return append([]bson.Raw(nil), reads...)
 	}
 }
+
+// TestDoInsertSettlesLostReply: DoInsert's insert is applied but its reply
+// is lost, or it is held back and the client sees a network error before
+// the server has it. Either way the read settles it: the function runs
+// once, under the lease the document was inserted with, and the held copy
+// delivered later changes nothing (the unique _id refuses it).
+func TestDoInsertSettlesLostReply(t *testing.T) { eachMode(t, testDoInsertSettlesLostReply) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testDoInsertSettlesLostReply(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Minute, nil)
+	inserts := mongotest.Commands([]string{"insert"}, b.coll.Name())
+	for _, held := range []bool{false, true} {
+		id := bson.NewObjectID()
+		var fault *mongotest.Fault
+		if held {
+			fault = f.HoldNext(inserts)
+		} else {
+			fault = f.DropNextReply(inserts)
+		}
+		runs := 0
+		err := a.DoInsert(ctx, id, bson.D{{Key: "data", Value: "new"}}, func(_ context.Context, l *lease.Lease) error {
+			runs++
+			require.Equal(t, "a", owner(load(t, b.coll, id).Lease), "held while fn runs")
+			return l.ReleaseWith(ctx, bson.D{{Key: "data", Value: "done"}})
+		})
+		require.True(t, fault.HasFired())
+		require.NoError(t, err, "held %v: the read settled the insert", held)
+		require.Equal(t, 1, runs)
+		if held {
+			_, err = fault.Deliver(ctx)
+			require.NoError(t, err, "the copy reaches the server")
+		}
+		d := load(t, b.coll, id)
+		require.Equal(t, "done", d.Data)
+		require.Empty(t, owner(d.Lease), "released")
+		n, err := b.coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: id}})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n)
+	}
+}
