@@ -27,6 +27,7 @@ type Manager struct {
 	// majority reads coll at read concern majority (settle.Majority): the
 	// reads that judge or settle a claim see only what a majority has.
 	majority *settle.Majority
+	stamped  atomic.Pointer[collMajority] // Stamp's majority reader (majorityOf)
 	named    bool
 	c        config
 

@@ -440,3 +440,46 @@ func testDoInsertSettlesLostReply(t *testing.T, mode lease.Mode) {
 		require.Equal(t, int64(1), n)
 	}
 }
+
+// TestStampRemembersMajorityRefusal: a server that refuses read concern
+// majority (code 148, injected once) on the re-read of a stamp whose reply
+// was lost has the stamp settled by a read without it, and the next Stamp on
+// the same collection reads without majority at once.
+func TestStampRemembersMajorityRefusal(t *testing.T) {
+	eachMode(t, testStampRemembersMajorityRefusal)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testStampRemembersMajorityRefusal(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	docs := f.Collection(b.coll.Name())
+	m := b.named(t, b.db.Collection("locks"), "a", time.Minute, nil)
+	updates := mongotest.Commands([]string{"update"}, b.coll.Name())
+	refused := f.ErrorBeforeApply(mongotest.Commands([]string{"find"}, b.coll.Name()), mongotest.ServerError{
+		Code: 148, CodeName: "ReadConcernMajorityNotEnabled", Errmsg: "Majority read concern requested, but it is not supported by the storage engine.",
+	})
+	reads := recordReads(f, b.coll.Name())
+	for i := range 2 {
+		l, err := m.TryAcquire(ctx, "job")
+		require.NoError(t, err)
+		id := b.insert(t)
+		fault := f.DropNextReply(updates)
+		require.NoError(t, l.Stamp(ctx, docs, id), "stamp %d: the re-read found it", i)
+		require.True(t, fault.HasFired())
+		require.True(t, refused.HasFired())
+		var stamp struct {
+			Fence map[string]int64 `bson:"_fence"`
+		}
+		require.NoError(t, b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&stamp))
+		require.Equal(t, l.Epoch(), stamp.Fence["job"])
+		require.NoError(t, l.Release(ctx))
+	}
+	got := reads()
+	require.Len(t, got, 2, "after the refused read (not recorded), one read per stamp")
+	for _, body := range got {
+		_, err := body.LookupErr("readConcern", "level")
+		require.Error(t, err, "no read concern after the refusal: %v", body)
+	}
+}
