@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -20,13 +21,29 @@ import (
 // a document with id exists, nothing is written and the error reports a
 // duplicate key (store.IsDuplicateKey). A lost reply is settled by reading
 // the document: this claim's, another's (a duplicate), or none (the insert
-// is sent again: a copy fails on the unique _id). A named lease refuses it
-// (ErrInvalid).
+// is sent again: a copy fails on the unique _id). A named lease, or a field
+// of doc named "", starting with "$", or under "_id" or the lease field, is
+// refused before anything is sent (ErrInvalid).
 func (m *Manager) DoInsert(ctx context.Context, id any, doc bson.D, fn func(ctx context.Context, l *Lease) error) error {
 	if m.named {
 		return fmt.Errorf("lease: insert: a named lease has no document to insert: %w", ErrInvalid)
 	}
+	if err := m.checkFields(doc); err != nil {
+		return fmt.Errorf("lease: insert %v: %w", idText(id), err)
+	}
 	return m.do(ctx, id, doc, fn)
+}
+
+// checkFields refuses a field of DoInsert's document or ReleaseWith's $set
+// that would clash with the lease's own write or act as an operator.
+func (m *Manager) checkFields(d bson.D) error {
+	for _, e := range d {
+		root, _, _ := strings.Cut(e.Key, ".")
+		if e.Key == "" || strings.HasPrefix(e.Key, "$") || root == "_id" || root == m.c.Field {
+			return fmt.Errorf("field %q is empty, an operator, _id or the lease field: %w", e.Key, ErrInvalid)
+		}
+	}
+	return nil
 }
 
 // insert is a claim (send) whose write inserts doc with this Manager's

@@ -404,11 +404,16 @@ func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, nil) 
 // deadline nobody else can clear it, so a nil error means set applied; a
 // *LostError means it did not, except one with Reason Expired, which is
 // returned whether or not the write applied (re-read the document to know).
-// A named lease refuses it (ErrInvalid): its lock document is not the one
-// it protects.
+// A named lease (its lock document is not the one it protects), or a field
+// of set named "", starting with "$", or under "_id" or the lease field, is
+// refused before anything is sent (ErrInvalid); the lease stays held.
 func (l *Lease) ReleaseWith(ctx context.Context, set bson.D) error {
+	err := l.m.checkFields(set)
 	if l.m.named {
-		return fmt.Errorf("lease: release %s: a named lease cannot set fields: %w", idText(l.id), ErrInvalid)
+		err = fmt.Errorf("a named lease cannot set fields: %w", ErrInvalid)
+	}
+	if err != nil {
+		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
 	return l.release(ctx, set)
 }
