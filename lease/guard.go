@@ -15,10 +15,8 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// fencePath is the dotted path of this named lease's stamp in a protected
-// document: <FenceField>.<key>, where key is the name itself when it is a
-// plain string usable as a field name, and "#" + a hash of its BSON encoding
-// otherwise (names with ".", a leading "$" or "#", non-strings).
+// fencePath is the dotted path of this named lease's stamp: <FenceField>.
+// <name> for a plain string name, else "#" + a hash of its BSON encoding.
 func (l *Lease) fencePath() string {
 	raw := l.raw.ID
 	if s, ok := raw.StringValueOK(); ok && s != "" && checkField(s) == "" && !strings.HasPrefix(s, "#") {
@@ -74,9 +72,8 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	}})
 	update := bson.D{{Key: "$max", Value: bson.D{{Key: path, Value: l.epoch}}}}
 	stamp := func(doc bson.Raw) bson.RawValue { return doc.Lookup(strings.Split(path, ".")...) }
-	// A stamp that has not applied is sent again while the document shows
-	// no stamp of this epoch or later (or no epoch there): copies of a $max
-	// make one change. The document read back tells.
+	// Sent again while the document shows no stamp of this epoch or later:
+	// copies of a $max make one change.
 	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.ResolveTimeout}
 	majority := l.m.majorityOf(coll)
 	read := func(ctx context.Context) (doc bson.Raw, err error) {
