@@ -483,3 +483,50 @@ func testStampRemembersMajorityRefusal(t *testing.T, mode lease.Mode) {
 		require.Error(t, err, "no read concern after the refusal: %v", body)
 	}
 }
+
+// TestReleaseWithLateReadAfterTakeover: ReleaseWith's update is lost before
+// the server has it (a network error), and the re-read that settles it
+// reaches the server only after the lease expired there and another owner
+// claimed it. The release never applied, and ReleaseWith does not report it
+// applied: it returns the *LostError with Reason Expired that the lease's
+// deadline gave it (whether or not the write applied, as documented), and
+// the fields it would have set are not there.
+func TestReleaseWithLateReadAfterTakeover(t *testing.T) {
+	eachMode(t, testReleaseWithLateReadAfterTakeover)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testReleaseWithLateReadAfterTakeover(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Second, &lease.Options{ResolveTimeout: 20 * time.Second, SafetyMargin: 500 * time.Millisecond})
+	c := b.manager(t, "c", time.Minute, &lease.Options{Retry: fastRetry})
+	id := b.insert(t)
+	la, err := a.TryAcquire(ctx, id)
+	require.NoError(t, err)
+
+	claimed := make(chan struct{})
+	isRead := mongotest.Commands([]string{"find", "aggregate"}, b.coll.Name())
+	f.ErrorBeforeApply(func(cmd *mongotest.Command) bool {
+		if isRead(cmd) {
+			<-claimed // a's re-read reaches the server after c's claim
+		}
+		return false
+	}, mongotest.ServerError{Code: 1, Errmsg: "never sent"})
+	held := f.HoldNext(mongotest.Commands([]string{"update"}, b.coll.Name()))
+	done := make(chan error, 1)
+	go func() { done <- la.ReleaseWith(ctx, bson.D{{Key: "data", Value: "released"}}) }()
+	<-held.Fired()
+	lc, err := c.Acquire(ctx, id) // once a's lease expired on the server
+	require.NoError(t, err)
+	close(claimed)
+	err = <-done
+	var lost *lease.LostError
+	require.ErrorAs(t, err, &lost, "not nil: the release never applied")
+	require.Equal(t, lease.Expired, lost.Reason)
+	d := load(t, b.coll, id)
+	require.Equal(t, "initial", d.Data, "the fields were not set")
+	require.Equal(t, "c", owner(d.Lease))
+	require.NoError(t, lc.Release(ctx))
+}
