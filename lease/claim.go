@@ -35,10 +35,8 @@ type waiting struct {
 // the lease free or expired on re-reading, under heavy churn.
 const maxClaimAttempts = 3
 
-// firstEpochFloor: an epoch below it (2^50 µs is in 2005) was not taken from
-// the server's clock: the record was claimed without an epoch, whose $inc
-// made it 1 (or it is from before epochs were), and the claim's holder is
-// giving it its first, the record's "first" (firstEpoch).
+// firstEpochFloor: an epoch below it (2^50 µs is in 2005) is not from the
+// server's clock; its holder is giving it its first (firstEpoch).
 const firstEpochFloor = 1 << 50
 
 // estimate returns the Clock's estimate, refusing one that cannot be used
@@ -78,15 +76,14 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 			// epoch, so that it inserts, or fails on the duplicate _id.
 			filter, upsert = append(raw.Filter(), bson.E{Key: m.pEpoch, Value: bson.D{{Key: "$exists", Value: false}}}), true
 		}
-		l, s, done, err := m.send(ctx, parent, id, raw, a, w, func(ctx context.Context) (bson.Raw, error) {
+		l, s, done, err := m.send(ctx, parent, id, raw, a, w, false, func(ctx context.Context) (bson.Raw, error) {
 			return m.findAndModify(ctx, filter, update, upsert)
 		})
 		switch {
 		case done:
 			return l, err
 		case err == nil:
-			// Not applied as far as a majority knows; it may still be: it is
-			// pending, and a later read that shows it settles it.
+			// Not applied as far as a majority knows: pending (see send).
 			if cerr := store.ContextError(ctx); cerr != nil {
 				return nil, fail(cerr)
 			}
@@ -181,9 +178,7 @@ func (m *Manager) judge(ctx context.Context, s snapshot) (held bool, left time.D
 func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	filter = raw.Filter()
 	if !a.server {
-		// $inc starts a record without an epoch at 1: newLease then gives it
-		// its first epoch (firstEpoch).
-		t := m.estimated
+		t := m.estimated // $inc starts a missing epoch at 1: see firstEpoch
 		or, update := bytes.Clone(t.or), bytes.Clone(t.update)
 		putDate(or, t.cutoff, cutoff(a.est))
 		putDate(update, t.expires, a.est.Time.Add(m.c.TTL))
@@ -204,9 +199,8 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 			bson.D{{Key: "$expr", Value: bson.D{{Key: "$lt", Value: bson.A{"$" + m.pExpires, "$$NOW"}}}}},
 		}}},
 	}})
-	// The epoch: the record's + 1, or, for a record without one, the
-	// server's time in microseconds + 1 (see DESIGN.md). Literals go
-	// through $literal: an owner starting with "$" is no field path.
+	// The epoch: the record's + 1, or the server's time in µs + 1 (see
+	// DESIGN.md). $literal: an owner starting with "$" is no field path.
 	micros := bson.D{{Key: "$multiply", Value: bson.A{bson.D{{Key: "$toLong", Value: "$$NOW"}}, int64(1000)}}}
 	return filter, mongo.Pipeline{{{Key: "$set", Value: bson.D{
 		{Key: m.pOwner, Value: bson.D{{Key: "$literal", Value: m.c.Owner}}},
@@ -218,12 +212,9 @@ func (m *Manager) claimOp(raw docKey, a attempt) (filter bson.D, update any) {
 	}}}}
 }
 
-// template is a claim in ModeEstimated, marshalled once per Manager with
-// placeholders (the driver then sends its bytes as they are, instead of
-// marshalling documents built per claim): the $or of the filter, {owner:
-// null} or {expiresAt: {$lt: cutoff}}, and the update, $set of the owner,
-// expiry, acquisition time, claim id and first epoch and $inc of the epoch;
-// with the offsets of the values a claim writes into its copy.
+// template is a claim in ModeEstimated (claimOp's $or and update),
+// marshalled once per Manager with placeholders, and the offsets of the
+// values each claim writes into its copy of the bytes.
 type template struct {
 	or, update                              []byte
 	cutoff, expires, acquired, claim, first int
@@ -258,25 +249,29 @@ func putDate(b []byte, i int, t time.Time) {
 	binary.LittleEndian.PutUint64(b[i:], uint64(t.UnixMilli()))
 }
 
-// send sends the claim a through the settling engine: a record read back
-// after an ambiguous failure that shows a's claim id means applied; any
-// other, not yet (Live), but never sent again as it is (a try takes a fresh
-// claim id): it is pending, as is one left unknown, for a later read to
-// settle. done reports a applied, with its Lease or error; otherwise s is
-// the record read back (err nil), or err the failure.
-func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, w *waiting, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
+// send sends the claim a (send returns the record's document, nil when a
+// copy did not apply) through the settling engine. A record read back that
+// shows a's claim id means applied; no record, not yet (Live: sent again if
+// resend); another, not applied. One that did not land, or left unknown, is
+// pending in w for a later read to settle. done reports a applied, with its
+// Lease or error; otherwise s is the record read back, or err the failure.
+func (m *Manager) send(ctx context.Context, parent context.Context, id any, raw docKey, a attempt, w *waiting, resend bool, send func(context.Context) (bson.Raw, error)) (l *Lease, s snapshot, done bool, err error) {
 	res, err := settle.Exec(ctx, m.settling(ctx, opAcquire, id), settle.Write[bson.Raw, snapshot]{
 		Send: func(ctx context.Context) (bson.Raw, bool, error) {
 			doc, err := send(ctx)
-			return doc, err == nil, err
+			return doc, err == nil && doc != nil, err
 		},
 		Read: m.reader(raw, a.server),
 		Judge: func(s snapshot) (settle.Verdict, string) {
-			if s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim {
+			switch {
+			case s.found && s.rec.Owner == m.c.Owner && s.rec.Claim == a.claim:
 				return settle.Landed, ""
+			case s.found:
+				return settle.Dead, ""
 			}
 			return settle.Live, ""
 		},
+		Resend:  resend,
 		Unknown: unknown[snapshot](opAcquire, id),
 	})
 	switch {
@@ -311,10 +306,9 @@ func unknown[S any](op string, id any) func(S, bool, string, error) error {
 // not implement (FerretDB v1 answers it for findAndModify's projection).
 const codeNotImplemented = 238
 
-// findAndModify sends a claim or renewal. On a leased document it asks for
-// the lease field alone unless the server has rejected that projection once
-// (the write is then not applied, and is sent again without it); a lock
-// document is small, and a named lease's claim in ModeEstimated is an upsert.
+// findAndModify sends a claim or renewal, asking for the lease field alone
+// on a leased document unless the server has rejected that projection once
+// (the write then did not apply, and is sent again without it).
 func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any, upsert bool) (bson.Raw, error) {
 	if upsert {
 		return m.coll.FindOneAndUpdate(ctx, filter, update, m.upsertOpts).Raw()
@@ -330,10 +324,9 @@ func (m *Manager) findAndModify(ctx context.Context, filter bson.D, update any, 
 	return m.coll.FindOneAndUpdate(ctx, filter, update, m.claimOptsNP).Raw()
 }
 
-// newLease makes the Lease for a claim of rec made by attempt a, after
-// giving a record claimed without an epoch its first (firstEpoch). If the
-// claim's reply came too late for any of the lease to be usable, or ctx
-// ended meanwhile, it releases the claim and fails.
+// newLease makes the Lease for a claim of rec made by attempt a (see
+// firstEpoch). If ctx ended or the claim's deadline passed meanwhile, it
+// releases the claim and fails.
 func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, raw docKey, rec record, a attempt) (*Lease, error) {
 	recv := m.c.Now()
 	deadline := m.deadline(a, rec.ExpiresAt)
@@ -379,12 +372,9 @@ func (m *Manager) newLease(ctx context.Context, parent context.Context, id any, 
 	return l, nil
 }
 
-// firstEpoch gives the record l claimed without an epoch (ModeEstimated,
-// whose $inc started it at 1) its first: the "first" its claim wrote, the
-// server's time in microseconds + 1 by the claim's estimate (see DESIGN.md).
-// It is one update, filtered on l's record; no Lease is handed out before
-// it applied, and a contender that reads the record meanwhile reports that
-// epoch.
+// firstEpoch gives the record l claimed without an epoch the "first" its
+// claim wrote, in one update filtered on l's record, before l is handed out
+// (see DESIGN.md, "The first epoch in ModeEstimated").
 func (l *Lease) firstEpoch(ctx context.Context, epoch int64) error {
 	m := l.m
 	if epoch < firstEpochFloor {
@@ -422,11 +412,9 @@ func (l *Lease) firstEpoch(ctx context.Context, epoch int64) error {
 	return nil
 }
 
-// deadline is the local time (on Options.Now) at which the holder must have
-// stopped, for a claim or renewal a that was applied and wrote expires:
-// t0 + TTL − TTL×DriftRate − SafetyMargin, and in ModeEstimated no later
-// than t0 + (expires − est.Latest()) − TTL×DriftRate − SafetyMargin (see
-// DESIGN.md, "The holder's deadline").
+// deadline is the local time at which the holder must have stopped, for a
+// claim or renewal a that applied and wrote expires (see DESIGN.md, "The
+// holder's deadline").
 func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
 	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
 	d := a.t0.Add(m.c.TTL - drift - m.c.SafetyMargin)
@@ -440,8 +428,7 @@ func (m *Manager) deadline(a attempt, expires time.Time) time.Time {
 }
 
 // fenceUntil is the server time from which a fenced write must fail
-// (ModeServer): stamp + (deadline − recv) − TTL×DriftRate, where stamp is
-// the $$NOW of the write whose reply came at recv (see DESIGN.md).
+// (ModeServer), for a write of $$NOW stamp whose reply came at recv.
 func (m *Manager) fenceUntil(stamp, deadline, recv time.Time) time.Time {
 	drift := time.Duration(float64(m.c.TTL) * m.c.DriftRate)
 	return stamp.Add(deadline.Sub(recv) - drift).Truncate(time.Millisecond)

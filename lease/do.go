@@ -135,8 +135,7 @@ func (l *Lease) KeepAlive(ctx context.Context) {
 		if errors.Is(err, ErrLost) || errors.Is(err, ErrReleased) {
 			return
 		}
-		// Renewed, or not in time: either way the next renewal is due
-		// RenewEvery from now (or the deadline timer ends the lease first).
+		// Renewed or not in time: the next is due RenewEvery from now.
 		t.Reset(every)
 	}
 }

@@ -15,10 +15,8 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// fencePath is the dotted path of this named lease's stamp in a protected
-// document: <FenceField>.<key>, where key is the name itself when it is a
-// plain string usable as a field name, and "#" + a hash of its BSON encoding
-// otherwise (names with ".", a leading "$" or "#", non-strings).
+// fencePath is the dotted path of this named lease's stamp: <FenceField>.
+// <name> for a plain string name, else "#" + a hash of its BSON encoding.
 func (l *Lease) fencePath() string {
 	raw := l.raw.ID
 	if s, ok := raw.StringValueOK(); ok && s != "" && checkField(s) == "" && !strings.HasPrefix(s, "#") {
@@ -74,13 +72,14 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 	}})
 	update := bson.D{{Key: "$max", Value: bson.D{{Key: path, Value: l.epoch}}}}
 	stamp := func(doc bson.Raw) bson.RawValue { return doc.Lookup(strings.Split(path, ".")...) }
-	// A stamp that has not applied is sent again while the document shows
-	// no stamp of this epoch or later (or no epoch there): copies of a $max
-	// make one change. The document read back tells.
+	// Sent again while the document shows no stamp of this epoch or later:
+	// copies of a $max make one change.
 	cfg := settle.Config{Retry: l.m.readPolicy(), ResolveTimeout: l.m.c.ResolveTimeout}
+	majority := l.m.majorityOf(coll)
 	read := func(ctx context.Context) (doc bson.Raw, err error) {
-		err = settle.NewMajority(coll).Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
-			if doc, err = coll.FindOne(store.NoSession(ctx), raw.Filter()).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
+		ctx = store.NoSession(ctx)
+		err = majority.Read(ctx, func(coll *mongo.Collection) error {
+			if doc, err = coll.FindOne(ctx, raw.Filter()).Raw(); errors.Is(err, mongo.ErrNoDocuments) {
 				return nil // an answer: no document
 			}
 			return err
@@ -132,4 +131,21 @@ func (l *Lease) Stamp(ctx context.Context, coll *mongo.Collection, id any) error
 		return lost
 	}
 	return fmt.Errorf("lease: stamp %s: field %s holds a %v, not an epoch", idText(id), path, v.Type)
+}
+
+// collMajority is the majority reader of a collection Stamp was given.
+type collMajority struct {
+	coll *mongo.Collection
+	*settle.Majority
+}
+
+// majorityOf returns the majority reader of coll, kept from the last Stamp
+// on the same coll so that a server's refusal of majority is learnt once.
+func (m *Manager) majorityOf(coll *mongo.Collection) *settle.Majority {
+	if c := m.stamped.Load(); c != nil && c.coll == coll {
+		return c.Majority
+	}
+	c := &collMajority{coll: coll, Majority: settle.NewMajority(coll)}
+	m.stamped.Store(c)
+	return c.Majority
 }

@@ -132,9 +132,7 @@ func (l *Lease) Fence() bson.D {
 	ended, until := l.err != nil, l.fenceUntil
 	l.mu.Unlock()
 	if ended {
-		// Released or lost, as known here: match nothing. $in with an empty
-		// list is accepted by every backend; the key is the fence's own, so
-		// it meets the caller's filter as the live fence would.
+		// Match nothing ($in [] works on every backend), on the fence's key.
 		return bson.D{{Key: key, Value: bson.D{{Key: "$in", Value: bson.A{}}}}}
 	}
 	var d bson.D
@@ -279,10 +277,8 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 		}
 		update = up
 	}
-	// A renewal read back after an ambiguous failure landed when the record
-	// shows its renewal id (ModeServer) or expiry; is dead when the record is
-	// no longer this lease's; and is otherwise not sent again: the deadline
-	// stays, which is safe whether or not it lands later.
+	// Never sent again: a renewal that did not show keeps the deadline,
+	// which is safe whether or not it lands later.
 	var last error // the last send's error
 	res, err := settle.Exec(ctx, m.settling(ctx, opRenew, l.id), settle.Write[bson.Raw, snapshot]{
 		Send: func(ctx context.Context) (doc bson.Raw, ok bool, err error) {
@@ -331,16 +327,14 @@ func (l *Lease) Renew(ctx context.Context) (err error) {
 	}
 	// Matched nothing, or read back no longer ours: the record tells.
 	return l.notOurs(ctx, res.Read, res.HasRead, l.server, func(r record) error {
-		// Our record, with an expiry at or past the new one: nothing to
-		// extend, nothing lost.
+		// Ours, its expiry at or past the new one: nothing lost.
 		return fmt.Errorf("lease: renew %s: expiry already at %v", idText(l.id), r.ExpiresAt)
 	})
 }
 
 // notOurs ends the lease as lost for what the record s shows (read now
-// unless has; with the server's time if server), and returns that
-// *LostError, even if the lease had ended otherwise meanwhile; ours, if the
-// record is still this lease's, says what to return instead.
+// unless has), and returns that *LostError even if the lease had ended
+// meanwhile; ours, if the record is still this lease's, makes the error.
 func (l *Lease) notOurs(ctx context.Context, s snapshot, has, server bool, ours func(record) error) error {
 	var err error
 	if !has {
@@ -374,8 +368,7 @@ func (l *Lease) extend(rec record, deadline time.Time) {
 			l.fenceUntil = until
 		}
 	}
-	// Both deadlines are safe for the record's expiry, which is at least
-	// each of the expiries they were computed for.
+	// Either deadline is safe: the expiry is at least the one it was for.
 	if deadline.After(l.deadline) {
 		l.deadline = deadline
 		l.timer.Reset(max(deadline.Sub(l.m.c.Now()), 0))
@@ -404,11 +397,16 @@ func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, nil) 
 // deadline nobody else can clear it, so a nil error means set applied; a
 // *LostError means it did not, except one with Reason Expired, which is
 // returned whether or not the write applied (re-read the document to know).
-// A named lease refuses it (ErrInvalid): its lock document is not the one
-// it protects.
+// A named lease (its lock document is not the one it protects), or a field
+// of set named "", starting with "$", or under "_id" or the lease field, is
+// refused before anything is sent (ErrInvalid); the lease stays held.
 func (l *Lease) ReleaseWith(ctx context.Context, set bson.D) error {
+	err := l.m.checkFields(set)
 	if l.m.named {
-		return fmt.Errorf("lease: release %s: a named lease cannot set fields: %w", idText(l.id), ErrInvalid)
+		err = fmt.Errorf("a named lease cannot set fields: %w", ErrInvalid)
+	}
+	if err != nil {
+		return fmt.Errorf("lease: release %s: %w", idText(l.id), err)
 	}
 	return l.release(ctx, set)
 }

@@ -36,8 +36,7 @@ type lines struct {
 }
 
 // line is the calls for one lease: the one whose turn it is (claiming or
-// holding), and those waiting, in order. A line exists while a call has
-// the turn.
+// holding), and those waiting, in order; it exists while a call has the turn.
 type line struct {
 	claim   *lineWaiter   // the call claiming now, to wake when another lease of the id ends
 	holder  *Lease        // the lease the line's call holds, nil while it claims
@@ -116,26 +115,6 @@ func (ls *lines) leave(k string, w *lineWaiter) bool {
 	return true
 }
 
-// pass ends the turn of the line's current call: the next call in line
-// gets its turn, or the line is removed when nobody waits.
-func (ls *lines) pass(k string) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.passLocked(k)
-}
-
-func (ls *lines) passLocked(k string) {
-	l := ls.ids[k]
-	l.holder, l.claim = nil, nil
-	if len(l.waiting) == 0 {
-		delete(ls.ids, k)
-		return
-	}
-	l.claim, l.waiting = l.waiting[0], l.waiting[1:]
-	l.claim.turn = true
-	l.claim.signal()
-}
-
 // hold records that the line's call holds l. If l has ended meanwhile, the
 // turn passes at once.
 func (ls *lines) hold(k string, l *Lease) {
@@ -147,18 +126,25 @@ func (ls *lines) hold(k string, l *Lease) {
 	}
 }
 
-// ended is called when lease l of k ends. If it was the line's, the turn
-// passes to the next call; otherwise (a lease from TryAcquire, or another
-// process's view) the call claiming now is woken to try at once.
+// ended is called when lease l of k ends, or with nil when the line's call
+// failed to claim. If l was the line's, the turn passes to the next call in
+// line, or the line is removed when nobody waits; otherwise (a lease from
+// TryAcquire) the call claiming now is woken to try at once.
 func (ls *lines) ended(k string, l *Lease) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	line := ls.ids[k]
 	switch {
 	case line == nil:
-	case line.holder == l:
-		ls.passLocked(k)
-	case line.claim != nil:
+	case line.holder != l:
+		if line.claim != nil {
+			line.claim.signal()
+		}
+	case len(line.waiting) == 0:
+		delete(ls.ids, k)
+	default:
+		line.holder, line.claim, line.waiting = nil, line.waiting[0], line.waiting[1:]
+		line.claim.turn = true
 		line.claim.signal()
 	}
 }
@@ -168,9 +154,8 @@ func (ls *lines) ended(k string, l *Lease) {
 // lease (see claimWaiting), and keeps the turn until the lease it got ends.
 func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent context.Context) (*Lease, error) {
 	if m.c.Retry.MaxAttempts == 1 {
-		// One attempt, no wait (Options.Retry): waiting in line is a wait.
-		// The one claim finds a lease held in this process as one held
-		// elsewhere (the idempotency package answers ErrInProgress so).
+		// One attempt, no wait (Options.Retry), not even in line: a lease
+		// held in this process is held as one held elsewhere.
 		return m.claimWaiting(ctx, id, raw, parent, nil)
 	}
 	k := lineID(raw)
@@ -188,7 +173,7 @@ func (m *Manager) acquire(ctx context.Context, id any, raw docKey, parent contex
 	}
 	l, err := m.claimWaiting(ctx, id, raw, parent, w.wake)
 	if err != nil {
-		m.lines.pass(k)
+		m.lines.ended(k, nil) // the turn passes
 		return nil, err
 	}
 	m.lines.hold(k, l)
@@ -203,9 +188,8 @@ func drain(c chan struct{}) {
 	}
 }
 
-// wakeClock is a store.Clock whose timers last *sleep instead of the backoff
-// delay (when set: after a claim found the lease held, see pollDelay), and
-// fire early when wake is signalled: a lease of the id ended in this process.
+// wakeClock is a store.Clock whose timers last *sleep, when set, instead of
+// the backoff delay, and fire early when wake is signalled.
 type wakeClock struct {
 	base  store.Clock
 	sleep *time.Duration

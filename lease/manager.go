@@ -23,10 +23,9 @@ import (
 // leases names, each stored as a lock document whose _id is the name. A
 // Manager is safe for concurrent use; goroutines sharing it share its owner.
 type Manager struct {
-	coll *mongo.Collection
-	// majority reads coll at read concern majority (settle.Majority): the
-	// reads that judge or settle a claim see only what a majority has.
-	majority *settle.Majority
+	coll     *mongo.Collection
+	majority *settle.Majority             // every read of a record (see read)
+	stamped  atomic.Pointer[collMajority] // Stamp's majority reader (majorityOf)
 	named    bool
 	c        config
 
@@ -211,9 +210,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 			}
 		case errors.Is(err, ErrUnknownOutcome):
 		case errors.As(err, &lost) && lost.Reason == Expired:
-			// A claim settled (or answered) too late: its deadline, counted
-			// from when it was sent, had passed, so it was released. The
-			// lease is free: claim again at once.
+			// A claim settled too late, released by newLease: claim again.
 			sleep = time.Millisecond
 		default:
 			return err
@@ -250,9 +247,7 @@ func (m *Manager) claimWaiting(ctx context.Context, id any, raw docKey, parent c
 }
 
 // pollDelay is how long Acquire sleeps after finding the lease held with
-// left to go: all of it, or, while more than 4 steps of Options.Retry
-// (MaxInterval) are left, half of it, at most 5 steps, before a claim (one
-// command) that sees an early release by another process.
+// left to go (see Acquire).
 func (m *Manager) pollDelay(left time.Duration) time.Duration {
 	step := cmp.Or(m.c.Retry.MaxInterval, retry.DefaultMaxInterval)
 	if left > 4*step {
@@ -262,9 +257,7 @@ func (m *Manager) pollDelay(left time.Duration) time.Duration {
 }
 
 // check rejects a call before any I/O: a nil or ended context or an invalid
-// id (a Key, or a bare id; a named lease's lock document is found by its
-// name alone). It returns the bare id, and its encoding and shard-key
-// values for the filters.
+// id. It returns the bare id and its docKey.
 func (m *Manager) check(ctx context.Context, op string, id any) (any, docKey, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return nil, docKey{}, fmt.Errorf("lease: %s %s: %w", op, idText(id), err)
@@ -330,17 +323,14 @@ type snapshot struct {
 	now   time.Time
 }
 
-// read returns the lease record of id, retrying transient failures for up
-// to ResolveTimeout while ctx lives. In ModeServer it reads the server's
-// $$NOW with it. It reads at majority (settle.Majority): what it shows
-// judges a claim, and after a writeConcernError on a replica set the old
-// primary may show a claim that is rolled back later (see DESIGN.md).
+// read returns the lease record of id (with the server's $$NOW if server),
+// retrying transient failures for up to ResolveTimeout. It reads at
+// majority: a claim a replica set rolls back later never shows (DESIGN.md).
 func (m *Manager) read(ctx context.Context, raw docKey, server bool) (snapshot, error) {
 	return retry.DoValue(store.NoSession(ctx), m.readPolicy(), m.reader(raw, server))
 }
 
-// reader is one majority read of the lease record of id: read's attempt,
-// and the settling engine's Write.Read.
+// reader is one attempt of read, and the settling engine's Write.Read.
 func (m *Manager) reader(raw docKey, server bool) func(context.Context) (snapshot, error) {
 	return func(ctx context.Context) (s snapshot, err error) {
 		err = m.majority.Read(store.NoSession(ctx), func(coll *mongo.Collection) error {
@@ -351,8 +341,7 @@ func (m *Manager) reader(raw docKey, server bool) func(context.Context) (snapsho
 	}
 }
 
-// readPolicy is the retry policy of the reads: the Manager's, bounded by
-// ResolveTimeout.
+// readPolicy is the reads' retry policy: the Manager's, for ResolveTimeout.
 func (m *Manager) readPolicy() retry.Policy {
 	return retry.Policy{MaxElapsedTime: m.c.ResolveTimeout, Budget: m.c.Retry.Budget, OnRetry: m.c.Retry.OnRetry, Observer: m.c.Retry.Observer, Clock: m.c.Retry.Clock}
 }
@@ -409,9 +398,8 @@ func (m *Manager) Mode(ctx context.Context) (Mode, error) {
 	}
 }
 
-// serverMode reports whether the Manager runs in ModeServer, from the
-// client's capabilities in ModeAuto (store.Server.Capabilities: $expr with
-// $$NOW in a write filter and update pipelines, tried once per client).
+// serverMode reports whether the Manager runs in ModeServer (in ModeAuto,
+// from the client's store.Capabilities).
 func (m *Manager) serverMode(ctx context.Context) (bool, error) {
 	if mode := Mode(m.mode.Load()); mode != ModeAuto {
 		return mode == ModeServer, nil
@@ -438,10 +426,8 @@ func (m *Manager) serverMode(ctx context.Context) (bool, error) {
 // It is [store.Key]; see there for what is checked.
 type Key = store.Key
 
-// docKey names a leased (or stamped) document in every filter on it (its
-// Filter method builds them all): the encoded _id and the document's
-// shard-key values (none without a shard key, and for a named lease's lock
-// document, found by its name).
+// docKey names a leased (or stamped) document in every filter on it: the
+// encoded _id and the shard-key values (none for a lock document).
 type docKey = shard.Doc
 
 // parseShardKey checks Options.ShardKey: no field may be under the lease

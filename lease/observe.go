@@ -10,10 +10,8 @@ import (
 	"github.com/mongocas/mongocas/observe"
 )
 
-// The Manager's events (see Options.Observer). Every function here checks
-// for an Observer before it builds anything.
-
-// The operations a Manager reports, as observe.Event.Op.
+// The operations a Manager reports, as observe.Event.Op. Every function
+// here checks for an Observer before it builds anything.
 const (
 	opAcquire    = "acquire"
 	opTryAcquire = "try_acquire"
@@ -22,8 +20,7 @@ const (
 	opRelease    = "release"
 )
 
-// observed is one operation in progress: zero when the Manager has no
-// Observer.
+// observed is one operation in progress: zero without an Observer.
 type observed struct {
 	ctx     context.Context // the context Observer.Start returned
 	op      string
@@ -32,8 +29,7 @@ type observed struct {
 	aborted bool      // Do's fn returned an error
 }
 
-// begin reports the start of operation op on id to the Observer, and
-// returns the context it gives the operation (ctx itself without one).
+// begin reports the start of op on id, and returns the Observer's context.
 func (m *Manager) begin(ctx context.Context, op string, id any) (context.Context, observed) {
 	o := m.c.Observer
 	if o == nil {
@@ -60,8 +56,7 @@ func (m *Manager) event(k observe.Kind, op string, id any) observe.Event {
 	return observe.Event{Kind: k, Op: op, Database: m.coll.Database().Name(), Collection: m.coll.Name(), ID: id, Owner: m.c.Owner}
 }
 
-// acquired reports l, claimed by the call that began at start, if the claim
-// succeeded.
+// acquired reports l, if not nil, claimed by the call that began at start.
 func (m *Manager) acquired(ctx context.Context, op string, l *Lease, start time.Time) {
 	if m.c.Observer == nil || l == nil {
 		return
@@ -71,8 +66,7 @@ func (m *Manager) acquired(ctx context.Context, op string, l *Lease, start time.
 	m.c.Observer.Observe(ctx, e)
 }
 
-// heldBy reports that a claim found the lease held by the record r's owner
-// for up to left.
+// heldBy reports a claim that found the lease held by r for up to left.
 func (m *Manager) heldBy(ctx context.Context, id any, r record, left time.Duration) {
 	if m.c.Observer == nil {
 		return
@@ -82,8 +76,7 @@ func (m *Manager) heldBy(ctx context.Context, id any, r record, left time.Durati
 	m.c.Observer.Observe(ctx, e)
 }
 
-// settling is the settling engine's Config for a write of operation op on
-// id: the Manager's read policy and ResolveTimeout, and, with an Observer,
+// settling is the settling engine's Config for a write of op on id, with
 // the observe.Ambiguous and observe.Settled events.
 func (m *Manager) settling(ctx context.Context, op string, id any) settle.Config {
 	c := settle.Config{Retry: m.readPolicy(), ResolveTimeout: m.c.ResolveTimeout}
@@ -99,8 +92,8 @@ func (m *Manager) settling(ctx context.Context, op string, id any) settle.Config
 	return c
 }
 
-// endRenew reports how Renew ended: renewed, or failed without losing the
-// lease (a loss is reported by finish), then the operation's end.
+// endRenew reports Renew renewed, or failed without losing the lease (finish
+// reports a loss), then the operation's end.
 func (l *Lease) endRenew(ob *observed, err *error) {
 	m := l.m
 	if ob.ctx == nil {
@@ -119,8 +112,7 @@ func (l *Lease) endRenew(ob *observed, err *error) {
 	m.end(ob, err)
 }
 
-// ended reports the end of l: released (err is ErrReleased) or lost (a
-// *LostError).
+// ended reports the end of l: released (ErrReleased) or lost.
 func (l *Lease) ended(err error) {
 	m := l.m
 	if m.c.Observer == nil {

@@ -59,16 +59,10 @@ const (
 
 // String returns "auto", "server" or "estimated".
 func (m Mode) String() string {
-	switch m {
-	case ModeAuto:
-		return "auto"
-	case ModeServer:
-		return "server"
-	case ModeEstimated:
-		return "estimated"
-	default:
-		return fmt.Sprintf("Mode(%d)", int(m))
+	if names := [...]string{"auto", "server", "estimated"}; m >= 0 && int(m) < len(names) {
+		return names[m]
 	}
+	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
 // Options configures a Manager. A nil *Options means all defaults. In a

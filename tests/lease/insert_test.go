@@ -103,3 +103,41 @@ func testReleaseWithWritesAndReleases(t *testing.T, mode lease.Mode) {
 		return nil
 	}))
 }
+
+// TestInsertAndReleaseWithRefuseClashingFields: a field of DoInsert's
+// document or ReleaseWith's $set that is empty, an operator, _id or under
+// the lease field is ErrInvalid, and nothing is written: no document is
+// inserted, and the lease stays held with its record as it was.
+func TestInsertAndReleaseWithRefuseClashingFields(t *testing.T) {
+	b := setup(t, lease.ModeAuto)
+	ctx := t.Context()
+	m := b.manager(t, "a", time.Minute, nil)
+	bad := []bson.D{
+		{{Key: "", Value: 1}},
+		{{Key: "$set", Value: bson.D{{Key: "x", Value: 1}}}},
+		{{Key: "_id", Value: "other"}},
+		{{Key: "_id.x", Value: 1}},
+		{{Key: "_lease", Value: bson.D{{Key: "owner", Value: "z"}}}},
+		{{Key: "ok", Value: 1}, {Key: "_lease.owner", Value: "z"}},
+	}
+	for i, d := range bad {
+		runs := 0
+		err := m.DoInsert(ctx, "doc", d, func(context.Context, *lease.Lease) error { runs++; return nil })
+		require.ErrorIs(t, err, lease.ErrInvalid, "document %d", i)
+		require.Zero(t, runs)
+	}
+	n, err := b.coll.CountDocuments(ctx, bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing inserted")
+
+	id := b.insert(t)
+	l, err := m.TryAcquire(ctx, id)
+	require.NoError(t, err)
+	before := load(t, b.coll, id)
+	for i, d := range bad {
+		require.ErrorIs(t, l.ReleaseWith(ctx, d), lease.ErrInvalid, "set %d", i)
+	}
+	require.NoError(t, l.Err(), "still held")
+	require.Equal(t, before, load(t, b.coll, id), "nothing written")
+	require.NoError(t, l.Release(ctx))
+}

@@ -396,3 +396,137 @@ func recordReads(f *mongotest.Faulty, collection string) func() []bson.Raw {
 		return append([]bson.Raw(nil), reads...)
 	}
 }
+
+// TestDoInsertSettlesLostReply: DoInsert's insert is applied but its reply
+// is lost, or it is held back and the client sees a network error before
+// the server has it. Either way the read settles it: the function runs
+// once, under the lease the document was inserted with, and the held copy
+// delivered later changes nothing (the unique _id refuses it).
+func TestDoInsertSettlesLostReply(t *testing.T) { eachMode(t, testDoInsertSettlesLostReply) }
+
+//nolint:thelper // the body of a test, run once per mode
+func testDoInsertSettlesLostReply(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Minute, nil)
+	inserts := mongotest.Commands([]string{"insert"}, b.coll.Name())
+	for _, held := range []bool{false, true} {
+		id := bson.NewObjectID()
+		var fault *mongotest.Fault
+		if held {
+			fault = f.HoldNext(inserts)
+		} else {
+			fault = f.DropNextReply(inserts)
+		}
+		runs := 0
+		err := a.DoInsert(ctx, id, bson.D{{Key: "data", Value: "new"}}, func(_ context.Context, l *lease.Lease) error {
+			runs++
+			require.Equal(t, "a", owner(load(t, b.coll, id).Lease), "held while fn runs")
+			return l.ReleaseWith(ctx, bson.D{{Key: "data", Value: "done"}})
+		})
+		require.True(t, fault.HasFired())
+		require.NoError(t, err, "held %v: the read settled the insert", held)
+		require.Equal(t, 1, runs)
+		if held {
+			_, err = fault.Deliver(ctx)
+			require.NoError(t, err, "the copy reaches the server")
+		}
+		d := load(t, b.coll, id)
+		require.Equal(t, "done", d.Data)
+		require.Empty(t, owner(d.Lease), "released")
+		n, err := b.coll.CountDocuments(ctx, bson.D{{Key: "_id", Value: id}})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n)
+	}
+}
+
+// TestStampRemembersMajorityRefusal: a server that refuses read concern
+// majority (code 148, injected once) on the re-read of a stamp whose reply
+// was lost has the stamp settled by a read without it, and the next Stamp on
+// the same collection reads without majority at once.
+func TestStampRemembersMajorityRefusal(t *testing.T) {
+	eachMode(t, testStampRemembersMajorityRefusal)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testStampRemembersMajorityRefusal(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	docs := f.Collection(b.coll.Name())
+	m := b.named(t, b.db.Collection("locks"), "a", time.Minute, nil)
+	updates := mongotest.Commands([]string{"update"}, b.coll.Name())
+	refused := f.ErrorBeforeApply(mongotest.Commands([]string{"find"}, b.coll.Name()), mongotest.ServerError{
+		Code: 148, CodeName: "ReadConcernMajorityNotEnabled", Errmsg: "Majority read concern requested, but it is not supported by the storage engine.",
+	})
+	reads := recordReads(f, b.coll.Name())
+	for i := range 2 {
+		l, err := m.TryAcquire(ctx, "job")
+		require.NoError(t, err)
+		id := b.insert(t)
+		fault := f.DropNextReply(updates)
+		require.NoError(t, l.Stamp(ctx, docs, id), "stamp %d: the re-read found it", i)
+		require.True(t, fault.HasFired())
+		require.True(t, refused.HasFired())
+		var stamp struct {
+			Fence map[string]int64 `bson:"_fence"`
+		}
+		require.NoError(t, b.coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&stamp))
+		require.Equal(t, l.Epoch(), stamp.Fence["job"])
+		require.NoError(t, l.Release(ctx))
+	}
+	got := reads()
+	require.Len(t, got, 2, "after the refused read (not recorded), one read per stamp")
+	for _, body := range got {
+		_, err := body.LookupErr("readConcern", "level")
+		require.Error(t, err, "no read concern after the refusal: %v", body)
+	}
+}
+
+// TestReleaseWithLateReadAfterTakeover: ReleaseWith's update is lost before
+// the server has it (a network error), and the re-read that settles it
+// reaches the server only after the lease expired there and another owner
+// claimed it. The release never applied, and ReleaseWith does not report it
+// applied: it returns the *LostError with Reason Expired that the lease's
+// deadline gave it (whether or not the write applied, as documented), and
+// the fields it would have set are not there.
+func TestReleaseWithLateReadAfterTakeover(t *testing.T) {
+	eachMode(t, testReleaseWithLateReadAfterTakeover)
+}
+
+//nolint:thelper // the body of a test, run once per mode
+func testReleaseWithLateReadAfterTakeover(t *testing.T, mode lease.Mode) {
+	b := setup(t, mode)
+	ctx := context.Background()
+	f := b.db.Faulty(t, nil)
+	a := b.managerOn(t, f.Collection(b.coll.Name()), "a", time.Second, &lease.Options{ResolveTimeout: 20 * time.Second, SafetyMargin: 500 * time.Millisecond})
+	c := b.manager(t, "c", time.Minute, &lease.Options{Retry: fastRetry})
+	id := b.insert(t)
+	la, err := a.TryAcquire(ctx, id)
+	require.NoError(t, err)
+
+	claimed := make(chan struct{})
+	isRead := mongotest.Commands([]string{"find", "aggregate"}, b.coll.Name())
+	f.ErrorBeforeApply(func(cmd *mongotest.Command) bool {
+		if isRead(cmd) {
+			<-claimed // a's re-read reaches the server after c's claim
+		}
+		return false
+	}, mongotest.ServerError{Code: 1, Errmsg: "never sent"})
+	held := f.HoldNext(mongotest.Commands([]string{"update"}, b.coll.Name()))
+	done := make(chan error, 1)
+	go func() { done <- la.ReleaseWith(ctx, bson.D{{Key: "data", Value: "released"}}) }()
+	<-held.Fired()
+	lc, err := c.Acquire(ctx, id) // once a's lease expired on the server
+	require.NoError(t, err)
+	close(claimed)
+	err = <-done
+	var lost *lease.LostError
+	require.ErrorAs(t, err, &lost, "not nil: the release never applied")
+	require.Equal(t, lease.Expired, lost.Reason)
+	d := load(t, b.coll, id)
+	require.Equal(t, "initial", d.Data, "the fields were not set")
+	require.Equal(t, "c", owner(d.Lease))
+	require.NoError(t, lc.Release(ctx))
+}
