@@ -22,18 +22,14 @@
 // missing or invalid key, and replays marked Idempotent-Replayed: true.
 //
 // Each key (in its scope, [InScope]) has one record. The first request
-// inserts it with its fingerprint and its claim (a lease on the record,
-// package lease: a TTL, renewed while the function runs), runs the function,
-// and stores its result in the write that releases the claim: three round
-// trips around the function with the record's read; a replay is that one
+// inserts it with its fingerprint and its claim (a lease on the record, see
+// package lease), runs the function, and stores its result in the write that
+// releases the claim: three round trips around the function; a replay is one
 // read. A request that dies leaves its claim to expire after the TTL; the
-// next retry claims the key and runs the function again, resuming after the
-// last checkpoint it recorded ([Call.Checkpoint], [Call.Step]: Stripe's
-// atomic phases and recovery points). Records are kept for
-// Options.Retention (24 h) after their request last ran ([Keys.EnsureIndexes],
-// [Keys.Sweep]). A lease stops two different requests from interleaving on
-// one resource; a key makes a retry of the same request safe: a partner
-// call usually wants both. DESIGN.md beside this file derives the protocol.
+// next retry runs the function again, resuming after the last checkpoint
+// ([Call.Checkpoint], [Call.Step]: Stripe's atomic phases and recovery
+// points). Records are kept for Options.Retention after their request last
+// ran ([Keys.EnsureIndexes], [Keys.Sweep]). DESIGN.md derives the protocol.
 //
 // # Final and transient results
 //
@@ -47,11 +43,9 @@
 //
 // # Events
 //
-// Options.Observer (observe.Slog, observe.Counters, otelmongocas) gets
-// KeyCompleted (with the run's attempt), KeyReplayed, KeyInProgress (with
-// the holder and its time left) and KeyMismatch (which observe.Slog logs as
-// a warning: a client bug, or a key collision), and the claim's own events
-// from the lease Manager (operation "do").
+// Options.Observer gets KeyCompleted, KeyReplayed, KeyInProgress and
+// KeyMismatch (see package observe), and the claim's events from the lease
+// Manager (operation "do").
 //
 // # Guarantees
 //
@@ -67,11 +61,9 @@
 //   - A stored result is never replaced, and every later call with the key
 //     and its fingerprint gets it (Replayed), until the record is deleted
 //     after Retention.
-//   - A record is not deleted while a claim on it holds, however long its
-//     request runs: each renewal of the claim (every TTL/3) sets the
-//     record's retention time to the renewal's time plus Retention, in the
-//     renewal's own write. Once the claim ends, the record is kept for
-//     Retention after the last of its request's writes, at least.
+//   - A record is not deleted while a claim on it holds: each renewal of
+//     the claim (every TTL/3) moves its retention time forward. Once the
+//     claim ends, it is kept for Retention after its request's last write.
 //   - The Func runs again only after the claim that ran it ended without a
 //     result (the Func returned an error, its result was not final, or its
 //     claim expired), and the new run sees every checkpoint recorded before.

@@ -234,9 +234,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrInvalid):
 		h.problem(w, http.StatusBadRequest, "Idempotency-Key is invalid", err.Error(), 0)
 	case res.Status != 0:
-		// next ran and answered, but its result could not be stored (the
-		// claim was lost, or the write's outcome is unknown): the client
-		// gets the answer all the same.
+		// next answered, but its result could not be stored: sent all the same.
 		h.o.OnError(r, err)
 		writeResult(w, res, false)
 	default:
@@ -248,15 +246,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // problem answers with problem details (RFC 9457) and, when retryAfter is
 // not zero, a Retry-After of that many seconds.
 func (h *handler) problem(w http.ResponseWriter, status int, title, detail string, retryAfter int64) {
-	body, err := json.Marshal(struct {
+	body, _ := json.Marshal(struct { //nolint:errchkjson // strings and an int: cannot fail
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail,omitempty"`
 	}{h.o.ProblemType, title, status, detail})
-	if err != nil { // strings and an int: cannot happen
-		body = []byte(`{"title":"error"}`)
-	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
@@ -299,7 +294,7 @@ func (r *recorder) WriteHeader(status int) {
 	if r.written {
 		return
 	}
-	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+	if status < 200 && status != http.StatusSwitchingProtocols {
 		maps.Copy(r.w.Header(), r.header)
 		r.w.WriteHeader(status)
 		return

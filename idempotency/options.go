@@ -99,14 +99,10 @@ func (o *Options) config() (config, *lease.Options, error) {
 	if err := p.Validate(); err != nil {
 		return config{}, nil, &OptionsError{Field: "Retry", Reason: err.Error()}
 	}
-	// One claim per call: a request that finds the key held answers
-	// ErrInProgress at once. lease.Do's renewals ignore MaxAttempts.
-	p.MaxAttempts = 1
+	p.MaxAttempts = 1 // one claim per call; renewals ignore MaxAttempts
 	if p.Observer == nil {
 		p.Observer = opts.Observer
 	}
-	// Each renewal of a running request's claim moves the record's
-	// retention time forward, in the renewal's write (Retain).
 	return c, &lease.Options{
 		TTL: c.ttl, Owner: opts.Owner, Mode: opts.Mode, Clock: opts.Clock, ResolveTimeout: c.resolve,
 		Retry: p, Retain: "expireAt", RetainFor: c.retention, Observer: opts.Observer,
