@@ -16,9 +16,8 @@ import (
 )
 
 // ErrNoServerTime is matched by every error a ServerClock returns when it has
-// no usable reading of the server's clock (none, or one older than MaxAge)
-// and cannot take one (the error then also matches the context's error if
-// that ended).
+// no usable reading of the server's clock and cannot take one (the error
+// then also matches the context's error if that ended).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
 // Sampler reads the server's current time once; the ServerClock times the
@@ -63,9 +62,8 @@ type ServerClockOptions struct {
 	// clocks drift apart, added to the bound for every second since the
 	// reading. Default 1e-4 (100 µs per second).
 	DriftRate float64
-	// Now is the local clock. Only differences between its readings are
-	// used, so a host whose wall clock is set wrong gets the same estimate.
-	// Default time.Now. Tests inject a fake here.
+	// Now is the local clock; only differences between its readings are
+	// used. Default time.Now. Tests inject a fake here.
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
 	// sync that took a reading, with the bound and round trip of the reading
@@ -127,14 +125,12 @@ func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 
 // ServerClock estimates the database server's current time from readings of
 // its clock (hello's localTime) and the local clock's elapsed time since (see
-// Estimate for the bound). It keeps one reading: a new reading replaces it
-// when it is stale (older than ResyncInterval) or when the new one's bound is
-// smaller now, so a slower network widens the bound but never leaves the
-// ServerClock without a fresh reading. Now re-reads lazily, when the kept
-// reading is stale; it runs no goroutine. Concurrent callers share one sync,
-// so at most Samples × (1 + ⌊T / ResyncInterval⌋) readings are sent in a
-// span T in which every reading succeeds (see DESIGN.md). A ServerClock is
-// safe for concurrent use.
+// Estimate for the bound). It keeps one reading, replaced when it is stale
+// (older than ResyncInterval) or when a new one's bound is smaller now. Now
+// re-reads lazily, when the kept reading is stale; it runs no goroutine.
+// Concurrent callers share one sync, so at most Samples × (1 + ⌊T /
+// ResyncInterval⌋) readings are sent in a span T in which every reading
+// succeeds (see DESIGN.md). A ServerClock is safe for concurrent use.
 type ServerClock struct {
 	sample Sampler
 	opts   ServerClockOptions
@@ -235,11 +231,9 @@ func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
 // Now returns the estimate of the server's current time, from a reading
 // younger than MaxAge, or an error matching ErrNoServerTime; never the zero
 // Estimate with a nil error. It answers from the kept reading while that is
-// fresh. When the reading is stale or missing it syncs (see Sync), unless
-// another caller is syncing: then it answers from the kept reading if that is
-// younger than MaxAge, else it waits for that sync and shares its outcome. If
-// a sync fails, Now answers from the kept reading while it is younger than
-// MaxAge. A nil ctx is an error matching ErrInvalid.
+// fresh, else syncs (see Sync) or, while another caller syncs, waits for
+// that sync; a kept reading younger than MaxAge answers when a sync fails or
+// runs elsewhere. A nil ctx is an error matching ErrInvalid.
 func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 	if ctx == nil {
 		return Estimate{}, CheckContext(ctx)
@@ -262,9 +256,7 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 			}
 			e, err := c.settle(s.err)
 			if err != nil && s.ctxEnded && ctx.Err() == nil {
-				// That sync ended with its caller's context, not with the
-				// server: this caller may still take its own readings.
-				continue
+				continue // that sync ended with its caller's context: try our own
 			}
 			return e, err
 		}
@@ -284,8 +276,7 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 }
 
 // settle answers from the kept reading if it is usable now, else fails with
-// the error of the sync that just ended (err), or with the news that its
-// reading is already older than MaxAge.
+// err, the error of the sync that just ended.
 func (c *ServerClock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -38,9 +38,8 @@ func IsDuplicateKey(err error) bool {
 }
 
 // isPostgresError reports whether err is DocumentDB's pass-through of a
-// PostgreSQL error in a command reply: code 1, codeName InternalError, with
-// a message that starts with one of prefixes. Nothing else reads message
-// text.
+// PostgreSQL error (code 1, InternalError) whose message starts with one of
+// prefixes. Nothing else reads message text.
 func isPostgresError(err error, prefixes ...string) bool {
 	var ce mongo.CommandError
 	if !errors.As(err, &ce) || ce.Code != codeInternalError || ce.Name != "InternalError" {
@@ -116,9 +115,7 @@ func IsTransient(err error) bool {
 // Failures the driver reports before sending anything (no server could be
 // selected, or the deadline was too close to try) are not ambiguous, and
 // neither is a write error the server returned for the write itself (a
-// duplicate key, a validation failure): those writes were not applied. Code
-// that must apply a change exactly once re-reads after an ambiguous error
-// instead of retrying blindly.
+// duplicate key, a validation failure): those writes were not applied.
 func IsAmbiguous(err error) bool {
 	if err == nil || notSent(err) || hasWriteErrors(err) {
 		return false
