@@ -19,10 +19,9 @@ type Backoff interface {
 }
 
 // NewBackoff returns a fresh sequence of delays that follows p's
-// InitialInterval, MaxInterval, Multiplier, Jitter and Rand. It does not
-// validate p: fields that Validate would reject take their defaults.
-// NewBackoff ignores MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock;
-// the caller's loop enforces them.
+// InitialInterval, MaxInterval, Multiplier, Jitter and Rand; fields that
+// Validate would reject take their defaults. The caller's loop enforces
+// MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock.
 func (p Policy) NewBackoff() Backoff {
 	s := p.resolve()
 	return newSequence(&s)

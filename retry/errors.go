@@ -89,17 +89,14 @@ func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhaus
 func (e *BudgetExhaustedError) Retryable() bool { return false }
 
 // newStoppedError builds the error of a Do whose context ended after the
-// given number of attempts: it wraps ctx.Err(), the context's cause if that
-// is another error, and last, fn's last error (nil if fn was never called).
+// given number of attempts: it wraps store.ContextError(ctx) and last, fn's
+// last error (nil if fn was never called).
 func newStoppedError(ctx context.Context, attempts int, last error) error {
-	format, args := "retry: stopped after %d attempts: %w", []any{attempts, ctx.Err()}
-	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
-		format, args = format+" (cause: %w)", append(args, cause)
-	}
+	err := fmt.Errorf("retry: stopped after %d attempts: %w", attempts, store.ContextError(ctx))
 	if last != nil {
-		format, args = format+"; last error: %w", append(args, last)
+		err = fmt.Errorf("%w; last error: %w", err, last)
 	}
-	return fmt.Errorf(format, args...)
+	return err
 }
 
 // Permanent wraps err so that Do stops at once and returns err itself (not the

@@ -124,8 +124,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 	}
 }
 
-// sleep waits for d on clock, and reports false at once if ctx ends first.
-// It also reports false if ctx has ended by the time d has passed.
+// sleep waits for d on clock, and reports whether ctx is still live.
 func sleep(ctx context.Context, clock store.Clock, d time.Duration) bool {
 	if d > 0 {
 		t := clock.NewTimer(d)
@@ -139,8 +138,7 @@ func sleep(ctx context.Context, clock store.Clock, d time.Duration) bool {
 	return ctx.Err() == nil
 }
 
-// observe sends an event of kind k about the failed attempt to the Policy's
-// Observer, if it has one.
+// observe sends an event about the failed attempt to the Observer, if any.
 func (s *settings) observe(ctx context.Context, k observe.Kind, attempt int, delay time.Duration, err error) {
 	if s.observer != nil {
 		s.observer.Observe(ctx, observe.Event{Kind: k, Attempt: attempt, Delay: delay, Err: err})
