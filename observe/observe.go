@@ -8,18 +8,15 @@ import (
 
 // Observer receives the events of the packages that take one (their
 // Observer fields). Its methods run on the goroutine of the operation,
-// synchronously: keep them short, and never block in them. An Observer
-// shared by several repositories or managers (the usual case) is called from
-// many goroutines at once, so it must be safe for concurrent use.
+// synchronously: keep them short, and never block in them. It must be safe
+// for concurrent use.
 //
 // The Event is passed by value: an Observer may keep it. Its ID and Err are
 // the operation's own values; do not change what they point to.
 type Observer interface {
 	// Start is called when an operation begins (e.Kind is OpStart). The
-	// context it returns becomes the operation's: the operation does its
-	// I/O with it, and passes it to its later events and to its OpEnd, so
-	// an Observer can carry a trace span in it. Return ctx itself to add
-	// nothing, which costs nothing.
+	// context it returns becomes the operation's, for its I/O and its later
+	// events, so it can carry a trace span. Return ctx to add nothing.
 	Start(ctx context.Context, e Event) context.Context
 
 	// Observe is called for every other event, with the operation's
