@@ -17,9 +17,9 @@
 //	})
 //
 // For HTTP, [Keys.Handler] wraps an http.Handler: Idempotency-Key header,
-// fingerprint of method, target and body, 409 with Retry-After while the
-// first request runs, 422 for a key reused with another request, 400 for a
-// missing or invalid key, and replays marked Idempotent-Replayed: true.
+// 409 while the first request runs, 422 for a key reused with another
+// request, 400 for a missing or invalid key, replays marked
+// Idempotent-Replayed: true.
 //
 // Each key (in its scope, [InScope]) has one record. The first request
 // inserts it with its fingerprint and its claim (a lease on the record, see
@@ -34,12 +34,11 @@
 // # Final and transient results
 //
 // A Func that returns a nil error has produced the request's final result,
-// whatever its Status (a 4xx such as "card declined" included): it is stored
-// and every retry gets it. A Func that returns an error has failed
-// transiently: nothing is stored, Do returns the error, the claim is
-// released, and a retry runs the Func again, skipping the checkpoints
-// already recorded. [Keys.Handler] decides by status with HTTPOptions.Final
-// (by default 5xx, 408 and 429 are transient).
+// whatever its Status ("card declined" included): it is stored and every
+// retry gets it. A Func that returns an error has failed transiently:
+// nothing is stored, Do returns the error, the claim is released, and a
+// retry runs the Func again, after the checkpoints already recorded.
+// [Keys.Handler] decides by status (HTTPOptions.Final).
 //
 // # Events
 //

@@ -37,8 +37,7 @@ const (
 // defaults; every zero field takes its default.
 type HTTPOptions struct {
 	// Methods are the methods whose requests go through the key store;
-	// others are passed to the handler untouched. Default POST and PATCH,
-	// as the IETF draft names (the others are idempotent by definition).
+	// others are passed to the handler untouched. Default POST and PATCH.
 	Methods []string
 
 	// Optional lets a request without an Idempotency-Key through to the
@@ -318,11 +317,8 @@ func (r *recorder) result() Result {
 		r.WriteHeader(http.StatusOK)
 	}
 	h := r.sent
-	for _, name := range unstored {
-		h.Del(name)
-	}
 	for name := range h {
-		if strings.HasPrefix(name, http.TrailerPrefix) {
+		if slices.Contains(unstored, name) || strings.HasPrefix(name, http.TrailerPrefix) {
 			delete(h, name)
 		}
 	}

@@ -92,9 +92,8 @@ const (
 	// The events of a deferred.Queue: Database and Collection name the jobs
 	// collection; ID, Key and Name the job; Op is "enqueue", "requeue",
 	// "cancel", or "run" for the workers. A claimed attempt ends with
-	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped
-	// meanwhile (the job is put back) or the worker lost its claim on the
-	// key (a QueueError; another worker takes the job over).
+	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped or
+	// the worker lost its claim on the key (a QueueError).
 
 	// JobEnqueued: Enqueue stored a job (reported when it returns the id).
 	JobEnqueued
@@ -209,12 +208,10 @@ const (
 	// the copy sent again was applied (at most one copy ever applies).
 	SettledResent
 	// SettledNotLanded means the write was not applied, as far as a majority of
-	// the replica set shows (an operation reports what that means for it:
-	// Modify reads and tries again, a lease claim stays pending).
+	// the replica set shows.
 	SettledNotLanded
-	// SettledUnknown means re-reading could not tell. The operation returns an
-	// error matching store.ErrUnknownOutcome, or (a lease claim) keeps the
-	// claim pending for a later read to settle.
+	// SettledUnknown means re-reading could not tell: the operation returns an
+	// error matching store.ErrUnknownOutcome, or keeps a lease claim pending.
 	SettledUnknown
 )
 
@@ -267,8 +264,7 @@ const (
 	// context.DeadlineExceeded).
 	OutcomeCanceled Outcome = "canceled"
 	// OutcomeAborted: the caller's own function returned an error, which
-	// the call returns (Modify's fn: nothing was written; lease Do's fn: the
-	// lease was released): the caller's answer, not the library's failure.
+	// the call returns: the caller's answer, not the library's failure.
 	OutcomeAborted Outcome = "aborted"
 	// OutcomeError: any other error (network, server, decoding, the error
 	// of the caller's function).
@@ -278,8 +274,8 @@ const (
 // Failed reports whether the outcome is a failure to do what was asked, as
 // opposed to success or an answer (a conflict, a missing document, a failed
 // condition, a duplicate, a held lease, bad input, the caller's own
-// function's error). The slog observer logs failures at Info, and the
-// OpenTelemetry adapter marks only failures as span errors.
+// function's error), which Slog logs at Debug and otelmongocas does not
+// mark as a span error.
 func (o Outcome) Failed() bool {
 	switch o {
 	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:

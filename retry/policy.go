@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -180,18 +181,18 @@ type settings struct {
 // replaced by their defaults, so resolve never fails.
 func (p Policy) resolve() settings {
 	s := settings{
-		initial:    p.InitialInterval,
-		max:        p.MaxInterval,
-		multiplier: p.Multiplier,
-		jitter:     p.Jitter,
-		budget:     p.Budget,
-		onRetry:    p.OnRetry,
-		observer:   p.Observer,
-		clock:      p.Clock,
-		rand:       p.Rand,
+		initial:     min(max(p.InitialInterval, 0), maxDelay),
+		max:         min(max(p.MaxInterval, 0), maxDelay),
+		multiplier:  p.Multiplier,
+		jitter:      p.Jitter,
+		maxAttempts: cmp.Or(p.MaxAttempts, DefaultMaxAttempts),
+		maxElapsed:  cmp.Or(p.MaxElapsedTime, DefaultMaxElapsedTime),
+		budget:      p.Budget,
+		onRetry:     p.OnRetry,
+		observer:    p.Observer,
+		clock:       p.Clock,
+		rand:        p.Rand,
 	}
-	s.initial = min(max(s.initial, 0), maxDelay)
-	s.max = min(max(s.max, 0), maxDelay)
 	switch {
 	case s.initial == 0 && s.max == 0:
 		s.initial, s.max = DefaultInitialInterval, DefaultMaxInterval
@@ -207,18 +208,6 @@ func (p Policy) resolve() settings {
 	}
 	if s.jitter < FullJitter || s.jitter > DecorrelatedJitter {
 		s.jitter = FullJitter
-	}
-	switch {
-	case p.MaxAttempts == 0:
-		s.maxAttempts = DefaultMaxAttempts
-	case p.MaxAttempts > 0:
-		s.maxAttempts = p.MaxAttempts
-	}
-	switch {
-	case p.MaxElapsedTime == 0:
-		s.maxElapsed = DefaultMaxElapsedTime
-	case p.MaxElapsedTime > 0:
-		s.maxElapsed = p.MaxElapsedTime
 	}
 	if s.clock == nil {
 		s.clock = store.SystemClock()
