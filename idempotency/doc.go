@@ -58,8 +58,7 @@
 //     number of concurrent requests with one key, exactly one runs; the
 //     others get *InProgressError until it ends, then its stored result.
 //   - A stored result is never replaced, and every later call with the key
-//     and its fingerprint gets it (Replayed), until the record is deleted
-//     after Retention.
+//     and its fingerprint gets it until the record is deleted.
 //   - A record is not deleted while a claim on it holds: each renewal of
 //     the claim (every TTL/3) moves its retention time forward. Once the
 //     claim ends, it is kept for Retention after its request's last write.
@@ -69,9 +68,9 @@
 //   - Checkpoints and results are written fenced on the claim: once a later
 //     claim took the key over, a write of the earlier one changes nothing
 //     and fails with ErrLost.
-//   - A write whose reply was lost (store.IsAmbiguous) is settled by
-//     re-reading the record at read concern majority, never guessed; it is
-//     sent again only when the re-read shows it missing.
+//   - A write whose reply was lost is settled by re-reading the record at
+//     read concern majority; it is sent again only when the re-read shows
+//     it missing.
 //   - A step's function runs once per step name across the key's runs, also
 //     when goroutines of one run call Step with that name at once, and its
 //     partner key is the same in every run that resumes it.
@@ -84,9 +83,8 @@
 //
 // # Errors
 //
-// Errors start with "idempotency: " and wrap their causes with %w, so
-// errors.Is and errors.As reach lease's, the driver's and the store
-// classifiers' errors. Nothing ran for *InProgressError (ErrInProgress,
+// Errors start with "idempotency: " and wrap their causes with %w. Nothing
+// ran for *InProgressError (ErrInProgress,
 // HTTP 409), *MismatchError (ErrMismatch, HTTP 422), bad input (ErrInvalid,
 // *KeyError, *OptionsError: HTTP 400, nothing sent) and *RecordGoneError
 // (ErrUnknownOutcome, HTTP 503). ErrLost: the claim ended before a result or

@@ -111,9 +111,9 @@ type handler struct {
 //   - the store failing before next ran: 503 Service Unavailable.
 //
 // These answers carry problem details (RFC 9457). next finds the run's *Call
-// with [CallFrom] on the request's context, which ends if the claim is lost.
-// next's response is buffered and sent when next returns (no streaming).
-// Handler fails only for invalid options.
+// with [CallFrom] on the request's context, which ends if the claim is lost;
+// its response is buffered and sent when it returns. Handler fails only for
+// invalid options.
 func (k *Keys) Handler(next http.Handler, opts *HTTPOptions) (http.Handler, error) {
 	if next == nil {
 		return nil, &OptionsError{Field: "next", Reason: "is nil"}
@@ -273,8 +273,7 @@ func writeResult(w http.ResponseWriter, res Result, replayed bool) {
 // unstored are the header fields a recorded response leaves out.
 var unstored = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer", "Date"}
 
-// recorder is the ResponseWriter next writes to: it keeps the status, the
-// header fields when written, and the body; 1xx go straight to the client.
+// recorder is the ResponseWriter next writes to; 1xx go straight out.
 type recorder struct {
 	w       http.ResponseWriter
 	header  http.Header
