@@ -100,9 +100,6 @@ func (c *Call) enter(ctx context.Context, op, name string) (unlock func(), err e
 		return nil, c.fail(op, name, fmt.Errorf("name is not valid UTF-8: %w", ErrInvalid))
 	}
 	c.mu.Lock()
-	if c.names == nil {
-		c.names = map[string]chan struct{}{}
-	}
 	sem := c.names[name]
 	if sem == nil {
 		sem = make(chan struct{}, 1)
@@ -150,8 +147,8 @@ func (c *Call) checkpoint(ctx context.Context, name string, data []byte) error {
 // retry calls fn again, with the same key.
 //
 // Steps of one name in one Call run one at a time: a second waits for the
-// first, then returns its data (or, if the first's fn failed, calls fn with
-// the same key). fn must not call Step or Checkpoint of its own name.
+// first, then returns its data (or calls fn, if the first's failed). fn
+// must not call Step or Checkpoint of its own name.
 func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Context, partnerKey string) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
 		return nil, c.fail("step", name, fmt.Errorf("nil function: %w", ErrInvalid))
@@ -183,8 +180,7 @@ func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Contex
 	return data, c.checkpoint(ctx, name, data)
 }
 
-// record appends p to the record's points, fenced on the claim, with the
-// name's lock held.
+// record appends p to the record's points, fenced on the claim.
 func (c *Call) record(ctx context.Context, op string, p point) error {
 	c.mu.Lock()
 	if c.find(p.K) != nil {

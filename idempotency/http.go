@@ -81,9 +81,8 @@ type HTTPOptions struct {
 	OnError func(r *http.Request, err error)
 }
 
-// DefaultFingerprint is the default fingerprint of a request: its method,
-// its path and query (the request target) and a SHA-256 of its body, hashed
-// together.
+// DefaultFingerprint is the default fingerprint of a request: a SHA-256 of
+// its method, path, query and body.
 func DefaultFingerprint(r *http.Request, body []byte) ([]byte, error) {
 	h := sha256.New()
 	bodySum := sha256.Sum256(body)

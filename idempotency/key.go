@@ -88,10 +88,8 @@ func ParseHeader(values []string) (string, error) {
 	return parseSFString(v)
 }
 
-// parseSFString parses a structured-field string (RFC 9651, 3.3.3):
-// DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE, where unescaped is
-// printable ASCII other than DQUOTE and "\". Nothing may follow it. The
-// string must be a key CheckKey accepts.
+// parseSFString parses a structured-field string (RFC 9651, 3.3.3) that
+// nothing follows, and checks it with CheckKey.
 func parseSFString(v string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {

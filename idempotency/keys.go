@@ -190,7 +190,7 @@ func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn in
 		entered, ran, stored bool
 		res                  Result
 		fnErr                error
-		c                    = &Call{k: k, ref: ref, attempt: 1, rid: bson.NewObjectID()}
+		c                    = &Call{k: k, ref: ref, attempt: 1, rid: bson.NewObjectID(), names: map[string]chan struct{}{}}
 	)
 	body := func(ctx context.Context, l *lease.Lease) error {
 		entered, c.l = true, l

@@ -30,9 +30,8 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency; retry.Do and
-// store.ServerClock, which do not know the operation they run in, leave
-// them empty: their events carry the operation's context instead.
+// events of versioned, lease, deferred and idempotency, and empty on those
+// of retry.Do and store.ServerClock (which carry the operation's context).
 const (
 	// OpStart: an operation begins. Sent to Observer.Start.
 	OpStart Kind = iota + 1
@@ -292,18 +291,18 @@ type Event struct {
 	Kind Kind
 
 	// Op names the operation: "insert", "get", "update", "delete",
-	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease: a claim's events say "acquire" whichever
-	// call claimed; LeaseLost has none); "enqueue", "requeue", "cancel",
-	// "run" or a QueueError's step (deferred); "do" (idempotency).
+	// "modify", "guarded" (versioned); "acquire" (any claim), "try_acquire",
+	// "do", "renew", "release" (lease; LeaseLost has none); "enqueue",
+	// "requeue", "cancel", "run" or a QueueError's step (deferred); "do"
+	// (idempotency).
 	Op string
 	// Database and Collection name the operation's collection.
 	Database, Collection string
 	// ID is the document's id or a named lease's name, as the caller gave
 	// it; a job's id (deferred); the idempotency key.
 	ID any
-	// Key (deferred) is the job's key as text (extended JSON, cut to 64
-	// bytes), and Name the job's handler.
+	// Key and Name (deferred) are the job's key as text (extended JSON, cut
+	// to 64 bytes) and its handler.
 	Key, Name string
 
 	// Outcome (OpEnd and the job events) says how the operation, or the
@@ -312,8 +311,7 @@ type Event struct {
 	// Err is the event's error: the operation's, the cause, or the failure
 	// (see each Kind).
 	Err error
-	// Elapsed is how long the operation (OpEnd), or the handler (job
-	// events), took.
+	// Elapsed is how long the operation (OpEnd) or handler (job events) took.
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
 	// BudgetRefused), the attempts made (OpEnd), a job's attempt, or the run
@@ -351,8 +349,7 @@ type Event struct {
 	// KeyInProgress), this owner's after a renewal (LeaseRenewed).
 	TimeLeft time.Duration
 
-	// Bound and RTT (ClockSync) are the error bound and round trip of the
-	// server-clock reading kept.
+	// Bound and RTT (ClockSync) are those of the server-clock reading kept.
 	Bound, RTT time.Duration
 }
 

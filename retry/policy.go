@@ -23,11 +23,10 @@ const (
 // durations overflows.
 const maxDelay = time.Duration(1 << 62)
 
-// Policy says how often and how long Do retries a failing function. The
-// zero Policy means the defaults (see Default); each zero field takes the
-// default its documentation gives. A Policy is a plain value: copy it freely
-// and share it between goroutines, provided that its Rand, OnRetry and Clock
-// are safe for concurrent use.
+// Policy says how often and how long Do retries a failing function. Each
+// zero field takes its default (see Default). A Policy is a plain value:
+// copy it and share it freely, provided that its Rand, OnRetry and Clock are
+// safe for concurrent use.
 //
 // The delay before retry n (n = 1 for the first retry) is drawn below a cap
 // that grows exponentially:
@@ -162,8 +161,7 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// settings is a Policy with every default resolved and every value clamped
-// into its valid range.
+// settings is a Policy with its defaults resolved and values clamped.
 type settings struct {
 	initial, max time.Duration
 	multiplier   float64

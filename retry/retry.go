@@ -8,8 +8,7 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Attempt describes a failed attempt that Do is about to retry. Do passes it
-// to Policy.OnRetry.
+// Attempt describes a failed attempt that Do is about to retry, for OnRetry.
 type Attempt struct {
 	// Number is the 1-based number of the attempt that failed.
 	Number int
@@ -34,11 +33,9 @@ type Attempt struct {
 //   - a *BudgetExhaustedError (ErrBudgetExhausted) when the Policy's Budget
 //     has no token for another attempt;
 //   - when ctx ends (before the first attempt, after a retryable failure or
-//     during a sleep), an error that wraps ctx.Err(), context.Cause(ctx) if
-//     it differs, and fn's last error, so that errors.Is matches the
-//     context's error and whatever the last error matches. Cancellation
-//     interrupts a sleep at once, and once Do has seen ctx end it does not
-//     call fn again.
+//     during a sleep, which it interrupts at once), an error that wraps
+//     ctx.Err(), context.Cause(ctx) if it differs, and fn's last error; Do
+//     then calls fn no more.
 //
 // Do classifies errors as IsRetryable does, except that a
 // context.DeadlineExceeded from fn while ctx is still live (a per-attempt or

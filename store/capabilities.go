@@ -30,9 +30,9 @@ const (
 	// MongoDB is MongoDB itself, or any server that does not say in
 	// buildInfo that it is FerretDB.
 	MongoDB ServerKind = "mongodb"
-	// FerretDBv1 is FerretDB 1.x (buildInfo has ferretdbVersion): its own
-	// engine over SQLite or PostgreSQL. Its conditional writes are not atomic
-	// under concurrency, and it accepts TTL indexes but never deletes.
+	// FerretDBv1 is FerretDB 1.x (buildInfo has ferretdbVersion). Its
+	// conditional writes are not atomic under concurrency, and it accepts
+	// TTL indexes but never deletes.
 	FerretDBv1 ServerKind = "ferretdb-v1"
 	// FerretDBv2 is FerretDB 2.x (buildInfo has a ferretdb document) on
 	// PostgreSQL with the DocumentDB extension. It has no multi-document
@@ -74,8 +74,8 @@ type Capabilities struct {
 	TTLIndexes bool
 }
 
-// String summarizes the capabilities in one line: the server, its version
-// and topology, then each feature after a + (present) or a - (absent).
+// String summarizes the capabilities in one line: server, version,
+// topology, then each feature after a + (present) or a - (absent).
 func (c Capabilities) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s %s", c.Server, c.Version, c.Topology)

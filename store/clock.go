@@ -34,7 +34,7 @@ func HelloSampler(client *mongo.Client) Sampler {
 		var reply struct {
 			LocalTime bson.DateTime `bson:"localTime"`
 		}
-		ctx = mongo.NewSessionContext(ctx, nil) // see DESIGN.md, "Which server"
+		ctx = NoSession(ctx) // see DESIGN.md, "Which server"
 		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}, primary).Decode(&reply); err != nil {
 			return time.Time{}, fmt.Errorf("%w: hello: %w", ErrNoServerTime, err)
 		}
@@ -47,9 +47,8 @@ func HelloSampler(client *mongo.Client) Sampler {
 
 // ServerClockOptions configures a ServerClock. A nil *ServerClockOptions means all defaults.
 type ServerClockOptions struct {
-	// Samples is the most readings one sync takes; of them, the one with the
-	// smallest round trip is kept. A sync stops at the first failed reading.
-	// Default 3.
+	// Samples is the most readings one sync takes (it stops at the first
+	// failed one); the best is kept. Default 3.
 	Samples int
 	// ResyncInterval is the age after which a reading is stale: the next call
 	// to Now takes new readings, and any new reading replaces it. Default 30s.
@@ -66,8 +65,7 @@ type ServerClockOptions struct {
 	// used. Default time.Now. Tests inject a fake here.
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
-	// sync that took a reading, with the bound and round trip of the reading
-	// kept. Nil means none.
+	// sync that took a reading.
 	Observer observe.Observer
 }
 

@@ -27,10 +27,8 @@ const (
 
 // IsDuplicateKey reports whether err, or any error it wraps, is a duplicate
 // key error from the server: codes 11000, 11001 and 12582, or FerretDB v2's
-// answer to a duplicate key inside findAndModify: code 1, codeName
-// InternalError and PostgreSQL's own message for a unique violation (the _id
-// primary key) or an exclusion violation (a unique secondary index). Only
-// that exact combination of code, name and message prefix counts.
+// answer to a duplicate key inside findAndModify (code 1, InternalError,
+// with PostgreSQL's message for a unique or exclusion violation).
 func IsDuplicateKey(err error) bool {
 	return err != nil && (mongo.IsDuplicateKeyError(err) || isPostgresError(err,
 		"duplicate key value violates unique constraint ",
@@ -74,11 +72,10 @@ func HasLabel(err error, label string) bool {
 	return errors.As(err, &le) && le.HasErrorLabel(label)
 }
 
-// IsWriteConflict reports whether err is the server's WriteConflict (code 112),
-// which a concurrent write inside a transaction or a storage-level conflict
-// can cause, or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
-// (InternalError, code 1) that aborts one of two racing writes. The write was
-// not applied; it is always safe to retry the operation that caused it.
+// IsWriteConflict reports whether err is the server's WriteConflict (code
+// 112), or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
+// (code 1, InternalError). The write was not applied; it is always safe to
+// retry the operation that caused it.
 func IsWriteConflict(err error) bool {
 	var se mongo.ServerError
 	return (errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)) || isPostgresError(err, "deadlock detected")
@@ -125,8 +122,7 @@ func IsAmbiguous(err error) bool {
 }
 
 // hasWriteErrors reports whether the server returned write errors for the
-// write itself: such a write was not applied, even when the reply also
-// carries a writeConcernError.
+// write itself: such a write was not applied.
 func hasWriteErrors(err error) bool {
 	var we mongo.WriteException
 	if errors.As(err, &we) && len(we.WriteErrors) > 0 {

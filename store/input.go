@@ -20,11 +20,9 @@ var (
 	// the server. Nothing was written. A service maps it to HTTP 400.
 	ErrInvalid = errors.New("invalid input")
 
-	// ErrInvalidID is matched by an error that refuses an id: nil, a zero
-	// value, or a value whose encoding could act as a query operator or
-	// pattern instead of a plain value (a document with a $-prefixed key, a
-	// regular expression, JavaScript code, an array, null). Every error that
-	// matches ErrInvalidID also matches ErrInvalid.
+	// ErrInvalidID is matched by an error that refuses an id (see CheckID):
+	// nil, a zero value, or one that could act as an operator or pattern.
+	// Every error that matches ErrInvalidID also matches ErrInvalid.
 	ErrInvalidID = &sentinel{msg: "invalid id", parent: ErrInvalid}
 
 	// ErrUnknownOutcome is matched by an error that reports a write whose

@@ -46,8 +46,7 @@ type Options struct {
 	ServerSelectionTimeout time.Duration
 	// MaxPoolSize caps connections per server. Default 100.
 	MaxPoolSize uint64
-	// ClientOptions, when not nil, is applied after the defaults above and
-	// after the URI, so it can override anything.
+	// ClientOptions, when not nil, overrides the defaults above and the URI.
 	ClientOptions *options.ClientOptions
 }
 
@@ -93,9 +92,8 @@ type Store struct {
 
 // Connect connects to uri with production defaults (see ClientOptions) and
 // pings the primary, so a wrong or unreachable URI fails here within
-// ServerSelectionTimeout (or ctx), not on the first write. The error is a
-// *ConnectError naming the URI with its secrets redacted (RedactURI). The
-// Store owns the client: Close disconnects it.
+// ServerSelectionTimeout (or ctx). The error is a *ConnectError. The Store
+// owns the client: Close disconnects it.
 func Connect(ctx context.Context, uri string, opts *Options) (*Store, error) {
 	if strings.TrimSpace(uri) == "" {
 		return nil, &ConnectError{URI: `""`, Err: errors.New("empty URI")}
