@@ -48,8 +48,8 @@ func (c *Call) Epoch() int64 { return c.l.Epoch() }
 // one claim ended without a result (an error, or a crash), and so on.
 func (c *Call) Attempt() int { return c.attempt }
 
-// Last returns the name of the last checkpoint recorded for the key, by this
-// run or an earlier one, or "" if there is none: where a run resumes.
+// Last returns the name of the last checkpoint recorded for the key by any
+// run, or "" if there is none: where a run resumes.
 func (c *Call) Last() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -61,8 +61,8 @@ func (c *Call) Last() string {
 	return ""
 }
 
-// Reached reports whether the checkpoint name was recorded for the key,
-// by this run or an earlier one, and returns the data recorded with it.
+// Reached reports whether the checkpoint name was recorded for the key by
+// any run, and returns the data recorded with it.
 func (c *Call) Reached(name string) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

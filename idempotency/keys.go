@@ -146,8 +146,7 @@ type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err e
 // maxOpens bounds how often do reads a record deleted before each claim.
 const maxOpens = 3
 
-// do reads the key's record and answers from it when it can (replay,
-// mismatch); otherwise it runs fn under a claim.
+// do answers from the key's record when it can, else runs fn under a claim.
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
 		rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
@@ -168,8 +167,8 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 	}
 }
 
-// answer is what rec answers without running anything (ok): a replay of its
-// result, or a *MismatchError for another fingerprint.
+// answer is what rec answers without running anything (ok): a replay, or a
+// *MismatchError.
 func (k *Keys) answer(ctx context.Context, ref keyRef, fp []byte, rec *record) (res Result, ok bool, err error) {
 	switch {
 	case rec == nil:

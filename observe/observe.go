@@ -353,10 +353,10 @@ type Event struct {
 	Bound, RTT time.Duration
 }
 
-// Join returns an Observer that passes every event to each of obs in turn,
-// skipping nil ones. Start chains the contexts: each Observer's Start
-// receives the context the previous one returned. Join returns nil when
-// every Observer is nil, and the Observer itself when only one is not.
+// Join returns an Observer that passes every event to each non-nil one of
+// obs in turn; each Start receives the context the previous one returned.
+// Join returns nil when every Observer is nil, and the Observer itself when
+// only one is not.
 func Join(obs ...Observer) Observer {
 	var list []Observer
 	for _, o := range obs {

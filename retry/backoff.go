@@ -2,7 +2,6 @@ package retry
 
 import (
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -92,6 +91,3 @@ func unit(r float64) float64 {
 		return 0
 	}
 }
-
-// defaultRand is the jitter source when Policy.Rand is nil.
-func defaultRand() float64 { return rand.Float64() }

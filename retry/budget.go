@@ -13,8 +13,8 @@ import (
 // Policy points to it, so that a storm of conflicts or failures cannot turn
 // into a storm of retries. Each retry takes one token (first attempts take
 // none); when the bucket is empty, Do stops at once with a
-// *BudgetExhaustedError. Tokens come back at a steady rate up to a burst. A
-// Budget is safe for concurrent use. Make it with NewBudget; never copy it.
+// *BudgetExhaustedError. A Budget is safe for concurrent use. Make it with
+// NewBudget; never copy it.
 type Budget struct {
 	mu       sync.Mutex
 	clock    store.Clock   // nil: the clock of the Policy in use

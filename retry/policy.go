@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/mongocas/mongocas/observe"
@@ -211,7 +212,7 @@ func (p Policy) resolve() settings {
 		s.clock = store.SystemClock()
 	}
 	if s.rand == nil {
-		s.rand = defaultRand
+		s.rand = rand.Float64
 	}
 	return s
 }

@@ -185,8 +185,7 @@ func (c *ServerClock) Sync(ctx context.Context) error {
 	return nil
 }
 
-// noServerTime wraps err so that it matches ErrNoServerTime, and the context's
-// error when ctx has ended.
+// noServerTime wraps err to match ErrNoServerTime and any ended ctx's error.
 func noServerTime(ctx context.Context, err error) error {
 	if !errors.Is(err, ErrNoServerTime) {
 		err = fmt.Errorf("%w: %w", ErrNoServerTime, err)
@@ -210,8 +209,7 @@ func (c *ServerClock) stale(r reading, now time.Time) bool {
 	return now.Sub(r.recv) >= c.opts.ResyncInterval
 }
 
-// usable reports whether the kept reading may be used at local time now.
-// c.mu must be held.
+// usable reports whether the kept reading may be used now; c.mu is held.
 func (c *ServerClock) usable(now time.Time) bool {
 	return c.have && now.Sub(c.best.recv) < c.opts.MaxAge
 }

@@ -17,9 +17,7 @@
 // its effect, never by reading the version number (FerretDB v1 reports
 // 7.0.42 and lacks most of them). [For] returns the one [Server] of a
 // client: its capabilities, probed once and lazily, its kind, and one
-// [ServerClock] shared by everything made on the client. The versioned,
-// lease, deferred and idempotency packages ask it, never the server
-// directly.
+// [ServerClock] shared by everything made on the client.
 //
 // Where the server lacks $expr and $$NOW, a [ServerClock] estimates its time
 // from hello's localTime, within a bound (see [Estimate] and DESIGN.md).

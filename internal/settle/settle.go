@@ -193,18 +193,16 @@ func (w *Write[R, S]) unknown(res Result[R, S], reason string, err error) error 
 	return &UnknownError{Reason: reason, Err: err}
 }
 
-// Reread runs read under a context that lasts ResolveTimeout, whether or
-// not ctx has ended, retrying transient failures under c.Retry: how every
-// settling read is made.
+// Reread runs read under Detached(ctx), retrying transient failures under
+// c.Retry: how every settling read is made.
 func Reread[S any](ctx context.Context, c Config, read func(context.Context) (S, error)) (S, error) {
 	rctx, cancel := Detached(ctx, c.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, c.Retry, read)
 }
 
-// Detached returns a context for a write that must finish what it started
-// (settle, record, release) whether or not ctx has ended: it keeps ctx's
-// values, and lasts ResolveTimeout.
+// Detached returns a context with ctx's values but not its end, that lasts
+// resolve (or DefaultResolveTimeout): for work that must finish regardless.
 func Detached(ctx context.Context, resolve time.Duration) (context.Context, context.CancelFunc) {
 	if resolve <= 0 {
 		resolve = DefaultResolveTimeout
@@ -231,8 +229,8 @@ func NewMajority(coll *mongo.Collection) *Majority {
 	return &Majority{coll: coll, majority: coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))}
 }
 
-// Read runs read on the majority collection, or on the plain one where the
-// server refused majority; it switches for good on the first refusal.
+// Read runs read on the majority collection, or on the plain one for good
+// once the server refused majority.
 func (m *Majority) Read(ctx context.Context, read func(*mongo.Collection) error) error {
 	if !m.refused.Load() {
 		err := read(m.majority)

@@ -61,8 +61,7 @@ func checkPath(f string) error {
 	return nil
 }
 
-// Enabled reports whether the Spec has a field: whether ids must come with
-// shard-key values.
+// Enabled reports whether ids must come with shard-key values.
 func (s Spec) Enabled() bool { return len(s.paths) > 0 }
 
 // Paths returns the fields, in the order configured.
