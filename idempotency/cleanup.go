@@ -17,9 +17,10 @@ const TTLIndexName = "mongocas_idempotency_expire"
 
 // EnsureIndexes prepares the collection for the clean-up of old records.
 // Where the server deletes with TTL indexes (probed once per client), it
-// creates one on the records' retention time and reports true. Elsewhere
-// (FerretDB v1) it creates nothing and reports false: call Sweep from time
-// to time instead. It is idempotent; call it once at start-up.
+// creates one on the records' retention time (the server deletes a record
+// some time after it) and reports true. Elsewhere (FerretDB v1) it creates
+// nothing and reports false: call Sweep from time to time instead. It is
+// idempotent; call it once at start-up.
 func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)

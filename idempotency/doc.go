@@ -59,9 +59,10 @@
 //     others get *InProgressError until it ends, then its stored result.
 //   - A stored result is never replaced, and every later call with the key
 //     and its fingerprint gets it until the record is deleted.
-//   - A record is not deleted while a claim on it holds: each renewal of
-//     the claim (every TTL/3) moves its retention time forward. Once the
-//     claim ends, it is kept for Retention after its request's last write.
+//   - A record is not deleted while a claim on it holds: each renewal (every
+//     TTL/3) sets its retention time to the renewal's time plus Retention.
+//     Once the claim ends, it is kept for Retention after its last write, at
+//     least.
 //   - The Func runs again only after the claim that ran it ended without a
 //     result (the Func returned an error, its result was not final, or its
 //     claim expired), and the new run sees every checkpoint recorded before.

@@ -61,9 +61,7 @@ type callOptions struct{ scope string }
 func InScope(scope string) CallOption { return func(o *callOptions) { o.scope = scope } }
 
 // keyRef names a key's record.
-type keyRef struct {
-	id, key, scope string
-}
+type keyRef struct{ id, key, scope string }
 
 // New returns Keys that keep their records in coll, a collection of their
 // own. It does no I/O; it fails only for a nil coll or invalid opts, with an

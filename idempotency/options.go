@@ -23,8 +23,8 @@ const (
 type Options struct {
 	// TTL is how long a claim on a key lasts without a renewal, on the
 	// server's clock: the longest a request that died keeps the key "in
-	// progress" (409). The running request renews its claim every TTL/3.
-	// Default 30s.
+	// progress" (409). The running request renews its claim every TTL/3,
+	// so the function may run longer. Default 30s.
 	TTL time.Duration
 
 	// Retention is how long a key's record is kept after the last write of

@@ -3,7 +3,7 @@
 // tell an operator about the work they do. Give an [Observer] to a
 // repository, a lease manager, a queue or a key set, and it sees each
 // operation start and end, each conflict, retry, lost reply and its
-// settlement, each lease's life, each job's and each idempotent request's:
+// settlement, each lease's life, each job's life, and each idempotent request:
 //
 //	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 //	repo, err := versioned.New[Account](coll, &versioned.Options{Observer: observe.Slog(logger)})

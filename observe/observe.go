@@ -273,8 +273,8 @@ const (
 // Failed reports whether the outcome is a failure to do what was asked, as
 // opposed to success or an answer (a conflict, a missing document, a failed
 // condition, a duplicate, a held lease, bad input, the caller's own
-// function's error), which Slog logs at Debug and otelmongocas does not
-// mark as a span error.
+// function's error). Slog logs failures at Info; otelmongocas marks only
+// failures as span errors.
 func (o Outcome) Failed() bool {
 	switch o {
 	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:

@@ -48,7 +48,7 @@ func HelloSampler(client *mongo.Client) Sampler {
 // ServerClockOptions configures a ServerClock. A nil *ServerClockOptions means all defaults.
 type ServerClockOptions struct {
 	// Samples is the most readings one sync takes (it stops at the first
-	// failed one); the best is kept. Default 3.
+	// failed one); the one with the smallest round trip is kept. Default 3.
 	Samples int
 	// ResyncInterval is the age after which a reading is stale: the next call
 	// to Now takes new readings, and any new reading replaces it. Default 30s.

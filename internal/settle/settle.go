@@ -54,9 +54,8 @@ type Write[R, S any] struct {
 	Read func(ctx context.Context) (S, error)
 	// Judge says what a read shows, and why when it is Unknown.
 	Judge func(S) (Verdict, string)
-	// Resend says the write may be sent again as it is while Live: every
-	// copy carries a condition that lets at most one of them apply. Without
-	// it, Live is returned to the caller as not landed.
+	// Resend says the write may be sent again while Live (a condition lets
+	// at most one copy apply); without it, Live is returned as not landed.
 	Resend bool
 	// Unknown, if set, makes the error Exec returns when it cannot settle
 	// the write, from the last read (if hasRead), the reason and the errors;
@@ -70,8 +69,7 @@ type Config struct {
 	Retry retry.Policy
 	// ResolveTimeout bounds the re-reads; zero is DefaultResolveTimeout.
 	ResolveTimeout time.Duration
-	// Pass, if set, reports read errors that Exec returns as they are
-	// rather than as an unknown outcome.
+	// Pass, if set, reports read errors that Exec returns as they are.
 	Pass func(error) bool
 	// Ambiguous, if set, is called once when the first send failed
 	// ambiguously; Settled when Exec has judged it (with the error Exec

@@ -73,8 +73,7 @@ func (s Spec) Has(path string) bool { return slices.Contains(s.paths, path) }
 // String lists the fields for messages: "(region, accountId)".
 func (s Spec) String() string { return "(" + strings.Join(s.paths, ", ") + ")" }
 
-// Values are one document's shard-key values, one per path of its Spec. The
-// zero Values, of a Spec without fields, adds nothing to a filter.
+// Values are one document's shard-key values, one per path of its Spec.
 type Values struct {
 	paths []string
 	vals  []bson.RawValue
