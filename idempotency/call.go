@@ -18,11 +18,9 @@ import (
 // bytes.
 const MaxCheckpointNameLen = 100
 
-// Call is one run of a request under the claim of its key: what Func gets.
-// It carries the claim's epoch and the checkpoints recorded by every run of
-// the key so far, and records new ones. It is safe for concurrent use (Step
-// and Checkpoint calls of one name run one at a time), and valid only while
-// its Func runs.
+// Call is one run of a request under the claim of its key: what Func gets,
+// with the checkpoints of every run of the key so far. It is safe for
+// concurrent use, and valid only while its Func runs.
 type Call struct {
 	k       *Keys
 	ref     keyRef
@@ -42,8 +40,7 @@ func (c *Call) Key() string { return c.ref.key }
 func (c *Call) Scope() string { return c.ref.scope }
 
 // Epoch returns the claim's epoch: a fencing token that every later claim of
-// the key exceeds (see lease.Lease.Epoch), for a partner that can reject
-// requests older than the last one it saw. It names this run only: for a
+// the key exceeds (see lease.Lease.Epoch). It names this run only: for a
 // partner's idempotency key, use Step's, the same across the runs.
 func (c *Call) Epoch() int64 { return c.l.Epoch() }
 
@@ -51,8 +48,8 @@ func (c *Call) Epoch() int64 { return c.l.Epoch() }
 // one claim ended without a result (an error, or a crash), and so on.
 func (c *Call) Attempt() int { return c.attempt }
 
-// Last returns the name of the last checkpoint recorded for the key, by this
-// run or an earlier one, or "" if there is none: where a run resumes.
+// Last returns the name of the last checkpoint recorded for the key by any
+// run, or "" if there is none: where a run resumes.
 func (c *Call) Last() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -64,8 +61,8 @@ func (c *Call) Last() string {
 	return ""
 }
 
-// Reached reports whether the checkpoint name was recorded for the key,
-// by this run or an earlier one, and returns the data recorded with it.
+// Reached reports whether the checkpoint name was recorded for the key by
+// any run, and returns the data recorded with it.
 func (c *Call) Reached(name string) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -89,8 +86,7 @@ func (c *Call) fail(op, name string, err error) error {
 }
 
 // enter checks ctx and name, then waits until no other Step or Checkpoint
-// of name runs in this Call (or ctx ends), and returns the function that
-// lets the next one run.
+// of name runs in this Call, and returns the function that lets one run.
 func (c *Call) enter(ctx context.Context, op, name string) (unlock func(), err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return nil, c.fail(op, name, err)
@@ -104,9 +100,6 @@ func (c *Call) enter(ctx context.Context, op, name string) (unlock func(), err e
 		return nil, c.fail(op, name, fmt.Errorf("name is not valid UTF-8: %w", ErrInvalid))
 	}
 	c.mu.Lock()
-	if c.names == nil {
-		c.names = map[string]chan struct{}{}
-	}
 	sem := c.names[name]
 	if sem == nil {
 		sem = make(chan struct{}, 1)
@@ -121,15 +114,14 @@ func (c *Call) enter(ctx context.Context, op, name string) (unlock func(), err e
 	}
 }
 
-// Checkpoint records a recovery point (Stripe's atomic phases): the work up
-// to here is done, and a retry resumes after it (Reached reports it, with
-// data: the ids and facts the rest of the work needs). It is one update of
-// the key record, fenced on the claim: if a later claim took the key over,
-// nothing is written, the error matches ErrLost, and this run must stop.
-// Recording a name twice (also from two goroutines at once: one records
-// it), an empty name, and one longer than MaxCheckpointNameLen or not UTF-8
-// are errors matching ErrInvalid. Concurrent checkpoints have no order
-// between them. A lost reply is settled by re-reading the record.
+// Checkpoint records a recovery point: the work up to here is done, and a
+// retry resumes after it (Reached reports it, with data). It is one update
+// of the key record, fenced on the claim: if a later claim took the key
+// over, nothing is written, the error matches ErrLost, and this run must
+// stop. Recording a name twice (also from two goroutines at once: one
+// records it), an empty name, and one longer than MaxCheckpointNameLen or
+// not UTF-8 are errors matching ErrInvalid. Concurrent checkpoints have no
+// order between them. A lost reply is settled by re-reading the record.
 func (c *Call) Checkpoint(ctx context.Context, name string, data []byte) error {
 	unlock, err := c.enter(ctx, "checkpoint", name)
 	if err != nil {
@@ -149,16 +141,14 @@ func (c *Call) checkpoint(ctx context.Context, name string, data []byte) error {
 // fn; otherwise it records that the step began (once, fenced like
 // Checkpoint), calls fn, and records fn's data as the checkpoint name.
 //
-// fn gets partnerKey, an idempotency key for the partner it calls: the
-// record's id and the write id of the step's start. It is the same in every
-// run that resumes the step and differs between steps and records, so a
-// partner recognises a retry's call after a run died between the partner's
-// action and the checkpoint. If fn fails, nothing is recorded and Step
-// returns fn's error: a retry calls fn again, with the same key.
+// fn gets partnerKey, an idempotency key for the partner it calls: the same
+// in every run that resumes the step, and different between steps and
+// records. If fn fails, nothing is recorded and Step returns fn's error: a
+// retry calls fn again, with the same key.
 //
 // Steps of one name in one Call run one at a time: a second waits for the
-// first, then returns its data (or, if the first's fn failed, calls fn with
-// the same key). fn must not call Step or Checkpoint of its own name.
+// first, then returns its data (or calls fn, if the first's failed). fn
+// must not call Step or Checkpoint of its own name.
 func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Context, partnerKey string) ([]byte, error)) ([]byte, error) {
 	if fn == nil {
 		return nil, c.fail("step", name, fmt.Errorf("nil function: %w", ErrInvalid))
@@ -190,8 +180,7 @@ func (c *Call) Step(ctx context.Context, name string, fn func(ctx context.Contex
 	return data, c.checkpoint(ctx, name, data)
 }
 
-// record appends p to the record's points, fenced on the claim, with the
-// name's lock held.
+// record appends p to the record's points, fenced on the claim.
 func (c *Call) record(ctx context.Context, op string, p point) error {
 	c.mu.Lock()
 	if c.find(p.K) != nil {
@@ -213,9 +202,7 @@ func (c *Call) record(ctx context.Context, op string, p point) error {
 		res, err := c.k.coll.UpdateOne(ctx, filter, update)
 		return record{}, err == nil && res.MatchedCount == 1, err
 	}
-	// Landed only if the point carries this write's id: one of the same k
-	// and epoch is another write of this claim's, of another epoch a later
-	// claim's.
+	// Landed only if the point carries this write's id (DESIGN.md).
 	dup := false
 	landed := func(rec record) (bool, bool) {
 		for _, q := range rec.Points {

@@ -16,12 +16,11 @@ import (
 const TTLIndexName = "mongocas_idempotency_expire"
 
 // EnsureIndexes prepares the collection for the clean-up of old records.
-// Where the server deletes with TTL indexes (MongoDB, DocumentDB; probed once
-// per client by store.Capabilities), it creates one on the records'
-// retention time and reports true: the server deletes a record some time
-// after Retention has passed. Elsewhere (FerretDB v1) it creates nothing and
-// reports false: call Sweep from time to time instead. It is idempotent;
-// call it once at start-up.
+// Where the server deletes with TTL indexes (probed once per client), it
+// creates one on the records' retention time (the server deletes a record
+// some time after it) and reports true. Elsewhere (FerretDB v1) it creates
+// nothing and reports false: call Sweep from time to time instead. It is
+// idempotent; call it once at start-up.
 func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return false, fmt.Errorf("idempotency: ensure indexes: %w", err)
@@ -44,10 +43,9 @@ func (k *Keys) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 }
 
 // Sweep deletes the records whose retention time has passed on the
-// server's clock ($$NOW where the server has $expr, else the earliest the
-// Clock's estimate allows) in one deleteMany, and returns how many it
-// deleted. A record whose request is running is never past its retention
-// time. It is the clean-up for servers without TTL indexes.
+// server's clock in one deleteMany, and returns how many it deleted. A
+// record whose request is running is never past its retention time. It is
+// the clean-up for servers without TTL indexes.
 func (k *Keys) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return 0, fmt.Errorf("idempotency: sweep: %w", err)

@@ -17,41 +17,34 @@
 //	})
 //
 // For HTTP, [Keys.Handler] wraps an http.Handler: Idempotency-Key header,
-// fingerprint of method, target and body, 409 with Retry-After while the
-// first request runs, 422 for a key reused with another request, 400 for a
-// missing or invalid key, and replays marked Idempotent-Replayed: true.
+// 409 while the first request runs, 422 for a key reused with another
+// request, 400 for a missing or invalid key, replays marked
+// Idempotent-Replayed: true.
 //
 // Each key (in its scope, [InScope]) has one record. The first request
-// inserts it with its fingerprint and its claim (a lease on the record,
-// package lease: a TTL, renewed while the function runs), runs the function,
-// and stores its result in the write that releases the claim: three round
-// trips around the function with the record's read; a replay is that one
+// inserts it with its fingerprint and its claim (a lease on the record, see
+// package lease), runs the function, and stores its result in the write that
+// releases the claim: three round trips around the function; a replay is one
 // read. A request that dies leaves its claim to expire after the TTL; the
-// next retry claims the key and runs the function again, resuming after the
-// last checkpoint it recorded ([Call.Checkpoint], [Call.Step]: Stripe's
-// atomic phases and recovery points). Records are kept for
-// Options.Retention (24 h) after their request last ran ([Keys.EnsureIndexes],
-// [Keys.Sweep]). A lease stops two different requests from interleaving on
-// one resource; a key makes a retry of the same request safe: a partner
-// call usually wants both. DESIGN.md beside this file derives the protocol.
+// next retry runs the function again, resuming after the last checkpoint
+// ([Call.Checkpoint], [Call.Step]: Stripe's atomic phases and recovery
+// points). Records are kept for Options.Retention after their request last
+// ran ([Keys.EnsureIndexes], [Keys.Sweep]). DESIGN.md derives the protocol.
 //
 // # Final and transient results
 //
 // A Func that returns a nil error has produced the request's final result,
-// whatever its Status (a 4xx such as "card declined" included): it is stored
-// and every retry gets it. A Func that returns an error has failed
-// transiently: nothing is stored, Do returns the error, the claim is
-// released, and a retry runs the Func again, skipping the checkpoints
-// already recorded. [Keys.Handler] decides by status with HTTPOptions.Final
-// (by default 5xx, 408 and 429 are transient).
+// whatever its Status ("card declined" included): it is stored and every
+// retry gets it. A Func that returns an error has failed transiently:
+// nothing is stored, Do returns the error, the claim is released, and a
+// retry runs the Func again, after the checkpoints already recorded.
+// [Keys.Handler] decides by status (HTTPOptions.Final).
 //
 // # Events
 //
-// Options.Observer (observe.Slog, observe.Counters, otelmongocas) gets
-// KeyCompleted (with the run's attempt), KeyReplayed, KeyInProgress (with
-// the holder and its time left) and KeyMismatch (which observe.Slog logs as
-// a warning: a client bug, or a key collision), and the claim's own events
-// from the lease Manager (operation "do").
+// Options.Observer gets KeyCompleted, KeyReplayed, KeyInProgress and
+// KeyMismatch (see package observe), and the claim's events from the lease
+// Manager (operation "do").
 //
 // # Guarantees
 //
@@ -65,22 +58,20 @@
 //     number of concurrent requests with one key, exactly one runs; the
 //     others get *InProgressError until it ends, then its stored result.
 //   - A stored result is never replaced, and every later call with the key
-//     and its fingerprint gets it (Replayed), until the record is deleted
-//     after Retention.
-//   - A record is not deleted while a claim on it holds, however long its
-//     request runs: each renewal of the claim (every TTL/3) sets the
-//     record's retention time to the renewal's time plus Retention, in the
-//     renewal's own write. Once the claim ends, the record is kept for
-//     Retention after the last of its request's writes, at least.
+//     and its fingerprint gets it until the record is deleted.
+//   - A record is not deleted while a claim on it holds: each renewal (every
+//     TTL/3) sets its retention time to the renewal's time plus Retention.
+//     Once the claim ends, it is kept for Retention after its last write, at
+//     least.
 //   - The Func runs again only after the claim that ran it ended without a
 //     result (the Func returned an error, its result was not final, or its
 //     claim expired), and the new run sees every checkpoint recorded before.
 //   - Checkpoints and results are written fenced on the claim: once a later
 //     claim took the key over, a write of the earlier one changes nothing
 //     and fails with ErrLost.
-//   - A write whose reply was lost (store.IsAmbiguous) is settled by
-//     re-reading the record at read concern majority, never guessed; it is
-//     sent again only when the re-read shows it missing.
+//   - A write whose reply was lost is settled by re-reading the record at
+//     read concern majority; it is sent again only when the re-read shows
+//     it missing.
 //   - A step's function runs once per step name across the key's runs, also
 //     when goroutines of one run call Step with that name at once, and its
 //     partner key is the same in every run that resumes it.
@@ -93,9 +84,8 @@
 //
 // # Errors
 //
-// Errors start with "idempotency: " and wrap their causes with %w, so
-// errors.Is and errors.As reach lease's, the driver's and the store
-// classifiers' errors. Nothing ran for *InProgressError (ErrInProgress,
+// Errors start with "idempotency: " and wrap their causes with %w. Nothing
+// ran for *InProgressError (ErrInProgress,
 // HTTP 409), *MismatchError (ErrMismatch, HTTP 422), bad input (ErrInvalid,
 // *KeyError, *OptionsError: HTTP 400, nothing sent) and *RecordGoneError
 // (ErrUnknownOutcome, HTTP 503). ErrLost: the claim ended before a result or

@@ -10,10 +10,10 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Sentinel errors. Every error the package returns for a key matches at most
-// one of ErrInProgress, ErrMismatch, ErrInvalid, ErrLost and
-// ErrUnknownOutcome through errors.Is, except the caller's function's own
-// error, returned as it is. The typed errors below carry the facts.
+// Sentinel errors. Every error the package returns for a key, except the
+// caller's function's own, matches at most one of ErrInProgress,
+// ErrMismatch, ErrInvalid, ErrLost and ErrUnknownOutcome; typed errors
+// carry the facts.
 var (
 	// ErrInProgress is matched by *InProgressError: another request with
 	// the key holds its claim. Nothing ran. HTTP: 409 with Retry-After.
@@ -23,9 +23,8 @@ var (
 	// a request of another fingerprint. Nothing ran. HTTP: 422.
 	ErrMismatch = errors.New("key reused with a different request")
 
-	// ErrInvalid is [store.ErrInvalid]: bad input (an Options field, a nil
-	// context or function, a key, a checkpoint name), refused before
-	// anything is sent. HTTP: 400.
+	// ErrInvalid is [store.ErrInvalid]: bad input, refused before anything
+	// is sent. HTTP: 400.
 	ErrInvalid = store.ErrInvalid
 
 	// ErrInvalidKey is matched by the *KeyError that refuses a key: empty,
@@ -33,10 +32,10 @@ var (
 	// It matches ErrInvalid too.
 	ErrInvalidKey = fmt.Errorf("invalid idempotency key: %w", store.ErrInvalid)
 
-	// ErrLost is [lease.ErrLost]: the claim on the key ended (its TTL ran
-	// out without a renewal, or a later claim took it over) before the
-	// function's result or a checkpoint could be recorded under it. A retry
-	// runs the function again, from the last checkpoint.
+	// ErrLost is [lease.ErrLost]: the claim on the key ended (expired, or
+	// taken over) before the function's result or a checkpoint could be
+	// recorded under it. A retry runs the function again, from the last
+	// checkpoint.
 	ErrLost = lease.ErrLost
 
 	// ErrUnknownOutcome is [store.ErrUnknownOutcome]: a write of the key's
@@ -125,12 +124,11 @@ func (e *OptionsError) Is(target error) bool { return target == store.ErrInvalid
 // (Pkg "idempotency"); it matches ErrUnknownOutcome.
 type UnknownOutcomeError = store.UnknownOutcomeError
 
-// RecordGoneError reports that the key's record was deleted between Do's
-// read of it and its claim, each of the Opens times Do read it (the
-// retention clean-up deleting an expiring record, or another client
-// deleting records). The function did not run; a retry opens the key
-// afresh. It matches ErrUnknownOutcome, and unwraps to it and to the last
-// claim's error (lease.ErrNotFound, or a duplicate key from a new record's).
+// RecordGoneError reports that the key's record was deleted (by the
+// retention clean-up, or another client) between Do's read of it and its
+// claim, each of the Opens times Do read it. The function did not run; a
+// retry opens the key afresh. It unwraps to ErrUnknownOutcome and to the
+// last claim's error (lease.ErrNotFound, or a duplicate key).
 type RecordGoneError struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string

@@ -37,8 +37,7 @@ const (
 // defaults; every zero field takes its default.
 type HTTPOptions struct {
 	// Methods are the methods whose requests go through the key store;
-	// others are passed to the handler untouched. Default POST and PATCH,
-	// as the IETF draft names (the others are idempotent by definition).
+	// others are passed to the handler untouched. Default POST and PATCH.
 	Methods []string
 
 	// Optional lets a request without an Idempotency-Key through to the
@@ -82,9 +81,8 @@ type HTTPOptions struct {
 	OnError func(r *http.Request, err error)
 }
 
-// DefaultFingerprint is the default fingerprint of a request: its method,
-// its path and query (the request target) and a SHA-256 of its body, hashed
-// together.
+// DefaultFingerprint is the default fingerprint of a request: a SHA-256 of
+// its method, path, query and body.
 func DefaultFingerprint(r *http.Request, body []byte) ([]byte, error) {
 	h := sha256.New()
 	bodySum := sha256.Sum256(body)
@@ -112,9 +110,9 @@ type handler struct {
 //   - the store failing before next ran: 503 Service Unavailable.
 //
 // These answers carry problem details (RFC 9457). next finds the run's *Call
-// with [CallFrom] on the request's context, which ends if the claim is lost.
-// next's response is buffered and sent when next returns (no streaming).
-// Handler fails only for invalid options.
+// with [CallFrom] on the request's context, which ends if the claim is lost;
+// its response is buffered and sent when it returns. Handler fails only for
+// invalid options.
 func (k *Keys) Handler(next http.Handler, opts *HTTPOptions) (http.Handler, error) {
 	if next == nil {
 		return nil, &OptionsError{Field: "next", Reason: "is nil"}
@@ -234,9 +232,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrInvalid):
 		h.problem(w, http.StatusBadRequest, "Idempotency-Key is invalid", err.Error(), 0)
 	case res.Status != 0:
-		// next ran and answered, but its result could not be stored (the
-		// claim was lost, or the write's outcome is unknown): the client
-		// gets the answer all the same.
+		// next answered, but its result could not be stored: sent all the same.
 		h.o.OnError(r, err)
 		writeResult(w, res, false)
 	default:
@@ -248,15 +244,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // problem answers with problem details (RFC 9457) and, when retryAfter is
 // not zero, a Retry-After of that many seconds.
 func (h *handler) problem(w http.ResponseWriter, status int, title, detail string, retryAfter int64) {
-	body, err := json.Marshal(struct {
+	body, _ := json.Marshal(struct { //nolint:errchkjson // strings and an int: cannot fail
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail,omitempty"`
 	}{h.o.ProblemType, title, status, detail})
-	if err != nil { // strings and an int: cannot happen
-		body = []byte(`{"title":"error"}`)
-	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
@@ -279,8 +272,7 @@ func writeResult(w http.ResponseWriter, res Result, replayed bool) {
 // unstored are the header fields a recorded response leaves out.
 var unstored = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Trailer", "Date"}
 
-// recorder is the ResponseWriter next writes to: it keeps the status, the
-// header fields when written, and the body; 1xx go straight to the client.
+// recorder is the ResponseWriter next writes to; 1xx go straight out.
 type recorder struct {
 	w       http.ResponseWriter
 	header  http.Header
@@ -299,7 +291,7 @@ func (r *recorder) WriteHeader(status int) {
 	if r.written {
 		return
 	}
-	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+	if status < 200 && status != http.StatusSwitchingProtocols {
 		maps.Copy(r.w.Header(), r.header)
 		r.w.WriteHeader(status)
 		return
@@ -323,11 +315,8 @@ func (r *recorder) result() Result {
 		r.WriteHeader(http.StatusOK)
 	}
 	h := r.sent
-	for _, name := range unstored {
-		h.Del(name)
-	}
 	for name := range h {
-		if strings.HasPrefix(name, http.TrailerPrefix) {
+		if slices.Contains(unstored, name) || strings.HasPrefix(name, http.TrailerPrefix) {
 			delete(h, name)
 		}
 	}

@@ -6,19 +6,18 @@ import (
 	"unicode/utf8"
 )
 
-// MaxKeyLen is the longest key accepted, in bytes (Stripe's limit too).
-const MaxKeyLen = 255
-
-// MaxScopeLen is the longest scope accepted, in bytes.
-const MaxScopeLen = 255
+// The longest key (Stripe's limit too) and scope accepted, in bytes.
+const (
+	MaxKeyLen   = 255
+	MaxScopeLen = 255
+)
 
 // CheckKey reports whether key can be used as an idempotency key: 1 to
 // MaxKeyLen bytes of printable ASCII (0x20 to 0x7E, the characters of an HTTP
 // structured-field string: a UUID, a ULID or a base64 value all fit) without
-// "$". Keys are only compared with $eq, so no key could act as an operator;
-// keys shaped like one ($where, {"$gt": ""}) are refused all the same, to
-// tell their sender. It returns a *KeyError (matching ErrInvalidKey and
-// ErrInvalid).
+// "$" (keys are compared with $eq only; one shaped like an operator is
+// refused all the same, to tell its sender). It returns a *KeyError
+// (matching ErrInvalidKey and ErrInvalid).
 func CheckKey(key string) error {
 	switch {
 	case key == "":
@@ -37,9 +36,7 @@ func CheckKey(key string) error {
 }
 
 // newRef checks key and scope (valid UTF-8 of at most MaxScopeLen bytes
-// without NUL) and names their record: its _id is the key in the default
-// scope "", else scope + "\n" + key (a key has no "\n", so the last one
-// splits the _id unambiguously).
+// without NUL) and names their record (DESIGN.md, "The record").
 func newRef(scope, key string) (keyRef, error) {
 	if err := CheckKey(key); err != nil {
 		return keyRef{}, err
@@ -91,10 +88,8 @@ func ParseHeader(values []string) (string, error) {
 	return parseSFString(v)
 }
 
-// parseSFString parses a structured-field string (RFC 9651, 3.3.3):
-// DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE, where unescaped is
-// printable ASCII other than DQUOTE and "\". Nothing may follow it. The
-// string must be a key CheckKey accepts.
+// parseSFString parses a structured-field string (RFC 9651, 3.3.3) that
+// nothing follows, and checks it with CheckKey.
 func parseSFString(v string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(v); i++ {

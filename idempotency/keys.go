@@ -19,9 +19,8 @@ import (
 )
 
 // Keys keeps idempotency keys in one collection: a record per key (and
-// scope) with the first request's fingerprint, the claim of the request
-// running it, its checkpoints and its result. Keys is safe for concurrent
-// use; goroutines sharing it share its claim owner.
+// scope). Keys is safe for concurrent use; goroutines sharing it share its
+// claim owner.
 type Keys struct {
 	coll     *mongo.Collection
 	majority *settle.Majority // for settling re-reads
@@ -31,9 +30,9 @@ type Keys struct {
 
 // Func is the work of a request with an idempotency key, run at most once
 // per claim of the key; c records checkpoints. A nil error makes the Result
-// final: it is stored and every retry with the key gets it back. An error is
-// transient: nothing is stored, Do returns it, and a retry runs Func again,
-// from the last checkpoint. ctx ends if the claim is lost.
+// final: stored, and every retry gets it. An error is transient: nothing is
+// stored, Do returns it, and a retry runs Func again, from the last
+// checkpoint. ctx ends if the claim is lost.
 type Func func(ctx context.Context, c *Call) (Result, error)
 
 // Result is what a request produced: an HTTP response, or any value the
@@ -62,9 +61,7 @@ type callOptions struct{ scope string }
 func InScope(scope string) CallOption { return func(o *callOptions) { o.scope = scope } }
 
 // keyRef names a key's record.
-type keyRef struct {
-	id, key, scope string
-}
+type keyRef struct{ id, key, scope string }
 
 // New returns Keys that keep their records in coll, a collection of their
 // own. It does no I/O; it fails only for a nil coll or invalid opts, with an
@@ -99,25 +96,24 @@ func (k *Keys) Retention() time.Duration { return k.c.retention }
 // Do runs fn once for key, as the first request with it, or returns what the
 // first request stored:
 //
-//   - The first call with a key (in its scope) reads the key's record, finds
-//     none, inserts it with the request's fingerprint and its claim, runs fn,
-//     and stores fn's Result (if fn returned no error) in the write that
-//     releases the claim: 3 round trips around fn.
+//   - The first call with a key (in its scope) finds no record, inserts it
+//     with the request's fingerprint and its claim, runs fn, and stores fn's
+//     Result (if fn returned no error) in the write that releases the claim:
+//     3 round trips around fn.
 //   - A later call with the same fingerprint gets the stored Result (with
-//     Replayed set) from that read alone, without running anything.
+//     Replayed set) from one read, without running anything.
 //   - A call while another holds the claim gets an *InProgressError (nothing
-//     ran); once the claim is released without a result (fn failed) or
-//     expired (its process died), the next call claims it and runs fn
-//     again, with the checkpoints recorded so far (a claim and a start
-//     of the run more than a first call).
+//     ran); once the claim is released without a result or expired, the next
+//     call claims it and runs fn again, with the checkpoints recorded so far
+//     (a claim and a start of the run more than a first call).
 //   - A call with another fingerprint gets a *MismatchError.
 //
-// fingerprint identifies the request's content (for HTTP: method, target
-// and body; see [DefaultFingerprint]); the record keeps its SHA-256; an empty
-// one is valid. fn's error is returned as it is (wrapped in a
-// *lease.LostError, matching ErrLost, if the claim was lost while fn ran).
-// When fn's Result could not be stored (ErrLost; ErrUnknownOutcome), Do
-// returns it with the error.
+// fingerprint identifies the request's content (for HTTP, see
+// [DefaultFingerprint]); the record keeps its SHA-256; an empty one is
+// valid. fn's error is returned as it is (wrapped in a *lease.LostError,
+// matching ErrLost, if the claim was lost while fn ran). When fn's Result
+// could not be stored (ErrLost; ErrUnknownOutcome), Do returns it with the
+// error.
 func (k *Keys) Do(ctx context.Context, key string, fingerprint []byte, fn Func, opts ...CallOption) (Result, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Result{}, fmt.Errorf("idempotency: key %s: %w", quoteKey(key), err)
@@ -148,8 +144,7 @@ type innerFunc func(ctx context.Context, c *Call) (res Result, final bool, err e
 // maxOpens bounds how often do reads a record deleted before each claim.
 const maxOpens = 3
 
-// do reads the key's record and answers from it when it can (replay,
-// mismatch); otherwise it runs fn under a claim.
+// do answers from the key's record when it can, else runs fn under a claim.
 func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Result, error) {
 	for opens := 1; ; opens++ {
 		rec, err := one(k.coll.FindOne(ctx, idFilter(ref.id)))
@@ -170,8 +165,8 @@ func (k *Keys) do(ctx context.Context, ref keyRef, fp []byte, fn innerFunc) (Res
 	}
 }
 
-// answer is what rec answers without running anything (ok): a replay of its
-// result, or a *MismatchError for another fingerprint.
+// answer is what rec answers without running anything (ok): a replay, or a
+// *MismatchError.
 func (k *Keys) answer(ctx context.Context, ref keyRef, fp []byte, rec *record) (res Result, ok bool, err error) {
 	switch {
 	case rec == nil:
@@ -186,14 +181,13 @@ func (k *Keys) answer(ctx context.Context, ref keyRef, fp []byte, rec *record) (
 }
 
 // run runs fn under a claim of the record (lease's Do, or DoInsert for a
-// new key: the record is inserted with the claim in it), and stores its
-// result in the claim's release.
+// new key), and stores its result in the claim's release.
 func (k *Keys) run(ctx context.Context, ref keyRef, fp []byte, fresh bool, fn innerFunc) (Result, error) {
 	var (
 		entered, ran, stored bool
 		res                  Result
 		fnErr                error
-		c                    = &Call{k: k, ref: ref, attempt: 1, rid: bson.NewObjectID()}
+		c                    = &Call{k: k, ref: ref, attempt: 1, rid: bson.NewObjectID(), names: map[string]chan struct{}{}}
 	)
 	body := func(ctx context.Context, l *lease.Lease) error {
 		entered, c.l = true, l
@@ -283,9 +277,8 @@ func unknown(op string, ref keyRef, reason string, err error) error {
 	return &UnknownOutcomeError{Pkg: "idempotency", Op: op, ID: ref.key, Subject: "key " + quoteKey(ref.key), Reason: reason, Err: err}
 }
 
-// begin marks the record as run by the claim l, fenced on it: it sets the
-// record's epoch to l's and counts the attempt, and returns the record
-// (checkpoints, and a result if another claim completed it meanwhile).
+// begin marks the record as run by the claim l, fenced on it (epoch, and
+// attempts counted), and returns the record.
 func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, error) {
 	now, err := k.estimate(ctx)
 	if err != nil {
@@ -298,8 +291,7 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 	}
 	opts := options.FindOneAndUpdate().SetReturnDocument(options.After)
 	send := func(ctx context.Context) (record, bool, error) {
-		// The epoch condition makes a second copy of the write change
-		// nothing: attempts counts claims, not sends.
+		// A second copy changes nothing: attempts counts claims, not sends.
 		filter := append(fenced(ref.id, l), bson.E{Key: "epoch", Value: bson.D{{Key: "$ne", Value: epoch}}})
 		rec, err := one(k.coll.FindOneAndUpdate(ctx, filter, update, opts))
 		if rec == nil || err != nil {
@@ -312,8 +304,7 @@ func (k *Keys) begin(ctx context.Context, ref keyRef, l *lease.Lease) (record, e
 }
 
 // complete stores the result of the claim l and releases it, in one write
-// (lease's ReleaseWith, which settles it), on a context that outlives ctx
-// by ResolveTimeout: the function has run, and its result is worth keeping.
+// (lease's ReleaseWith), on a context that outlives ctx by ResolveTimeout.
 func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Result) error {
 	ctx, cancel := settle.Detached(ctx, k.c.resolve)
 	defer cancel()
@@ -342,11 +333,8 @@ func (k *Keys) complete(ctx context.Context, ref keyRef, l *lease.Lease, r Resul
 	return fmt.Errorf("idempotency: key %s: complete: %w", quoteKey(ref.key), err)
 }
 
-// fencedWrite sends a write fenced on the claim l through settle.Exec. A
-// re-read is judged on whether it shows the write (landed), a later claim's
-// (dead) or neither (live: sent again, a copy changes nothing once one
-// applied). A write that matched nothing failed its fence, unless a read
-// shows it.
+// fencedWrite sends a write fenced on the claim l through settle.Exec, with
+// landed judging a re-read (DESIGN.md, "Ambiguous writes").
 func (k *Keys) fencedWrite(ctx context.Context, op string, ref keyRef, l *lease.Lease,
 	send func(context.Context) (record, bool, error), landed func(record) (mine, later bool)) (record, error) {
 	read := func(ctx context.Context) (*record, error) { return k.reread(ctx, ref.id) }
@@ -423,4 +411,32 @@ func (k *Keys) reread(ctx context.Context, id string) (rec *record, err error) {
 		return err
 	})
 	return rec, err
+}
+
+// report sends the Observer, if there is one, the event of kind about ref's
+// key, with the facts set adds.
+func (k *Keys) report(ctx context.Context, kind observe.Kind, ref keyRef, set func(*observe.Event)) {
+	if k.c.observer == nil {
+		return
+	}
+	e := observe.Event{Kind: kind, Op: "do", Database: k.coll.Database().Name(), Collection: k.coll.Name(), ID: ref.key}
+	if set != nil {
+		set(&e)
+	}
+	k.c.observer.Observe(ctx, e)
+}
+
+// settling is the engine's configuration for a write op of ref's key, with
+// the Ambiguous and Settled events when there is an Observer.
+func (k *Keys) settling(ctx context.Context, op string, ref keyRef) settle.Config {
+	c := k.c.settling()
+	if k.c.observer != nil {
+		c.Ambiguous = func(err error) {
+			k.report(ctx, observe.Ambiguous, ref, func(e *observe.Event) { e.Op, e.Err = op, err })
+		}
+		c.Settled = func(s observe.Settlement, err error) {
+			k.report(ctx, observe.Settled, ref, func(e *observe.Event) { e.Op, e.Settlement, e.Err = op, s, err })
+		}
+	}
+	return c
 }

@@ -23,17 +23,14 @@ const (
 type Options struct {
 	// TTL is how long a claim on a key lasts without a renewal, on the
 	// server's clock: the longest a request that died keeps the key "in
-	// progress" (409) before a retry may run it again. The running request
-	// renews its claim every TTL/3, so the function may run longer. Default
-	// 30s.
+	// progress" (409). The running request renews its claim every TTL/3,
+	// so the function may run longer. Default 30s.
 	TTL time.Duration
 
 	// Retention is how long a key's record is kept after the last write of
-	// its request (start, claim renewal, checkpoint, result), on the
-	// server's clock: a retry within Retention is replayed or resumed, a
-	// request after it runs as new. A request may run longer than
-	// Retention: each renewal of its claim moves the retention time forward.
-	// It must be longer than TTL. Default 24h.
+	// its request (claim renewals included), on the server's clock: a retry
+	// within Retention is replayed or resumed, a request after it runs as
+	// new. It must be longer than TTL. Default 24h.
 	Retention time.Duration
 
 	// Owner identifies these Keys in claims, unique among the processes that
@@ -54,9 +51,8 @@ type Options struct {
 	// caller's context. Default min(max(TTL, 1s), 10s).
 	ResolveTimeout time.Duration
 
-	// Retry tunes the renewals of a running request's claim (see
-	// lease.Options.Retry). A key is claimed once per call: a request that
-	// finds it in progress gets ErrInProgress at once, never waits.
+	// Retry tunes the renewals of a running request's claim. A request that
+	// finds its key in progress gets ErrInProgress at once, never waits.
 	Retry retry.Policy
 
 	// Observer, if not nil, receives the events of these Keys (see the
@@ -99,14 +95,10 @@ func (o *Options) config() (config, *lease.Options, error) {
 	if err := p.Validate(); err != nil {
 		return config{}, nil, &OptionsError{Field: "Retry", Reason: err.Error()}
 	}
-	// One claim per call: a request that finds the key held answers
-	// ErrInProgress at once. lease.Do's renewals ignore MaxAttempts.
-	p.MaxAttempts = 1
+	p.MaxAttempts = 1 // one claim per call; renewals ignore MaxAttempts
 	if p.Observer == nil {
 		p.Observer = opts.Observer
 	}
-	// Each renewal of a running request's claim moves the record's
-	// retention time forward, in the renewal's write (Retain).
 	return c, &lease.Options{
 		TTL: c.ttl, Owner: opts.Owner, Mode: opts.Mode, Clock: opts.Clock, ResolveTimeout: c.resolve,
 		Retry: p, Retain: "expireAt", RetainFor: c.retention, Observer: opts.Observer,

@@ -38,8 +38,7 @@ type storedResult struct {
 	At     time.Time     `bson:"at"`
 }
 
-// headerField is one header field. Header names are stored as values, never
-// as BSON field names, since a token may hold "." or "$".
+// headerField is one header field; names are values, never BSON field names.
 type headerField struct {
 	Name   string   `bson:"n"`
 	Values []string `bson:"v"`

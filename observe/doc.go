@@ -2,10 +2,8 @@
 // lease, deferred, idempotency and retry packages (and store's server clock)
 // tell an operator about the work they do. Give an [Observer] to a
 // repository, a lease manager, a queue or a key set, and it sees each
-// operation start and end with its outcome, each version conflict, each
-// retry (and each one a budget refused), each write whose reply was lost and
-// how it was settled, each lease acquired, renewed, lost, released or found
-// held, each job's life in a queue, and each idempotent request:
+// operation start and end, each conflict, retry, lost reply and its
+// settlement, each lease's life, each job's life, and each idempotent request:
 //
 //	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 //	repo, err := versioned.New[Account](coll, &versioned.Options{Observer: observe.Slog(logger)})
@@ -17,11 +15,10 @@
 // module github.com/mongocas/mongocas/otelmongocas, so that this module
 // depends on the driver only.
 //
-// The field is named Observer everywhere: versioned, lease, deferred and
-// idempotency Options, retry.Policy and store.ServerClockOptions. A
-// repository, manager, queue or key set passes its Observer on to its retry
-// policy (when that has none) and to the lease managers and server clock it
-// makes, so one field sees everything.
+// The field is named Observer everywhere (Options, retry.Policy,
+// store.ServerClockOptions). A repository, manager, queue or key set passes
+// its Observer on to its retry policy (when that has none) and to the lease
+// managers and server clock it makes, so one field sees everything.
 //
 // # Events
 //
@@ -55,8 +52,6 @@
 //     operation, in the order above; OpStart and OpEnd pair up for every
 //     call that passed its argument checks. A call refused before anything
 //     is sent (bad input, a nil or ended context) reports nothing.
-//   - An Observer sees the operation's own values (ID, Err): it must not
-//     change them, and must be safe for concurrent use.
 //
 // # Errors
 //

@@ -8,18 +8,15 @@ import (
 
 // Observer receives the events of the packages that take one (their
 // Observer fields). Its methods run on the goroutine of the operation,
-// synchronously: keep them short, and never block in them. An Observer
-// shared by several repositories or managers (the usual case) is called from
-// many goroutines at once, so it must be safe for concurrent use.
+// synchronously: keep them short, and never block in them. It must be safe
+// for concurrent use.
 //
 // The Event is passed by value: an Observer may keep it. Its ID and Err are
 // the operation's own values; do not change what they point to.
 type Observer interface {
 	// Start is called when an operation begins (e.Kind is OpStart). The
-	// context it returns becomes the operation's: the operation does its
-	// I/O with it, and passes it to its later events and to its OpEnd, so
-	// an Observer can carry a trace span in it. Return ctx itself to add
-	// nothing, which costs nothing.
+	// context it returns becomes the operation's, for its I/O and its later
+	// events, so it can carry a trace span. Return ctx to add nothing.
 	Start(ctx context.Context, e Event) context.Context
 
 	// Observe is called for every other event, with the operation's
@@ -33,9 +30,8 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency; retry.Do and
-// store.ServerClock, which do not know the operation they run in, leave
-// them empty: their events carry the operation's context instead.
+// events of versioned, lease, deferred and idempotency, and empty on those
+// of retry.Do and store.ServerClock (which carry the operation's context).
 const (
 	// OpStart: an operation begins. Sent to Observer.Start.
 	OpStart Kind = iota + 1
@@ -95,9 +91,8 @@ const (
 	// The events of a deferred.Queue: Database and Collection name the jobs
 	// collection; ID, Key and Name the job; Op is "enqueue", "requeue",
 	// "cancel", or "run" for the workers. A claimed attempt ends with
-	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped
-	// meanwhile (the job is put back) or the worker lost its claim on the
-	// key (a QueueError; another worker takes the job over).
+	// JobCompleted, JobFailed, JobDead or JobSnoozed, unless Run stopped or
+	// the worker lost its claim on the key (a QueueError).
 
 	// JobEnqueued: Enqueue stored a job (reported when it returns the id).
 	JobEnqueued
@@ -212,12 +207,10 @@ const (
 	// the copy sent again was applied (at most one copy ever applies).
 	SettledResent
 	// SettledNotLanded means the write was not applied, as far as a majority of
-	// the replica set shows (an operation reports what that means for it:
-	// Modify reads and tries again, a lease claim stays pending).
+	// the replica set shows.
 	SettledNotLanded
-	// SettledUnknown means re-reading could not tell. The operation returns an
-	// error matching store.ErrUnknownOutcome, or (a lease claim) keeps the
-	// claim pending for a later read to settle.
+	// SettledUnknown means re-reading could not tell: the operation returns an
+	// error matching store.ErrUnknownOutcome, or keeps a lease claim pending.
 	SettledUnknown
 )
 
@@ -270,8 +263,7 @@ const (
 	// context.DeadlineExceeded).
 	OutcomeCanceled Outcome = "canceled"
 	// OutcomeAborted: the caller's own function returned an error, which
-	// the call returns (Modify's fn: nothing was written; lease Do's fn: the
-	// lease was released): the caller's answer, not the library's failure.
+	// the call returns: the caller's answer, not the library's failure.
 	OutcomeAborted Outcome = "aborted"
 	// OutcomeError: any other error (network, server, decoding, the error
 	// of the caller's function).
@@ -281,8 +273,8 @@ const (
 // Failed reports whether the outcome is a failure to do what was asked, as
 // opposed to success or an answer (a conflict, a missing document, a failed
 // condition, a duplicate, a held lease, bad input, the caller's own
-// function's error). The slog observer logs failures at Info, and the
-// OpenTelemetry adapter marks only failures as span errors.
+// function's error). Slog logs failures at Info; otelmongocas marks only
+// failures as span errors.
 func (o Outcome) Failed() bool {
 	switch o {
 	case OK, OutcomeConflict, OutcomeNotFound, OutcomeGuardFailed, OutcomeDuplicate, OutcomeHeld, OutcomeInvalid, OutcomeAborted:
@@ -299,18 +291,18 @@ type Event struct {
 	Kind Kind
 
 	// Op names the operation: "insert", "get", "update", "delete",
-	// "modify", "guarded" (versioned); "acquire", "try_acquire", "do",
-	// "renew", "release" (lease: a claim's events say "acquire" whichever
-	// call claimed; LeaseLost has none); "enqueue", "requeue", "cancel",
-	// "run" or a QueueError's step (deferred); "do" (idempotency).
+	// "modify", "guarded" (versioned); "acquire" (any claim), "try_acquire",
+	// "do", "renew", "release" (lease; LeaseLost has none); "enqueue",
+	// "requeue", "cancel", "run" or a QueueError's step (deferred); "do"
+	// (idempotency).
 	Op string
 	// Database and Collection name the operation's collection.
 	Database, Collection string
 	// ID is the document's id or a named lease's name, as the caller gave
 	// it; a job's id (deferred); the idempotency key.
 	ID any
-	// Key (deferred) is the job's key as text (extended JSON, cut to 64
-	// bytes), and Name the job's handler.
+	// Key and Name (deferred) are the job's key as text (extended JSON, cut
+	// to 64 bytes) and its handler.
 	Key, Name string
 
 	// Outcome (OpEnd and the job events) says how the operation, or the
@@ -319,8 +311,7 @@ type Event struct {
 	// Err is the event's error: the operation's, the cause, or the failure
 	// (see each Kind).
 	Err error
-	// Elapsed is how long the operation (OpEnd), or the handler (job
-	// events), took.
+	// Elapsed is how long the operation (OpEnd) or handler (job events) took.
 	Elapsed time.Duration
 	// Attempt is the number of the attempt that failed (Retry,
 	// BudgetRefused), the attempts made (OpEnd), a job's attempt, or the run
@@ -358,15 +349,14 @@ type Event struct {
 	// KeyInProgress), this owner's after a renewal (LeaseRenewed).
 	TimeLeft time.Duration
 
-	// Bound and RTT (ClockSync) are the error bound and round trip of the
-	// server-clock reading kept.
+	// Bound and RTT (ClockSync) are those of the server-clock reading kept.
 	Bound, RTT time.Duration
 }
 
-// Join returns an Observer that passes every event to each of obs in turn,
-// skipping nil ones. Start chains the contexts: each Observer's Start
-// receives the context the previous one returned. Join returns nil when
-// every Observer is nil, and the Observer itself when only one is not.
+// Join returns an Observer that passes every event to each non-nil one of
+// obs in turn; each Start receives the context the previous one returned.
+// Join returns nil when every Observer is nil, and the Observer itself when
+// only one is not.
 func Join(obs ...Observer) Observer {
 	var list []Observer
 	for _, o := range obs {

@@ -39,7 +39,7 @@ func slogLevel(e Event) slog.Level {
 	switch e.Kind {
 	case LeaseLost, JobDead, QueueError, QueueKeySkipped, KeyMismatch:
 		return slog.LevelWarn
-	case JobFailed:
+	case JobFailed, BudgetRefused, LeaseRenewFailed:
 		return slog.LevelInfo
 	case OpEnd:
 		switch {
@@ -48,8 +48,6 @@ func slogLevel(e Event) slog.Level {
 		case e.Outcome.Failed():
 			return slog.LevelInfo
 		}
-	case BudgetRefused, LeaseRenewFailed:
-		return slog.LevelInfo
 	case Settled:
 		if e.Settlement == SettledUnknown {
 			return slog.LevelInfo

@@ -2,7 +2,6 @@ package retry
 
 import (
 	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -19,10 +18,9 @@ type Backoff interface {
 }
 
 // NewBackoff returns a fresh sequence of delays that follows p's
-// InitialInterval, MaxInterval, Multiplier, Jitter and Rand. It does not
-// validate p: fields that Validate would reject take their defaults.
-// NewBackoff ignores MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock;
-// the caller's loop enforces them.
+// InitialInterval, MaxInterval, Multiplier, Jitter and Rand; fields that
+// Validate would reject take their defaults. The caller's loop enforces
+// MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock.
 func (p Policy) NewBackoff() Backoff {
 	s := p.resolve()
 	return newSequence(&s)
@@ -93,6 +91,3 @@ func unit(r float64) float64 {
 		return 0
 	}
 }
-
-// defaultRand is the jitter source when Policy.Rand is nil.
-func defaultRand() float64 { return rand.Float64() }

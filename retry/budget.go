@@ -13,8 +13,8 @@ import (
 // Policy points to it, so that a storm of conflicts or failures cannot turn
 // into a storm of retries. Each retry takes one token (first attempts take
 // none); when the bucket is empty, Do stops at once with a
-// *BudgetExhaustedError. Tokens come back at a steady rate up to a burst. A
-// Budget is safe for concurrent use. Make it with NewBudget; never copy it.
+// *BudgetExhaustedError. A Budget is safe for concurrent use. Make it with
+// NewBudget; never copy it.
 type Budget struct {
 	mu       sync.Mutex
 	clock    store.Clock   // nil: the clock of the Policy in use
@@ -41,14 +41,13 @@ func WithBudgetClock(clock store.Clock) BudgetOption {
 // burst retries in its whole life. burst 0 forbids every retry.
 //
 // Tokens are refilled on the clock given by WithBudgetClock, or else on the
-// Clock of the Policy of the Do call that takes the token (the real clock if
-// it has none); use one time source per Budget. The Budget never grants more
-// than burst plus perSecond tokens per second of its clock, under any
-// contention: time it has counted is never counted again, so a clock that
-// steps back earns nothing until it passes the latest time the Budget saw.
-// The clock's Now is called with the Budget's lock held. A negative, NaN or infinite
-// perSecond, or a negative burst, makes every Policy that uses the Budget
-// invalid: Policy.Validate and Do report a *ConfigError.
+// Clock of the Policy of the Do call that takes the token; use one time
+// source per Budget. The Budget never grants more than burst plus perSecond
+// tokens per second of its clock, under any contention, also when the clock
+// steps back. The clock's Now is called with the Budget's lock held. A
+// negative, NaN or infinite perSecond, or a negative burst, makes every
+// Policy that uses the Budget invalid: Policy.Validate and Do report a
+// *ConfigError.
 func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
 	b := &Budget{burst: max(burst, 0)}
 	b.tokens = b.burst
@@ -67,8 +66,7 @@ func NewBudget(perSecond float64, burst int, opts ...BudgetOption) *Budget {
 	return b
 }
 
-// take takes one token if one is left, after refilling the bucket on the
-// Budget's own clock or else on the given one, read under the lock.
+// take takes one token if one is left, after refilling the bucket.
 func (b *Budget) take(clock store.Clock) bool {
 	if b.clock != nil {
 		clock = b.clock
@@ -83,9 +81,8 @@ func (b *Budget) take(clock store.Clock) bool {
 	return true
 }
 
-// refill adds the tokens earned since the latest time it has counted. b.mu
-// must be held. A now earlier than the latest one seen earns nothing and
-// leaves the mark where it is, so no stretch of time is counted twice.
+// refill adds the tokens earned since the latest time it has counted; an
+// earlier now earns nothing. b.mu must be held.
 func (b *Budget) refill(now time.Time) {
 	if !b.started {
 		b.last, b.started = now, true

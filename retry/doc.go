@@ -53,13 +53,11 @@
 //
 // # Errors
 //
-// Do (see its documentation for each case) returns nil, fn's own error when
-// it is not retryable, or: a [*ConfigError] ([ErrInvalidPolicy]) for a bad
-// Policy, before calling fn; an [*ExhaustedError] ([ErrExhausted]) when
-// MaxAttempts or MaxElapsedTime leave no room; a [*BudgetExhaustedError]
-// ([ErrBudgetExhausted]) when the Budget has no token; an error wrapping the
-// context's error (and its cause) and fn's last error when ctx ends. The
-// last three also match whatever fn's last error matches, and the two
-// exhausted errors report false from Retryable, so a Do nested in another
+// [Do] returns nil, fn's own error when it is not retryable, a
+// [*ConfigError] ([ErrInvalidPolicy]) before calling fn, an
+// [*ExhaustedError] ([ErrExhausted]), a [*BudgetExhaustedError]
+// ([ErrBudgetExhausted]), or the context's error wrapped with fn's last one
+// (see Do for each case). The last three also match whatever fn's last error
+// matches; the exhausted errors report false from Retryable, so a nested Do
 // does not retry a loop that has already given up.
 package retry

@@ -41,9 +41,8 @@ func (e *ConfigError) Is(target error) bool { return target == ErrInvalidPolicy 
 
 // ExhaustedError is returned by Do when fn failed with a retryable error and
 // another attempt would exceed MaxAttempts or MaxElapsedTime. It matches
-// ErrExhausted and whatever Last matches, and errors.As reaches Last's types.
-// It is not retryable, so a Do nested inside another does not multiply
-// retries.
+// ErrExhausted and whatever Last matches. It is not retryable, so a Do
+// nested inside another does not multiply retries.
 type ExhaustedError struct {
 	// Attempts is the number of calls of fn that were made.
 	Attempts int
@@ -89,17 +88,14 @@ func (e *BudgetExhaustedError) Unwrap() []error { return []error{ErrBudgetExhaus
 func (e *BudgetExhaustedError) Retryable() bool { return false }
 
 // newStoppedError builds the error of a Do whose context ended after the
-// given number of attempts: it wraps ctx.Err(), the context's cause if that
-// is another error, and last, fn's last error (nil if fn was never called).
+// given number of attempts: it wraps store.ContextError(ctx) and last, fn's
+// last error (nil if fn was never called).
 func newStoppedError(ctx context.Context, attempts int, last error) error {
-	format, args := "retry: stopped after %d attempts: %w", []any{attempts, ctx.Err()}
-	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() { //nolint:errorlint // identity: is the cause more than ctx.Err() itself?
-		format, args = format+" (cause: %w)", append(args, cause)
-	}
+	err := fmt.Errorf("retry: stopped after %d attempts: %w", attempts, store.ContextError(ctx))
 	if last != nil {
-		format, args = format+"; last error: %w", append(args, last)
+		err = fmt.Errorf("%w; last error: %w", err, last)
 	}
-	return fmt.Errorf(format, args...)
+	return err
 }
 
 // Permanent wraps err so that Do stops at once and returns err itself (not the
@@ -125,13 +121,11 @@ func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Immediately wraps a retryable err so that Do makes its next attempt at
-// once: no sleep, and the backoff sequence does not advance. Everything else
-// about the retry is as usual (MaxAttempts, MaxElapsedTime, a Budget token,
-// OnRetry and the Observer with Delay 0), and an error Do returns holds err,
-// not the wrapper. Use it when the failure brought what the next attempt
-// needs, such as the current document with a version conflict. Only the
-// outermost error fn returns is looked at; a non-retryable err is returned
-// as such. Immediately(nil) returns nil.
+// once: no sleep, and the backoff sequence does not advance; the rest of the
+// retry is as usual (OnRetry and the Observer get Delay 0), and an error Do
+// returns holds err, not the wrapper. Use it when the failure brought what
+// the next attempt needs. Only the outermost error fn returns is looked at.
+// Immediately(nil) returns nil.
 func Immediately(err error) error {
 	if err == nil {
 		return nil
@@ -169,9 +163,8 @@ func IsRetryable(err error) bool {
 	return classify(err, false)
 }
 
-// classify implements IsRetryable. callerLive says that the caller's context
-// is known to be live, so a deadline error in err came from a per-attempt or
-// per-operation timeout and may be retried.
+// classify implements IsRetryable; with callerLive, a deadline error in err
+// came from a per-attempt timeout and may be retried.
 func classify(err error, callerLive bool) bool {
 	if err == nil || IsPermanent(err) || errors.Is(err, context.Canceled) {
 		return false

@@ -1,8 +1,10 @@
 package retry
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/mongocas/mongocas/observe"
@@ -22,11 +24,10 @@ const (
 // durations overflows.
 const maxDelay = time.Duration(1 << 62)
 
-// Policy says how often and how long Do retries a failing function. The
-// zero Policy means the defaults (see Default); each zero field takes the
-// default its documentation gives. A Policy is a plain value: copy it freely
-// and share it between goroutines, provided that its Rand, OnRetry and Clock
-// are safe for concurrent use.
+// Policy says how often and how long Do retries a failing function. Each
+// zero field takes its default (see Default). A Policy is a plain value:
+// copy it and share it freely, provided that its Rand, OnRetry and Clock are
+// safe for concurrent use.
 //
 // The delay before retry n (n = 1 for the first retry) is drawn below a cap
 // that grows exponentially:
@@ -161,8 +162,7 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// settings is a Policy with every default resolved and every value clamped
-// into its valid range.
+// settings is a Policy with its defaults resolved and values clamped.
 type settings struct {
 	initial, max time.Duration
 	multiplier   float64
@@ -180,18 +180,18 @@ type settings struct {
 // replaced by their defaults, so resolve never fails.
 func (p Policy) resolve() settings {
 	s := settings{
-		initial:    p.InitialInterval,
-		max:        p.MaxInterval,
-		multiplier: p.Multiplier,
-		jitter:     p.Jitter,
-		budget:     p.Budget,
-		onRetry:    p.OnRetry,
-		observer:   p.Observer,
-		clock:      p.Clock,
-		rand:       p.Rand,
+		initial:     min(max(p.InitialInterval, 0), maxDelay),
+		max:         min(max(p.MaxInterval, 0), maxDelay),
+		multiplier:  p.Multiplier,
+		jitter:      p.Jitter,
+		maxAttempts: cmp.Or(p.MaxAttempts, DefaultMaxAttempts),
+		maxElapsed:  cmp.Or(p.MaxElapsedTime, DefaultMaxElapsedTime),
+		budget:      p.Budget,
+		onRetry:     p.OnRetry,
+		observer:    p.Observer,
+		clock:       p.Clock,
+		rand:        p.Rand,
 	}
-	s.initial = min(max(s.initial, 0), maxDelay)
-	s.max = min(max(s.max, 0), maxDelay)
 	switch {
 	case s.initial == 0 && s.max == 0:
 		s.initial, s.max = DefaultInitialInterval, DefaultMaxInterval
@@ -208,23 +208,11 @@ func (p Policy) resolve() settings {
 	if s.jitter < FullJitter || s.jitter > DecorrelatedJitter {
 		s.jitter = FullJitter
 	}
-	switch {
-	case p.MaxAttempts == 0:
-		s.maxAttempts = DefaultMaxAttempts
-	case p.MaxAttempts > 0:
-		s.maxAttempts = p.MaxAttempts
-	}
-	switch {
-	case p.MaxElapsedTime == 0:
-		s.maxElapsed = DefaultMaxElapsedTime
-	case p.MaxElapsedTime > 0:
-		s.maxElapsed = p.MaxElapsedTime
-	}
 	if s.clock == nil {
 		s.clock = store.SystemClock()
 	}
 	if s.rand == nil {
-		s.rand = defaultRand
+		s.rand = rand.Float64
 	}
 	return s
 }

@@ -8,8 +8,7 @@ import (
 	"github.com/mongocas/mongocas/store"
 )
 
-// Attempt describes a failed attempt that Do is about to retry. Do passes it
-// to Policy.OnRetry.
+// Attempt describes a failed attempt that Do is about to retry, for OnRetry.
 type Attempt struct {
 	// Number is the 1-based number of the attempt that failed.
 	Number int
@@ -34,11 +33,9 @@ type Attempt struct {
 //   - a *BudgetExhaustedError (ErrBudgetExhausted) when the Policy's Budget
 //     has no token for another attempt;
 //   - when ctx ends (before the first attempt, after a retryable failure or
-//     during a sleep), an error that wraps ctx.Err(), context.Cause(ctx) if
-//     it differs, and fn's last error, so that errors.Is matches the
-//     context's error and whatever the last error matches. Cancellation
-//     interrupts a sleep at once, and once Do has seen ctx end it does not
-//     call fn again.
+//     during a sleep, which it interrupts at once), an error that wraps
+//     ctx.Err(), context.Cause(ctx) if it differs, and fn's last error; Do
+//     then calls fn no more.
 //
 // Do classifies errors as IsRetryable does, except that a
 // context.DeadlineExceeded from fn while ctx is still live (a per-attempt or
@@ -124,8 +121,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 	}
 }
 
-// sleep waits for d on clock, and reports false at once if ctx ends first.
-// It also reports false if ctx has ended by the time d has passed.
+// sleep waits for d on clock, and reports whether ctx is still live.
 func sleep(ctx context.Context, clock store.Clock, d time.Duration) bool {
 	if d > 0 {
 		t := clock.NewTimer(d)
@@ -139,8 +135,7 @@ func sleep(ctx context.Context, clock store.Clock, d time.Duration) bool {
 	return ctx.Err() == nil
 }
 
-// observe sends an event of kind k about the failed attempt to the Policy's
-// Observer, if it has one.
+// observe sends an event about the failed attempt to the Observer, if any.
 func (s *settings) observe(ctx context.Context, k observe.Kind, attempt int, delay time.Duration, err error) {
 	if s.observer != nil {
 		s.observer.Observe(ctx, observe.Event{Kind: k, Attempt: attempt, Delay: delay, Err: err})

@@ -30,9 +30,9 @@ const (
 	// MongoDB is MongoDB itself, or any server that does not say in
 	// buildInfo that it is FerretDB.
 	MongoDB ServerKind = "mongodb"
-	// FerretDBv1 is FerretDB 1.x (buildInfo has ferretdbVersion): its own
-	// engine over SQLite or PostgreSQL. Its conditional writes are not atomic
-	// under concurrency, and it accepts TTL indexes but never deletes.
+	// FerretDBv1 is FerretDB 1.x (buildInfo has ferretdbVersion). Its
+	// conditional writes are not atomic under concurrency, and it accepts
+	// TTL indexes but never deletes.
 	FerretDBv1 ServerKind = "ferretdb-v1"
 	// FerretDBv2 is FerretDB 2.x (buildInfo has a ferretdb document) on
 	// PostgreSQL with the DocumentDB extension. It has no multi-document
@@ -56,29 +56,26 @@ type Capabilities struct {
 	Version string
 	// Transactions is true when a document inserted in a transaction that
 	// is then aborted is gone afterwards, and one inserted in a transaction
-	// that is committed is there. (FerretDB v2 accepts startTransaction,
-	// applies each write at once and has no commit or abort.)
+	// that is committed is there.
 	Transactions bool
 	// RetryableWrites is true when the server supports sessions on a replica
 	// set or sharded cluster, so the driver retries a write once after a
 	// network error without applying it twice.
 	RetryableWrites bool
 	// Expr is true when $expr comparing a field to "$$NOW" selects the right
-	// document in the filter of a findOneAndUpdate (and not the wrong one),
-	// and "$$NOW" in an update pipeline stores the server's current date:
-	// what a lease judged on the server's clock needs.
+	// document in the filter of a findOneAndUpdate, and "$$NOW" in an update
+	// pipeline stores the server's current date.
 	Expr bool
 	// UpdatePipelines is true when an update given as an aggregation
 	// pipeline works.
 	UpdatePipelines bool
 	// TTLIndexes is true when the server accepted an index with
-	// expireAfterSeconds and reports it back, and is not FerretDB v1 (which
-	// accepts such indexes but never deletes expired documents).
+	// expireAfterSeconds and reports it back, and is not FerretDB v1.
 	TTLIndexes bool
 }
 
-// String summarizes the capabilities in one line: the server, its version
-// and topology, then each feature after a + (present) or a - (absent).
+// String summarizes the capabilities in one line: server, version,
+// topology, then each feature after a + (present) or a - (absent).
 func (c Capabilities) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s %s", c.Server, c.Version, c.Topology)
@@ -95,12 +92,12 @@ func (c Capabilities) String() string {
 
 // Probe finds what the server behind db can do by trying each feature and
 // checking its effect, not by reading its version number: hello and
-// buildInfo, then, on documents it inserts into ProbeCollection and deletes
-// at the end, each test its Capabilities field describes. It needs read and
-// write access to db. A feature whose attempt fails, or does not have its
-// effect, is reported absent; Probe itself fails only when the server cannot
-// be reached or the probe document cannot be written. Server.Capabilities
-// probes once per client.
+// buildInfo, then each test its Capabilities field describes, on documents
+// of ProbeCollection that it deletes at the end. It needs read and write
+// access to db. A feature whose attempt fails, or does not have its effect,
+// is reported absent; Probe fails only when the server cannot be reached or
+// the probe document cannot be written. Server.Capabilities probes once per
+// client.
 func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	c, err := identify(ctx, db.Client())
 	if err != nil {
@@ -109,8 +106,7 @@ func Probe(ctx context.Context, db *mongo.Database) (Capabilities, error) {
 	return try(ctx, db, c)
 }
 
-// identify fills the fields of Capabilities that hello and buildInfo tell:
-// Topology, RetryableWrites, Version and Server.
+// identify fills the fields of Capabilities that hello and buildInfo tell.
 func identify(ctx context.Context, client *mongo.Client) (Capabilities, error) {
 	var c Capabilities
 	admin := client.Database("admin")
@@ -142,8 +138,7 @@ func identify(ctx context.Context, client *mongo.Client) (Capabilities, error) {
 	return c, nil
 }
 
-// try fills the fields of c that Probe finds by trying, on scratch
-// documents of db's ProbeCollection.
+// try fills the fields of c that Probe finds by trying.
 func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities, error) {
 	coll := db.Collection(ProbeCollection)
 	id := bson.NewObjectID()
@@ -152,7 +147,6 @@ func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities,
 	if _, err := coll.InsertOne(ctx, doc); err != nil {
 		return c, fmt.Errorf("store: probe: insert into %s.%s: %w", db.Name(), ProbeCollection, err)
 	}
-	// The transaction probe adds documents of its own, with a probe field.
 	defer func() {
 		_, _ = coll.DeleteMany(context.WithoutCancel(ctx), bson.D{{Key: "$or", Value: bson.A{
 			bson.D{{Key: "_id", Value: id}},
@@ -181,8 +175,7 @@ func serverKind(build bson.M) ServerKind {
 }
 
 // probeExpr checks $expr with $$NOW in a write filter, matching and not
-// matching, and $$NOW in an update pipeline: both the document's date t (in
-// the past) against the server's current date.
+// matching, and $$NOW in an update pipeline.
 func probeExpr(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, past time.Time) bool {
 	exprFilter := func(op string) bson.D {
 		return bson.D{
@@ -191,8 +184,7 @@ func probeExpr(ctx context.Context, coll *mongo.Collection, id bson.ObjectID, pa
 		}
 	}
 	mark := func(v string) bson.D { return bson.D{{Key: "$set", Value: bson.D{{Key: "e", Value: v}}}} }
-	// t is in the past: "t > $$NOW" must match nothing, "t < $$NOW" the
-	// document. Both together rule out a $$NOW read as null or a string.
+	// Both together rule out a $$NOW read as null or a string.
 	err := coll.FindOneAndUpdate(ctx, exprFilter("$gt"), mark("wrong")).Err()
 	if !errors.Is(err, mongo.ErrNoDocuments) {
 		return false
@@ -229,8 +221,7 @@ func probePipeline(ctx context.Context, coll *mongo.Collection, id bson.ObjectID
 
 // probeTransactions inserts a document in a transaction it aborts, and one
 // in a transaction it commits, and reads both back outside the session: the
-// first must be gone and the second there (the driver's AbortTransaction
-// ignores the server's answer, and FerretDB v2 applies each write at once).
+// first must be gone and the second there.
 func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Collection, probe bson.ObjectID) bool {
 	sess, err := client.StartSession()
 	if err != nil {
@@ -272,8 +263,8 @@ func probeTransactions(ctx context.Context, client *mongo.Client, coll *mongo.Co
 }
 
 // probeTTL reports whether coll accepts an index with expireAfterSeconds
-// and reports it back. The index's name and key are this probe's own, so
-// that two probes at once do not drop each other's index.
+// and reports it back. The index is this probe's own: two probes at once
+// do not drop each other's.
 func probeTTL(ctx context.Context, coll *mongo.Collection, id bson.ObjectID) bool {
 	name := "mongocas_probe_ttl_" + id.Hex()
 	model := mongo.IndexModel{

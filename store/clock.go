@@ -16,9 +16,8 @@ import (
 )
 
 // ErrNoServerTime is matched by every error a ServerClock returns when it has
-// no usable reading of the server's clock (none, or one older than MaxAge)
-// and cannot take one (the error then also matches the context's error if
-// that ended).
+// no usable reading of the server's clock and cannot take one (the error
+// then also matches the context's error if that ended).
 var ErrNoServerTime = errors.New("store: no reading of the server clock")
 
 // Sampler reads the server's current time once; the ServerClock times the
@@ -35,7 +34,7 @@ func HelloSampler(client *mongo.Client) Sampler {
 		var reply struct {
 			LocalTime bson.DateTime `bson:"localTime"`
 		}
-		ctx = mongo.NewSessionContext(ctx, nil) // see DESIGN.md, "Which server"
+		ctx = NoSession(ctx) // see DESIGN.md, "Which server"
 		if err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}, primary).Decode(&reply); err != nil {
 			return time.Time{}, fmt.Errorf("%w: hello: %w", ErrNoServerTime, err)
 		}
@@ -48,9 +47,8 @@ func HelloSampler(client *mongo.Client) Sampler {
 
 // ServerClockOptions configures a ServerClock. A nil *ServerClockOptions means all defaults.
 type ServerClockOptions struct {
-	// Samples is the most readings one sync takes; of them, the one with the
-	// smallest round trip is kept. A sync stops at the first failed reading.
-	// Default 3.
+	// Samples is the most readings one sync takes (it stops at the first
+	// failed one); the one with the smallest round trip is kept. Default 3.
 	Samples int
 	// ResyncInterval is the age after which a reading is stale: the next call
 	// to Now takes new readings, and any new reading replaces it. Default 30s.
@@ -63,13 +61,11 @@ type ServerClockOptions struct {
 	// clocks drift apart, added to the bound for every second since the
 	// reading. Default 1e-4 (100 µs per second).
 	DriftRate float64
-	// Now is the local clock. Only differences between its readings are
-	// used, so a host whose wall clock is set wrong gets the same estimate.
-	// Default time.Now. Tests inject a fake here.
+	// Now is the local clock; only differences between its readings are
+	// used. Default time.Now. Tests inject a fake here.
 	Now func() time.Time
 	// Observer, if not nil, receives an observe.ClockSync event after each
-	// sync that took a reading, with the bound and round trip of the reading
-	// kept. Nil means none.
+	// sync that took a reading.
 	Observer observe.Observer
 }
 
@@ -127,14 +123,12 @@ func (r reading) rtt() time.Duration { return r.recv.Sub(r.sent) }
 
 // ServerClock estimates the database server's current time from readings of
 // its clock (hello's localTime) and the local clock's elapsed time since (see
-// Estimate for the bound). It keeps one reading: a new reading replaces it
-// when it is stale (older than ResyncInterval) or when the new one's bound is
-// smaller now, so a slower network widens the bound but never leaves the
-// ServerClock without a fresh reading. Now re-reads lazily, when the kept
-// reading is stale; it runs no goroutine. Concurrent callers share one sync,
-// so at most Samples × (1 + ⌊T / ResyncInterval⌋) readings are sent in a
-// span T in which every reading succeeds (see DESIGN.md). A ServerClock is
-// safe for concurrent use.
+// Estimate for the bound). It keeps one reading, replaced when it is stale
+// (older than ResyncInterval) or when a new one's bound is smaller now. Now
+// re-reads lazily, when the kept reading is stale; it runs no goroutine.
+// Concurrent callers share one sync, so at most Samples × (1 + ⌊T /
+// ResyncInterval⌋) readings are sent in a span T in which every reading
+// succeeds (see DESIGN.md). A ServerClock is safe for concurrent use.
 type ServerClock struct {
 	sample Sampler
 	opts   ServerClockOptions
@@ -191,8 +185,7 @@ func (c *ServerClock) Sync(ctx context.Context) error {
 	return nil
 }
 
-// noServerTime wraps err so that it matches ErrNoServerTime, and the context's
-// error when ctx has ended.
+// noServerTime wraps err to match ErrNoServerTime and any ended ctx's error.
 func noServerTime(ctx context.Context, err error) error {
 	if !errors.Is(err, ErrNoServerTime) {
 		err = fmt.Errorf("%w: %w", ErrNoServerTime, err)
@@ -216,8 +209,7 @@ func (c *ServerClock) stale(r reading, now time.Time) bool {
 	return now.Sub(r.recv) >= c.opts.ResyncInterval
 }
 
-// usable reports whether the kept reading may be used at local time now.
-// c.mu must be held.
+// usable reports whether the kept reading may be used now; c.mu is held.
 func (c *ServerClock) usable(now time.Time) bool {
 	return c.have && now.Sub(c.best.recv) < c.opts.MaxAge
 }
@@ -235,11 +227,9 @@ func (c *ServerClock) estimate(r reading, now time.Time) Estimate {
 // Now returns the estimate of the server's current time, from a reading
 // younger than MaxAge, or an error matching ErrNoServerTime; never the zero
 // Estimate with a nil error. It answers from the kept reading while that is
-// fresh. When the reading is stale or missing it syncs (see Sync), unless
-// another caller is syncing: then it answers from the kept reading if that is
-// younger than MaxAge, else it waits for that sync and shares its outcome. If
-// a sync fails, Now answers from the kept reading while it is younger than
-// MaxAge. A nil ctx is an error matching ErrInvalid.
+// fresh, else syncs (see Sync) or, while another caller syncs, waits for
+// that sync; a kept reading younger than MaxAge answers when a sync fails or
+// runs elsewhere. A nil ctx is an error matching ErrInvalid.
 func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 	if ctx == nil {
 		return Estimate{}, CheckContext(ctx)
@@ -262,9 +252,7 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 			}
 			e, err := c.settle(s.err)
 			if err != nil && s.ctxEnded && ctx.Err() == nil {
-				// That sync ended with its caller's context, not with the
-				// server: this caller may still take its own readings.
-				continue
+				continue // that sync ended with its caller's context: try our own
 			}
 			return e, err
 		}
@@ -284,8 +272,7 @@ func (c *ServerClock) Now(ctx context.Context) (Estimate, error) {
 }
 
 // settle answers from the kept reading if it is usable now, else fails with
-// the error of the sync that just ended (err), or with the news that its
-// reading is already older than MaxAge.
+// err, the error of the sync that just ended.
 func (c *ServerClock) settle(err error) (Estimate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

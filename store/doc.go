@@ -17,15 +17,10 @@
 // its effect, never by reading the version number (FerretDB v1 reports
 // 7.0.42 and lacks most of them). [For] returns the one [Server] of a
 // client: its capabilities, probed once and lazily, its kind, and one
-// [ServerClock] shared by everything made on the client. The versioned,
-// lease, deferred and idempotency packages ask it, never the server
-// directly.
+// [ServerClock] shared by everything made on the client.
 //
-// Lease expiry is judged on the database server's clock. Where the server
-// has $expr and $$NOW it is judged inside the server; elsewhere a
-// [ServerClock] estimates the server's time from hello's localTime plus the
-// local monotonic time elapsed since, within a bound (see [Estimate]). The
-// derivations are in DESIGN.md beside this file.
+// Where the server lacks $expr and $$NOW, a [ServerClock] estimates its time
+// from hello's localTime, within a bound (see [Estimate] and DESIGN.md).
 //
 // # Guarantees
 //

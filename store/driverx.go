@@ -1,9 +1,7 @@
 package store
 
-// This is the one file of the library that imports the driver's x/ packages,
-// which the driver says may change without notice in a minor release. Every
-// other file reaches them through the helpers below, so a driver upgrade that
-// moves them breaks this file alone. TestDriverXConfined pins that.
+// The one file that imports the driver's x/ packages, which may change in a
+// minor release (TestDriverXConfined pins that).
 
 import (
 	"errors"
@@ -23,11 +21,8 @@ func IsDeadlineTooClose(err error) bool {
 
 // notSent reports whether the driver gave up before sending the request:
 // no server could be selected, the deadline was too close to try, or no
-// connection could be checked out of the pool (the context ended while
-// waiting for one, or the pool or server was closed). The driver returns a
-// checkout error only from an operation's first attempt (a retry that
-// cannot check out returns the first attempt's error), so none of these
-// follows a send.
+// connection could be checked out of the pool (the driver returns a
+// checkout error only from an operation's first attempt).
 func notSent(err error) bool {
 	var (
 		sse topology.ServerSelectionError

@@ -27,10 +27,8 @@ const (
 
 // IsDuplicateKey reports whether err, or any error it wraps, is a duplicate
 // key error from the server: codes 11000, 11001 and 12582, or FerretDB v2's
-// answer to a duplicate key inside findAndModify: code 1, codeName
-// InternalError and PostgreSQL's own message for a unique violation (the _id
-// primary key) or an exclusion violation (a unique secondary index). Only
-// that exact combination of code, name and message prefix counts.
+// answer to a duplicate key inside findAndModify (code 1, InternalError,
+// with PostgreSQL's message for a unique or exclusion violation).
 func IsDuplicateKey(err error) bool {
 	return err != nil && (mongo.IsDuplicateKeyError(err) || isPostgresError(err,
 		"duplicate key value violates unique constraint ",
@@ -38,9 +36,8 @@ func IsDuplicateKey(err error) bool {
 }
 
 // isPostgresError reports whether err is DocumentDB's pass-through of a
-// PostgreSQL error in a command reply: code 1, codeName InternalError, with
-// a message that starts with one of prefixes. Nothing else reads message
-// text.
+// PostgreSQL error (code 1, InternalError) whose message starts with one of
+// prefixes. Nothing else reads message text.
 func isPostgresError(err error, prefixes ...string) bool {
 	var ce mongo.CommandError
 	if !errors.As(err, &ce) || ce.Code != codeInternalError || ce.Name != "InternalError" {
@@ -75,11 +72,10 @@ func HasLabel(err error, label string) bool {
 	return errors.As(err, &le) && le.HasErrorLabel(label)
 }
 
-// IsWriteConflict reports whether err is the server's WriteConflict (code 112),
-// which a concurrent write inside a transaction or a storage-level conflict
-// can cause, or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
-// (InternalError, code 1) that aborts one of two racing writes. The write was
-// not applied; it is always safe to retry the operation that caused it.
+// IsWriteConflict reports whether err is the server's WriteConflict (code
+// 112), or DocumentDB's pass-through of PostgreSQL's "deadlock detected"
+// (code 1, InternalError). The write was not applied; it is always safe to
+// retry the operation that caused it.
 func IsWriteConflict(err error) bool {
 	var se mongo.ServerError
 	return (errors.As(err, &se) && se.HasErrorCode(codeWriteConflict)) || isPostgresError(err, "deadlock detected")
@@ -116,9 +112,7 @@ func IsTransient(err error) bool {
 // Failures the driver reports before sending anything (no server could be
 // selected, or the deadline was too close to try) are not ambiguous, and
 // neither is a write error the server returned for the write itself (a
-// duplicate key, a validation failure): those writes were not applied. Code
-// that must apply a change exactly once re-reads after an ambiguous error
-// instead of retrying blindly.
+// duplicate key, a validation failure): those writes were not applied.
 func IsAmbiguous(err error) bool {
 	if err == nil || notSent(err) || hasWriteErrors(err) {
 		return false
@@ -128,8 +122,7 @@ func IsAmbiguous(err error) bool {
 }
 
 // hasWriteErrors reports whether the server returned write errors for the
-// write itself: such a write was not applied, even when the reply also
-// carries a writeConcernError.
+// write itself: such a write was not applied.
 func hasWriteErrors(err error) bool {
 	var we mongo.WriteException
 	if errors.As(err, &we) && len(we.WriteErrors) > 0 {

@@ -12,20 +12,17 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 )
 
-// The error vocabulary shared by every mongocas package: each returns errors
-// that match these sentinels (and exports them under its own name, with the
-// same value), so one check works whichever package a call went through.
+// The error vocabulary shared by every mongocas package: each exports these
+// under its own name, with the same value.
 var (
 	// ErrInvalid is matched by every error that refuses a caller's input
 	// (an id, an option, a field name, an update) before anything is sent to
 	// the server. Nothing was written. A service maps it to HTTP 400.
 	ErrInvalid = errors.New("invalid input")
 
-	// ErrInvalidID is matched by an error that refuses an id: nil, a zero
-	// value, or a value whose encoding could act as a query operator or
-	// pattern instead of a plain value (a document with a $-prefixed key, a
-	// regular expression, JavaScript code, an array, null). Every error that
-	// matches ErrInvalidID also matches ErrInvalid.
+	// ErrInvalidID is matched by an error that refuses an id (see CheckID):
+	// nil, a zero value, or one that could act as an operator or pattern.
+	// Every error that matches ErrInvalidID also matches ErrInvalid.
 	ErrInvalidID = &sentinel{msg: "invalid id", parent: ErrInvalid}
 
 	// ErrUnknownOutcome is matched by an error that reports a write whose
@@ -78,12 +75,9 @@ func shortValue(v any) string {
 // any type; a value the driver cannot encode; null, undefined, regular
 // expressions, JavaScript code, DBPointer, MinKey, MaxKey and arrays; and
 // documents, at any depth, with a key that starts with '$' or is empty, or
-// that hold any of the refused types.
-//
-// The result is meant for IDFilter's {_id: {$eq: raw}}, in which even a
-// value that slipped through would be compared, never interpreted.
+// that hold any of the refused types. The result is meant for IDFilter.
 func CheckID(id any) (bson.RawValue, error) {
-	// The common id types, encoded as the driver does, without reflection.
+	// The common id types, without reflection.
 	switch v := id.(type) {
 	case string:
 		if v != "" {
@@ -178,8 +172,7 @@ func IDFilter(raw bson.RawValue) bson.D {
 
 // CheckContext reports whether ctx can be used for a call that does I/O: it
 // returns an error matching ErrInvalid for a nil ctx, and ContextError(ctx)
-// when ctx has already ended (the caller's context error, never "invalid
-// input").
+// when ctx has already ended.
 func CheckContext(ctx context.Context) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: nil context", ErrInvalid)

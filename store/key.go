@@ -50,13 +50,10 @@ func (k Key) String() string {
 }
 
 // CheckValue reports whether v can be compared by equality in a filter, as
-// a shard-key value, and returns its BSON encoding. It applies [CheckID]'s
-// rules except the refusal of zero values (a shard key field may hold 0 or
-// ""): it refuses, with an *IDError, nil; a value the driver cannot encode;
-// null, undefined, regular expressions, JavaScript code, DBPointer, MinKey,
-// MaxKey and arrays (MongoDB refuses an array in a shard key); and
-// documents, at any depth, with a key that starts with '$' or is empty. A
-// bson.RawValue is checked as it is encoded.
+// a shard-key value, and returns its BSON encoding. It refuses, with an
+// *IDError, the values [CheckID] refuses (arrays included: MongoDB refuses
+// one in a shard key) except zero values, since a shard-key field may hold 0
+// or "". A bson.RawValue is checked as it is encoded.
 func CheckValue(v any) (bson.RawValue, error) {
 	raw, ok := v.(bson.RawValue)
 	if !ok {

@@ -4,10 +4,8 @@ import "fmt"
 
 // UnknownOutcomeError reports a write whose reply was lost (see IsAmbiguous)
 // and whose outcome re-reading could not settle: it may or may not have been
-// applied. It is the one such type of the library (each package names it as
-// its own UnknownOutcomeError, an alias). It matches ErrUnknownOutcome and
-// unwraps to the write's error. Never retry such a write blindly: it could
-// apply twice.
+// applied; never retry it blindly. Each package names it as its own (an
+// alias). It matches ErrUnknownOutcome and unwraps to the write's error.
 type UnknownOutcomeError struct {
 	// Pkg is the package whose write it was ("versioned", "lease",
 	// "deferred", "idempotency"): the message's prefix.

@@ -14,10 +14,9 @@ import (
 
 // Server is what mongocas knows about the server behind one client: what it
 // is (hello and buildInfo), what it can do (Probe), and an estimate of its
-// clock, shared by everything made on the client. Each fact is found
-// lazily, by the first call that needs it, with that call's context, and
-// once: concurrent callers wait for it (each with its own context). A failed
-// attempt is not kept: the next call tries again. A Server is safe for
+// clock, shared by everything made on the client. Each fact is found once,
+// by the first call that needs it (concurrent callers wait, each with its
+// own context); a failed attempt is not kept. A Server is safe for
 // concurrent use.
 type Server struct {
 	client weak.Pointer[mongo.Client] // the client is never kept alive by its Server
@@ -26,8 +25,7 @@ type Server struct {
 	caps   lazy[Capabilities] // all of Probe
 }
 
-// errNoClient is the error of a Server whose client was garbage-collected
-// (no caller holds it any more).
+// errNoClient is the error of a Server whose client was garbage-collected.
 var errNoClient = errors.New("store: the client is gone")
 
 var servers sync.Map // weak.Pointer[mongo.Client] to *Server
@@ -87,8 +85,7 @@ func (s *Server) Capabilities(ctx context.Context, db *mongo.Database) (Capabili
 }
 
 // lazy is a value found by the first call of get that succeeds. Callers take
-// turns, each waiting with its own context, so a failure (or an ended
-// context) costs the next caller an attempt of its own, never a wrong answer.
+// turns, each waiting with its own context.
 type lazy[T any] struct {
 	val  atomic.Pointer[T]
 	turn chan struct{} // a 1-slot semaphore, held by the caller finding it

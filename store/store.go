@@ -46,8 +46,7 @@ type Options struct {
 	ServerSelectionTimeout time.Duration
 	// MaxPoolSize caps connections per server. Default 100.
 	MaxPoolSize uint64
-	// ClientOptions, when not nil, is applied after the defaults above and
-	// after the URI, so it can override anything.
+	// ClientOptions, when not nil, overrides the defaults above and the URI.
 	ClientOptions *options.ClientOptions
 }
 
@@ -93,9 +92,8 @@ type Store struct {
 
 // Connect connects to uri with production defaults (see ClientOptions) and
 // pings the primary, so a wrong or unreachable URI fails here within
-// ServerSelectionTimeout (or ctx), not on the first write. The error is a
-// *ConnectError naming the URI with its secrets redacted (RedactURI). The
-// Store owns the client: Close disconnects it.
+// ServerSelectionTimeout (or ctx). The error is a *ConnectError. The Store
+// owns the client: Close disconnects it.
 func Connect(ctx context.Context, uri string, opts *Options) (*Store, error) {
 	if strings.TrimSpace(uri) == "" {
 		return nil, &ConnectError{URI: `""`, Err: errors.New("empty URI")}
@@ -145,18 +143,15 @@ func (s *Store) Close(ctx context.Context) error {
 // scheme, user name, hosts, path and other options, so that an error can name
 // the URI without leaking them. The secrets are the password and the values of
 // options whose names contain "pass", "pwd", "secret" or "token" (in any case,
-// escaped or not) and of authMechanismProperties.
-//
-// It works on connection strings that do not parse too: if the driver would
-// accept the user information, exactly the password it would send is hidden;
-// otherwise everything from the ':' after the user name to the last '@' is.
+// escaped or not) and of authMechanismProperties. On a connection string the
+// driver would not accept, everything from the ':' after the user name to the
+// last '@' is hidden.
 func RedactURI(uri string) string {
 	scheme, rest, ok := strings.Cut(uri, "://")
 	if !ok {
 		scheme, rest = "", uri
 	}
-	// Both kinds of secret are found on the original text and hidden
-	// together, so that neither search is misled by the other's edits.
+	// Both kinds are found on the original text, then hidden together.
 	spans := secretOptionSpans(rest)
 	if at := userInfoEnd(rest); at >= 0 {
 		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
@@ -199,10 +194,8 @@ func userInfoEnd(rest string) int {
 // driverReading reports whether rest, whose first '@' is at first, reads
 // unambiguously the way the driver reads it: user information up to the first
 // '@' with no '/', at most one ':' and no empty password if another '@'
-// follows, then hosts up to a '/' (or the end), then a path with no '@', then
-// options in which an '@' appears only inside the value of a name=value pair.
-// A password holding an unescaped '@' followed by anything else fails one of
-// these.
+// follows, then hosts, then a path with no '@', then options with an '@'
+// only inside a value.
 func driverReading(rest string, first int) bool {
 	userInfo := rest[:first]
 	if strings.Contains(userInfo, "/") || strings.Count(userInfo, ":") > 1 {

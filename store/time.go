@@ -2,11 +2,10 @@ package store
 
 import "time"
 
-// Clock is the local source of time of the packages that wait: "now" and
-// timers. Only differences between its readings are used. SystemClock is the
-// real one; tests inject fakes so that they never sleep. Implementations must
-// be safe for concurrent use. It is the seam of retry.Policy, lease's waits
-// and deferred's workers; the server's clock is estimated by a ServerClock.
+// Clock is the local source of time of the packages that wait (retry.Policy,
+// lease, deferred): "now" and timers, of which only differences are used.
+// SystemClock is the real one; tests inject fakes so that they never sleep.
+// Implementations must be safe for concurrent use.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time

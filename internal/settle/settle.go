@@ -1,11 +1,7 @@
 // Package settle is the library's one engine for learning what became of a
 // write whose reply was lost. Every package that writes sends its writes
-// through Exec and supplies only what is its own: how to send the write, how
-// to read back what shows whether it landed, and how to judge that read. The
-// rules live here, once: which errors leave an outcome unknown
-// (store.IsAmbiguous), how long to keep trying after the caller's context
-// ended (ResolveTimeout), how often to send a write again (MaxResends), and
-// how to read at majority (Majority). See DESIGN.md beside this file.
+// through Exec and supplies how to send the write, read it back, and judge
+// that read. See DESIGN.md beside this file.
 package settle
 
 import (
@@ -58,13 +54,11 @@ type Write[R, S any] struct {
 	Read func(ctx context.Context) (S, error)
 	// Judge says what a read shows, and why when it is Unknown.
 	Judge func(S) (Verdict, string)
-	// Resend says the write may be sent again as it is while Live: every
-	// copy carries a condition that lets at most one of them apply. Without
-	// it, Live is returned to the caller as not landed.
+	// Resend says the write may be sent again while Live (a condition lets
+	// at most one copy apply); without it, Live is returned as not landed.
 	Resend bool
 	// Unknown, if set, makes the error Exec returns when it cannot settle
-	// the write (the package's *store.UnknownOutcomeError), from the last
-	// read (hasRead false: none succeeded), the reason and the errors;
+	// the write, from the last read (if hasRead), the reason and the errors;
 	// without it Exec returns an *UnknownError.
 	Unknown func(read S, hasRead bool, reason string, err error) error
 }
@@ -75,8 +69,7 @@ type Config struct {
 	Retry retry.Policy
 	// ResolveTimeout bounds the re-reads; zero is DefaultResolveTimeout.
 	ResolveTimeout time.Duration
-	// Pass, if set, reports read errors that Exec returns as they are
-	// rather than as an unknown outcome.
+	// Pass, if set, reports read errors that Exec returns as they are.
 	Pass func(error) bool
 	// Ambiguous, if set, is called once when the first send failed
 	// ambiguously; Settled when Exec has judged it (with the error Exec
@@ -113,13 +106,9 @@ func (u *UnknownError) Error() string { return u.Reason + ": " + u.Err.Error() }
 func (u *UnknownError) Unwrap() error { return u.Err }
 
 // Exec sends w and, if the send fails ambiguously (store.IsAmbiguous), reads
-// back to learn whether it landed: Landed is success; Dead is not applied;
-// Live sends it again (w.Resend) while the caller's context lives, at most
-// MaxResends times, or is not applied (without Resend); Unknown, a failed
-// read, or running out of resends is w.Unknown's error (an *UnknownError
-// without it), with the last read in the Result. A send that fails for sure
-// is returned as it is; so is every failure inside a transaction, which is
-// the unit its owner retries.
+// back to learn whether it landed (see DESIGN.md, "What the engine does"). A
+// send that fails for sure is returned as it is; so is every failure inside
+// a transaction, which is the unit its owner retries.
 func Exec[R, S any](ctx context.Context, c Config, w Write[R, S]) (res Result[R, S], err error) {
 	reply, applied, err := w.Send(ctx)
 	if err == nil {
@@ -152,7 +141,6 @@ func Exec[R, S any](ctx context.Context, c Config, w Write[R, S]) (res Result[R,
 			if c.Pass != nil && c.Pass(rerr) {
 				return Result[R, S]{}, rerr
 			}
-			// What is known now is that nothing could be read.
 			var none S
 			res.Read, res.HasRead = none, false
 			return res, w.unknown(res, "re-reading failed", errors.Join(first, rerr))
@@ -203,18 +191,16 @@ func (w *Write[R, S]) unknown(res Result[R, S], reason string, err error) error 
 	return &UnknownError{Reason: reason, Err: err}
 }
 
-// Reread runs read under a context that lasts ResolveTimeout, whether or
-// not ctx has ended, retrying transient failures under c.Retry: how every
-// settling read is made.
+// Reread runs read under Detached(ctx), retrying transient failures under
+// c.Retry: how every settling read is made.
 func Reread[S any](ctx context.Context, c Config, read func(context.Context) (S, error)) (S, error) {
 	rctx, cancel := Detached(ctx, c.ResolveTimeout)
 	defer cancel()
 	return retry.DoValue(rctx, c.Retry, read)
 }
 
-// Detached returns a context for a write that must finish what it started
-// (settle, record, release) whether or not ctx has ended: it keeps ctx's
-// values, and lasts ResolveTimeout.
+// Detached returns a context with ctx's values but not its end, that lasts
+// resolve (or DefaultResolveTimeout): for work that must finish regardless.
 func Detached(ctx context.Context, resolve time.Duration) (context.Context, context.CancelFunc) {
 	if resolve <= 0 {
 		resolve = DefaultResolveTimeout
@@ -230,9 +216,7 @@ func InTransaction(ctx context.Context) bool {
 }
 
 // Majority reads a collection at read concern majority, as every settling
-// read must (a local read could report landed a write that a rollback undoes
-// later). Its one fallback: a server that refuses read concern majority
-// (RefusesMajority) is read at its default from then on.
+// read must, or at its default once the server refused majority.
 type Majority struct {
 	coll, majority *mongo.Collection
 	refused        atomic.Bool
@@ -243,8 +227,8 @@ func NewMajority(coll *mongo.Collection) *Majority {
 	return &Majority{coll: coll, majority: coll.Clone(options.Collection().SetReadConcern(readconcern.Majority()))}
 }
 
-// Read runs read on the majority collection, or on the plain one where the
-// server refused majority; it switches for good on the first refusal.
+// Read runs read on the majority collection, or on the plain one for good
+// once the server refused majority.
 func (m *Majority) Read(ctx context.Context, read func(*mongo.Collection) error) error {
 	if !m.refused.Load() {
 		err := read(m.majority)

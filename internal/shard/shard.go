@@ -17,16 +17,14 @@ import (
 )
 
 // Spec is a checked shard key: the dotted paths of its fields other than
-// _id, in the order configured. Every filter carries the _id's equality
-// already, so a field under _id adds nothing. The zero Spec has no field:
-// a collection that is not sharded, or sharded on _id.
+// _id (every filter has the _id's equality already), in the order
+// configured. The zero Spec has no field.
 type Spec struct{ paths []string }
 
-// Parse checks fields, an Options.ShardKey: each a dotted path whose
-// segments are not empty and do not start with '$', without NUL bytes, none
-// named twice or under another. owned says why a top-level field cannot be
-// in a shard key (a version field, say), or "" when it can. Fields under _id
-// are dropped.
+// Parse checks fields, an Options.ShardKey: dotted paths of non-empty
+// segments not starting with '$', without NUL, none named twice or under
+// another. owned says why a top-level field cannot be in a shard key, or ""
+// when it can. Fields under _id are dropped.
 func Parse(fields []string, owned func(root string) string) (Spec, error) {
 	var s Spec
 	for _, f := range fields {
@@ -63,8 +61,7 @@ func checkPath(f string) error {
 	return nil
 }
 
-// Enabled reports whether the Spec has a field: whether ids must come with
-// shard-key values.
+// Enabled reports whether ids must come with shard-key values.
 func (s Spec) Enabled() bool { return len(s.paths) > 0 }
 
 // Paths returns the fields, in the order configured.
@@ -76,8 +73,7 @@ func (s Spec) Has(path string) bool { return slices.Contains(s.paths, path) }
 // String lists the fields for messages: "(region, accountId)".
 func (s Spec) String() string { return "(" + strings.Join(s.paths, ", ") + ")" }
 
-// Values are one document's shard-key values, one per path of its Spec. The
-// zero Values, of a Spec without fields, adds nothing to a filter.
+// Values are one document's shard-key values, one per path of its Spec.
 type Values struct {
 	paths []string
 	vals  []bson.RawValue
@@ -91,16 +87,14 @@ type Doc struct {
 }
 
 // Filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field: what every filter on the document starts with. It is a fresh slice
-// the caller may append to.
+// field: a fresh slice the caller may append to.
 func (d Doc) Filter() bson.D {
 	return append(store.IDFilter(d.ID), d.Shard.Clauses()...)
 }
 
-// Split takes what a caller passed as an id: a store.Key, or a bare id. It
-// returns the bare id and the shard-key values, checked. A bare id is
-// refused when the Spec has fields; a Key must name each field once and no
-// other. Errors are *store.IDError, matching store.ErrInvalidID.
+// Split takes what a caller passed as an id, a store.Key or a bare id, and
+// returns the bare id and the checked shard-key values. Errors are
+// *store.IDError, matching store.ErrInvalidID.
 func (s Spec) Split(id any) (any, Values, error) {
 	switch k := id.(type) {
 	case *store.Key:
@@ -230,10 +224,9 @@ func (v Values) String() string {
 	return strings.Join(parts, ", ")
 }
 
-// Differs returns the first field whose value in the top-level field root,
-// as an update would write it (val; present false when the update removes
-// root), is not the one in v. ok is false when every field under root keeps
-// its value.
+// Differs returns the first field under the top-level field root whose
+// value in val (as an update would write root; present false when it
+// removes root) is not the one in v; ok is false when there is none.
 func (v Values) Differs(root string, val bson.RawValue, present bool) (field string, ok bool) {
 	for i, p := range v.paths {
 		r, rest, nested := strings.Cut(p, ".")

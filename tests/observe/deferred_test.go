@@ -59,13 +59,25 @@ func (f *queueFixture) run(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 }
 
-// wait waits for the job id to finish, and returns it.
+// wait waits for the job id to finish and for the event of its end (the
+// worker reports it after the write the record shows), and returns the job.
 func (f *queueFixture) wait(t *testing.T, id bson.ObjectID) *deferred.Job {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	job, err := f.q.Wait(ctx, id, 10*time.Millisecond)
 	require.NoError(t, err)
+	ends := map[deferred.State]observe.Kind{deferred.StateCompleted: observe.JobCompleted, deferred.StateDead: observe.JobDead}
+	if end, ok := ends[job.State]; ok {
+		require.Eventually(t, func() bool {
+			for _, e := range f.rec.all() {
+				if e.Kind == end && e.ID == id {
+					return true
+				}
+			}
+			return false
+		}, time.Minute, time.Millisecond, "the %v event of job %s", end, id.Hex())
+	}
 	return job
 }
 
