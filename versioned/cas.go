@@ -2,13 +2,11 @@ package versioned
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/store"
@@ -157,96 +155,6 @@ func refusesPipeline(err error) bool {
 	}
 	return se.HasErrorCode(codeNotImplemented) || se.HasErrorCode(codeFailedToParse)
 }
-
-// casPipeline is the update pipeline of a CAS write against read: each
-// field of set (which holds the version and the write ids) and unset takes
-// its new value if the version and incarnation are still read's. It is
-// built as bytes (nil if a value cannot be encoded: the updateOne form).
-func (r *Repo[T]) casPipeline(read *docState, set, unset bson.D) rawPipeline {
-	cond := r.casCond(read)
-	b := make([]byte, 4, 64+len(set)*(len(cond)+64)+len(unset)*(len(cond)+48)+len(read.raw))
-	stage, b := bsoncore.AppendDocumentElementStart(b, "0")
-	fields, b := bsoncore.AppendDocumentElementStart(b, "$set")
-	for i, n := 0, len(set)+len(unset); i < n; i++ {
-		var (
-			key  string
-			v    bson.RawValue // the new value; none: removed
-			f, c int32
-		)
-		if i < len(set) {
-			key = set[i].Key
-			var ok bool
-			if v, ok = set[i].Value.(bson.RawValue); !ok {
-				t, data, err := bson.MarshalValue(set[i].Value)
-				if err != nil {
-					return nil
-				}
-				v = bson.RawValue{Type: t, Value: data}
-			}
-		} else {
-			key = unset[i-len(set)].Key
-		}
-		f, b = bsoncore.AppendDocumentElementStart(b, key)
-		c, b = bsoncore.AppendArrayElementStart(b, "$cond")
-		b = bsoncore.AppendDocumentElement(b, "0", cond)
-		if v.Type == 0 {
-			b = bsoncore.AppendStringElement(b, "1", "$$REMOVE")
-		} else {
-			var lit int32
-			lit, b = bsoncore.AppendDocumentElementStart(b, "1")
-			b = bsoncore.AppendValueElement(b, "$literal", bsoncore.Value{Type: bsoncore.Type(v.Type), Data: v.Value})
-			b, _ = bsoncore.AppendDocumentEnd(b, lit)
-		}
-		b = appendFieldPath(b, "2", key)
-		b, _ = bsoncore.AppendArrayEnd(b, c)
-		b, _ = bsoncore.AppendDocumentEnd(b, f)
-	}
-	b, _ = bsoncore.AppendDocumentEnd(b, fields)
-	b, _ = bsoncore.AppendDocumentEnd(b, stage)
-	return closeDoc(b, 0)
-}
-
-// casCond is the pipeline's condition C: the version and the incarnation
-// are read's, a missing one counting as 0 (version 0 is also a document
-// without a version field; incarnation 0, one without an incarnation):
-// {$and: [{$eq: [{$ifNull: ["$version", 0]}, v]}, {$eq: [.. "$_mc.inc" .., inc]}]}.
-func (r *Repo[T]) casCond(read *docState) bson.Raw {
-	b := make([]byte, 4, 128+len(r.opts.VersionField)+len(r.opts.MetaField))
-	and, b := bsoncore.AppendArrayElementStart(b, "$and")
-	for i, e := range [2]struct {
-		path string
-		v    int64
-	}{{r.opts.VersionField, read.version}, {r.incPath, read.inc}} {
-		var eq, args, ifNull, nullArgs int32
-		eq, b = bsoncore.AppendDocumentElementStart(b, [2]string{"0", "1"}[i])
-		args, b = bsoncore.AppendArrayElementStart(b, "$eq")
-		ifNull, b = bsoncore.AppendDocumentElementStart(b, "0")
-		nullArgs, b = bsoncore.AppendArrayElementStart(b, "$ifNull")
-		b = appendFieldPath(b, "0", e.path)
-		b = bsoncore.AppendInt64Element(b, "1", 0)
-		b, _ = bsoncore.AppendArrayEnd(b, nullArgs)
-		b, _ = bsoncore.AppendDocumentEnd(b, ifNull)
-		b = bsoncore.AppendInt64Element(b, "1", e.v)
-		b, _ = bsoncore.AppendArrayEnd(b, args)
-		b, _ = bsoncore.AppendDocumentEnd(b, eq)
-	}
-	b, _ = bsoncore.AppendArrayEnd(b, and)
-	return closeDoc(b, 0)
-}
-
-// appendFieldPath appends the string element key: "$path".
-func appendFieldPath(b []byte, key, path string) []byte {
-	b = append(b, byte(bson.TypeString))
-	b = append(append(b, key...), 0)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(path)+2)) //nolint:gosec // a field name
-	return append(append(append(b, '$'), path...), 0)
-}
-
-// rawPipeline is an update pipeline encoded as a BSON array.
-type rawPipeline []byte
-
-// MarshalBSONValue gives the driver the pipeline as it is.
-func (p rawPipeline) MarshalBSONValue() (byte, []byte, error) { return byte(bson.TypeArray), p, nil }
 
 // judgeSpan judges a write filtered on version == w.base (and, if
 // incKnown, incarnation inc) that makes k versions and appends k write ids,

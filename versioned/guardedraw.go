@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 )
 
 // updateOps marshals Guarded's update, adds the WithSet fields sets to its
@@ -55,7 +54,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 		switch string(name) {
 		case "$inc":
 			hasInc = true
-			b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
+			b = appendInt64(b, r.opts.VersionField, 1)
 		case "$set":
 			hasSet = true
 			b = r.appendIDs(b, ids)
@@ -66,7 +65,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 	var start int
 	if !hasInc {
 		b, start = openDoc(b, []byte("$inc"))
-		b = bsoncore.AppendInt64Element(b, r.opts.VersionField, 1)
+		b = appendInt64(b, r.opts.VersionField, 1)
 		b = closeDoc(b, start)
 	}
 	if !hasSet && ids != nil {
@@ -98,8 +97,8 @@ func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
 // still lists last, and not yet wid.
 func anchorClause(last, wid int64) bson.Raw {
 	b := make([]byte, 4, 32)
-	b = bsoncore.AppendInt64Element(b, "$eq", last)
-	b = bsoncore.AppendInt64Element(b, "$ne", wid)
+	b = appendInt64(b, "$eq", last)
+	b = appendInt64(b, "$ne", wid)
 	return closeDoc(b, 0)
 }
 
