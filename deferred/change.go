@@ -106,7 +106,12 @@ func (c *Change[T, A]) applyRun(ctx context.Context, jobs []*Job, id any) (int, 
 		failed, fnErr := 0, error(nil)
 		_, err := c.repo.Modify(ctx, id, func(d *T) error {
 			for failed = range n {
-				if fnErr = c.fn(d, args[failed]); fnErr != nil {
+				// A panic is this job's failure, not the run's first job's.
+				func() {
+					defer recoverPanic(&fnErr)
+					fnErr = c.fn(d, args[failed])
+				}()
+				if fnErr != nil {
 					return fnErr
 				}
 			}

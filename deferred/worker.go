@@ -285,11 +285,82 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	head := kd.Off + kd.Done + 1
 	ctx, cancel := c.book()
 	defer cancel()
-	now := q.now(ctx)
-	jobs, span, err := c.ahead(ctx, head, limit, now)
+	jobs, span, err := c.ahead(ctx, head, limit, q.now(ctx))
 	if err != nil || len(jobs) == 0 {
 		return kd, 0, true
 	}
+	// A Change run is claimed whole (its one write applies it whole); a
+	// handler's jobs are claimed one at a time, each when it starts.
+	take := jobs[:1]
+	if q.handler(jobs[0].Name).batch != nil {
+		take = jobs
+	}
+	applied, err := c.take(take)
+	switch {
+	case err != nil:
+		c.warn("claim_job", err)
+		return kd, 0, false
+	case !applied && len(take) == 1:
+		return kd, 0, true // changed meanwhile: noHead looks
+	case !applied:
+		// One changed meanwhile (cancelled, say): give back, go one by one.
+		c.putBack(take...)
+		return c.runOf(kd, 1)
+	}
+	if job := jobs[0]; job.Attempt > job.MaxAttempts {
+		job.att.mayHaveWritten()
+		next, ok := c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
+		return next, 1, ok
+	}
+	n, claimed, err := c.runJobs(jobs, len(take))
+	if c.lost() {
+		c.interrupted(jobs[min(n, len(jobs)-1)])
+		return kd, n, false
+	}
+	if errors.Is(err, errOneByOne) && n == 0 {
+		c.putBack(jobs[:claimed]...)
+		return c.runOf(kd, 1)
+	}
+	var failed *Job
+	rest := jobs[n:claimed]
+	switch {
+	case errors.Is(err, errUnrecorded):
+		rest = rest[1:] // left running: its next holder takes it over
+	case err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0:
+		failed, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		c.putBack(rest...)
+	}
+	next, ok := kd, c.run.Err() == nil && !errors.Is(err, errUnrecorded)
+	if n > 0 {
+		if n < len(jobs) {
+			span = jobs[n].Seq - head
+		}
+		moved := false
+		if c.record(jobs[:n]) {
+			next, moved = c.advance(kd, span)
+		}
+		ok = ok && moved
+	}
+	switch {
+	case failed != nil && ok:
+		next, ok = c.after(next, failed, err)
+		return next, n + 1, ok
+	case failed != nil:
+		c.putBack(failed)
+	}
+	return next, n, ok
+}
+
+// take claims jobs, read by ahead, in one write fenced on the key's lease
+// epoch; applied false means one of them changed meanwhile (nothing of
+// this claim then holds but what putBack gives back).
+func (c *claim) take(jobs []*Job) (bool, error) {
+	q := c.q
+	ctx, cancel := c.book()
+	defer cancel()
+	now := q.now(ctx)
 	ids := make(bson.A, len(jobs))
 	for i, job := range jobs {
 		ids[i] = job.ID
@@ -325,16 +396,8 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		},
 		Resend: true,
 	})
-	switch {
-	case err != nil:
-		c.warn("claim_job", err)
-		return kd, 0, false
-	case !res.Applied && len(jobs) == 1:
-		return kd, 0, true // changed meanwhile: noHead looks
-	case !res.Applied:
-		// One changed meanwhile (cancelled, say): give back, go one by one.
-		c.putBack(jobs...)
-		return c.runOf(kd, 1)
+	if err != nil || !res.Applied {
+		return false, err
 	}
 	for _, job := range jobs {
 		// Taken over from a lost worker, whose handler may have written.
@@ -343,50 +406,7 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		job.Attempt++
 		c.claimed(job)
 	}
-	if job := jobs[0]; job.Attempt > job.MaxAttempts {
-		job.att.mayHaveWritten()
-		next, ok := c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
-		return next, 1, ok
-	}
-	n, err := c.runJobs(jobs)
-	if c.lost() {
-		c.interrupted(jobs[min(n, len(jobs)-1)])
-		return kd, n, false
-	}
-	if errors.Is(err, errOneByOne) && n == 0 {
-		c.putBack(jobs...)
-		return c.runOf(kd, 1)
-	}
-	var failed *Job
-	rest := jobs[n:]
-	switch {
-	case errors.Is(err, errUnrecorded):
-		rest = rest[1:] // left running: its next holder takes it over
-	case err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0:
-		failed, rest = rest[0], rest[1:]
-	}
-	if len(rest) > 0 {
-		c.putBack(rest...)
-	}
-	next, ok := kd, c.run.Err() == nil && !errors.Is(err, errUnrecorded)
-	if n > 0 {
-		if n < len(jobs) {
-			span = jobs[n].Seq - head
-		}
-		moved := false
-		if c.record(jobs[:n]) {
-			next, moved = c.advance(kd, span)
-		}
-		ok = ok && moved
-	}
-	switch {
-	case failed != nil && ok:
-		next, ok = c.after(next, failed, err)
-		return next, n + 1, ok
-	case failed != nil:
-		c.putBack(failed)
-	}
-	return next, n, ok
+	return true, nil
 }
 
 // ahead reads the key's places from head on, up to limit, and returns the
@@ -433,29 +453,40 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 	return jobs, span, err
 }
 
-// runJobs runs a claimed run in order, in one call of its handler's batch
-// function (NewChange's: one write, recorded with the run) or one call per
-// job, each recorded before the next starts, stopping at the first error, a
-// lost claim or Run's stop. It returns how many completed, with the error
-// of the first that did not (errUnrecorded: its record failed).
-func (c *claim) runJobs(jobs []*Job) (n int, err error) {
+// runJobs runs a run in order, of which the first claimed were claimed by
+// runOf: in one call of its handler's batch function (NewChange's: one
+// write, recorded with the run, claimed whole) or one call per job, each
+// claimed when it starts and recorded before the next starts, stopping at
+// the first error, a claim that did not apply, a lost claim or Run's stop.
+// It returns how many completed, with the error of the first that did not
+// (errUnrecorded: its record failed), and how many are claimed.
+func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
 			n, err = h.batch(ctx, jobs)
 			return err
 		})
-		return n, err
+		return n, claimed, err
 	}
 	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
+		if n == claimed {
+			if ok, err := c.take(jobs[n : n+1]); err != nil || !ok {
+				if err != nil {
+					c.warn("claim_job", err)
+				}
+				return n, claimed, nil // the next run looks again
+			}
+			claimed++
+		}
 		job, h := jobs[n], c.q.handler(jobs[n].Name)
 		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
-			return n, err
+			return n, claimed, err
 		}
 		if !c.record(jobs[n : n+1]) {
-			return n, errUnrecorded
+			return n, claimed, errUnrecorded
 		}
 	}
-	return n, nil
+	return n, claimed, nil
 }
 
 // errUnrecorded says a job completed and its record failed.
@@ -538,16 +569,19 @@ func (c *claim) call(fn func(ctx context.Context) error) (err error) {
 		ctx, cancel = context.WithTimeout(ctx, c.q.c.JobTimeout)
 	}
 	defer cancel()
-	defer func() {
-		if r := recover(); r != nil {
-			stack := debug.Stack()
-			if len(stack) > 4096 {
-				stack = stack[:4096]
-			}
-			err = &PanicError{Value: r, Stack: string(stack)}
-		}
-	}()
+	defer recoverPanic(&err)
 	return fn(ctx)
+}
+
+// recoverPanic, deferred, turns a panic into a *PanicError in *err.
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		stack := debug.Stack()
+		if len(stack) > 4096 {
+			stack = stack[:4096]
+		}
+		*err = &PanicError{Value: r, Stack: string(stack)}
+	}
 }
 
 // head reads the job at seq on the claim's key: nil when there is none.

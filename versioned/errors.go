@@ -3,6 +3,7 @@ package versioned
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
@@ -202,14 +203,16 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 // VersionTypeError reports that a stored document's version field holds a
 // value that is not an integer from 0 to math.MaxInt64-1 (a string, a
 // fraction, a negative number, math.MaxInt64, after which no write could
-// follow): the repository will not guess what version it means, and writes
-// nothing to it. It matches ErrInvalid.
+// follow), or that its incarnation (MetaField's "inc") is not a non-zero
+// integer (another protocol's, or one a tool rewrote inexactly): the
+// repository will not guess what it means, and writes nothing to it. It
+// matches ErrInvalid.
 type VersionTypeError struct {
 	// Op is the operation.
 	Op string
 	// ID is the document's id.
 	ID any
-	// Field is the version field's name.
+	// Field is the version field's name, or the incarnation's path.
 	Field string
 	// Value is the stored value.
 	Value bson.RawValue
@@ -217,7 +220,11 @@ type VersionTypeError struct {
 
 // Error returns a message with the id, the field and the stored value.
 func (e *VersionTypeError) Error() string {
-	return fmt.Sprintf("versioned: %s %v: invalid input: stored version field %q holds %s %s, want an integer from 0 to %d", e.Op, e.ID, e.Field, e.Value.Type, e.Value, int64(lastVersion))
+	want := fmt.Sprintf("an integer from 0 to %d", int64(lastVersion))
+	if strings.HasSuffix(e.Field, "."+metaInc) {
+		want = "a non-zero integer"
+	}
+	return fmt.Sprintf("versioned: %s %v: invalid input: stored field %q holds %s %s, want %s", e.Op, e.ID, e.Field, e.Value.Type, e.Value, want)
 }
 
 // Is reports whether target is ErrInvalid.

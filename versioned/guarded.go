@@ -90,8 +90,14 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 	if budget == 0 {
 		budget = DefaultRetryTime
 	}
+	var fresh *seen // what the last round's re-read showed
 	for round := 0; ; round++ {
 		s, ok := r.cache.lookup(ck)
+		if fresh != nil {
+			// Not the cache, which keeps a newer state of the same
+			// incarnation: one a rolled-back transaction left there.
+			s, ok = *fresh, true
+		}
 		if !ok {
 			st, err := r.find(ctx, r.coll, op, idv, key, nil)
 			if err != nil {
@@ -173,6 +179,8 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		case ctx.Err() == nil && (budget < 0 || time.Since(begun) < budget):
+			r.cache.observe(ck, st)
+			fresh = &seen{version: st.version, inc: st.inc, last: st.last(), ids: st.ids}
 			continue // the re-read refreshed the anchor
 		}
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {
@@ -196,8 +204,15 @@ func (r *Repo[T]) checkOps(op string, raw bson.Raw) error {
 		err = &InvalidError{Op: op, Field: field, Reason: fmt.Sprintf(format, args...)}
 		return false
 	}
+	var seenOps [4]bool // $set, $unset, $inc, $currentDate
 	walked := elements(raw, func(name []byte, v bson.RawValue) bool {
 		ops++
+		if i := slices.Index([]string{"$set", "$unset", "$inc", "$currentDate"}, string(name)); i >= 0 {
+			if seenOps[i] {
+				return bad(string(name), "%s is given twice: name each operator once", name)
+			}
+			seenOps[i] = true
+		}
 		switch string(name) {
 		case "$set", "$unset", "$inc", "$currentDate":
 		case "$setOnInsert":

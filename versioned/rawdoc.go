@@ -57,7 +57,13 @@ func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) 
 	st := &docState{raw: raw}
 	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
 		d := meta.Document()
-		st.inc, _ = d.Lookup(metaInc).Int64OK()
+		if v := d.Lookup(metaInc); v.Type != 0 {
+			inc, ok := asInt(v)
+			if !ok || inc == 0 {
+				return nil, &VersionTypeError{Op: op, ID: id, Field: r.incPath, Value: v}
+			}
+			st.inc = inc // an int64, or a number a tool rewrote as a double
+		}
 		if a, ok := d.Lookup(metaIDs).ArrayOK(); ok {
 			st.ids = a
 		}
