@@ -29,9 +29,10 @@
 //
 // Each job has a key (usually the id of the document it changes). A worker
 // of Run claims a whole key with a lease (renewed while it works) and runs
-// the key's due jobs in sequence order, a run at a time: one write claims
-// the run, one records each job (a Change run's jobs, applied to their
-// document in one read and one write, together), one moves the key's head.
+// the key's due jobs in sequence order, a run at a time: one read finds
+// the run, one write claims and one records each job (a Change run's jobs,
+// applied to their document in one read and one write, together), one
+// moves the key's head.
 // A failed attempt is retried after a jittered backoff; after MaxAttempts,
 // or at once for retry.Permanent, the job is dead and the key moves on. A
 // process without the handler of a key's next job leaves the key to those

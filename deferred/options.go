@@ -63,8 +63,8 @@ type Options struct {
 	// document. Dead jobs are kept until requeued or cancelled. Default 24h.
 	Retention time.Duration
 	// Batch is how many jobs of one key a worker runs per claim of the key,
-	// a run of due jobs at a time (one write claims a run, one moves the
-	// head past it). Default 100.
+	// a run of due jobs at a time (one read finds a run, one write moves
+	// the head past it). Default 100.
 	Batch int
 	// FenceField is the subdocument of a target document where Job.Stamp
 	// records, per queue and key, the last job applied to it. No "$"
