@@ -158,7 +158,7 @@ func TestGuardedGateBoundsInFlightAndReleasesOnCancel(t *testing.T) {
 	_, err := repo.Get(b.ctx, "sku") // warm: Guarded sends at once
 	require.NoError(t, err)
 	slots := versioned.WriteIDs / 4
-	var arrived atomic.Int32
+	var arrived atomic.Int64
 	writes := mongotest.Writes(b.coll.Name())
 	stop := f.DelayReplies(time.Minute, func(c *mongotest.Command) bool {
 		if !writes(c) {
@@ -171,20 +171,18 @@ func TestGuardedGateBoundsInFlightAndReleasesOnCancel(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, slots+2)
 	for range slots + 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, err := repo.Guarded(b.ctx, "sku", nil, dec)
 			errs <- err
-		}()
+		})
 	}
-	require.Eventually(t, func() bool { return arrived.Load() >= int32(slots) }, 30*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return arrived.Load() >= int64(slots) }, 30*time.Second, 5*time.Millisecond)
 	// The others wait at the gate: a waiter whose ctx ends returns at once.
 	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
 	_, err = repo.Guarded(ctx, "sku", nil, dec)
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Equal(t, int32(slots), arrived.Load(), "no more than WriteIDs/4 writes in flight")
+	require.Equal(t, int64(slots), arrived.Load(), "no more than WriteIDs/4 writes in flight")
 	stop()
 	wg.Wait()
 	close(errs)
