@@ -102,16 +102,16 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return &StateError{Op: "requeue", ID: id, State: job.State, MayHaveApplied: true}
 		}
 		reserved := q.local.Now()
-		seq, err := q.reserve(ctx, job.Key)
+		seq, key, err := q.reserve(ctx, job.Key)
 		if err != nil {
 			return fmt.Errorf("deferred: requeue job %s: reserve a sequence number: %w", id.Hex(), err)
 		}
 		filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: job.State}, {Key: "s", Value: job.Seq}}
 		update := bson.D{
-			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
+			{Key: "$set", Value: bson.D{{Key: "k", Value: key}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		matched, err := q.place(ctx, "requeue", job.Key, seq, id, q.updated(q.jobs, filter, update, 1))
+		matched, err := q.place(ctx, "requeue", key, seq, id, q.updated(q.jobs, filter, update, 1))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -122,7 +122,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		if matched {
 			if !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2 {
 				// As for a slow enqueue: put it back as it was, and again.
-				late, err := q.landedLate(ctx, job.Key, id, seq, restoreOf(job, doc))
+				late, err := q.landedLate(ctx, key, id, seq, restoreOf(job, doc))
 				if err != nil {
 					return &UnknownOutcomeError{Pkg: "deferred", Op: "requeue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow update: %w", err)}
 				}
@@ -138,7 +138,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			return nil
 		}
 		// Changed meanwhile: give the number up and look again.
-		q.abandon(ctx, job.Key, seq)
+		q.abandon(ctx, key, seq)
 		if try >= 3 {
 			return fmt.Errorf("deferred: requeue job %s: it keeps changing under this call", id.Hex())
 		}
@@ -161,7 +161,7 @@ func (q *Queue) readJobDoc(ctx context.Context, id bson.ObjectID) (*Job, bson.Ra
 // before Requeue's update (its number, state, attempt, finished, expireAt
 // and runAt).
 func restoreOf(job *Job, doc bson.Raw) bson.D {
-	set := bson.D{{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
+	set := bson.D{{Key: "k", Value: job.Key}, {Key: "s", Value: job.Seq}, {Key: "p", Value: placeOf(job.Key, job.Seq)}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
 	unset := bson.D{}
 	for _, f := range []string{"finished", "expireAt", "runAt"} {
 		if v, err := doc.LookupErr(f); err == nil {

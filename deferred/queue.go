@@ -3,6 +3,7 @@ package deferred
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -116,6 +117,7 @@ const MaxErrors = 20
 // keyDoc is a key's document: the i-th reservation is Off+i, the head is
 // Off+Done+1, and N = Tail-Done numbers wait (DESIGN.md, Collections).
 type keyDoc struct {
+	ID   bson.RawValue `bson:"_id"`
 	Off  int64         `bson:"off"`
 	Tail int64         `bson:"tail"`
 	Done int64         `bson:"done"`
@@ -243,7 +245,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	}
 	for coll, models := range map[*mongo.Collection][]mongo.IndexModel{
 		q.jobs: {
-			{Keys: bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, Options: options.Index().SetName("deferred_key_seq").SetUnique(true)},
+			{Keys: bson.D{{Key: "p", Value: 1}}, Options: options.Index().SetName("deferred_place").SetUnique(true)},
 			{Keys: bson.D{{Key: "state", Value: 1}}, Options: options.Index().SetName("deferred_state")},
 			{Keys: bson.D{{Key: "expireAt", Value: 1}}, Options: expire},
 		},
@@ -432,12 +434,15 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		reserved := q.local.Now()
-		seq, err := q.reserve(ctx, raw)
+		// The key as its document stores it: a number equal to another of
+		// another type names one key, whose places are the stored one's.
+		seq, kraw, err := q.reserve(ctx, raw)
+		raw = kraw
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
 		}
 		doc := bson.D{
-			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "name", Value: h.name},
+			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(raw, seq)}, {Key: "name", Value: h.name},
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
 			{Key: "max", Value: q.c.MaxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
@@ -563,7 +568,16 @@ func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (id bs
 
 // at matches the job (or tombstone) at seq on key raw.
 func at(raw bson.RawValue, seq int64) bson.D {
-	return bson.D{{Key: "k", Value: bson.D{{Key: "$eq", Value: raw}}}, {Key: "s", Value: seq}}
+	return bson.D{{Key: "p", Value: placeOf(raw, seq)}}
+}
+
+// placeOf is a job's place, its field p: key raw and number seq in one
+// string, unique (the index deferred_place), and ordered by seq among the
+// places of one key: the key's type and bytes in hex, a colon, seq in 16
+// hex digits (DESIGN.md, Places). raw must be the key as its document
+// stores it.
+func placeOf(raw bson.RawValue, seq int64) string {
+	return hex.EncodeToString(append([]byte{byte(raw.Type)}, raw.Value...)) + fmt.Sprintf(":%016x", uint64(seq))
 }
 
 // verdict is the engine's verdict on a read: landed, else live, else dead.
@@ -578,7 +592,7 @@ func verdict(landed, live bool) (settle.Verdict, string) {
 }
 
 // holds judges a write that puts the thing id at a place of a key from the
-// id of what holds the place (the unique (k, s) index gives it to one).
+// id of what holds the place (the unique index on places gives it to one).
 func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
 	return func(h bson.ObjectID) (settle.Verdict, string) { return verdict(h == id, h.IsZero()) }
 }
@@ -650,7 +664,7 @@ func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bso
 // reservation makes the document first). A lost reply is judged by r on the
 // document at majority; it is never resent as it is (each copy would take a
 // number): it reserves again, and a number it may have taken is a hole.
-func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
+func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, bson.RawValue, error) {
 	var last error
 	for try, creates := 1, 0; try <= 5; try++ {
 		rid := bson.NewObjectID()
@@ -667,16 +681,16 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 		switch {
 		case err == nil && res.Applied:
 			kd := shown(res)
-			return kd.Off + kd.Tail, nil
+			return kd.Off + kd.Tail, kd.ID, nil
 		case err == nil && res.HasReply && creates < 3:
 			// No key document: make it and reserve again.
 			creates++
 			try--
 			if err := q.createKey(ctx, raw); err != nil {
-				return 0, err
+				return 0, raw, err
 			}
 		case err == nil && res.HasReply:
-			return 0, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?)", creates)
+			return 0, raw, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?)", creates)
 		case err == nil, errors.As(err, &ue):
 			// Not shown, or not settled: reserve again.
 			last = errors.New("the reservation's reply was lost, and re-reading the key did not show it")
@@ -684,13 +698,13 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, error) {
 				last = ue
 			}
 			if cerr := store.ContextError(ctx); cerr != nil {
-				return 0, errors.Join(last, cerr)
+				return 0, raw, errors.Join(last, cerr)
 			}
 		default:
-			return 0, err
+			return 0, raw, err
 		}
 	}
-	return 0, last
+	return 0, raw, last
 }
 
 // createKey inserts the document of a key that has none; it is there
@@ -733,7 +747,7 @@ func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) err
 func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
 	now, id := q.now(ctx), bson.NewObjectID()
 	return bson.D{
-		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq},
+		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(raw, seq)},
 		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
 		{Key: "expireAt", Value: now.Add(max(q.c.Retention, time.Hour))},
 	}, id

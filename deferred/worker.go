@@ -415,11 +415,8 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 	q := c.q
 	var docs []*Job
 	err := q.try(ctx, func(ctx context.Context) error {
-		filter := bson.D{
-			{Key: "k", Value: bson.D{{Key: "$eq", Value: c.key}}},
-			{Key: "s", Value: bson.D{{Key: "$gte", Value: head}, {Key: "$lt", Value: head + int64(limit)}}},
-		}
-		cur, err := q.jobs.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "s", Value: 1}}))
+		filter := bson.D{{Key: "p", Value: bson.D{{Key: "$gte", Value: placeOf(c.key, head)}, {Key: "$lt", Value: placeOf(c.key, head+int64(limit))}}}}
+		cur, err := q.jobs.Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "p", Value: 1}}))
 		if err != nil {
 			return err
 		}

@@ -186,7 +186,7 @@ func TestDoctor(t *testing.T) {
 	for _, s := range specs {
 		names = append(names, s.Name)
 	}
-	if len(specs) < 4 { // _id, (k, s), state, expireAt
+	if len(specs) < 4 { // _id, p, state, expireAt
 		t.Errorf("jobs has indexes %v after --fix", names)
 	}
 	wantCode(t, run(t, "", args(db, "doctor", "--jobs", "jobs", "--keys", "idem", "--leases", "locks")...), 0)

@@ -186,7 +186,7 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 			purpose string
 			needed  bool
 		}{
-			{*jobs, bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}, "unique: one job per key and sequence number", true},
+			{*jobs, bson.D{{Key: "p", Value: 1}}, "unique: one job per place (key and sequence number)", true},
 			{*jobs, bson.D{{Key: "state", Value: 1}}, "Counts", true},
 			{*jobs, bson.D{{Key: "expireAt", Value: 1}}, ttlPurpose(caps.TTLIndexes, "completed jobs"), true},
 			{keysColl, bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, "the workers' search for keys with work", true},

@@ -295,7 +295,7 @@ func (c *cli) jobsChange(ctx context.Context, q *deferred.Queue, action string, 
 			}
 			filter = append(filter, bson.E{Key: "k", Value: bson.D{{Key: "$eq", Value: kv}}})
 		}
-		cur, err := q.Jobs().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "k", Value: 1}, {Key: "s", Value: 1}}))
+		cur, err := q.Jobs().Find(ctx, filter, options.Find().SetSort(bson.D{{Key: "p", Value: 1}}))
 		if err != nil {
 			return fail(fmt.Errorf("find the jobs: %w", err), "")
 		}

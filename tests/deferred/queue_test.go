@@ -151,3 +151,38 @@ func TestFirstEnqueuesOfAKeyRace(t *testing.T) {
 		b.requireAccount(t, fmt.Sprintf("fresh%02d", k), perKey*(perKey+1)/2, perKey)
 	}
 }
+
+// TestNumericKeysOfEveryTypeAreOneKey: 7 as an int32, an int64 and a
+// double is one key to the server, so one queue: jobs enqueued on it in
+// each of the three types all run, once each and in the order of their
+// enqueues (a job's place is made from the key as its document stores
+// it, not as the enqueuer typed it).
+func TestNumericKeysOfEveryTypeAreOneKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	q := b.queue(t, nil, nil)
+	var mu sync.Mutex
+	var order []int64
+	k, err := deferred.Register(q, "note", func(_ context.Context, _ *deferred.Job, c credit) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, c.Index)
+		return nil
+	})
+	require.NoError(t, err)
+	keys := []any{int32(7), int64(7), float64(7)}
+	var ids []bson.ObjectID
+	for i := range int64(9) {
+		ids = append(ids, enqueue(t, b.ctx, k, keys[i%3], credit{Index: i}))
+	}
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8}, order)
+	n, err := q.Keys().CountDocuments(b.ctx, bson.D{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "one key document")
+}
