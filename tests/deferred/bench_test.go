@@ -104,6 +104,7 @@ func finishedJobs(b *testing.B, bb *bundle, q *deferred.Queue, n int) {
 		for j := i; j < min(n, i+1000); j++ {
 			docs = append(docs, bson.D{
 				{Key: "_id", Value: bson.NewObjectID()}, {Key: "k", Value: fmt.Sprintf("old%d", j%500)}, {Key: "s", Value: int64(j)},
+				{Key: "p", Value: fmt.Sprintf("old%d:%016x", j%500, j)}, // unique, as places are
 				{Key: "name", Value: "inc"}, {Key: "args", Value: bson.D{{Key: "amount", Value: 1}}},
 				{Key: "state", Value: deferred.StateCompleted}, {Key: "attempt", Value: 1}, {Key: "max", Value: 10},
 				{Key: "enqueued", Value: now}, {Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(time.Hour)},
