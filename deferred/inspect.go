@@ -12,6 +12,7 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/store"
 )
 
 // Job reads the job with id. It returns a *NotFoundError when there is none
@@ -231,7 +232,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	ctx, cancel := q.settling(ctx)
 	defer cancel()
-	filter := append(keyID(key), bson.E{Key: "$or", Value: bson.A{
+	filter := append(store.IDFilter(key), bson.E{Key: "$or", Value: bson.A{
 		bson.D{{Key: "due", Value: bson.D{{Key: "$exists", Value: true}}}},
 		bson.D{{Key: keyHandler, Value: bson.D{{Key: "$exists", Value: true}}}},
 	}})

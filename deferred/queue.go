@@ -673,7 +673,7 @@ func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, bson.Raw
 			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
 		}
 		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
-			Send:  modified[keyDoc](q, q.keys, keyID(raw), update, options.After),
+			Send:  modified[keyDoc](q, q.keys, store.IDFilter(raw), update, options.After),
 			Read:  func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
 			Judge: func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.R == rid, true) },
 		})
@@ -812,21 +812,11 @@ func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd
 // readKey reads a key's document (nil: none), at majority when settled.
 func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
 	kd := new(keyDoc)
-	read := func(c *mongo.Collection) error { return c.FindOne(ctx, keyID(raw)).Decode(kd) }
+	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(kd) }
 	if _, keys := q.majority(); settled {
 		return found(kd, keys.Read(ctx, read))
 	}
 	return found(kd, read(q.keys))
-}
-
-// keyID is the filter of a key's document: {_id: raw} for a string or an
-// ObjectID, which no server reads as an operator (and FerretDB v1 finds by
-// its primary key), else store.IDFilter's {_id: {$eq: raw}}.
-func keyID(raw bson.RawValue) bson.D {
-	if raw.Type == bson.TypeString || raw.Type == bson.TypeObjectID {
-		return bson.D{{Key: "_id", Value: raw}}
-	}
-	return store.IDFilter(raw)
 }
 
 // shown returns what shows that a write landed: its reply, or else the

@@ -164,9 +164,15 @@ func refusedElements(data []byte, depth int, isDoc bool) string {
 	return ""
 }
 
-// IDFilter returns the filter {_id: {$eq: raw}} for an id checked by CheckID:
-// the $eq keeps the value a value.
+// IDFilter returns the filter of the document with an id checked by
+// CheckID: {_id: raw} for a string or an ObjectID, which no server reads as
+// an operator (and FerretDB v1 finds by its primary key, where it scans
+// for any other filter), else {_id: {$eq: raw}}: the $eq keeps a document
+// a value.
 func IDFilter(raw bson.RawValue) bson.D {
+	if raw.Type == bson.TypeString || raw.Type == bson.TypeObjectID {
+		return bson.D{{Key: "_id", Value: raw}}
+	}
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$eq", Value: raw}}}}
 }
 

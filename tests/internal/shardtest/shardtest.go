@@ -297,12 +297,16 @@ func RequireTargeted(t testing.TB, cmds []Command, routes Routes) int {
 	return len(filters)
 }
 
-// eqOf returns v where filter has {key: {$eq: v}} at its top level, and
-// fails t otherwise.
+// eqOf returns v where filter has {key: {$eq: v}} at its top level, or
+// {key: v} with v a string or an ObjectID (which no server reads as an
+// operator), and fails t otherwise.
 func eqOf(t testing.TB, filter bson.Raw, key string) bson.RawValue {
 	t.Helper()
 	v, err := filter.LookupErr(key)
 	require.NoError(t, err, "filter without %q: a mongos would send it to every shard: %s", key, filter)
+	if v.Type == bson.TypeString || v.Type == bson.TypeObjectID {
+		return v
+	}
 	d, ok := v.DocumentOK()
 	require.True(t, ok, "filter's %q is not {$eq: value}: %s", key, filter)
 	elems, err := d.Elements()
