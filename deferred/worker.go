@@ -377,13 +377,8 @@ func (c *claim) take(jobs []*Job) (bool, error) {
 		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.Owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
 		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
 	}
-	send := q.updated(q.jobs, filter, update, int64(len(jobs)))
-	if len(jobs) == 1 {
-		one := modified[Job](q, q.jobs, filter, update, options.Before)
-		send = func(ctx context.Context) (struct{}, bool, error) { _, ok, err := one(ctx); return struct{}{}, ok, err }
-	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: send,
+		Send: q.updated(q.jobs, filter, update, int64(len(jobs))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
@@ -813,7 +808,7 @@ func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	filter := append(append(keyID(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
+	filter := append(append(store.IDFilter(c.key), bson.E{Key: "done", Value: kd.Done}), c.l.Fence()...)
 	update := bson.D{
 		{Key: "$inc", Value: bson.D{{Key: "done", Value: m}, {Key: "n", Value: -m}}},
 		{Key: "$set", Value: bson.D{{Key: "t", Value: now}}},
@@ -842,7 +837,7 @@ func (c *claim) advance(kd keyDoc, m int64) (keyDoc, bool) {
 func (c *claim) setKey(set bson.D) {
 	ctx, cancel := c.book()
 	defer cancel()
-	filter := append(keyID(c.key), c.l.Fence()...)
+	filter := append(store.IDFilter(c.key), c.l.Fence()...)
 	t := c.q.now(ctx).Truncate(time.Millisecond) // as stored
 	set = append(set, bson.E{Key: "t", Value: t})
 	// $set is idempotent; the time it sets tells whether it landed.

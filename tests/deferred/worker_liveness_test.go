@@ -214,7 +214,7 @@ func TestLateJobClaimCannotRetakeAJob(t *testing.T) {
 	require.NoError(t, err)
 	id := enqueue(t, b.ctx, kb, "x", 1)
 
-	claims := mongotest.Commands([]string{"findAndModify"}, b.jobs.Name())
+	claims := mongotest.Commands([]string{"update"}, b.jobs.Name()) // a job's claim is its first update
 	held := f.HoldNext(claims)
 	refused := f.ErrorBeforeApply(claims, mongotest.ServerError{Code: 2, CodeName: "BadValue"})
 	stopA := run(t, qa)
