@@ -3,6 +3,7 @@ package versioned
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 )
@@ -34,8 +35,12 @@ type docCache struct {
 // cached is one entry: what was seen, and on which shard-key values.
 type cached struct {
 	shard string
+	hot   time.Time // when a write to it last matched nothing
 	seen
 }
+
+// hotFor is how long after a conflict a document's writes expect another.
+const hotFor = 5 * time.Second
 
 func newDocCache() *docCache { return &docCache{docs: map[string]cached{}} }
 
@@ -69,7 +74,29 @@ func (c *docCache) put(key cacheID, s seen) {
 			break
 		}
 	}
-	c.docs[key.id] = cached{shard: key.shard, seen: s}
+	var hot time.Time
+	if ok && old.shard == key.shard {
+		hot = old.hot
+	}
+	c.docs[key.id] = cached{shard: key.shard, hot: hot, seen: s}
+}
+
+// conflicted records that a write to the document matched nothing.
+func (c *docCache) conflicted(key cacheID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.docs[key.id]; ok && e.shard == key.shard {
+		e.hot = time.Now()
+		c.docs[key.id] = e
+	}
+}
+
+// hot reports whether a write to the document matched nothing within hotFor.
+func (c *docCache) hot(key cacheID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.docs[key.id]
+	return ok && e.shard == key.shard && time.Since(e.hot) < hotFor
 }
 
 // lookup returns what was last seen of the document, if anything.

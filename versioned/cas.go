@@ -18,6 +18,9 @@ type casOut struct {
 	// current is the document the write found instead of the version it
 	// expected, when its reply carried it (the write did not apply).
 	current *docState
+	// plain says the write took the updateOne form where the pipeline
+	// form was open to it: no conflict was expected (usePipe).
+	plain bool
 }
 
 // casBatch sends the write of a batch made against read: the field changes,
@@ -41,10 +44,13 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	}
 	// Where the server runs update pipelines, the same write as a
 	// findOneAndUpdate that returns the document either way (DESIGN.md,
-	// "Combining").
+	// "Combining"), when a conflict is likely: the batch combines calls, or
+	// the document conflicted within hotFor. Else the cheaper updateOne.
 	var pipe rawPipeline
+	ck := cacheKey(key)
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
-	if usePipe {
+	plain := usePipe && k == 1 && !r.cache.hot(ck)
+	if usePipe = usePipe && !plain; usePipe {
 		pipe = r.casPipeline(read, set, unset)
 		usePipe = pipe != nil
 	}
@@ -62,7 +68,6 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	if err != nil {
 		return casOut{outcome: out}, r.dupOr(op, id, err)
 	}
-	ck := cacheKey(key)
 	if out.Applied {
 		inc := read.inc
 		if out.Read != nil {
@@ -71,6 +76,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
+	r.cache.conflicted(ck)
 	var cur *docState
 	if out.Reply != nil {
 		if cur, err = r.readState(op, id, out.Reply); err != nil {
@@ -78,7 +84,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		}
 		r.cache.observe(ck, cur)
 	}
-	return casOut{outcome: out, current: cur}, nil
+	return casOut{outcome: out, current: cur, plain: plain}, nil
 }
 
 // updateOne sends an updateOne write once.

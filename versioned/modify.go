@@ -540,6 +540,12 @@ func (b *batch[T]) try() error {
 		}
 		b.quick, b.pre = true, out.current
 		return retry.Immediately(err)
+	case out.plain && !out.HasRead && !settle.InTransaction(b.io) && !b.quick && !b.once:
+		// The updateOne form, sent as no conflict was expected: retried at
+		// once, from a read, and (the document is hot now) in the pipeline
+		// form.
+		b.quick = true
+		return retry.Immediately(b.conflicted(&ConflictError{Op: op, ID: id, Expected: base, Current: -1}))
 	case !out.HasRead && !settle.InTransaction(b.io):
 		// The next attempt's read, after the backoff, tells whether the
 		// document moved, went away or fails the filters: no re-read

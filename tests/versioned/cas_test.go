@@ -12,34 +12,57 @@ import (
 )
 
 // TestConflictCostsOneRoundTrip: a Modify whose write meets a conflict (the
-// document changed after it read it) retries. Where the server runs update
-// pipelines (DocumentDB, MongoDB), the write is a findOneAndUpdate that
-// returns the current document when it does not apply, so the retry sends
-// no read: one find and two findAndModify in all. Elsewhere (the embedded
-// FerretDB v1) it falls back to updateOne and reads again: two finds and
-// two updates. Either way the result is exact.
+// document changed after it read it) retries. An uncontended write is an
+// updateOne, which says nothing of the document on a conflict: the first
+// conflict is retried at once from a read. From then on, for a while (the
+// document is hot), where the server runs update pipelines (DocumentDB,
+// MongoDB), the write is a findOneAndUpdate that returns the current
+// document when it does not apply, so a conflict's retry sends no read:
+// one find and two findAndModify in all. Elsewhere (the embedded FerretDB
+// v1) every conflict reads again. Either way the result is exact.
 func TestConflictCostsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	f := newConflictFixture(t)
 	b, repo, other, doc, counter, base := f.b, f.repo, f.other, f.doc, f.counter, f.base
+	pipes := b.db.Server.Caps.UpdatePipelines
 
-	calls := 0
-	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
-		calls++
-		if calls == 1 {
-			// Another process writes between the read and the write.
-			_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
-			require.NoError(t, err)
-		}
-		a.Balance *= 2
-		return nil
-	})
-	require.NoError(t, err)
+	modify := func() (*account, int, []time.Duration) {
+		t.Helper()
+		calls := 0
+		var delays []time.Duration
+		record := versioned.WithRetry(retry.Policy{OnRetry: func(a retry.Attempt) { delays = append(delays, a.Delay) }})
+		got, err := repo.Modify(b.ctx, "a", func(a *account) error {
+			calls++
+			if calls == 1 {
+				// Another process writes between the read and the write.
+				_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
+				require.NoError(t, err)
+			}
+			a.Balance *= 2
+			return nil
+		}, record)
+		require.NoError(t, err)
+		return got, calls, delays
+	}
+	got, calls, delays := modify()
 	require.Equal(t, 2, calls)
 	require.Equal(t, int64((11+100)*2), got.Balance)
 	require.Equal(t, doc.Version+3, got.Version)
 	sent := counter.since(base)
-	if b.db.Server.Caps.UpdatePipelines {
+	if pipes {
+		require.Equal(t, map[string]int{"find": 2, "update": 1, "findAndModify": 1}, sent, "read, write, read again at once, write in the pipeline form")
+		require.Equal(t, []time.Duration{0}, delays, "the first conflict is retried at once")
+	} else {
+		require.Equal(t, map[string]int{"find": 2, "update": 2}, sent, "without update pipelines: read, write, read again, write")
+	}
+
+	base = counter.snapshot()
+	got, calls, _ = modify()
+	require.Equal(t, 2, calls)
+	require.Equal(t, int64(((11+100)*2+100)*2), got.Balance)
+	require.Equal(t, doc.Version+5, got.Version)
+	sent = counter.since(base)
+	if pipes {
 		require.Equal(t, map[string]int{"find": 1, "findAndModify": 2}, sent, "the conflict returned the document: no second read")
 	} else {
 		require.Equal(t, map[string]int{"find": 2, "update": 2}, sent, "without update pipelines: read, write, read again, write")
@@ -81,8 +104,8 @@ func TestSecondConflictReadsAgain(t *testing.T) {
 	require.Equal(t, doc.Version+4, got.Version)
 	sent := counter.since(base)
 	if b.db.Server.Caps.UpdatePipelines {
-		require.Equal(t, map[string]int{"find": 2, "findAndModify": 3}, sent, "read, write, write from the returned document, read again, write")
-		require.Zero(t, delays[0], "the first retry, from the returned document, comes at once")
+		require.Equal(t, map[string]int{"find": 3, "update": 1, "findAndModify": 2}, sent, "read, write, read again at once, write (pipeline form), read again, write")
+		require.Zero(t, delays[0], "the first retry comes at once")
 	} else {
 		require.Equal(t, map[string]int{"find": 3, "update": 3}, sent, "without update pipelines: a read before each write")
 		require.Positive(t, delays[0], "without a returned document, every retry waits its backoff")

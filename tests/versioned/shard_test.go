@@ -118,9 +118,10 @@ func TestShardKeyInEveryFilter(t *testing.T) {
 		b.step(t, "update", "find", "find")
 	})
 
-	// Where the server runs update pipelines, Modify's write is a
-	// findAndModify that returns the current document on a conflict: the
-	// retry sends no read, and the final re-read is not needed.
+	// Where the server runs update pipelines, Modify's write on a document
+	// that conflicted lately is a findAndModify that returns the current
+	// document on a conflict: the retry sends no read, and the final
+	// re-read is not needed. Else it is an updateOne.
 	pipes := b.db.Server.Caps.UpdatePipelines
 	cas := "update"
 	if pipes {
@@ -130,7 +131,7 @@ func TestShardKeyInEveryFilter(t *testing.T) {
 	t.Run("modify", func(t *testing.T) {
 		_, err := b.repo.Modify(ctx, b.keyOf(eu), func(d *regional) error { d.Balance++; return nil })
 		require.NoError(t, err)
-		b.step(t, "find", cas)
+		b.step(t, "find", "update")
 
 		// A conflict: another writer moves the document between the read
 		// and the write, once; Modify reads and writes again.
@@ -146,11 +147,7 @@ func TestShardKeyInEveryFilter(t *testing.T) {
 		})
 		require.NoError(t, err)
 		require.Equal(t, 2, calls)
-		if pipes {
-			b.step(t, "find", cas, cas)
-		} else {
-			b.step(t, "find", cas, "find", cas)
-		}
+		b.step(t, "find", "update", "find", cas) // the document is hot now
 
 		// The retries run out: the final re-read reports the version.
 		_, err = b.repo.Modify(ctx, b.keyOf(eu), func(d *regional) error {
@@ -234,7 +231,7 @@ func TestShardKeyInEveryFilter(t *testing.T) {
 		_, err := b.repo.Modify(ctx, b.keyOf(lost), func(d *regional) error { d.Balance++; return nil })
 		require.NoError(t, err)
 		require.True(t, fault.HasFired())
-		b.step(t, "find", cas, "find")
+		b.step(t, "find", "update", "find")
 
 		fault = b.f.ErrorAfterApply(writes, mongotest.NotWritablePrimary())
 		_, err = b.repo.Guarded(ctx, b.keyOf(lost), nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 1}}}})
