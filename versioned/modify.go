@@ -23,11 +23,12 @@ import (
 // was read: one find and one write filtered on the id and the version read,
 // that $sets the changed mapped fields, $unsets the removed ones and raises
 // the version. It returns the document as stored. If fn changes nothing,
-// nothing is written and the document as read is returned. Where the server
-// runs update pipelines (MongoDB, DocumentDB) the write is a
+// nothing is written and the document as read is returned. A call's first
+// conflict is retried at once, from a read (later ones back off, then read).
+// Where the server runs update pipelines (MongoDB, DocumentDB), once a
+// document has conflicted (for 5 s) or calls on it combine, the write is a
 // findOneAndUpdate that returns the current document when the version moved,
-// so a call's first conflict costs one round trip (later ones back off, then
-// read).
+// so the retry needs no read: a conflict costs one round trip.
 //
 // Calls on one document in one process wait in line (every Repo on the same
 // collection of the same *mongo.Client shares it) instead of racing each
