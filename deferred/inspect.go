@@ -109,7 +109,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		}
 		filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: job.State}, {Key: "s", Value: job.Seq}}
 		update := bson.D{
-			{Key: "$set", Value: bson.D{{Key: "k", Value: key}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
+			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
 		matched, err := q.place(ctx, "requeue", key, seq, id, q.updated(q.jobs, filter, update, 1))
@@ -159,12 +159,12 @@ func (q *Queue) readJobDoc(ctx context.Context, id bson.ObjectID) (*Job, bson.Ra
 }
 
 // restoreOf is the update that puts job, stored as doc, back as it was
-// before Requeue's update (its number, state, attempt, finished, expireAt
-// and runAt).
+// before Requeue's update (its number and place, state, attempt, finished,
+// expireAt and runAt).
 func restoreOf(job *Job, doc bson.Raw) bson.D {
-	set := bson.D{{Key: "k", Value: job.Key}, {Key: "s", Value: job.Seq}, {Key: "p", Value: placeOf(job.Key, job.Seq)}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
+	set := bson.D{{Key: "s", Value: job.Seq}, {Key: "state", Value: job.State}, {Key: "attempt", Value: job.Attempt}}
 	unset := bson.D{}
-	for _, f := range []string{"finished", "expireAt", "runAt"} {
+	for _, f := range []string{"p", "finished", "expireAt", "runAt"} {
 		if v, err := doc.LookupErr(f); err == nil {
 			set = append(set, bson.E{Key: f, Value: v})
 		} else {

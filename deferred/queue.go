@@ -74,7 +74,8 @@ type Job struct {
 	// handler, the location to poll for a service.
 	ID bson.ObjectID `bson:"_id"`
 	// Key is the key the job was enqueued with: jobs of a key run one at a
-	// time, in enqueue order.
+	// time, in enqueue order. Keys the server finds equal are one key (7,
+	// NumberLong(7) and 7.0), whose jobs keep each its own form here.
 	Key bson.RawValue `bson:"k"`
 	// Seq is the job's sequence number on its key (Stamp records it).
 	Seq int64 `bson:"s"`
@@ -434,19 +435,19 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 	inTx := settle.InTransaction(ctx)
 	for try := 1; ; try++ {
 		reserved := q.local.Now()
-		// The key as its document stores it: a number equal to another of
-		// another type names one key, whose places are the stored one's.
-		seq, kraw, err := q.reserve(ctx, raw)
-		raw = kraw
+		// key is the key as its document stores it: a number equal to
+		// another of another type names one key, whose places are made of
+		// the stored one.
+		seq, key, err := q.reserve(ctx, raw)
 		if err != nil {
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
 		}
 		doc := bson.D{
-			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(raw, seq)}, {Key: "name", Value: h.name},
+			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "name", Value: h.name},
 			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
 			{Key: "max", Value: q.c.MaxAttempts}, {Key: "enqueued", Value: q.local.Now()},
 		}
-		stored, err := q.place(ctx, "enqueue", raw, seq, id, q.inserted(doc))
+		stored, err := q.place(ctx, "enqueue", key, seq, id, q.inserted(doc))
 		var unknown *UnknownOutcomeError
 		late := false
 		switch {
@@ -456,7 +457,7 @@ func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bso
 			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
 		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2:
 			// The number may have been skipped meanwhile (landedLate).
-			if late, err = q.landedLate(ctx, raw, id, seq, nil); err != nil {
+			if late, err = q.landedLate(ctx, key, id, seq, nil); err != nil {
 				return none, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow insert: %w", err)}
 			}
 		}

@@ -257,6 +257,7 @@ func (c *claim) loop() {
 	if err != nil || kd == nil {
 		return
 	}
+	c.key = kd.ID // the form its places are made of
 	for i := 0; i < q.c.Batch && kd.N > 0 && !c.lost() && c.run.Err() == nil; {
 		next, n, ok := c.runOf(*kd, q.c.Batch-i)
 		if ok && n == 0 {

@@ -23,12 +23,13 @@ import (
 // was read: one find and one write filtered on the id and the version read,
 // that $sets the changed mapped fields, $unsets the removed ones and raises
 // the version. It returns the document as stored. If fn changes nothing,
-// nothing is written and the document as read is returned. A call's first
-// conflict is retried at once, from a read (later ones back off, then read).
-// Where the server runs update pipelines (MongoDB, DocumentDB), once a
-// document has conflicted (for 5 s) or calls on it combine, the write is a
-// findOneAndUpdate that returns the current document when the version moved,
-// so the retry needs no read: a conflict costs one round trip.
+// nothing is written and the document as read is returned. Where the server
+// runs update pipelines (MongoDB, DocumentDB), a call's first conflict is
+// retried at once (later ones back off, then read): from a read after an
+// uncontended write, an updateOne; from the document its write returned
+// once the document has conflicted (for 5 s) or calls on it combine, when
+// the write is a findOneAndUpdate that returns the current document: a
+// conflict then costs one round trip.
 //
 // Calls on one document in one process wait in line (every Repo on the same
 // collection of the same *mongo.Client shares it) instead of racing each

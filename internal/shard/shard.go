@@ -86,8 +86,9 @@ type Doc struct {
 	Shard Values
 }
 
-// Filter is {_id: {$eq: id}} and {field: {$eq: value}} for each shard-key
-// field: a fresh slice the caller may append to.
+// Filter is store.IDFilter's {_id: id} (or {_id: {$eq: id}}) and {field:
+// {$eq: value}} for each shard-key field: a fresh slice the caller may
+// append to.
 func (d Doc) Filter() bson.D {
 	return append(store.IDFilter(d.ID), d.Shard.Clauses()...)
 }

@@ -156,7 +156,7 @@ func TestFirstEnqueuesOfAKeyRace(t *testing.T) {
 // double is one key to the server, so one queue: jobs enqueued on it in
 // each of the three types all run, once each and in the order of their
 // enqueues (a job's place is made from the key as its document stores
-// it, not as the enqueuer typed it).
+// it), and each job keeps its key as it was enqueued.
 func TestNumericKeysOfEveryTypeAreOneKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -176,8 +176,10 @@ func TestNumericKeysOfEveryTypeAreOneKey(t *testing.T) {
 		ids = append(ids, enqueue(t, b.ctx, k, keys[i%3], credit{Index: i}))
 	}
 	run(t, q)
-	for _, id := range ids {
-		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
+	for i, id := range ids {
+		job := wait(t, q, id)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		require.Equal(t, []bson.Type{bson.TypeInt32, bson.TypeInt64, bson.TypeDouble}[i%3], job.Key.Type, "the key as it was enqueued")
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -276,7 +276,7 @@ func doc(t testing.TB, c Command, field string) bson.Raw {
 }
 
 // RequireTargeted fails t unless every filter in cmds has, at its top
-// level, {_id: {$eq: id}} and, for each field of the document's shard key
+// level, {_id: {$eq: id}} (or {_id: id}: see eqOf) and, for each field of the document's shard key
 // (routes[id]), {field: {$eq: value}} with the document's value. It
 // returns how many filters it checked, so that a caller can require there
 // were some.
