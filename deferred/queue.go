@@ -578,7 +578,7 @@ func at(raw bson.RawValue, seq int64) bson.D {
 // hex digits (DESIGN.md, Places). raw must be the key as its document
 // stores it.
 func placeOf(raw bson.RawValue, seq int64) string {
-	return hex.EncodeToString(append([]byte{byte(raw.Type)}, raw.Value...)) + fmt.Sprintf(":%016x", uint64(seq))
+	return hex.EncodeToString(append([]byte{byte(raw.Type)}, raw.Value...)) + fmt.Sprintf(":%016x", seq) // seq > 0: off is a time in µs
 }
 
 // verdict is the engine's verdict on a read: landed, else live, else dead.

@@ -171,7 +171,7 @@ func TestNumericKeysOfEveryTypeAreOneKey(t *testing.T) {
 	})
 	require.NoError(t, err)
 	keys := []any{int32(7), int64(7), float64(7)}
-	var ids []bson.ObjectID
+	ids := make([]bson.ObjectID, 0, 9)
 	for i := range int64(9) {
 		ids = append(ids, enqueue(t, b.ctx, k, keys[i%3], credit{Index: i}))
 	}
