@@ -23,28 +23,10 @@ import (
 func TestConflictCostsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	f := newConflictFixture(t)
-	b, repo, other, doc, counter, base := f.b, f.repo, f.other, f.doc, f.counter, f.base
+	b, repo, doc, counter, base := f.b, f.repo, f.doc, f.counter, f.base
 	pipes := b.db.Server.Caps.UpdatePipelines
 
-	modify := func() (*account, int, []time.Duration) {
-		t.Helper()
-		calls := 0
-		var delays []time.Duration
-		record := versioned.WithRetry(retry.Policy{OnRetry: func(a retry.Attempt) { delays = append(delays, a.Delay) }})
-		got, err := repo.Modify(b.ctx, "a", func(a *account) error {
-			calls++
-			if calls == 1 {
-				// Another process writes between the read and the write.
-				_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
-				require.NoError(t, err)
-			}
-			a.Balance *= 2
-			return nil
-		}, record)
-		require.NoError(t, err)
-		return got, calls, delays
-	}
-	got, calls, delays := modify()
+	got, calls, delays := f.modifyMeeting(t, 1)
 	require.Equal(t, 2, calls)
 	require.Equal(t, int64((11+100)*2), got.Balance)
 	require.Equal(t, doc.Version+3, got.Version)
@@ -57,7 +39,7 @@ func TestConflictCostsOneRoundTrip(t *testing.T) {
 	}
 
 	base = counter.snapshot()
-	got, calls, _ = modify()
+	got, calls, _ = f.modifyMeeting(t, 1)
 	require.Equal(t, 2, calls)
 	require.Equal(t, int64(((11+100)*2+100)*2), got.Balance)
 	require.Equal(t, doc.Version+5, got.Version)
@@ -80,23 +62,9 @@ func TestConflictCostsOneRoundTrip(t *testing.T) {
 func TestSecondConflictReadsAgain(t *testing.T) {
 	t.Parallel()
 	f := newConflictFixture(t)
-	b, repo, other, doc, counter, base := f.b, f.repo, f.other, f.doc, f.counter, f.base
+	b, doc, counter, base := f.b, f.doc, f.counter, f.base
 
-	calls := 0
-	var delays []time.Duration
-	record := versioned.WithRetry(retry.Policy{OnRetry: func(a retry.Attempt) { delays = append(delays, a.Delay) }})
-	got, err := repo.Modify(b.ctx, "a", func(a *account) error {
-		calls++
-		if calls <= 2 {
-			// Another process writes between each of the first two reads
-			// (or returned documents) and the write made from it.
-			_, err := other.Guarded(b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
-			require.NoError(t, err)
-		}
-		a.Balance *= 2
-		return nil
-	}, record)
-	require.NoError(t, err)
+	got, calls, delays := f.modifyMeeting(t, 2)
 	require.Equal(t, 3, calls)
 	require.Len(t, delays, 2)
 	require.Positive(t, delays[1], "the second retry waits its backoff")
@@ -110,6 +78,27 @@ func TestSecondConflictReadsAgain(t *testing.T) {
 		require.Equal(t, map[string]int{"find": 3, "update": 3}, sent, "without update pipelines: a read before each write")
 		require.Positive(t, delays[0], "without a returned document, every retry waits its backoff")
 	}
+}
+
+// modifyMeeting runs a Modify of "a" that doubles the balance, and whose
+// first n attempts each meet a write of another process (+100) between
+// their read (or returned document) and their write; it returns the
+// document, how many times fn ran and the delays of the retries.
+func (f *conflictFixture) modifyMeeting(t *testing.T, n int) (*account, int, []time.Duration) {
+	t.Helper()
+	calls := 0
+	var delays []time.Duration
+	record := versioned.WithRetry(retry.Policy{OnRetry: func(a retry.Attempt) { delays = append(delays, a.Delay) }})
+	got, err := f.repo.Modify(f.b.ctx, "a", func(a *account) error {
+		if calls++; calls <= n {
+			_, err := f.other.Guarded(f.b.ctx, "a", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 100}}}})
+			require.NoError(t, err)
+		}
+		a.Balance *= 2
+		return nil
+	}, record)
+	require.NoError(t, err)
+	return got, calls, delays
 }
 
 // conflictFixture is a document "a" (balance 11, after one Modify) that
