@@ -124,3 +124,35 @@ func TestDelay(t *testing.T) {
 	require.Equal(t, 20*time.Millisecond, q.delay(2))
 	require.Equal(t, time.Second, q.delay(20))
 }
+
+// TestPlacesOfAKeyAreARangeInNumberOrder: a key's places sort as its
+// numbers do, and no other key's place, whatever its type or bytes (a
+// string that starts like another key's place, a number, a document),
+// falls between two of them: the worker's run read is one range.
+func TestPlacesOfAKeyAreARangeInNumberOrder(t *testing.T) {
+	t.Parallel()
+	keys := make([]bson.RawValue, 0, 10)
+	for _, k := range []any{"a", "a:0", "ab", "", int32(1), int64(1), 1.5, bson.D{{Key: "a", Value: 1}}, bson.NewObjectID()} {
+		typ, data, err := bson.MarshalValue(k)
+		require.NoError(t, err)
+		keys = append(keys, bson.RawValue{Type: typ, Value: data})
+	}
+	// The string key whose bytes are those of key "a"'s place prefix.
+	keys = append(keys, bson.RawValue{Type: bson.TypeString, Value: []byte(placeOf(keys[0], 7))})
+	seqs := []int64{1, 2, 9, 10, 15, 16, 255, 256, 1 << 40, 1<<62 + 3}
+	for i, k := range keys {
+		for j := 1; j < len(seqs); j++ {
+			lo, hi := placeOf(k, seqs[j-1]), placeOf(k, seqs[j])
+			require.Less(t, lo, hi, "key %d: %d before %d", i, seqs[j-1], seqs[j])
+			for o, other := range keys {
+				if o == i {
+					continue
+				}
+				for _, s := range seqs {
+					p := placeOf(other, s)
+					require.False(t, lo < p && p < hi, "key %d's place %d falls among key %d's", o, s, i)
+				}
+			}
+		}
+	}
+}

@@ -79,7 +79,14 @@ func TestCheckIDAcceptsPlainValues(t *testing.T) {
 			require.NoError(t, err)
 			require.NotZero(t, raw.Type)
 			f := store.IDFilter(raw)
+			require.Len(t, f, 1)
 			require.Equal(t, "_id", f[0].Key)
+			if raw.Type == bson.TypeString || raw.Type == bson.TypeObjectID {
+				// No server reads a string or an ObjectID as an operator.
+				require.Equal(t, raw, f[0].Value)
+			} else {
+				require.Equal(t, bson.D{{Key: "$eq", Value: raw}}, f[0].Value, "the $eq keeps a document a value")
+			}
 			// Encoded as the driver encodes it (strings and ObjectIDs take
 			// a path of their own).
 			typ, data, err := bson.MarshalValue(id)
