@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/internal/settle"
@@ -291,12 +292,13 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		return kd, 0, true
 	}
 	// A Change run is claimed whole (its one write applies it whole); a
-	// handler's jobs are claimed one at a time, each when it starts.
+	// handler's jobs one at a time: the first here, each next one by the
+	// command that records the one before it (recordTaking).
 	take := jobs[:1]
 	if q.handler(jobs[0].Name).batch != nil {
 		take = jobs
 	}
-	applied, err := c.take(take)
+	applied, err := c.take(take, nil)
 	switch {
 	case err != nil:
 		c.warn("claim_job", err)
@@ -339,7 +341,7 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 			span = jobs[n].Seq - head
 		}
 		moved := false
-		if c.record(jobs[:n]) {
+		if c.record(jobs[:n], nil) {
 			next, moved = c.advance(kd, span)
 		}
 		ok = ok && moved
@@ -357,7 +359,7 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 // take claims jobs, read by ahead, in one write fenced on the key's lease
 // epoch; applied false means one of them changed meanwhile (nothing of
 // this claim then holds but what putBack gives back).
-func (c *claim) take(jobs []*Job) (bool, error) {
+func (c *claim) take(jobs []*Job, prior error) (bool, error) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
@@ -367,19 +369,9 @@ func (c *claim) take(jobs []*Job) (bool, error) {
 		ids[i] = job.ID
 	}
 	epoch := c.l.Epoch()
-	mine := bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: epoch}, {Key: "owner", Value: q.c.Owner}}
-	filter := bson.D{
-		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
-		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: epoch}}}}},
-		{Key: "$nor", Value: bson.A{mine}},
-	}
-	update := bson.D{
-		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: q.c.Owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
-	}
+	filter, update := c.takeWrite(ids, epoch, now)
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: q.updated(q.jobs, filter, update, int64(len(jobs))),
+		Send: sentOnce(prior, q.updated(q.jobs, filter, update, int64(len(jobs)))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
@@ -395,14 +387,36 @@ func (c *claim) take(jobs []*Job) (bool, error) {
 	if err != nil || !res.Applied {
 		return false, err
 	}
+	c.took(jobs, epoch, now)
+	return true, nil
+}
+
+// takeWrite is the claim of the jobs with ids under epoch, at now.
+func (c *claim) takeWrite(ids bson.A, epoch int64, now time.Time) (filter, update bson.D) {
+	owner := c.q.c.Owner
+	mine := bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: epoch}, {Key: "owner", Value: owner}}
+	filter = bson.D{
+		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
+		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: epoch}}}}},
+		{Key: "$nor", Value: bson.A{mine}},
+	}
+	update = bson.D{
+		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
+		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+	}
+	return filter, update
+}
+
+// took updates jobs, read by ahead, as claimed under epoch at now.
+func (c *claim) took(jobs []*Job, epoch int64, now time.Time) {
 	for _, job := range jobs {
 		// Taken over from a lost worker, whose handler may have written.
-		job.q, job.att = q, &attempt{may: job.State == StateRunning}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, q.c.Owner, epoch, now
+		job.q, job.att = c.q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, c.q.c.Owner, epoch, now
 		job.Attempt++
 		c.claimed(job)
 	}
-	return true, nil
 }
 
 // ahead reads the key's places from head on, up to limit, and returns the
@@ -449,8 +463,9 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 // runJobs runs a run in order, of which the first claimed were claimed by
 // runOf: in one call of its handler's batch function (NewChange's: one
 // write, recorded with the run, claimed whole) or one call per job, each
-// claimed when it starts and recorded before the next starts, stopping at
-// the first error, a claim that did not apply, a lost claim or Run's stop.
+// recorded before the next starts, by the command that claims the next
+// (recordTaking), stopping at the first error, a claim that did not apply, a
+// lost claim or Run's stop.
 // It returns how many completed, with the error of the first that did not
 // (errUnrecorded: its record failed), and how many are claimed.
 func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
@@ -463,7 +478,7 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 	}
 	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
 		if n == claimed {
-			if ok, err := c.take(jobs[n : n+1]); err != nil || !ok {
+			if ok, err := c.take(jobs[n:n+1], nil); err != nil || !ok {
 				if err != nil {
 					c.warn("claim_job", err)
 				}
@@ -475,18 +490,92 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
 			return n, claimed, err
 		}
-		if !c.record(jobs[n : n+1]) {
+		if n+1 == claimed && n+1 < len(jobs) && !c.lost() && c.run.Err() == nil {
+			rec, took := c.recordTaking(jobs[n], jobs[n+1])
+			if !rec {
+				return n, claimed, errUnrecorded
+			}
+			if !took {
+				return n + 1, claimed, nil
+			}
+			claimed++
+			continue
+		}
+		if !c.record(jobs[n:n+1], nil) {
 			return n, claimed, errUnrecorded
 		}
 	}
 	return n, claimed, nil
 }
 
+// recordTaking records done, which this claim ran, as completed and claims
+// next, the job after it in the run, in one command of two statements
+// (record, then claim): a handler's run costs two round trips a job, the
+// handler's write and this. It reports whether done was recorded and next
+// taken. Where the reply does not say both applied, each is finished on its
+// own: after a reply lost, through settle as a write sent once already;
+// otherwise from a read of the two, sending again what did not apply.
+func (c *claim) recordTaking(done, next *Job) (recorded, taken bool) {
+	q := c.q
+	ctx, cancel := c.book()
+	now := q.now(ctx)
+	epoch := c.l.Epoch()
+	rf, ru := c.recordWrite(bson.A{done.ID}, done.att.wrote(), now)
+	tf, tu := c.takeWrite(bson.A{next.ID}, epoch, now)
+	res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
+		mongo.NewUpdateOneModel().SetFilter(rf).SetUpdate(ru),
+		mongo.NewUpdateOneModel().SetFilter(tf).SetUpdate(tu),
+	})
+	if err == nil && res.MatchedCount == 2 {
+		cancel()
+		c.wasRecorded([]*Job{done})
+		c.took([]*Job{next}, epoch, now)
+		return true, true
+	}
+	var prior error // the record and the claim are each a write sent once: their reply was lost
+	if store.IsAmbiguous(err) {
+		prior = err
+	} else {
+		// The reply says what applied, not which: read the two.
+		cur, rerr := q.settledJobs(ctx, bson.A{done.ID, next.ID})
+		if rerr != nil {
+			cancel()
+			c.warn("record_attempt", rerr)
+			return false, false
+		}
+		for _, j := range cur {
+			switch {
+			case j.ID == done.ID && j.State == StateCompleted && j.Epoch == epoch:
+				recorded = true
+			case j.ID == next.ID && j.State == StateRunning && j.Epoch == epoch && j.Owner == q.c.Owner:
+				taken = true
+			}
+		}
+	}
+	cancel()
+	if recorded {
+		c.wasRecorded([]*Job{done})
+	} else if !c.record([]*Job{done}, prior) {
+		return false, false
+	}
+	if taken {
+		c.took([]*Job{next}, epoch, now)
+		return true, true
+	}
+	ok, err := c.take([]*Job{next}, prior)
+	if err != nil {
+		c.warn("claim_job", err)
+	}
+	return true, ok
+}
+
 // errUnrecorded says a job completed and its record failed.
 var errUnrecorded = errors.New("deferred: record a completed job")
 
 // record records jobs as completed, in one write, unless they are already.
-func (c *claim) record(jobs []*Job) bool {
+// prior, if not nil, is the ambiguous error of a copy of the write sent
+// already (see recordTaking).
+func (c *claim) record(jobs []*Job, prior error) bool {
 	jobs = slices.DeleteFunc(slices.Clone(jobs), func(j *Job) bool { return j.State == StateCompleted })
 	if len(jobs) == 0 {
 		return true
@@ -496,18 +585,36 @@ func (c *claim) record(jobs []*Job) bool {
 	defer cancel()
 	now := q.now(ctx)
 	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
-		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
-			bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
-	})
+		_, update := c.recordWrite(nil, mw, now)
+		return update
+	}, prior)
 	if err != nil || !ok {
 		c.warn("record_attempt", err)
 		return false
 	}
+	c.wasRecorded(jobs)
+	return true
+}
+
+// recordWrite is the record of the jobs with ids, running under this claim,
+// as completed at now (mw: their attempts may have written).
+func (c *claim) recordWrite(ids bson.A, mw bool, now time.Time) (filter, update bson.D) {
+	q := c.q
+	filter = bson.D{
+		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
+		{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner},
+	}
+	update = bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
+		bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
+	return filter, update
+}
+
+// wasRecorded marks jobs as recorded completed.
+func (c *claim) wasRecorded(jobs []*Job) {
 	for _, job := range jobs {
 		job.State = StateCompleted
 		c.recorded(job, outcome{}, StateCompleted, 0)
 	}
-	return true
 }
 
 // after records the outcome err of job's attempt, which this claim ran, and
@@ -694,7 +801,7 @@ func (c *claim) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
 	if len(inc) > 0 {
 		update = append(update, bson.E{Key: "$inc", Value: inc})
 	}
-	ok, err := c.updateJobs(ctx, []*Job{job}, to, func(bool) bson.D { return update })
+	ok, err := c.updateJobs(ctx, []*Job{job}, to, func(bool) bson.D { return update }, nil)
 	cancel()
 	if err != nil || !ok {
 		if err != nil {
@@ -747,7 +854,7 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 // whether its attempt may have written), an updateMany per value of mw, and
 // reports whether it did to all (false: one was taken over). A lost reply:
 // state to, landed; running under this claim, live.
-func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D) (bool, error) {
+func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
 	q := c.q
 	var ids [2]bson.A
 	for _, job := range jobs {
@@ -758,21 +865,18 @@ func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update fu
 		ids[mw] = append(ids[mw], job.ID)
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: func(ctx context.Context) (struct{}, bool, error) {
+		Send: sentOnce(prior, func(ctx context.Context) (struct{}, bool, error) {
 			for mw, ids := range ids {
 				if len(ids) == 0 {
 					continue
 				}
-				filter := bson.D{
-					{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
-					{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner},
-				}
+				filter, _ := c.recordWrite(ids, false, time.Time{})
 				if _, ok, err := q.updated(q.jobs, filter, update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
 					return struct{}{}, false, err
 				}
 			}
 			return struct{}{}, true, nil
-		},
+		}),
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, append(ids[0], ids[1]...)) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
@@ -795,7 +899,7 @@ func (c *claim) putBack(jobs ...*Job) {
 	defer cancel()
 	_, err := c.updateJobs(ctx, jobs, StateAvailable, func(mw bool) bson.D {
 		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateAvailable})}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
-	})
+	}, nil)
 	if err != nil {
 		c.warn("put_back", err)
 	}
@@ -892,4 +996,22 @@ func (q *Queue) sweep(ctx context.Context, jobs bool) (int64, error) {
 		return n, fmt.Errorf("deferred: sweep keys: %w", err)
 	}
 	return n, nil
+}
+
+// sentOnce returns send, but for its first call when prior is not nil: that
+// one returns prior, the ambiguous error of a copy of the write sent
+// already, so that settle.Exec settles it (reads, and sends again only
+// while the write is live).
+func sentOnce[R any](prior error, send func(context.Context) (R, bool, error)) func(context.Context) (R, bool, error) {
+	if prior == nil {
+		return send
+	}
+	return func(ctx context.Context) (R, bool, error) {
+		if err := prior; err != nil {
+			prior = nil
+			var zero R
+			return zero, false, err
+		}
+		return send(ctx)
+	}
 }
