@@ -252,7 +252,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 		},
 		q.keys: {{Keys: bson.D{{Key: "n", Value: 1}, {Key: "t", Value: 1}}, Options: options.Index().SetName("deferred_pending")}},
 	} {
-		if err := createIndexes(ctx, coll, models); err != nil {
+		if err := createIndexes(ctx, coll, q.c.Retry, models); err != nil {
 			return false, fmt.Errorf("deferred: ensure indexes on %s: %w", coll.Name(), err)
 		}
 	}
@@ -263,24 +263,23 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 
 // createIndexes creates those of models (each named) that coll lacks,
 // listing them first (FerretDB v1 drops the connection on an index that
-// exists).
-func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.IndexModel) error {
-	var last error
-	for range 3 {
+// exists), a pass at a time under policy: a transient failure (such as
+// that dropped connection, when another process created one meanwhile)
+// lists again.
+func createIndexes(ctx context.Context, coll *mongo.Collection, policy retry.Policy, models []mongo.IndexModel) error {
+	return retry.Do(ctx, policy, func(ctx context.Context) error {
 		names, err := coll.Indexes().ListSpecifications(ctx)
 		var se mongo.ServerError
 		if errors.As(err, &se) && se.HasErrorCode(26) { // NamespaceNotFound: no collection yet
 			names, err = nil, nil
 		}
 		if err != nil {
-			last = err
-			continue
+			return err
 		}
 		have := map[string]bool{}
 		for _, n := range names {
 			have[n.Name] = true
 		}
-		last = nil
 		for _, m := range models {
 			var o options.IndexOptions
 			for _, set := range m.Options.List() {
@@ -290,15 +289,11 @@ func createIndexes(ctx context.Context, coll *mongo.Collection, models []mongo.I
 				continue
 			}
 			if _, err := coll.Indexes().CreateOne(ctx, m); err != nil {
-				last = err
-				break
+				return err
 			}
 		}
-		if last == nil {
-			return nil
-		}
-	}
-	return last
+		return nil
+	})
 }
 
 // Register registers fn as the handler of the jobs named name, whose
