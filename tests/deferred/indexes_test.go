@@ -40,7 +40,7 @@ func TestEnsureIndexesFromManyProcessesAtOnce(t *testing.T) {
 	names := func(coll string) []string {
 		specs, err := b.db.Collection(coll).Indexes().ListSpecifications(b.ctx)
 		require.NoError(t, err)
-		var out []string
+		out := make([]string, 0, len(specs))
 		for _, s := range specs {
 			out = append(out, s.Name)
 		}
@@ -63,7 +63,7 @@ func TestEnsureIndexesAfterALostReply(t *testing.T) {
 	require.True(t, lost.HasFired())
 	specs, err := b.jobs.Indexes().ListSpecifications(b.ctx)
 	require.NoError(t, err)
-	var names []string
+	names := make([]string, 0, len(specs))
 	for _, s := range specs {
 		names = append(names, s.Name)
 	}
