@@ -468,7 +468,7 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 // lost claim or Run's stop.
 // It returns how many completed, with the error of the first that did not
 // (errUnrecorded: its record failed), and how many are claimed.
-func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
+func (c *claim) runJobs(jobs []*Job, claimed int) (n, taken int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
 			n, err = h.batch(ctx, jobs)
@@ -476,6 +476,15 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 		})
 		return n, claimed, err
 	}
+	defer func() {
+		if c.lost() && taken > n && err == nil {
+			// Claimed and never started, and the key is lost: give them
+			// back (the filter on this claim's epoch makes it harmless if
+			// the key's next holder has claimed them meanwhile).
+			c.putBack(jobs[n:taken]...)
+			taken = n
+		}
+	}()
 	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
 		if n == claimed {
 			if ok, err := c.take(jobs[n:n+1], nil); err != nil || !ok {
@@ -491,14 +500,16 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 			return n, claimed, err
 		}
 		if n+1 == claimed && n+1 < len(jobs) && !c.lost() && c.run.Err() == nil {
-			rec, took := c.recordTaking(jobs[n], jobs[n+1])
-			if !rec {
-				return n, claimed, errUnrecorded
+			rec, next := c.recordTaking(jobs[n], jobs[n+1])
+			if next != nextNotTaken {
+				claimed++ // runOf puts it back unless it runs
 			}
-			if !took {
+			switch {
+			case !rec:
+				return n, claimed, errUnrecorded
+			case next != nextTaken:
 				return n + 1, claimed, nil
 			}
-			claimed++
 			continue
 		}
 		if !c.record(jobs[n:n+1], nil) {
@@ -511,37 +522,48 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 // recordTaking records done, which this claim ran, as completed and claims
 // next, the job after it in the run, in one command of two statements
 // (record, then claim): a handler's run costs two round trips a job, the
-// handler's write and this. It reports whether done was recorded and next
-// taken. Where the reply does not say both applied, each is finished on its
-// own: after a reply lost, through settle as a write sent once already;
-// otherwise from a read of the two, sending again what did not apply.
-func (c *claim) recordTaking(done, next *Job) (recorded, taken bool) {
+// handler's write and this. It reports whether done was recorded and what
+// became of the claim of next (nextUnsure: the caller puts it back, which
+// its filter on this claim makes harmless if it did not apply). Where the
+// reply does not say both applied, each is finished on its own: after a
+// reply lost, through settle as a write sent once already; otherwise from a
+// read of the two, sending again what did not apply.
+func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 	q := c.q
 	ctx, cancel := c.book()
+	defer cancel()
 	now := q.now(ctx)
 	epoch := c.l.Epoch()
 	rf, ru := c.recordWrite(bson.A{done.ID}, done.att.wrote(), now)
 	tf, tu := c.takeWrite(bson.A{next.ID}, epoch, now)
-	res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
-		mongo.NewUpdateOneModel().SetFilter(rf).SetUpdate(ru),
-		mongo.NewUpdateOneModel().SetFilter(tf).SetUpdate(tu),
+	var matched int64
+	err := q.try(ctx, func(ctx context.Context) error {
+		res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
+			mongo.NewUpdateOneModel().SetFilter(rf).SetUpdate(ru),
+			mongo.NewUpdateOneModel().SetFilter(tf).SetUpdate(tu),
+		})
+		if err == nil {
+			matched = res.MatchedCount
+		}
+		return err
 	})
-	if err == nil && res.MatchedCount == 2 {
-		cancel()
+	if err == nil && matched == 2 {
 		c.wasRecorded([]*Job{done})
 		c.took([]*Job{next}, epoch, now)
-		return true, true
+		return true, nextTaken
 	}
 	var prior error // the record and the claim are each a write sent once: their reply was lost
+	recorded, taken := false, false
 	if store.IsAmbiguous(err) {
 		prior = err
 	} else {
 		// The reply says what applied, not which: read the two.
-		cur, rerr := q.settledJobs(ctx, bson.A{done.ID, next.ID})
+		cur, rerr := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) ([]Job, error) {
+			return q.settledJobs(ctx, bson.A{done.ID, next.ID})
+		})
 		if rerr != nil {
-			cancel()
 			c.warn("record_attempt", rerr)
-			return false, false
+			return false, nextUnsure
 		}
 		for _, j := range cur {
 			switch {
@@ -552,22 +574,41 @@ func (c *claim) recordTaking(done, next *Job) (recorded, taken bool) {
 			}
 		}
 	}
-	cancel()
-	if recorded {
+	switch {
+	case recorded:
 		c.wasRecorded([]*Job{done})
-	} else if !c.record([]*Job{done}, prior) {
-		return false, false
+	case !c.record([]*Job{done}, prior):
+		// Unrecorded: done stays running for the key's next holder; next,
+		// which never starts here, goes back if the claim may have applied.
+		if taken || prior != nil {
+			return false, nextUnsure
+		}
+		return false, nextNotTaken
 	}
 	if taken {
 		c.took([]*Job{next}, epoch, now)
-		return true, true
+		return true, nextTaken
 	}
 	ok, err := c.take([]*Job{next}, prior)
-	if err != nil {
+	switch {
+	case ok:
+		return true, nextTaken
+	case err != nil:
 		c.warn("claim_job", err)
+		return true, nextUnsure
 	}
-	return true, ok
+	return true, nextNotTaken
 }
+
+// nextClaim is what became of the claim of the next job that a record
+// carried (recordTaking).
+type nextClaim int
+
+const (
+	nextNotTaken nextClaim = iota // it did not apply
+	nextTaken                     // it applied: the job runs next under this claim
+	nextUnsure                    // it may have applied: put the job back
+)
 
 // errUnrecorded says a job completed and its record failed.
 var errUnrecorded = errors.New("deferred: record a completed job")

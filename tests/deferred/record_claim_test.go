@@ -129,3 +129,86 @@ func TestJobCancelledWhileTheOneBeforeItRuns(t *testing.T) {
 	require.Equal(t, int64(1+4), b.get(t, "ana").Balance)
 	require.Positive(t, combined.Load(), "the record of the first job carried the claim of the second")
 }
+
+// TestNextJobRunsWhenTheRecordCannotBeSettled: the command that records job
+// 0 and claims job 1 lands, its reply is lost, and the re-read that would
+// settle it fails, so job 0 is left running for the key's next holder. Job
+// 1, claimed by that command and never started, is given back: it runs once,
+// in its first attempt, even with MaxAttempts 1.
+func TestNextJobRunsWhenTheRecordCannotBeSettled(t *testing.T) {
+	t.Parallel()
+	b := setupFaulty(t, &deferred.Options{MaxAttempts: 1})
+	plain := b.queue(t, nil, nil)
+	var calls [2]atomic.Int64
+	k, err := deferred.Register(b.fqueue, "j", func(_ context.Context, _ *deferred.Job, i int) error {
+		calls[i].Add(1)
+		return nil
+	})
+	require.NoError(t, err)
+	ids := []bson.ObjectID{enqueue(t, b.ctx, k, "x", 0), enqueue(t, b.ctx, k, "x", 1)}
+	var dropped atomic.Bool
+	lost := b.f.DropNextReply(func(c *mongotest.Command) bool {
+		if recordAndClaim(c) {
+			dropped.Store(true)
+			return true
+		}
+		return false
+	})
+	readFails := b.f.ErrorBeforeApply(func(c *mongotest.Command) bool {
+		return dropped.Load() && c.Name == "find" && c.Collection == "jobs"
+	}, mongotest.ServerError{Code: 2, CodeName: "BadValue"})
+	run(t, b.fqueue)
+	j0, j1 := wait(t, plain, ids[0]), wait(t, plain, ids[1])
+	require.True(t, lost.HasFired())
+	require.True(t, readFails.HasFired())
+	t.Logf("job 0: %s attempt %d; job 1: %s attempt %d mw %v errors %+v; calls %d %d",
+		j0.State, j0.Attempt, j1.State, j1.Attempt, j1.MayHaveApplied, j1.Errors, calls[0].Load(), calls[1].Load())
+	require.Equal(t, deferred.StateCompleted, j1.State)
+	require.Equal(t, 1, j1.Attempt)
+	require.Equal(t, int64(1), calls[1].Load())
+}
+
+// TestNeverStartedJobGoesBackWhenTheKeyIsLost: the command that records job
+// 0 and claims job 1 applies, and its reply (with every reply after it) comes
+// back later than the worker's claim on the key lasts. The worker, which
+// learns it lost the key before job 1 starts, gives job 1 back: uncharged,
+// not marked as possibly applied, it runs in its first attempt on the next
+// worker, even with MaxAttempts 1.
+func TestNeverStartedJobGoesBackWhenTheKeyIsLost(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A", MaxAttempts: 1, ResolveTimeout: 3 * ttl})
+	plain := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B", MaxAttempts: 1})
+	var aCalls, bCalls atomic.Int64
+	_, err := deferred.Register(b.fqueue, "j", func(context.Context, *deferred.Job, int) error { aCalls.Add(1); return nil })
+	require.NoError(t, err)
+	kb, err := deferred.Register(plain, "j", func(context.Context, *deferred.Job, int) error { bCalls.Add(1); return nil })
+	require.NoError(t, err)
+	ids := []bson.ObjectID{enqueue(t, b.ctx, kb, "x", 0), enqueue(t, b.ctx, kb, "x", 1)}
+	var late atomic.Bool
+	stop := b.f.DelayReplies(2*ttl, func(c *mongotest.Command) bool {
+		if recordAndClaim(c) {
+			late.Store(true)
+		}
+		return late.Load()
+	})
+	defer stop()
+	stopA := run(t, b.fqueue)
+	waitFor(t, time.Minute, "job 1 given back", func() bool {
+		job, err := plain.Job(b.ctx, ids[1])
+		require.NoError(t, err)
+		return late.Load() && job.State == deferred.StateAvailable && job.Attempt == 0
+	})
+	job, err := plain.Job(b.ctx, ids[1])
+	require.NoError(t, err)
+	require.False(t, job.MayHaveApplied)
+	stop()
+	stopA()
+	run(t, plain)
+	j1 := wait(t, plain, ids[1])
+	require.Equal(t, deferred.StateCompleted, j1.State)
+	require.Equal(t, 1, j1.Attempt)
+	require.False(t, j1.MayHaveApplied)
+	require.Equal(t, int64(1), aCalls.Load(), "A ran job 0 only")
+	require.Equal(t, int64(1), bCalls.Load(), "B ran job 1")
+}
