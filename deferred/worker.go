@@ -317,6 +317,18 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	}
 	n, claimed, err := c.runJobs(jobs, len(take))
 	if c.lost() {
+		// The jobs claimed and never started go back (the filter on this
+		// claim's epoch makes it harmless if the key's next holder claimed
+		// them meanwhile); one whose handler ran (err: it failed, or its
+		// record did) stays running for the next holder, and so does a
+		// NewChange run, applied in one write.
+		started := n
+		if err != nil {
+			started++
+		}
+		if h := q.handler(jobs[0].Name); (h.batch == nil || len(jobs) == 1) && claimed > started {
+			c.putBack(jobs[started:claimed]...)
+		}
 		c.interrupted(jobs[min(n, len(jobs)-1)])
 		return kd, n, false
 	}
@@ -468,7 +480,7 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 // lost claim or Run's stop.
 // It returns how many completed, with the error of the first that did not
 // (errUnrecorded: its record failed), and how many are claimed.
-func (c *claim) runJobs(jobs []*Job, claimed int) (n, taken int, err error) {
+func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
 		err = c.call(func(ctx context.Context) (err error) {
 			n, err = h.batch(ctx, jobs)
@@ -476,15 +488,6 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, taken int, err error) {
 		})
 		return n, claimed, err
 	}
-	defer func() {
-		if c.lost() && taken > n && err == nil {
-			// Claimed and never started, and the key is lost: give them
-			// back (the filter on this claim's epoch makes it harmless if
-			// the key's next holder has claimed them meanwhile).
-			c.putBack(jobs[n:taken]...)
-			taken = n
-		}
-	}()
 	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
 		if n == claimed {
 			if ok, err := c.take(jobs[n:n+1], nil); err != nil || !ok {
