@@ -41,6 +41,17 @@ func creditJobs(t *testing.T, b *faultyBundle, k *deferred.Kind[credit], n int) 
 	return ids, sum
 }
 
+// requireRanOnceEach waits for the jobs with ids: each completed, in its
+// first attempt (a claim sent again counts none).
+func requireRanOnceEach(t *testing.T, b *faultyBundle, ids []bson.ObjectID) {
+	t.Helper()
+	for _, id := range ids {
+		job := wait(t, b.fqueue, id)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		require.Equal(t, 1, job.Attempt)
+	}
+}
+
 // TestRecordAndNextClaimReplyLost: the command that records a handler's job
 // and claims the next one lands and its reply is lost. The worker reads the
 // two jobs back and goes on: every job runs once, in one attempt.
@@ -50,11 +61,7 @@ func TestRecordAndNextClaimReplyLost(t *testing.T) {
 	ids, sum := creditJobs(t, b, k, 3)
 	lost := b.f.DropNextReply(recordAndClaim)
 	run(t, b.fqueue)
-	for _, id := range ids {
-		job := wait(t, b.fqueue, id)
-		require.Equal(t, deferred.StateCompleted, job.State)
-		require.Equal(t, 1, job.Attempt, "a resent claim counts no attempt")
-	}
+	requireRanOnceEach(t, b, ids)
 	require.True(t, lost.HasFired())
 	require.Equal(t, int64(3), calls.Load())
 	require.Equal(t, sum, b.get(t, "ana").Balance)
@@ -70,22 +77,14 @@ func TestRecordAndNextClaimLateCopy(t *testing.T) {
 	ids, sum := creditJobs(t, b, k, 3)
 	held := b.f.HoldNext(recordAndClaim)
 	run(t, b.fqueue)
-	for _, id := range ids {
-		job := wait(t, b.fqueue, id)
-		require.Equal(t, deferred.StateCompleted, job.State)
-		require.Equal(t, 1, job.Attempt)
-	}
+	requireRanOnceEach(t, b, ids)
 	require.True(t, held.HasFired())
 	reply, err := held.Deliver(b.ctx)
 	require.NoError(t, err)
 	n, ok := reply.Lookup("n").AsInt64OK()
 	require.True(t, ok, "reply %v", reply)
 	require.Zero(t, n, "the late copy applied: %v", reply)
-	for _, id := range ids {
-		job := wait(t, b.fqueue, id)
-		require.Equal(t, deferred.StateCompleted, job.State)
-		require.Equal(t, 1, job.Attempt)
-	}
+	requireRanOnceEach(t, b, ids)
 	require.Equal(t, int64(3), calls.Load())
 	require.Equal(t, sum, b.get(t, "ana").Balance)
 }
