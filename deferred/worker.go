@@ -537,12 +537,11 @@ func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 	defer cancel()
 	now := q.now(ctx)
 	epoch := c.l.Epoch()
-	rf, ru := c.recordWrite(bson.A{done.ID}, done.att.wrote(), now)
 	tf, tu := c.takeWrite(bson.A{next.ID}, epoch, now)
 	var matched int64
 	err := q.try(ctx, func(ctx context.Context) error {
 		res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
-			mongo.NewUpdateOneModel().SetFilter(rf).SetUpdate(ru),
+			mongo.NewUpdateOneModel().SetFilter(c.mine(bson.A{done.ID})).SetUpdate(c.completed(done.att.wrote(), now)),
 			mongo.NewUpdateOneModel().SetFilter(tf).SetUpdate(tu),
 		})
 		if err == nil {
@@ -628,10 +627,7 @@ func (c *claim) record(jobs []*Job, prior error) bool {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D {
-		_, update := c.recordWrite(nil, mw, now)
-		return update
-	}, prior)
+	ok, err := c.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D { return c.completed(mw, now) }, prior)
 	if err != nil || !ok {
 		c.warn("record_attempt", err)
 		return false
@@ -640,17 +636,19 @@ func (c *claim) record(jobs []*Job, prior error) bool {
 	return true
 }
 
-// recordWrite is the record of the jobs with ids, running under this claim,
-// as completed at now (mw: their attempts may have written).
-func (c *claim) recordWrite(ids bson.A, mw bool, now time.Time) (filter, update bson.D) {
-	q := c.q
-	filter = bson.D{
+// mine is the filter of the jobs with ids that run under this claim.
+func (c *claim) mine(ids bson.A) bson.D {
+	return bson.D{
 		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
-		{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: q.c.Owner},
+		{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: c.q.c.Owner},
 	}
-	update = bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
-		bson.E{Key: "expireAt", Value: now.Add(q.c.Retention)})}}
-	return filter, update
+}
+
+// completed is the update that records jobs completed at now (mw: their
+// attempts may have written).
+func (c *claim) completed(mw bool, now time.Time) bson.D {
+	return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
+		bson.E{Key: "expireAt", Value: now.Add(c.q.c.Retention)})}}
 }
 
 // wasRecorded marks jobs as recorded completed.
@@ -914,8 +912,7 @@ func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update fu
 				if len(ids) == 0 {
 					continue
 				}
-				filter, _ := c.recordWrite(ids, false, time.Time{})
-				if _, ok, err := q.updated(q.jobs, filter, update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
+				if _, ok, err := q.updated(q.jobs, c.mine(ids), update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
 					return struct{}{}, false, err
 				}
 			}
