@@ -35,7 +35,7 @@ func hasPoint(t *testing.T, b *bundle, id, k string) bool {
 
 var errPartnerTimeout = errors.New("partner did not answer")
 
-// TestReviewStepPartnerKeyStableAcrossRuns: Call is documented safe for
+// TestStepPartnerKeyIsStableAcrossRuns: Call is documented safe for
 // concurrent use, and Step's partnerKey "is the same in every run that
 // resumes the step". Two steps begun concurrently in one run whose writes
 // reach the server in one order and whose replies come back in the other
@@ -43,7 +43,7 @@ var errPartnerTimeout = errors.New("partner did not answer")
 // them from the record's (server) order: each step's partner key changes
 // between the runs, so the partner cannot tell the retry's call is the same
 // one, and applies it twice.
-func TestReviewStepPartnerKeyStableAcrossRuns(t *testing.T) {
+func TestStepPartnerKeyIsStableAcrossRuns(t *testing.T) {
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -99,13 +99,13 @@ func TestReviewStepPartnerKeyStableAcrossRuns(t *testing.T) {
 	require.Equal(t, map[string]int{"x": 1, "y": 1}, p.effects, "each partner effect once")
 }
 
-// TestReviewStepConcurrentSameNameRunsOnce: "Step runs fn once for the step
+// TestStepOfOneNameCalledConcurrentlyRunsOnce: "Step runs fn once for the step
 // name across every run of the key", and Call is safe for concurrent use.
 // Two goroutines of one run calling Step with one name: the second's write
 // of the step's start matches nothing (the first's is there), its re-read
 // finds the point with its own epoch and takes it for its own write, so
 // both calls run fn: the partner is called twice by one run.
-func TestReviewStepConcurrentSameNameRunsOnce(t *testing.T) {
+func TestStepOfOneNameCalledConcurrentlyRunsOnce(t *testing.T) {
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -147,18 +147,18 @@ func checkpointWrite(coll, name string) mongotest.Match {
 	}
 }
 
-// TestReviewCheckpointConcurrentSameNameOnce: two goroutines of one run
+// TestCheckpointOfOneNameRecordedConcurrentlyOnce: two goroutines of one run
 // record one checkpoint name at once, the first's reply held while the
 // second records: exactly one records it, the other gets ErrInvalid (the
 // name is recorded), and the record holds the point once.
-func TestReviewCheckpointConcurrentSameNameOnce(t *testing.T) {
+func TestCheckpointOfOneNameRecordedConcurrentlyOnce(t *testing.T) {
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	k := b.keys(t, f.Collection(b.coll.Name()), "one", nil)
 	_, err := k.Do(ctx, "pay-9", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
-		// Short, as in TestReviewStepConcurrentSameNameRunsOnce.
+		// Short, as in TestStepOfOneNameCalledConcurrentlyRunsOnce.
 		stop := f.DelayReplies(5*time.Second, checkpointWrite(b.coll.Name(), "reserved"))
 		defer stop()
 		var wg sync.WaitGroup
