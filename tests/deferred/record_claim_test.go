@@ -41,15 +41,30 @@ func creditJobs(t *testing.T, b *faultyBundle, k *deferred.Kind[credit], n int) 
 	return ids, sum
 }
 
-// requireRanOnceEach waits for the jobs with ids: each completed, in its
-// first attempt (a claim sent again counts none).
-func requireRanOnceEach(t *testing.T, b *faultyBundle, ids []bson.ObjectID) {
+// creditsThrough enqueues three credits of "ana" (1, 2 and 4), arms a fault
+// on the worker's traffic with arm, runs the worker, and requires what check
+// requires; it returns the bundle, the fault (fired) and check: each job
+// completed in its first attempt (a claim sent again counts none), the
+// handler called once per job, and the balance their sum.
+func creditsThrough(t *testing.T, arm func(*mongotest.Faulty) *mongotest.Fault) (*faultyBundle, *mongotest.Fault, func()) {
 	t.Helper()
-	for _, id := range ids {
-		job := wait(t, b.fqueue, id)
-		require.Equal(t, deferred.StateCompleted, job.State)
-		require.Equal(t, 1, job.Attempt)
+	b, k, calls := setupCredit(t)
+	ids, sum := creditJobs(t, b, k, 3)
+	fault := arm(b.f)
+	run(t, b.fqueue)
+	check := func() {
+		t.Helper()
+		for _, id := range ids {
+			job := wait(t, b.fqueue, id)
+			require.Equal(t, deferred.StateCompleted, job.State)
+			require.Equal(t, 1, job.Attempt)
+		}
+		require.Equal(t, int64(len(ids)), calls.Load())
+		require.Equal(t, sum, b.get(t, "ana").Balance)
 	}
+	check()
+	require.True(t, fault.HasFired())
+	return b, fault, check
 }
 
 // TestRecordAndNextClaimReplyLost: the command that records a handler's job
@@ -57,14 +72,7 @@ func requireRanOnceEach(t *testing.T, b *faultyBundle, ids []bson.ObjectID) {
 // two jobs back and goes on: every job runs once, in one attempt.
 func TestRecordAndNextClaimReplyLost(t *testing.T) {
 	t.Parallel()
-	b, k, calls := setupCredit(t)
-	ids, sum := creditJobs(t, b, k, 3)
-	lost := b.f.DropNextReply(recordAndClaim)
-	run(t, b.fqueue)
-	requireRanOnceEach(t, b, ids)
-	require.True(t, lost.HasFired())
-	require.Equal(t, int64(3), calls.Load())
-	require.Equal(t, sum, b.get(t, "ana").Balance)
+	creditsThrough(t, func(f *mongotest.Faulty) *mongotest.Fault { return f.DropNextReply(recordAndClaim) })
 }
 
 // TestRecordAndNextClaimLateCopy: the command that records a job and claims
@@ -73,20 +81,13 @@ func TestRecordAndNextClaimReplyLost(t *testing.T) {
 // reaches the server afterwards, neither of its statements matches.
 func TestRecordAndNextClaimLateCopy(t *testing.T) {
 	t.Parallel()
-	b, k, calls := setupCredit(t)
-	ids, sum := creditJobs(t, b, k, 3)
-	held := b.f.HoldNext(recordAndClaim)
-	run(t, b.fqueue)
-	requireRanOnceEach(t, b, ids)
-	require.True(t, held.HasFired())
+	b, held, check := creditsThrough(t, func(f *mongotest.Faulty) *mongotest.Fault { return f.HoldNext(recordAndClaim) })
 	reply, err := held.Deliver(b.ctx)
 	require.NoError(t, err)
 	n, ok := reply.Lookup("n").AsInt64OK()
 	require.True(t, ok, "reply %v", reply)
 	require.Zero(t, n, "the late copy applied: %v", reply)
-	requireRanOnceEach(t, b, ids)
-	require.Equal(t, int64(3), calls.Load())
-	require.Equal(t, sum, b.get(t, "ana").Balance)
+	check()
 }
 
 // TestJobCancelledWhileTheOneBeforeItRuns: the job after the running one is
