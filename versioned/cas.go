@@ -24,33 +24,48 @@ type casOut struct {
 }
 
 // casBatch sends the write of a batch made against read: the field changes,
-// the version raised by k = len(wids), and the list of write ids $set
-// exactly, filtered on the key, the version and incarnation read, and the
-// guards; see exec (to: see write.to).
+// the version raised by k = len(wids), and the write ids appended, filtered
+// on the key, the version read and the guards; see exec (to: see write.to).
+// The ids are $set exactly (the last entries of the list read, then wids),
+// the filter then pinning the incarnation read too, except in the plain
+// form, which $pushes its one id with $slice on a server that honours it.
 func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
 	w := &write{op: op, id: id, key: key, wid: wids[k-1], base: base, to: to}
-	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
+	// Where the server runs update pipelines, the same write as a
+	// findOneAndUpdate that returns the document either way (DESIGN.md,
+	// "Combining"), when a conflict is likely: the batch combines calls, or
+	// the document conflicted within hotFor. Else the cheaper updateOne,
+	// plain: the server is not FerretDB v1 (usePipelines), the one that
+	// ignores $slice, so the write $pushes its id and the list is cut by
+	// the server; the version alone pins the incarnation (DESIGN.md, "What
+	// every document carries").
+	ck := cacheKey(key)
+	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
+	plain := usePipe && k == 1 && !r.cache.hot(ck)
+	usePipe = usePipe && !plain
+	filter := append(key.Filter(), r.versionIs(base))
+	if !plain {
+		filter = append(filter, r.incIs(read.inc))
+	}
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, cfg.sets...)
-	ids := exactIDs(read.ids, wids...)
-	set = append(set,
-		bson.E{Key: r.opts.VersionField, Value: base + k},
-		bson.E{Key: r.idsPath, Value: ids})
+	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + k})
+	var ids bson.RawValue
+	if !plain {
+		ids = exactIDs(read.ids, wids...)
+		set = append(set, bson.E{Key: r.idsPath, Value: ids})
+	}
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	// Where the server runs update pipelines, the same write as a
-	// findOneAndUpdate that returns the document either way (DESIGN.md,
-	// "Combining"), when a conflict is likely: the batch combines calls, or
-	// the document conflicted within hotFor. Else the cheaper updateOne.
+	if plain {
+		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath, w.wid)})
+	}
 	var pipe rawPipeline
-	ck := cacheKey(key)
-	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
-	plain := usePipe && k == 1 && !r.cache.hot(ck)
-	if usePipe = usePipe && !plain; usePipe {
+	if usePipe {
 		pipe = r.casPipeline(read, set, unset)
 		usePipe = pipe != nil
 	}
@@ -73,6 +88,8 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		if out.Read != nil {
 			inc = out.Read.inc
 		}
+		// After the plain form, the list is not known exactly (ids is
+		// none): the server cuts it, and a later Update $pushes too.
 		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}
