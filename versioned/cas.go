@@ -25,10 +25,11 @@ type casOut struct {
 
 // casBatch sends the write of a batch made against read: the field changes,
 // the version raised by k = len(wids), and the write ids appended, filtered
-// on the key, the version read and the guards; see exec (to: see write.to).
+// on the key, the version and incarnation read, and the guards; see exec
+// (to: see write.to).
 // The ids are $set exactly (the last entries of the list read, then wids),
-// the filter then pinning the incarnation read too, except in the plain
-// form, which $pushes its one id with $slice on a server that honours it.
+// except in the plain form, which $pushes its one id with $slice on a
+// server that honours it.
 func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
@@ -37,23 +38,22 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// findOneAndUpdate that returns the document either way (DESIGN.md,
 	// "Combining"), when a conflict is likely: the batch combines calls, or
 	// the document conflicted within hotFor. Else the cheaper updateOne,
-	// plain: the server is not FerretDB v1 (usePipelines), the one that
-	// ignores $slice, so the write $pushes its id and the list is cut by
-	// the server; the version alone pins the incarnation (DESIGN.md, "What
-	// every document carries").
+	// plain.
 	ck := cacheKey(key)
 	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
 	plain := usePipe && k == 1 && !r.cache.hot(ck)
 	usePipe = usePipe && !plain
-	filter := append(key.Filter(), r.versionIs(base))
-	if !plain {
-		filter = append(filter, r.incIs(read.inc))
-	}
+	// The plain form $pushes its id: the server is not FerretDB v1
+	// (usePipelines), the one that ignores $slice, so the server cuts the
+	// list. Not onto a list that is not an array (another program's null),
+	// which $push refuses and the exact list replaces.
+	push := plain && read.ids != nil
+	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + k})
 	var ids bson.RawValue
-	if !plain {
+	if !push {
 		ids = exactIDs(read.ids, wids...)
 		set = append(set, bson.E{Key: r.idsPath, Value: ids})
 	}
@@ -61,7 +61,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	if len(unset) > 0 {
 		update = append(update, bson.E{Key: "$unset", Value: unset})
 	}
-	if plain {
+	if push {
 		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath, w.wid)})
 	}
 	var pipe rawPipeline
@@ -88,8 +88,11 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 		if out.Read != nil {
 			inc = out.Read.inc
 		}
-		// After the plain form, the list is not known exactly (ids is
-		// none): the server cuts it, and a later Update $pushes too.
+		if push {
+			// The list at base of the incarnation read is read.ids: the
+			// one the $push appended to.
+			ids = exactIDs(read.ids, wids...)
+		}
 		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
 		return casOut{outcome: out}, nil
 	}

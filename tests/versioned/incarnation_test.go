@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -105,4 +106,35 @@ func TestStaleCopyWarmRepoMissesReinsertedDocument(t *testing.T) {
 	cp.Balance = 999
 	requireNewIncarnationIntact(t, repo, b, repo.Update(b.ctx, &cp))
 	requireNewIncarnationIntact(t, repo, b, repo.Delete(b.ctx, stale))
+}
+
+// A Modify whose document is deleted and inserted again by another program
+// (versions that start at 1, so the new one meets the old one's version)
+// between its read and its write never writes the old state's change over
+// the new document: its fn runs again on the new one.
+func TestModifyDoesNotWriteOverAnotherIncarnationAtTheSameVersion(t *testing.T) {
+	repo, b := setup[account](t, nil)
+	doc := func(inc, balance int64) bson.D {
+		return bson.D{{Key: "_id", Value: "x"}, {Key: "balance", Value: balance},
+			{Key: "version", Value: int64(1)},
+			{Key: "_mc", Value: bson.D{{Key: "inc", Value: inc}, {Key: "ids", Value: bson.A{inc}}}}}
+	}
+	_, err := b.coll.InsertOne(b.ctx, doc(111, 10))
+	require.NoError(t, err)
+	calls := 0
+	got, err := repo.Modify(b.ctx, "x", func(a *account) error {
+		calls++
+		if calls == 1 {
+			_, err := b.coll.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "x"}})
+			require.NoError(t, err)
+			_, err = b.coll.InsertOne(b.ctx, doc(222, 100))
+			require.NoError(t, err)
+		}
+		a.Balance++
+		return nil
+	}, shortPolicy())
+	require.NoError(t, err)
+	require.Equal(t, 2, calls, "fn runs again on the new document")
+	require.Equal(t, int64(101), got.Balance)
+	require.EqualValues(t, 101, b.raw(t, "x")["balance"])
 }
