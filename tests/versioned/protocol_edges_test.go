@@ -286,6 +286,7 @@ func TestModifyWritesADocumentWhoseWriteIDsAreNull(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2), got.Balance)
 	require.Equal(t, int64(8), got.Version)
-	raw := b.raw(t, "n")
-	require.Len(t, raw["_mc"].(bson.M)["ids"], 1)
+	mc, ok := b.raw(t, "n")["_mc"].(bson.M)
+	require.True(t, ok, "_mc is a document")
+	require.Len(t, mc["ids"], 1)
 }
