@@ -115,3 +115,7 @@ func (c *claim) skipped(job *Job) {
 func (c *claim) interrupted(job *Job) {
 	c.q.report(c.run, observe.QueueError, opRun, job, c.key, func(e *observe.Event) { e.Err = c.l.Err() })
 }
+
+// lostKey reports that the worker lost its claim on the key between jobs,
+// none running: the event names the key and no job.
+func (c *claim) lostKey() { c.interrupted(nil) }

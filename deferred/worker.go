@@ -329,7 +329,11 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		if h := q.handler(jobs[0].Name); (h.batch == nil || len(jobs) == 1) && claimed > started {
 			c.putBack(jobs[started:claimed]...)
 		}
-		c.interrupted(jobs[min(n, len(jobs)-1)])
+		if err != nil && n < len(jobs) {
+			c.interrupted(jobs[n]) // its handler ran: failed, or unrecorded
+		} else {
+			c.lostKey() // between jobs: none was running
+		}
 		return kd, n, false
 	}
 	if errors.Is(err, errOneByOne) && n == 0 {

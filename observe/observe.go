@@ -131,8 +131,9 @@ const (
 
 	// QueueError: something a worker (or Cancel's clean-up) could not
 	// return to anyone failed: Op names the step ("sweep", "claim_key",
-	// "put_back", ...; "run" when the worker lost its claim while the job
-	// ran), Key or ID what it was about, Err.
+	// "put_back", ...; "run" when the worker lost its claim on the key: with
+	// the job's ID when it lost it while the job ran, with the Key alone
+	// between jobs), Key or ID what it was about, Err.
 	QueueError
 
 	// The events of idempotency.Keys: Op is "do"; Database and Collection

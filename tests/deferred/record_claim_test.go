@@ -2,6 +2,8 @@ package deferred_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/observe"
 )
 
 // recordAndClaim matches the command of a handler's run that records a job
@@ -194,7 +197,8 @@ func TestNeverStartedJobGoesBackWhenTheRecordFailsAndTheKeyIsLost(t *testing.T) 
 // by A, then run once, in its first attempt, by worker B.
 func requireGivenBackAfterLateReplies(t *testing.T, ttl, delay, resolve time.Duration) {
 	t.Helper()
-	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A", MaxAttempts: 1, ResolveTimeout: resolve})
+	var lost runErrors
+	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A", MaxAttempts: 1, ResolveTimeout: resolve, Observer: &lost})
 	plain := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B", MaxAttempts: 1})
 	var aCalls, bCalls atomic.Int64
 	_, err := deferred.Register(b.fqueue, "j", func(context.Context, *deferred.Job, int) error { aCalls.Add(1); return nil })
@@ -225,4 +229,36 @@ func requireGivenBackAfterLateReplies(t *testing.T, ttl, delay, resolve time.Dur
 	require.False(t, j1.MayHaveApplied)
 	require.Equal(t, int64(1), aCalls.Load(), "A ran job 0 only")
 	require.Equal(t, int64(1), bCalls.Load(), "B ran job 1")
+	// A reports the lost claim, and never as job 1's interruption: job 1
+	// never started on A.
+	got := lost.list()
+	require.NotEmpty(t, got, "A reports that it lost the key")
+	for _, e := range got {
+		require.Equal(t, `"x"`, e.Key)
+		require.NotEqual(t, ids[1], e.ID, "job 1 never started on A")
+	}
+}
+
+// runErrors records the QueueError events of the "run" step: a worker's
+// lost claims on keys.
+type runErrors struct {
+	mu  sync.Mutex
+	got []observe.Event
+}
+
+func (r *runErrors) Start(ctx context.Context, _ observe.Event) context.Context { return ctx }
+
+func (r *runErrors) Observe(_ context.Context, e observe.Event) {
+	if e.Kind != observe.QueueError || e.Op != "run" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, e)
+}
+
+func (r *runErrors) list() []observe.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
 }
