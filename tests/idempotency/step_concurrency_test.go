@@ -44,11 +44,7 @@ var errPartnerTimeout = errors.New("partner did not answer")
 // between the runs, so the partner cannot tell the retry's call is the same
 // one, and applies it twice.
 func TestStepPartnerKeyIsStableAcrossRuns(t *testing.T) {
-	b := setup(t)
-	f := b.db.Faulty(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	k := b.keys(t, f.Collection(b.coll.Name()), "first", nil)
+	b, f, k, ctx := faultyRun(t, "first")
 	p := newPartner()
 
 	first := map[string]string{}
@@ -106,11 +102,7 @@ func TestStepPartnerKeyIsStableAcrossRuns(t *testing.T) {
 // finds the point with its own epoch and takes it for its own write, so
 // both calls run fn: the partner is called twice by one run.
 func TestStepOfOneNameCalledConcurrentlyRunsOnce(t *testing.T) {
-	b := setup(t)
-	f := b.db.Faulty(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	k := b.keys(t, f.Collection(b.coll.Name()), "one", nil)
+	b, f, k, ctx := faultyRun(t, "one")
 	var (
 		mu    sync.Mutex
 		calls int
@@ -152,11 +144,7 @@ func checkpointWrite(coll, name string) mongotest.Match {
 // second records: exactly one records it, the other gets ErrInvalid (the
 // name is recorded), and the record holds the point once.
 func TestCheckpointOfOneNameRecordedConcurrentlyOnce(t *testing.T) {
-	b := setup(t)
-	f := b.db.Faulty(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	k := b.keys(t, f.Collection(b.coll.Name()), "one", nil)
+	b, f, k, ctx := faultyRun(t, "one")
 	_, err := k.Do(ctx, "pay-9", nil, func(ctx context.Context, c *idempotency.Call) (idempotency.Result, error) {
 		// Short, as in TestStepOfOneNameCalledConcurrentlyRunsOnce.
 		stop := f.DelayReplies(5*time.Second, checkpointWrite(b.coll.Name(), "reserved"))
@@ -182,4 +170,15 @@ func TestCheckpointOfOneNameRecordedConcurrentlyOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, n, "the checkpoint is on the record once")
+}
+
+// faultyRun is a key set of owner whose commands pass through a faulty
+// proxy, the proxy, and a context that ends the test within 2 minutes.
+func faultyRun(t *testing.T, owner string) (*bundle, *mongotest.Faulty, *idempotency.Keys, context.Context) {
+	t.Helper()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return b, f, b.keys(t, f.Collection(b.coll.Name()), owner, nil), ctx
 }
