@@ -3,6 +3,7 @@ package deferred
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -119,6 +120,14 @@ func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }
 // invalid is a shorthand for an *InvalidError.
 func invalid(op, field, reason string, err error) error {
 	return &InvalidError{Op: op, Field: field, Reason: reason, Err: err}
+}
+
+// argsError is the error of a job whose stored argument does not decode
+// into the type of its handler's argument: bad input, which fails every
+// attempt alike, so the job is dead at once (an *InvalidError, Op "run",
+// Field "args", naming the handler and the type).
+func argsError(job *Job, typ reflect.Type, err error) error {
+	return invalid("run", "args", fmt.Sprintf("job %s of %q: the stored argument does not decode into %v", job.ID.Hex(), job.Name, typ), err)
 }
 
 // keyText formats a key for a message, cut short: keys come from requests.

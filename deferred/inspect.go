@@ -109,7 +109,8 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 		}
 		filter := bson.D{{Key: "_id", Value: id}, {Key: "state", Value: job.State}, {Key: "s", Value: job.Seq}}
 		update := bson.D{
-			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}}},
+			// A new claim id: no copy of a claim of its earlier life can take it.
+			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}, {Key: claimField, Value: bson.NewObjectID()}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
 		matched, err := q.place(ctx, "requeue", key, seq, id, q.updated(q.jobs, filter, update, 1))

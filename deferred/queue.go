@@ -107,9 +107,15 @@ type Job struct {
 	// called Stamp; an attempt whose worker was lost. Requeue refuses such
 	// a job: under a new sequence number it could apply twice.
 	MayHaveApplied bool `bson:"mw,omitempty"`
+	// Claim is the id of the last claim that took the job (zero until its
+	// first): a new one for every claim, so that a write acting on the job
+	// under a claim, which is conditioned on it, matches nothing once the
+	// job has moved on (DESIGN.md, Claims of jobs).
+	Claim bson.ObjectID `bson:"c,omitempty"`
 
 	q   *Queue
-	att *attempt // this delivery's writes, for a job handed to a handler
+	att *attempt  // this delivery's writes, for a job handed to a handler
+	cl  claimSent // this worker's claim of the job, once sent
 }
 
 // MaxErrors is how many failed attempts (the newest) a job keeps in Errors.
@@ -322,7 +328,7 @@ func register[A any](q *Queue, name string, fn func(context.Context, *Job, A) er
 	h := &handler{name: name, typ: reflect.TypeFor[A](), run: func(ctx context.Context, job *Job) error {
 		var a A
 		if err := job.Args.Unmarshal(&a); err != nil {
-			return fmt.Errorf("deferred: job %s: decode the %s argument: %w", job.ID.Hex(), job.Name, err)
+			return argsError(job, reflect.TypeFor[A](), err)
 		}
 		return fn(ctx, job, a)
 	}, batch: batch}

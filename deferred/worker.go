@@ -207,6 +207,9 @@ type claim struct {
 	run  context.Context // Run's context
 	jobs context.Context // ends with the lease or with Run's context
 	skip bool            // this Run should leave the key alone a while
+	// unsure: a claim of a job may still land (its putBack did not
+	// settle), so the key is not released: its lease expires instead.
+	unsure bool
 	ran  time.Duration   // how long the handler of the current attempt ran
 }
 
@@ -236,11 +239,13 @@ func (q *Queue) work(ctx context.Context, key bson.RawValue) (skip bool) {
 	defer func() {
 		stop()
 		cancel()
-		bctx, done := c.book()
-		if err := l.Release(bctx); err != nil && !errors.Is(err, lease.ErrLost) {
-			q.failed(ctx, "release_key", key, err)
+		if !c.unsure {
+			bctx, done := c.book()
+			if err := l.Release(bctx); err != nil && !errors.Is(err, lease.ErrLost) {
+				q.failed(ctx, "release_key", key, err)
+			}
+			done()
 		}
-		done()
 		renewing.Wait()
 	}()
 	c.loop()
@@ -298,10 +303,15 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	if q.handler(jobs[0].Name).batch != nil {
 		take = jobs
 	}
-	applied, err := c.take(take, nil)
+	if c.lost() {
+		return kd, 0, false
+	}
+	applied, err := c.take(c.newClaim(take, q.now(ctx)), nil)
 	switch {
 	case err != nil:
+		// It may still land: void it, so that no copy can.
 		c.warn("claim_job", err)
+		c.putBack(take...)
 		return kd, 0, false
 	case !applied && len(take) == 1:
 		return kd, 0, true // changed meanwhile: noHead looks
@@ -315,18 +325,14 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		next, ok := c.finish(kd, job, outcome{dead: true, err: fmt.Errorf("attempt %d of %d did not report: its worker lost its claim on the key", job.Attempt-1, job.MaxAttempts)})
 		return next, 1, ok
 	}
-	n, claimed, err := c.runJobs(jobs, len(take))
+	n, claimed, started, err := c.runJobs(jobs, len(take))
 	if c.lost() {
-		// The jobs claimed and never started go back (the filter on this
-		// claim's epoch makes it harmless if the key's next holder claimed
-		// them meanwhile); one whose handler ran (err: it failed, or its
-		// record did) stays running for the next holder, and so does a
-		// NewChange run, applied in one write.
-		started := n
-		if err != nil {
-			started++
-		}
-		if h := q.handler(jobs[0].Name); (h.batch == nil || len(jobs) == 1) && claimed > started {
+		// The jobs claimed and never started go back (the filter on their
+		// claim makes it harmless if the key's next holder claimed them
+		// meanwhile); one whose handler ran (it failed, or its record did)
+		// stays running for the next holder, and so does a NewChange run
+		// whose one write was made.
+		if claimed > started {
 			c.putBack(jobs[started:claimed]...)
 		}
 		if err != nil && n < len(jobs) {
@@ -372,29 +378,25 @@ func (c *claim) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	return next, n, ok
 }
 
-// take claims jobs, read by ahead, in one write fenced on the key's lease
-// epoch; applied false means one of them changed meanwhile (nothing of
-// this claim then holds but what putBack gives back).
-func (c *claim) take(jobs []*Job, prior error) (bool, error) {
+// take sends cw, the claim of jobs read by ahead, and settles it; applied
+// false means one of them changed meanwhile (nothing of this claim then
+// holds but what putBack gives back); an error, that its outcome is
+// unknown (putBack voids it). prior, if not nil, is the ambiguous error of
+// a copy of cw sent already (see recordTaking).
+func (c *claim) take(cw *claimWrite, prior error) (bool, error) {
 	q := c.q
 	ctx, cancel := c.book()
 	defer cancel()
-	now := q.now(ctx)
-	ids := make(bson.A, len(jobs))
-	for i, job := range jobs {
-		ids[i] = job.ID
-	}
-	epoch := c.l.Epoch()
-	filter, update := c.takeWrite(ids, epoch, now)
+	ids := cw.ids()
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: sentOnce(prior, q.updated(q.jobs, filter, update, int64(len(jobs)))),
+		Send: sentOnce(prior, q.updated(q.jobs, cw.filter, cw.update, int64(len(cw.jobs)))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
-			landed, live := len(cur) == len(jobs), true
+			landed, live := len(cur) == len(cw.jobs), true
 			for _, j := range cur {
-				isMine := j.State == StateRunning && j.Epoch == epoch && j.Owner == q.c.Owner
+				isMine := cw.landedOn(&j)
 				landed = landed && isMine
-				live = live && (isMine || !finished(j.State) && j.Epoch <= epoch)
+				live = live && (isMine || cw.couldLandOn(&j))
 			}
 			return verdict(landed, live)
 		},
@@ -403,33 +405,16 @@ func (c *claim) take(jobs []*Job, prior error) (bool, error) {
 	if err != nil || !res.Applied {
 		return false, err
 	}
-	c.took(jobs, epoch, now)
+	c.took(cw)
 	return true, nil
 }
 
-// takeWrite is the claim of the jobs with ids under epoch, at now.
-func (c *claim) takeWrite(ids bson.A, epoch int64, now time.Time) (filter, update bson.D) {
-	owner := c.q.c.Owner
-	mine := bson.D{{Key: "state", Value: StateRunning}, {Key: "epoch", Value: epoch}, {Key: "owner", Value: owner}}
-	filter = bson.D{
-		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}},
-		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRetryable, StateRunning}}}},
-		{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: epoch}}}}},
-		{Key: "$nor", Value: bson.A{mine}},
-	}
-	update = bson.D{
-		{Key: "$set", Value: bson.D{{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner}, {Key: "epoch", Value: epoch}, {Key: "started", Value: now}}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
-	}
-	return filter, update
-}
-
-// took updates jobs, read by ahead, as claimed under epoch at now.
-func (c *claim) took(jobs []*Job, epoch int64, now time.Time) {
-	for _, job := range jobs {
+// took updates the jobs of cw, read by ahead, as claimed by it.
+func (c *claim) took(cw *claimWrite) {
+	for _, job := range cw.jobs {
 		// Taken over from a lost worker, whose handler may have written.
 		job.q, job.att = c.q, &attempt{may: job.State == StateRunning}
-		job.State, job.Owner, job.Epoch, job.StartedAt = StateRunning, c.q.c.Owner, epoch, now
+		job.State, job.Owner, job.Epoch, job.StartedAt, job.Claim = StateRunning, c.q.c.Owner, cw.epoch, cw.now, cw.id
 		job.Attempt++
 		c.claimed(job)
 	}
@@ -483,28 +468,35 @@ func (c *claim) ahead(ctx context.Context, head int64, limit int, now time.Time)
 // (recordTaking), stopping at the first error, a claim that did not apply, a
 // lost claim or Run's stop.
 // It returns how many completed, with the error of the first that did not
-// (errUnrecorded: its record failed), and how many are claimed.
-func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
+// (errUnrecorded: its record failed), how many are claimed (or may be), and
+// how many of them started (their handler or batch function was called).
+func (c *claim) runJobs(jobs []*Job, claimed int) (n, _, started int, err error) {
 	if h := c.q.handler(jobs[0].Name); h.batch != nil && len(jobs) > 1 {
+		if c.lost() || c.run.Err() != nil {
+			return 0, claimed, 0, nil // never started: runOf puts the run back
+		}
 		err = c.call(func(ctx context.Context) (err error) {
 			n, err = h.batch(ctx, jobs)
 			return err
 		})
-		return n, claimed, err
+		return n, claimed, len(jobs), err
 	}
 	for ; n < len(jobs) && !c.lost() && c.run.Err() == nil; n++ {
 		if n == claimed {
-			if ok, err := c.take(jobs[n:n+1], nil); err != nil || !ok {
+			cw := c.newClaim(jobs[n:n+1], c.q.now(c.run))
+			claimed++ // runOf puts it back unless it runs
+			if ok, err := c.take(cw, nil); err != nil || !ok {
 				if err != nil {
 					c.warn("claim_job", err)
+				} else {
+					claimed-- // it did not apply, and no copy of it can
 				}
-				return n, claimed, nil // the next run looks again
+				return n, claimed, n, nil // the next run looks again
 			}
-			claimed++
 		}
 		job, h := jobs[n], c.q.handler(jobs[n].Name)
 		if err := c.call(func(ctx context.Context) error { return h.run(ctx, job) }); err != nil {
-			return n, claimed, err
+			return n, claimed, n + 1, err
 		}
 		if n+1 == claimed && n+1 < len(jobs) && !c.lost() && c.run.Err() == nil {
 			rec, next := c.recordTaking(jobs[n], jobs[n+1])
@@ -513,17 +505,17 @@ func (c *claim) runJobs(jobs []*Job, claimed int) (n, _ int, err error) {
 			}
 			switch {
 			case !rec:
-				return n, claimed, errUnrecorded
+				return n, claimed, n + 1, errUnrecorded
 			case next != nextTaken:
-				return n + 1, claimed, nil
+				return n + 1, claimed, n + 1, nil
 			}
 			continue
 		}
 		if !c.record(jobs[n:n+1], nil) {
-			return n, claimed, errUnrecorded
+			return n, claimed, n + 1, errUnrecorded
 		}
 	}
-	return n, claimed, nil
+	return n, claimed, n, nil
 }
 
 // recordTaking records done, which this claim ran, as completed and claims
@@ -540,13 +532,12 @@ func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 	ctx, cancel := c.book()
 	defer cancel()
 	now := q.now(ctx)
-	epoch := c.l.Epoch()
-	tf, tu := c.takeWrite(bson.A{next.ID}, epoch, now)
+	cw := c.newClaim([]*Job{next}, now)
 	var matched int64
 	err := q.try(ctx, func(ctx context.Context) error {
 		res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
-			mongo.NewUpdateOneModel().SetFilter(c.mine(bson.A{done.ID})).SetUpdate(c.completed(done.att.wrote(), now)),
-			mongo.NewUpdateOneModel().SetFilter(tf).SetUpdate(tu),
+			mongo.NewUpdateOneModel().SetFilter(underClaim([]*Job{done})).SetUpdate(c.completed(done.att.wrote(), now)),
+			mongo.NewUpdateOneModel().SetFilter(cw.filter).SetUpdate(cw.update),
 		})
 		if err == nil {
 			matched = res.MatchedCount
@@ -555,7 +546,7 @@ func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 	})
 	if err == nil && matched == 2 {
 		c.wasRecorded([]*Job{done})
-		c.took([]*Job{next}, epoch, now)
+		c.took(cw)
 		return true, nextTaken
 	}
 	var prior error // the record and the claim are each a write sent once: their reply was lost
@@ -573,9 +564,9 @@ func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 		}
 		for _, j := range cur {
 			switch {
-			case j.ID == done.ID && j.State == StateCompleted && j.Epoch == epoch:
+			case j.ID == done.ID && j.State == StateCompleted && j.Claim == done.cl.id:
 				recorded = true
-			case j.ID == next.ID && j.State == StateRunning && j.Epoch == epoch && j.Owner == q.c.Owner:
+			case j.ID == next.ID && cw.landedOn(&j):
 				taken = true
 			}
 		}
@@ -592,10 +583,10 @@ func (c *claim) recordTaking(done, next *Job) (bool, nextClaim) {
 		return false, nextNotTaken
 	}
 	if taken {
-		c.took([]*Job{next}, epoch, now)
+		c.took(cw)
 		return true, nextTaken
 	}
-	ok, err := c.take([]*Job{next}, prior)
+	ok, err := c.take(cw, prior)
 	switch {
 	case ok:
 		return true, nextTaken
@@ -638,14 +629,6 @@ func (c *claim) record(jobs []*Job, prior error) bool {
 	}
 	c.wasRecorded(jobs)
 	return true
-}
-
-// mine is the filter of the jobs with ids that run under this claim.
-func (c *claim) mine(ids bson.A) bson.D {
-	return bson.D{
-		{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}, {Key: "state", Value: StateRunning},
-		{Key: "epoch", Value: c.l.Epoch()}, {Key: "owner", Value: c.q.c.Owner},
-	}
 }
 
 // completed is the update that records jobs completed at now (mw: their
@@ -896,58 +879,50 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
 }
 
-// updateJobs applies update(mw) to jobs running under this claim (mw:
-// whether its attempt may have written), an updateMany per value of mw, and
-// reports whether it did to all (false: one was taken over). A lost reply:
-// state to, landed; running under this claim, live.
+// updateJobs applies update(mw) to jobs running under this worker's claim
+// of each (mw: whether its attempt may have written), an updateMany per
+// value of mw, and reports whether it did to all (false: one was taken
+// over). A lost reply: state to under the claim, landed; still running
+// under it, live.
 func (c *claim) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
 	q := c.q
-	var ids [2]bson.A
+	var groups [2][]*Job
+	var ids bson.A
+	sent := map[bson.ObjectID]bson.ObjectID{}
 	for _, job := range jobs {
 		mw := 0
 		if job.att.wrote() {
 			mw = 1
 		}
-		ids[mw] = append(ids[mw], job.ID)
+		groups[mw] = append(groups[mw], job)
+		ids = append(ids, job.ID)
+		sent[job.ID] = job.cl.id
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
 		Send: sentOnce(prior, func(ctx context.Context) (struct{}, bool, error) {
-			for mw, ids := range ids {
-				if len(ids) == 0 {
+			for mw, group := range groups {
+				if len(group) == 0 {
 					continue
 				}
-				if _, ok, err := q.updated(q.jobs, c.mine(ids), update(mw == 1), int64(len(ids)))(ctx); !ok || err != nil {
+				if _, ok, err := q.updated(q.jobs, underClaim(group), update(mw == 1), int64(len(group)))(ctx); !ok || err != nil {
 					return struct{}{}, false, err
 				}
 			}
 			return struct{}{}, true, nil
 		}),
-		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, append(ids[0], ids[1]...)) },
+		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
 			for _, j := range cur {
-				mine := j.Epoch == c.l.Epoch()
+				mine := j.Claim == sent[j.ID]
 				landed = landed && mine && j.State == to
-				live = live && mine && (j.State == to || j.State == StateRunning && j.Owner == q.c.Owner)
+				live = live && mine && (j.State == to || j.State == StateRunning)
 			}
 			return verdict(landed, live)
 		},
 		Resend: true,
 	})
 	return res.Applied, err
-}
-
-// putBack returns claimed jobs to the available state without counting
-// their attempts.
-func (c *claim) putBack(jobs ...*Job) {
-	ctx, cancel := c.book()
-	defer cancel()
-	_, err := c.updateJobs(ctx, jobs, StateAvailable, func(mw bool) bson.D {
-		return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateAvailable})}, {Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}}}
-	}, nil)
-	if err != nil {
-		c.warn("put_back", err)
-	}
 }
 
 // advance moves the key's head past its next m places, fenced on this
