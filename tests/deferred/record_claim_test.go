@@ -18,19 +18,13 @@ import (
 
 // recordAndClaim matches the command of a handler's run that records a job
 // and claims the next one: an update of the jobs collection with two
-// statements.
+// statements, one that completes a job and one that claims a job.
 func recordAndClaim(c *mongotest.Command) bool {
 	if c.Name != "update" || c.Collection != "jobs" {
 		return false
 	}
-	n := len(c.Sequences["updates"])
-	if v, err := c.Body.LookupErr("updates"); err == nil {
-		if a, ok := v.ArrayOK(); ok {
-			vs, _ := a.Values()
-			n += len(vs)
-		}
-	}
-	return n == 2
+	st := statements(c)
+	return len(st) == 2 && setsState(st[0], deferred.StateCompleted) && claims(st[1])
 }
 
 // creditJobs enqueues n credits of 1, 2, 4, ... on "ana" and returns their
