@@ -210,7 +210,7 @@ type claim struct {
 	// unsure: a claim of a job may still land (its putBack did not
 	// settle), so the key is not released: its lease expires instead.
 	unsure bool
-	ran  time.Duration   // how long the handler of the current attempt ran
+	ran    time.Duration // how long the handler of the current attempt ran
 }
 
 // book returns the context of a bookkeeping write: ResolveTimeout past Run's.
