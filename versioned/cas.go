@@ -42,7 +42,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	ck := cacheKey(key)
 	// Not on unfit metadata, which the pipeline's condition does not
 	// pin: the updateOne that replaces it, once.
-	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && read.unfit.Type == 0 && r.usePipelines(ctx)
+	usePipe := cfg.piped() && read.unfit.Type == 0 && r.usePipelines(ctx)
 	plain := usePipe && k == 1 && !r.cache.hot(ck)
 	usePipe = usePipe && !plain
 	// The plain form $pushes its id: the server is not FerretDB v1
