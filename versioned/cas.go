@@ -40,8 +40,10 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// the document conflicted within hotFor. Else the cheaper updateOne,
 	// plain.
 	ck := cacheKey(key)
-	// Not on unfit metadata, which the pipeline's condition does not
-	// pin: the updateOne that replaces it, once.
+	// Not on unfit metadata: the pipeline's condition reads the
+	// incarnation through MetaField, which may then not be a document (an
+	// array of documents yields a list, the write would change nothing and
+	// turn pipelines off); the updateOne form pins the value read instead.
 	usePipe := cfg.piped() && read.unfit.Type == 0 && r.usePipelines(ctx)
 	plain := usePipe && k == 1 && !r.cache.hot(ck)
 	usePipe = usePipe && !plain

@@ -15,10 +15,7 @@ import (
 // null with its list instead of failing on it.
 func TestUpdateNeverFailsOnANullWriteIDList(t *testing.T) {
 	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-		{Key: "version", Value: int64(7)},
-		{Key: "_mc", Value: bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}}}})
-	require.NoError(t, err)
+	insertWithMeta(t, b, bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}})
 	doc, err := repo.Get(b.ctx, "n")
 	require.NoError(t, err)
 	doc.Balance++
@@ -33,10 +30,7 @@ func TestUpdateNeverFailsOnANullWriteIDList(t *testing.T) {
 // repository read it): Update still writes.
 func TestUpdateOfAnUnseenCopyNeverFailsOnANullWriteIDList(t *testing.T) {
 	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-		{Key: "version", Value: int64(7)},
-		{Key: "_mc", Value: bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}}}})
-	require.NoError(t, err)
+	insertWithMeta(t, b, bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}})
 	doc := &account{ID: "n", Balance: 2, Version: 7}
 	require.NoError(t, repo.Update(b.ctx, doc), "Update of a document whose _mc.ids is null")
 	require.EqualValues(t, 2, b.raw(t, "n")["balance"])
@@ -47,9 +41,7 @@ func TestUpdateOfAnUnseenCopyNeverFailsOnANullWriteIDList(t *testing.T) {
 // is (TestModifyWritesADocumentWhoseWriteIDsAreNull).
 func TestModifyNeverFailsOnANullMetadataField(t *testing.T) {
 	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-		{Key: "version", Value: int64(7)}, {Key: "_mc", Value: nil}})
-	require.NoError(t, err)
+	insertWithMeta(t, b, nil)
 	got, err := repo.Modify(b.ctx, "n", func(a *account) error { a.Balance++; return nil }, shortPolicy())
 	require.NoError(t, err, "Modify of a document whose _mc is null")
 	require.Equal(t, int64(2), got.Balance)
@@ -58,10 +50,8 @@ func TestModifyNeverFailsOnANullMetadataField(t *testing.T) {
 // Guarded on the same document: one atomic statement that writes.
 func TestGuardedNeverFailsOnANullMetadataField(t *testing.T) {
 	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-		{Key: "version", Value: int64(7)}, {Key: "_mc", Value: nil}})
-	require.NoError(t, err)
-	_, err = repo.Guarded(b.ctx, "n", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(1)}}}})
+	insertWithMeta(t, b, nil)
+	_, err := repo.Guarded(b.ctx, "n", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(1)}}}})
 	require.NoError(t, err, "Guarded on a document whose _mc is null")
 }
 
@@ -124,9 +114,7 @@ func TestEveryWriteRenewsUnfitMetadata(t *testing.T) {
 		for _, w := range writes {
 			t.Run(m.name+"/"+w.name, func(t *testing.T) {
 				repo, b := setup[account](t, nil)
-				_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-					{Key: "version", Value: int64(7)}, {Key: "_mc", Value: m.mc}})
-				require.NoError(t, err)
+				insertWithMeta(t, b, m.mc)
 				w.write(t, repo, b)
 				raw := b.raw(t, "n")
 				require.EqualValues(t, 2, raw["balance"])
@@ -147,9 +135,7 @@ func TestEveryWriteRenewsUnfitMetadata(t *testing.T) {
 		}
 		t.Run(m.name+"/delete", func(t *testing.T) {
 			repo, b := setup[account](t, nil)
-			_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-				{Key: "version", Value: int64(7)}, {Key: "_mc", Value: m.mc}})
-			require.NoError(t, err)
+			insertWithMeta(t, b, m.mc)
 			doc, err := repo.Get(b.ctx, "n")
 			require.NoError(t, err)
 			require.NoError(t, repo.Delete(b.ctx, doc))
@@ -166,9 +152,7 @@ func TestModifyOfUnfitMetadataStillConflicts(t *testing.T) {
 	for _, m := range unfitMetadata {
 		t.Run(m.name, func(t *testing.T) {
 			repo, b := setup[account](t, nil)
-			_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-				{Key: "version", Value: int64(7)}, {Key: "_mc", Value: m.mc}})
-			require.NoError(t, err)
+			insertWithMeta(t, b, m.mc)
 			calls := 0
 			got, err := repo.Modify(b.ctx, "n", func(a *account) error {
 				calls++
@@ -187,4 +171,13 @@ func TestModifyOfUnfitMetadataStillConflicts(t *testing.T) {
 			require.EqualValues(t, 12, b.raw(t, "n")["balance"])
 		})
 	}
+}
+
+// insertWithMeta inserts, as another program would, the document "n" at
+// version 7 with balance 1 and mc as its metadata field.
+func insertWithMeta(t *testing.T, b *bundle, mc any) {
+	t.Helper()
+	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
+		{Key: "version", Value: int64(7)}, {Key: "_mc", Value: mc}})
+	require.NoError(t, err)
 }
