@@ -4,8 +4,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
 )
 
 // maxCached bounds the documents a repository remembers.
@@ -16,11 +14,16 @@ const maxCached = 4096
 // match nothing: it only saves round trips (DESIGN.md).
 type seen struct {
 	version int64
-	inc     int64 // the incarnation id (0 for none)
 	last    int64 // the id of the last write seen in the document (0 for none)
-	// ids is the list of write ids at version, if known (never changed
-	// once stored): a write that pins the version $sets the list from it.
-	ids bson.RawArray
+	// meta is the document's metadata at version: its incarnation (0 for
+	// none), and its list of write ids if known (never changed once
+	// stored), from which a write that pins the version $sets the list.
+	meta
+}
+
+// seen is what st shows of its document, sharing st's bytes.
+func (st *docState) seen() seen {
+	return seen{version: st.version, last: st.last(), meta: st.meta}
 }
 
 // docCache remembers, per document id (unique across a sharded collection),
@@ -56,7 +59,9 @@ func cacheKey(key docKey) cacheID {
 // observe records a stored document as read. An observation of the same
 // incarnation at an older version than the one held is ignored.
 func (c *docCache) observe(key cacheID, st *docState) {
-	c.put(key, seen{version: st.version, inc: st.inc, last: st.last(), ids: slices.Clone(st.ids)})
+	s := st.seen()
+	s.ids, s.unfit.Value = slices.Clone(s.ids), slices.Clone(s.unfit.Value)
+	c.put(key, s)
 }
 
 // put records s unless it is older than what is held of the same

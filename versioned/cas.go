@@ -27,9 +27,9 @@ type casOut struct {
 // the version raised by k = len(wids), and the write ids appended, filtered
 // on the key, the version and incarnation read, and the guards; see exec
 // (to: see write.to).
-// The ids are $set exactly (the last entries of the list read, then wids),
-// except in the plain form, which $pushes its one id with $slice on a
-// server that honours it.
+// The ids are $set exactly (the last entries of the list read, then wids;
+// recordIDs), except in the plain form, which $pushes its one id with
+// $slice on a server that honours it.
 func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, read *docState, set, unset bson.D, wids []int64, to []context.Context, cfg *writeConfig) (casOut, error) {
 	k := int64(len(wids))
 	base := read.version
@@ -40,22 +40,27 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 	// the document conflicted within hotFor. Else the cheaper updateOne,
 	// plain.
 	ck := cacheKey(key)
-	usePipe := len(cfg.guards) == 0 && len(cfg.sets) == 0 && r.usePipelines(ctx)
+	// Not on unfit metadata: the pipeline's condition reads the
+	// incarnation through MetaField, which may then not be a document (an
+	// array of documents yields a list, the write would change nothing and
+	// turn pipelines off); the updateOne form pins the value read instead.
+	usePipe := cfg.piped() && read.unfit.Type == 0 && r.usePipelines(ctx)
 	plain := usePipe && k == 1 && !r.cache.hot(ck)
 	usePipe = usePipe && !plain
 	// The plain form $pushes its id: the server is not FerretDB v1
 	// (usePipelines), the one that ignores $slice, so the server cuts the
-	// list. Not onto a list that is not an array (another program's null),
-	// which $push refuses and the exact list replaces.
+	// list. Not onto a list it has not read (none, or unfit metadata,
+	// which $push refuses and recordIDs replaces).
 	push := plain && read.ids != nil
-	filter := append(key.Filter(), r.versionIs(base), r.incIs(read.inc))
+	filter := append(key.Filter(), r.versionIs(base), r.metaIs(read.meta))
 	filter = withGuards(filter, cfg.guards)
 	set = append(set, cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + k})
 	var ids bson.RawValue
 	if !push {
-		ids = exactIDs(read.ids, wids...)
-		set = append(set, bson.E{Key: r.idsPath, Value: ids})
+		var rec bson.E
+		rec, ids = r.recordIDs(read.meta, wids...)
+		set = append(set, rec)
 	}
 	update := bson.D{{Key: "$set", Value: set}}
 	if len(unset) > 0 {
@@ -93,7 +98,7 @@ func (r *Repo[T]) casBatch(ctx context.Context, op string, id any, key docKey, r
 			// one the $push appended to.
 			ids = exactIDs(read.ids, wids...)
 		}
-		r.cache.put(ck, seen{version: base + k, inc: inc, last: w.wid, ids: ids.Value})
+		r.cache.put(ck, seen{version: base + k, last: w.wid, meta: meta{inc: inc, ids: ids.Value}})
 		return casOut{outcome: out}, nil
 	}
 	r.cache.conflicted(ck)

@@ -21,7 +21,7 @@ func stateWith(t *testing.T, ver, inc int64, ids ...int64) *docState {
 		t.Fatal(err)
 	}
 	arr, _ := bson.Raw(raw).Lookup("_mc", "ids").ArrayOK()
-	return &docState{raw: raw, version: ver, inc: inc, ids: arr}
+	return &docState{raw: raw, version: ver, meta: meta{inc: inc, ids: arr}}
 }
 
 func idsOf(t *testing.T, v bson.RawValue) []int64 {
@@ -152,7 +152,7 @@ func TestAnchorAndWithMetaEncoding(t *testing.T) {
 func TestCASPipelineEncoding(t *testing.T) {
 	repo := &Repo[struct{}]{opts: Options{VersionField: "version", MetaField: "_mc"}, incPath: "_mc.inc", idsPath: "_mc.ids"}
 	ids := exactIDs(nil, 5, 6)
-	for _, read := range []*docState{{version: 41, inc: -3}, {version: 0, inc: 0}} {
+	for _, read := range []*docState{{version: 41, meta: meta{inc: -3}}, {version: 0}} {
 		set := bson.D{{Key: "balance", Value: bson.RawValue{Type: bson.TypeInt64, Value: []byte{7, 0, 0, 0, 0, 0, 0, 0}}}, {Key: "version", Value: read.version + 2}, {Key: "_mc.ids", Value: ids}}
 		unset := bson.D{{Key: "note", Value: ""}}
 		ver := bson.D{{Key: "$eq", Value: bson.A{bson.D{{Key: "$ifNull", Value: bson.A{"$version", int64(0)}}}, read.version}}}

@@ -40,8 +40,10 @@
 // not map survive. Every write also records its write id in the document
 // (the subdocument [Options].MetaField, "_mc"), bounded to the last
 // [WriteIDs] ids by the write itself; after an ambiguous failure the
-// repository re-reads and looks for it. How and why this is safe is in
-// DESIGN.md, beside this file.
+// repository re-reads and looks for it. A document whose "_mc" another
+// program left unusable (null, not a document, or a list of ids that is not
+// an array) is written as one without it: the write sets "_mc" afresh. How
+// and why this is safe is in DESIGN.md, beside this file.
 //
 // Modify calls on one document in one process wait in line, and the call
 // at the head combines itself and the calls behind it into one read and one

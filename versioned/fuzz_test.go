@@ -94,7 +94,7 @@ func FuzzCheckOps(f *testing.F) {
 			}
 		}
 		const wid = -77
-		merged := r.guardedWrite(upd, wid, nil)
+		merged := r.guardedWrite(upd, wid, bson.E{})
 		if err := merged.Validate(); err != nil {
 			t.Fatalf("merged update is not valid BSON: %v", err)
 		}
@@ -111,9 +111,15 @@ func FuzzCheckOps(f *testing.F) {
 		if w, _ := m["$push"].Lookup("_mc.ids", "$each", "0").Int64OK(); w != wid {
 			t.Fatalf("merged update does not push the write id: %v", merged)
 		}
-		pinned := r.guardedWrite(upd, wid, exactIDs(nil, wid).Value)
+		rec, _ := r.recordIDs(meta{}, wid)
+		pinned := r.guardedWrite(upd, wid, rec)
 		if w, _ := pinned.Lookup("$set", "_mc.ids", "0").Int64OK(); w != wid || pinned.Lookup("$push").Type != 0 {
 			t.Fatalf("pinned update does not set the list of write ids: %v", pinned)
+		}
+		rec, _ = r.recordIDs(meta{unfit: bson.RawValue{Type: bson.TypeNull}}, wid)
+		renewed := r.guardedWrite(upd, wid, rec)
+		if w, _ := renewed.Lookup("$set", "_mc", "ids", "0").Int64OK(); w != wid || renewed.Lookup("$push").Type != 0 {
+			t.Fatalf("update of unfit metadata does not set it afresh: %v", renewed)
 		}
 		for name, fields := range given {
 			elems, _ := fields.Elements()

@@ -103,23 +103,23 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			if err != nil {
 				return nil, err
 			}
-			s = seen{version: st.version, inc: st.inc, last: st.last(), ids: st.ids}
+			s = st.seen()
 		}
 		w := &write{op: op, id: idv, key: key, wid: newWriteID(), base: s.version}
 		filter := key.Filter()
 		// No write id yet, or a full list where $slice is ignored: pin the
 		// version and incarnation, and $set the list exactly.
 		pinned := s.last == 0 || (round < 2 && countIDs(s.ids) >= WriteIDs && r.ignoresSlice(ctx))
-		var ids []byte
+		var rec bson.E // none: $push
 		if pinned {
 			if err := checkBase(op, r.opts.VersionField, s.version, true); err != nil {
 				return nil, err
 			}
-			filter = append(filter, r.versionIs(s.version), r.incIs(s.inc))
+			filter = append(filter, r.versionIs(s.version), r.metaIs(s.meta))
 			if s.last != 0 { // the list at that version is the one seen (see updateCAS)
 				filter = append(filter, bson.E{Key: r.idsPath, Value: anchorClause(s.last, w.wid)})
 			}
-			ids = exactIDs(s.ids, w.wid).Value
+			rec, _ = r.recordIDs(s.meta, w.wid)
 			w.judge = judgeSpan(w, s.inc, true, 1)
 		} else {
 			// A version below the last, so that $inc cannot wrap it; the
@@ -138,7 +138,7 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			}
 		}
 		filter = withGuards(filter, guards)
-		upd := r.guardedWrite(ops, w.wid, ids)
+		upd := r.guardedWrite(ops, w.wid, rec)
 		w.send = func(ctx context.Context) (sent, error) {
 			raw, err := r.coll.FindOneAndUpdate(ctx, filter, upd, afterOpts).Raw()
 			if errors.Is(err, mongo.ErrNoDocuments) {
@@ -175,12 +175,13 @@ func (r *Repo[T]) Guarded(ctx context.Context, id any, cond, update any, opts ..
 			return nil, &NotFoundError{Op: op, ID: idv}
 		case st.version == lastVersion:
 			return nil, checkBase(op, r.opts.VersionField, st.version, true)
-		case (s.last == 0 || st.has(s.last)) && (!pinned || st.version == s.version && st.inc == s.inc):
+		case (s.last == 0 || st.has(s.last)) && (!pinned || st.version == s.version && st.same(s.meta)):
 			// The anchor held: cond or a Where filter failed.
 			return nil, r.guardError(ctx, op, idv, key, st.version, guards)
 		case ctx.Err() == nil && (budget < 0 || time.Since(begun) < budget):
 			r.cache.observe(ck, st)
-			fresh = &seen{version: st.version, inc: st.inc, last: st.last(), ids: st.ids}
+			sn := st.seen()
+			fresh = &sn
 			continue // the re-read refreshed the anchor
 		}
 		if failed, err := r.guardsFail(ctx, op, idv, key, guards); err == nil && failed {

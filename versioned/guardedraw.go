@@ -42,10 +42,14 @@ func (r *Repo[T]) updateOps(op string, update any, sets bson.D) (bson.Raw, error
 // guardedWrite merges the caller's encoded update ops (checked by
 // updateOps) with the repository's part of a write with id wid: $inc of the
 // version by one, and the $push of wid onto the list of write ids, cut to
-// its last WriteIDs entries; or, if ids is not nil (the write pins the
-// version it was read at), the $set of the list to ids.
-func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
-	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(r.idsPath)+len(ids)+96)
+// its last WriteIDs entries; or, if rec has a key (the write pins the
+// version it was read at), rec in the $set (recordIDs).
+func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, rec bson.E) bson.Raw {
+	var ids bson.RawValue
+	if rec.Key != "" {
+		ids = rec.Value.(bson.RawValue) //nolint:forcetypeassert // recordIDs' form
+	}
+	b := make([]byte, 4, len(ops)+len(r.opts.VersionField)+len(rec.Key)+len(ids.Value)+96)
 	var hasInc, hasSet bool
 	elements(ops, func(name []byte, v bson.RawValue) bool {
 		var start int
@@ -57,7 +61,7 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 			b = appendInt64(b, r.opts.VersionField, 1)
 		case "$set":
 			hasSet = true
-			b = r.appendIDs(b, ids)
+			b = appendRaw(b, rec.Key, ids)
 		}
 		b = closeDoc(b, start)
 		return true
@@ -68,12 +72,12 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 		b = appendInt64(b, r.opts.VersionField, 1)
 		b = closeDoc(b, start)
 	}
-	if !hasSet && ids != nil {
+	if !hasSet && ids.Type != 0 {
 		b, start = openDoc(b, []byte("$set"))
-		b = r.appendIDs(b, ids)
+		b = appendRaw(b, rec.Key, ids)
 		b = closeDoc(b, start)
 	}
-	if ids == nil {
+	if ids.Type == 0 {
 		b = append(b, byte(bson.TypeEmbeddedDocument))
 		b = append(b, "$push"...)
 		b = append(b, 0)
@@ -82,15 +86,15 @@ func (r *Repo[T]) guardedWrite(ops bson.Raw, wid int64, ids []byte) bson.Raw {
 	return closeDoc(b, 0)
 }
 
-// appendIDs appends the element idsPath: ids, if ids is not nil.
-func (r *Repo[T]) appendIDs(b, ids []byte) []byte {
-	if ids == nil {
+// appendRaw appends the element key: v, if v has a type.
+func appendRaw(b []byte, key string, v bson.RawValue) []byte {
+	if v.Type == 0 {
 		return b
 	}
-	b = append(b, byte(bson.TypeArray))
-	b = append(b, r.idsPath...)
+	b = append(b, byte(v.Type))
+	b = append(b, key...)
 	b = append(b, 0)
-	return append(b, ids...)
+	return append(b, v.Value...)
 }
 
 // anchorClause is the filter value {$eq: last, $ne: wid}: the document

@@ -97,8 +97,8 @@ func (r *Repo[T]) Modify(ctx context.Context, id any, fn func(doc *T) error, opt
 		return m.out, m.err2
 	}
 	var class any = r
-	if len(cfg.guards) > 0 || len(cfg.sets) > 0 || cfg.policy != nil || mongo.SessionFromContext(ctx) != nil {
-		class = nil // alone: its own filters, fields, policy or session
+	if cfg.alone() || mongo.SessionFromContext(ctx) != nil {
+		class = nil // alone: options of its own (writeFields), or a session
 	}
 	m.wt = waiter{class: class, self: m}
 	m.w = &m.wt

@@ -161,10 +161,58 @@ type guard struct {
 	failErr error
 }
 
+// writeConfig is one call's options. Each field is declared in
+// writeFields, with what a Modify call that sets it may share.
 type writeConfig struct {
 	guards []guard
 	sets   bson.D // WithSet's fields, checked by Repo.config
 	policy *retry.Policy
+}
+
+// writeFields decides, for each field of writeConfig, whether a Modify call
+// that sets it may share a combined write with other calls (that write
+// carries the leader's options only), and whether Modify's pipeline form
+// (a findOneAndUpdate filtered on the id alone, with the version and
+// incarnation as its condition) can carry it. A field added to writeConfig
+// without a decision here fails TestEveryWriteOptionDecidesCombining.
+var writeFields = []writeField{
+	// Filters of the call's own: the others' changes must not be held to
+	// them, and the pipeline's condition does not include them.
+	{"guards", func(c *writeConfig) bool { return len(c.guards) > 0 }, false, false},
+	// Fields set with the call's change only.
+	{"sets", func(c *writeConfig) bool { return len(c.sets) > 0 }, false, false},
+	// The call's own retry policy: the leader's would run the write.
+	{"policy", func(c *writeConfig) bool { return c.policy != nil }, false, true},
+}
+
+// writeField is the decision on one field of writeConfig.
+type writeField struct {
+	name     string
+	set      func(*writeConfig) bool // the call sets it
+	combines bool                    // calls that set it may share a write
+	pipeline bool                    // the pipeline form carries it
+}
+
+// alone reports whether a Modify call with these options takes its turn
+// alone, its write combining no other call's (writeFields).
+func (c *writeConfig) alone() bool {
+	for _, f := range writeFields {
+		if !f.combines && f.set(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// piped reports whether Modify's pipeline form can carry these options
+// (writeFields).
+func (c *writeConfig) piped() bool {
+	for _, f := range writeFields {
+		if !f.pipeline && f.set(c) {
+			return false
+		}
+	}
+	return true
 }
 
 // Where adds conditions to a write's filter, ANDed with the id, the version

@@ -22,11 +22,25 @@ const maxDocSize = 16 << 20
 type docState struct {
 	raw     bson.Raw
 	version int64
+	meta
+}
+
+// meta is a document's write-id metadata (Options.MetaField) as read. Every
+// write that records write ids takes its filter clause (Repo.metaIs) and its
+// $set of the ids (Repo.recordIDs) from it, so one rule decides, on every
+// write path, what a write does with metadata it cannot extend.
+type meta struct {
 	// inc is the incarnation id Insert stamped, 0 for a document not
 	// inserted by a repository.
 	inc int64
-	// ids holds the ids of the document's last writes, oldest first.
+	// ids holds the ids of the document's last writes, oldest first (nil:
+	// none, or unfit).
 	ids bson.RawArray
+	// unfit is MetaField's value when no write can extend it: there but not
+	// a document, or a document whose list of ids is there but not an array
+	// (another program's null, say); Type 0 otherwise. A write treats such
+	// a document as one with no metadata, and $sets MetaField afresh.
+	unfit bson.RawValue
 }
 
 // Names inside Options.MetaField.
@@ -55,17 +69,25 @@ func startVersion() int64 { return 1 + mrand.Int64N(startVersions-1) }
 // anything else is a *VersionTypeError.
 func (r *Repo[T]) readState(op string, id any, raw bson.Raw) (*docState, error) {
 	st := &docState{raw: raw}
-	if meta, err := raw.LookupErr(r.opts.MetaField); err == nil && meta.Type == bson.TypeEmbeddedDocument {
-		d := meta.Document()
-		if v := d.Lookup(metaInc); v.Type != 0 {
-			inc, ok := asInt(v)
-			if !ok || inc == 0 {
-				return nil, &VersionTypeError{Op: op, ID: id, Field: r.incPath, Value: v}
+	if m, err := raw.LookupErr(r.opts.MetaField); err == nil {
+		if m.Type != bson.TypeEmbeddedDocument {
+			st.unfit = m
+		} else {
+			d := m.Document()
+			if v := d.Lookup(metaInc); v.Type != 0 {
+				inc, ok := asInt(v)
+				if !ok || inc == 0 {
+					return nil, &VersionTypeError{Op: op, ID: id, Field: r.incPath, Value: v}
+				}
+				st.inc = inc // an int64, or a number a tool rewrote as a double
 			}
-			st.inc = inc // an int64, or a number a tool rewrote as a double
-		}
-		if a, ok := d.Lookup(metaIDs).ArrayOK(); ok {
-			st.ids = a
+			if v := d.Lookup(metaIDs); v.Type != 0 {
+				if a, ok := v.ArrayOK(); ok {
+					st.ids = a
+				} else {
+					st.unfit = m
+				}
+			}
 		}
 	}
 	v := raw.Lookup(r.opts.VersionField)
@@ -334,6 +356,44 @@ func withGuards(filter bson.D, guards []guard) bson.D {
 		and[i] = g.filter
 	}
 	return append(filter, bson.E{Key: "$and", Value: and})
+}
+
+// metaIs is the filter clause that pins a document's metadata as read: its
+// incarnation (incIs) or, where it is unfit, MetaField's very value, so
+// that the write that replaces it applies to that value only.
+func (r *Repo[T]) metaIs(m meta) bson.E {
+	if m.unfit.Type != 0 {
+		return bson.E{Key: r.opts.MetaField, Value: m.unfit}
+	}
+	return r.incIs(m.inc)
+}
+
+// recordIDs is the $set element of a write, pinned to the version m was
+// read at (metaIs), that appends wids to the list: the exact list
+// (exactIDs) at MetaField.ids or, where m is unfit, MetaField afresh, as
+// for a document with no metadata, keeping its incarnation id if it has
+// one: {inc, ids: wids}. It also returns the list after the write.
+func (r *Repo[T]) recordIDs(m meta, wids ...int64) (bson.E, bson.RawValue) {
+	ids := exactIDs(m.ids, wids...)
+	if m.unfit.Type == 0 {
+		return bson.E{Key: r.idsPath, Value: ids}, ids
+	}
+	b := make([]byte, 4, 32+len(ids.Value))
+	if m.inc != 0 {
+		b = appendInt64(b, metaInc, m.inc)
+	}
+	b = bsoncore.AppendArrayElement(b, metaIDs, ids.Value)
+	return bson.E{Key: r.opts.MetaField, Value: bson.RawValue{Type: bson.TypeEmbeddedDocument, Value: closeDoc(b, 0)}}, ids
+}
+
+// exact reports whether a write can $set the list from m exactly
+// (recordIDs): m holds the list read, or unfit metadata.
+func (m meta) exact() bool { return m.ids != nil || m.unfit.Type != 0 }
+
+// same reports whether two reads of a document's metadata are the same
+// incarnation's, and equally unfit.
+func (m meta) same(o meta) bool {
+	return m.inc == o.inc && m.unfit.Type == o.unfit.Type && bytes.Equal(m.unfit.Value, o.unfit.Value)
 }
 
 // metaPath is the path of name in the metadata subdocument meta.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -149,7 +150,7 @@ func (r *Repo[T]) Insert(ctx context.Context, doc *T) (err error) {
 	}
 	r.s.setVersion(v, start)
 	if out.Read == nil {
-		r.cache.put(cacheKey(key), seen{version: start, inc: wid, last: wid, ids: exactIDs(nil, wid).Value})
+		r.cache.put(cacheKey(key), seen{version: start, last: wid, meta: meta{inc: wid, ids: exactIDs(nil, wid).Value}})
 	}
 	return nil
 }
@@ -214,27 +215,48 @@ func (r *Repo[T]) Update(ctx context.Context, doc *T, opts ...WriteOption) (err 
 
 // updateCAS sends Update's updateOne against version base: the field
 // changes, the version set to base+1 and the write id pushed, filtered on
-// the id, base and the guards; see exec. When the list of write ids at base
-// is cached, the filter pins the incarnation and last id too, and the list
-// is $set exactly (DESIGN.md, "What every document carries").
+// the id, base and the guards; see exec. When the metadata at base is
+// cached, the filter pins it (metaIs) and the last id too, and the list is
+// $set exactly (recordIDs; DESIGN.md, "What every document carries").
 func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, base int64, set, unset bson.D, cfg *writeConfig) (outcome, error) {
-	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
 	ck := cacheKey(key)
 	s, cached := r.cache.lookup(ck)
 	cached = cached && s.version == base
-	known := cached && s.ids != nil
+	out, err := r.updateFrom(ctx, op, id, key, base, set, unset, cfg, s, cached)
+	if err != nil && !(cached && s.exact()) {
+		// The $push of a write that had not read the metadata: refused
+		// (nothing written) if the metadata is unfit. Then once more, from
+		// the metadata read.
+		var we mongo.WriteException
+		if errors.As(err, &we) && len(we.WriteErrors) > 0 && !store.IsDuplicateKey(err) {
+			st, rerr := r.reread(ctx, r.coll, op, id, key)
+			if rerr == nil && st != nil && st.version == base && st.unfit.Type != 0 {
+				return r.updateFrom(ctx, op, id, key, base, set, unset, cfg, st.seen(), true)
+			}
+		}
+	}
+	return out, err
+}
+
+// updateFrom is updateCAS from s, what was seen of the document, if cached
+// (at base).
+func (r *Repo[T]) updateFrom(ctx context.Context, op string, id any, key docKey, base int64, set, unset bson.D, cfg *writeConfig, s seen, cached bool) (outcome, error) {
+	w := &write{op: op, id: id, key: key, wid: newWriteID(), base: base}
+	ck := cacheKey(key)
+	known := cached && s.exact()
 	filter := append(key.Filter(), r.versionIs(base))
-	set = append(set, cfg.sets...)
+	set = append(slices.Clip(set), cfg.sets...)
 	set = append(set, bson.E{Key: r.opts.VersionField, Value: base + 1})
 	update := make(bson.D, 1, 3)
 	var ids bson.RawValue
 	if known {
-		filter = append(filter, r.incIs(s.inc))
+		filter = append(filter, r.metaIs(s.meta))
 		if s.last != 0 {
 			filter = append(filter, bson.E{Key: r.idsPath, Value: s.last})
 		}
-		ids = exactIDs(s.ids, w.wid)
-		set = append(set, bson.E{Key: r.idsPath, Value: ids})
+		var rec bson.E
+		rec, ids = r.recordIDs(s.meta, w.wid)
+		set = append(set, rec)
 	} else {
 		update = append(update, bson.E{Key: "$push", Value: pushID(r.idsPath, w.wid)})
 	}
@@ -254,11 +276,11 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 		// cached at base); else the cache is left as it is.
 		switch {
 		case out.Read != nil:
-			r.cache.put(ck, seen{version: base + 1, inc: out.Read.inc, last: w.wid})
+			r.cache.put(ck, seen{version: base + 1, last: w.wid, meta: meta{inc: out.Read.inc}})
 		case known:
-			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid, ids: ids.Value})
+			r.cache.put(ck, seen{version: base + 1, last: w.wid, meta: meta{inc: s.inc, ids: ids.Value}})
 		case cached:
-			r.cache.put(ck, seen{version: base + 1, inc: s.inc, last: w.wid})
+			r.cache.put(ck, seen{version: base + 1, last: w.wid, meta: meta{inc: s.inc}})
 		}
 	}
 	return out, nil
@@ -312,7 +334,7 @@ func (r *Repo[T]) Delete(ctx context.Context, doc *T, opts ...WriteOption) (err 
 	known = known && s.version == ver
 	filter := append(key.Filter(), r.versionIs(ver))
 	if known {
-		filter = append(filter, r.incIs(s.inc))
+		filter = append(filter, r.metaIs(s.meta))
 	}
 	filter = withGuards(filter, cfg.guards)
 	w := &write{op: op, id: id, key: key, base: ver}

@@ -278,10 +278,7 @@ func TestForeignIncarnationIsATypedError(t *testing.T) {
 // slice) is written by Modify, which replaces the null with its list.
 func TestModifyWritesADocumentWhoseWriteIDsAreNull(t *testing.T) {
 	repo, b := setup[account](t, nil)
-	_, err := b.coll.InsertOne(b.ctx, bson.D{{Key: "_id", Value: "n"}, {Key: "balance", Value: int64(1)},
-		{Key: "version", Value: int64(7)},
-		{Key: "_mc", Value: bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}}}})
-	require.NoError(t, err)
+	insertWithMeta(t, b, bson.D{{Key: "inc", Value: int64(12345)}, {Key: "ids", Value: nil}})
 	got, err := repo.Modify(b.ctx, "n", func(a *account) error { a.Balance++; return nil }, shortPolicy())
 	require.NoError(t, err)
 	require.Equal(t, int64(2), got.Balance)
