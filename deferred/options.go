@@ -1,6 +1,7 @@
 package deferred
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -84,6 +85,14 @@ type Options struct {
 	// Clock estimates the server's clock (claims in lease.ModeEstimated,
 	// the times of retries and clean-up). Default: the client's shared one.
 	Clock *store.ServerClock
+	// LocalClock is this process's clock: the durations, deadlines, waits
+	// and timers of the workers, Wait and the claims' local deadlines (the
+	// lease's Options.Now), and of Retry and Backoff where their own Clock
+	// is nil. Only differences between its readings are used, never its
+	// absolute value: server times come from Clock. Default
+	// store.SystemClock(). Tests inject a manual clock here, so that they
+	// never sleep on the wall clock.
+	LocalClock store.Clock
 	// ResolveTimeout bounds the re-reads that settle an ambiguous write, and
 	// a worker's bookkeeping after Run's context ended. Default 5s.
 	ResolveTimeout time.Duration
@@ -136,6 +145,12 @@ func (o *Options) config() (Options, error) {
 	c.Retention, c.Batch = or(c.Retention, DefaultRetention), or(c.Batch, DefaultBatch)
 	c.FenceField, c.MaxStamps = or(c.FenceField, DefaultFenceField), or(c.MaxStamps, DefaultMaxStamps)
 	c.ResolveTimeout = or(c.ResolveTimeout, DefaultResolveTimeout)
+	if c.LocalClock == nil {
+		c.LocalClock = store.SystemClock()
+	} else {
+		c.Retry.Clock = cmp.Or[store.Clock](c.Retry.Clock, c.LocalClock)
+		c.Backoff.Clock = cmp.Or[store.Clock](c.Backoff.Clock, c.LocalClock)
+	}
 	// For versioned, whose zero fields differ from the retry package's:
 	c.Retry.MaxAttempts = or(c.Retry.MaxAttempts, retry.DefaultMaxAttempts)
 	c.Retry.MaxElapsedTime = or(c.Retry.MaxElapsedTime, retry.DefaultMaxElapsedTime)

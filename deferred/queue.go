@@ -198,13 +198,13 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 	keys := jobs.Database().Collection(jobs.Name() + "_keys")
 	leases, err := lease.New(keys, &lease.Options{
 		TTL: c.VisibilityTimeout, Owner: c.Owner, Mode: c.LeaseMode, Clock: c.Clock, ResolveTimeout: c.ResolveTimeout,
-		Observer: c.Observer,
+		Observer: c.Observer, Now: c.LocalClock.Now,
 	})
 	if err != nil {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)
 	}
 	q := &Queue{
-		jobs: jobs, keys: keys, c: c, leases: leases, local: store.SystemClock(),
+		jobs: jobs, keys: keys, c: c, leases: leases, local: c.LocalClock,
 		ns:       jobs.Database().Name() + "." + jobs.Name(),
 		handlers: map[string]*handler{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 	}
