@@ -2,12 +2,15 @@ package deferred
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/store"
 )
 
 // A claim of jobs has an identity of its own (DESIGN.md, Claims of jobs):
@@ -49,18 +52,18 @@ var claimable = bson.A{StateAvailable, StateRetryable, StateRunning}
 // and, where the lease's expiry is judged by the server, on the lease not
 // having expired (so that a copy that arrives after another worker took the
 // key matches nothing). It records the claim on the jobs (Job.cl).
-func (c *claim) newClaim(jobs []*Job, now time.Time) *claimWrite {
-	cw := &claimWrite{id: bson.NewObjectID(), jobs: jobs, epoch: c.l.Epoch(), now: now}
+func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
+	cw := &claimWrite{id: bson.NewObjectID(), jobs: jobs, epoch: h.l.Epoch(), now: now}
 	for _, job := range jobs {
 		job.cl = claimSent{id: cw.id, prior: job.Claim}
 	}
-	owner := c.q.c.Owner
+	owner := h.q.c.Owner
 	cw.filter = append(idsFilter(jobs),
 		bson.E{Key: "state", Value: bson.D{{Key: "$in", Value: claimable}}},
 		bson.E{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: cw.epoch}}}}},
 	)
 	cw.filter = append(cw.filter, byClaim(jobs, func(j *Job) bson.ObjectID { return j.cl.prior })...)
-	cw.filter = append(cw.filter, c.leaseTime()...)
+	cw.filter = append(cw.filter, h.leaseTime()...)
 	cw.update = bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner}, {Key: "epoch", Value: cw.epoch},
@@ -100,8 +103,8 @@ func (cw *claimWrite) couldLandOn(j *Job) bool {
 // leaseTime is the condition that this hold's lease has not expired, where
 // the server judges its expiry ($$NOW): the lease's Fence without the
 // conditions on the key's document. Elsewhere it is empty.
-func (c *claim) leaseTime() bson.D {
-	for _, e := range c.l.Fence() {
+func (h *hold) leaseTime() bson.D {
+	for _, e := range h.l.Fence() {
 		if e.Key == "$expr" {
 			return bson.D{e}
 		}
@@ -157,6 +160,312 @@ func underClaim(jobs []*Job) bson.D {
 	return append(f, byClaim(jobs, func(j *Job) bson.ObjectID { return j.cl.id })...)
 }
 
+// take sends cw, the claim of jobs read by ahead, and settles it; applied
+// false means one of them changed meanwhile (nothing of this claim then
+// holds but what putBack gives back); an error, that its outcome is
+// unknown (putBack voids it). prior, if not nil, is the ambiguous error of
+// a copy of cw sent already (see recordTaking).
+func (h *hold) take(cw *claimWrite, prior error) (bool, error) {
+	q := h.q
+	ctx, cancel := h.book()
+	defer cancel()
+	ids := cw.ids()
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: sentOnce(prior, q.updated(q.jobs, cw.filter, cw.update, int64(len(cw.jobs)))),
+		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(cw.jobs), true
+			for _, j := range cur {
+				isMine := cw.landedOn(&j)
+				landed = landed && isMine
+				live = live && (isMine || cw.couldLandOn(&j))
+			}
+			return verdict(landed, live)
+		},
+		Resend: true,
+	})
+	if err != nil || !res.Applied {
+		return false, err
+	}
+	h.took(cw)
+	return true, nil
+}
+
+// took updates the jobs of cw, read by ahead, as claimed by it.
+func (h *hold) took(cw *claimWrite) {
+	for _, job := range cw.jobs {
+		// Taken over from a lost worker, whose handler may have written.
+		job.q, job.att = h.q, &attempt{may: job.State == StateRunning}
+		job.State, job.Owner, job.Epoch, job.StartedAt, job.Claim = StateRunning, h.q.c.Owner, cw.epoch, cw.now, cw.id
+		job.Attempt++
+		h.claimed(job)
+	}
+}
+
+// recordTaking records done, which this claim ran, as completed and claims
+// next, the job after it in the run, in one command of two statements
+// (record, then claim): a handler's run costs two round trips a job, the
+// handler's write and this. It reports whether done was recorded and what
+// became of the claim of next (nextUnsure: the caller puts it back, which
+// its filter on this claim makes harmless if it did not apply). Where the
+// reply does not say both applied, each is finished on its own: after a
+// reply lost, through settle as a write sent once already; otherwise from a
+// read of the two, sending again what did not apply.
+func (h *hold) recordTaking(done, next *Job) (bool, nextClaim) {
+	q := h.q
+	ctx, cancel := h.book()
+	defer cancel()
+	now := q.now(ctx)
+	cw := h.newClaim([]*Job{next}, now)
+	var matched int64
+	err := q.try(ctx, func(ctx context.Context) error {
+		res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
+			mongo.NewUpdateOneModel().SetFilter(underClaim([]*Job{done})).SetUpdate(h.completed(done.att.wrote(), now)),
+			mongo.NewUpdateOneModel().SetFilter(cw.filter).SetUpdate(cw.update),
+		})
+		if err == nil {
+			matched = res.MatchedCount
+		}
+		return err
+	})
+	if err == nil && matched == 2 {
+		h.wasRecorded([]*Job{done})
+		h.took(cw)
+		return true, nextTaken
+	}
+	var prior error // the record and the claim are each a write sent once: their reply was lost
+	recorded, taken := false, false
+	if store.IsAmbiguous(err) {
+		prior = err
+	} else {
+		// The reply says what applied, not which: read the two.
+		cur, rerr := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) ([]Job, error) {
+			return q.majorityJobs(ctx, bson.A{done.ID, next.ID})
+		})
+		if rerr != nil {
+			h.warn("record_attempt", rerr)
+			return false, nextUnsure
+		}
+		for _, j := range cur {
+			switch {
+			case j.ID == done.ID && j.State == StateCompleted && j.Claim == done.cl.id:
+				recorded = true
+			case j.ID == next.ID && cw.landedOn(&j):
+				taken = true
+			}
+		}
+	}
+	switch {
+	case recorded:
+		h.wasRecorded([]*Job{done})
+	case !h.record([]*Job{done}, prior):
+		// Unrecorded: done stays running for the key's next holder; next,
+		// which never starts here, goes back if the claim may have applied.
+		if taken || prior != nil {
+			return false, nextUnsure
+		}
+		return false, nextNotTaken
+	}
+	if taken {
+		h.took(cw)
+		return true, nextTaken
+	}
+	ok, err := h.take(cw, prior)
+	switch {
+	case ok:
+		return true, nextTaken
+	case err != nil:
+		h.warn("claim_job", err)
+		return true, nextUnsure
+	}
+	return true, nextNotTaken
+}
+
+// nextClaim is what became of the claim of the next job that a record
+// carried (recordTaking).
+type nextClaim int
+
+const (
+	nextNotTaken nextClaim = iota // it did not apply
+	nextTaken                     // it applied: the job runs next under this claim
+	nextUnsure                    // it may have applied: put the job back
+)
+
+// errUnrecorded says a job completed and its record failed.
+var errUnrecorded = errors.New("deferred: record a completed job")
+
+// record records jobs as completed, in one write, unless they are already.
+// prior, if not nil, is the ambiguous error of a copy of the write sent
+// already (see recordTaking).
+func (h *hold) record(jobs []*Job, prior error) bool {
+	jobs = slices.DeleteFunc(slices.Clone(jobs), func(j *Job) bool { return j.State == StateCompleted })
+	if len(jobs) == 0 {
+		return true
+	}
+	q := h.q
+	ctx, cancel := h.book()
+	defer cancel()
+	now := q.now(ctx)
+	ok, err := h.updateJobs(ctx, jobs, StateCompleted, func(mw bool) bson.D { return h.completed(mw, now) }, prior)
+	if err != nil || !ok {
+		h.warn("record_attempt", err)
+		return false
+	}
+	h.wasRecorded(jobs)
+	return true
+}
+
+// completed is the update that records jobs completed at now (mw: their
+// attempts may have written).
+func (h *hold) completed(mw bool, now time.Time) bson.D {
+	return bson.D{{Key: "$set", Value: jobSet(mw, bson.E{Key: "state", Value: StateCompleted}, bson.E{Key: "finished", Value: now},
+		bson.E{Key: "expireAt", Value: now.Add(h.q.c.Retention)})}}
+}
+
+// wasRecorded marks jobs as recorded completed.
+func (h *hold) wasRecorded(jobs []*Job) {
+	for _, job := range jobs {
+		job.State = StateCompleted
+		h.recorded(job, outcome{}, StateCompleted, 0)
+	}
+}
+
+// outcome is what an attempt came to.
+type outcome struct {
+	err     error         // nil: completed (or snoozed)
+	dead    bool          // failed for good
+	snoozed bool          // snoozed, for snooze
+	snooze  time.Duration //
+}
+
+// finish records the outcome of job's attempt and, when the job no longer
+// holds the key (completed, dead), moves the key's head on.
+func (h *hold) finish(kd keyDoc, job *Job, o outcome) (keyDoc, bool) {
+	q := h.q
+	ctx, cancel := h.book()
+	now := q.now(ctx)
+	var set bson.D
+	var push bson.D
+	inc := bson.D{}
+	var runAt time.Time
+	var to State
+	switch {
+	case o.snoozed:
+		to, runAt = StateAvailable, now.Add(o.snooze)
+		set = bson.D{{Key: "runAt", Value: runAt}}
+		inc = bson.D{{Key: "attempt", Value: -1}, {Key: "snoozes", Value: 1}}
+	case o.err == nil:
+		to = StateCompleted
+		set = bson.D{{Key: "finished", Value: now}, {Key: "expireAt", Value: now.Add(q.c.Retention)}}
+	case o.dead:
+		to = StateDead
+		set = bson.D{{Key: "finished", Value: now}}
+	default:
+		to, runAt = StateRetryable, now.Add(q.delay(job.Attempt))
+		set = bson.D{{Key: "runAt", Value: runAt}}
+	}
+	set = jobSet(job.att.wrote(), append(bson.D{{Key: "state", Value: to}}, set...)...)
+	if o.err != nil {
+		e := attemptError(job.Attempt, now, o.err)
+		if n := len(job.Errors); n >= MaxErrors {
+			// Keep the newest: the list read with the claim is the one stored.
+			set = append(set, bson.E{Key: "errors", Value: append(job.Errors[n-MaxErrors+1:n:n], e)})
+		} else {
+			push = bson.D{{Key: "errors", Value: e}}
+		}
+	}
+	update := bson.D{{Key: "$set", Value: set}}
+	if len(push) > 0 {
+		update = append(update, bson.E{Key: "$push", Value: push})
+	}
+	if len(inc) > 0 {
+		update = append(update, bson.E{Key: "$inc", Value: inc})
+	}
+	ok, err := h.updateJobs(ctx, []*Job{job}, to, func(bool) bson.D { return update }, nil)
+	cancel()
+	if err != nil || !ok {
+		if err != nil {
+			h.warn("record_attempt", err)
+		}
+		return kd, false
+	}
+	h.recorded(job, o, to, runAt.Sub(now))
+	if !runAt.IsZero() {
+		h.setKey(bson.D{{Key: "due", Value: runAt}})
+		return kd, false
+	}
+	return h.advance(kd, 1)
+}
+
+// jobSet is the $set of a job's record: set, and mw when its attempt may
+// have written (sticky: never unset).
+func jobSet(mw bool, set ...bson.E) bson.D {
+	if mw {
+		set = append(set, bson.E{Key: "mw", Value: true})
+	}
+	return set
+}
+
+// attemptError is the record of a failed attempt.
+func attemptError(n int, at time.Time, err error) AttemptError {
+	msg := err.Error()
+	var p *PanicError
+	isPanic := errors.As(err, &p)
+	if isPanic {
+		msg += "\n" + p.Stack
+	}
+	if len(msg) > 2048 {
+		msg = msg[:2048] + "…"
+	}
+	return AttemptError{Attempt: n, At: at, Error: msg, Panic: isPanic}
+}
+
+// updateJobs applies update(mw) to jobs running under this worker's claim
+// of each (mw: whether its attempt may have written), an updateMany per
+// value of mw, and reports whether it did to all (false: one was taken
+// over). A lost reply: state to under the claim, landed; still running
+// under it, live.
+func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
+	q := h.q
+	var groups [2][]*Job
+	var ids bson.A
+	sent := map[bson.ObjectID]bson.ObjectID{}
+	for _, job := range jobs {
+		mw := 0
+		if job.att.wrote() {
+			mw = 1
+		}
+		groups[mw] = append(groups[mw], job)
+		ids = append(ids, job.ID)
+		sent[job.ID] = job.cl.id
+	}
+	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
+		Send: sentOnce(prior, func(ctx context.Context) (struct{}, bool, error) {
+			for mw, group := range groups {
+				if len(group) == 0 {
+					continue
+				}
+				if _, ok, err := q.updated(q.jobs, underClaim(group), update(mw == 1), int64(len(group)))(ctx); !ok || err != nil {
+					return struct{}{}, false, err
+				}
+			}
+			return struct{}{}, true, nil
+		}),
+		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
+		Judge: func(cur []Job) (settle.Verdict, string) {
+			landed, live := len(cur) == len(jobs), true
+			for _, j := range cur {
+				mine := j.Claim == sent[j.ID]
+				landed = landed && mine && j.State == to
+				live = live && mine && (j.State == to || j.State == StateRunning)
+			}
+			return verdict(landed, live)
+		},
+		Resend: true,
+	})
+	return res.Applied, err
+}
+
 // putBack returns claimed jobs to the available state without counting
 // their attempts, and voids this worker's claim of each where it did not
 // land: one command of two statements, in order, each conditioned on a
@@ -167,12 +476,12 @@ func underClaim(jobs []*Job) bson.D {
 // each statement applies at most once). It reports whether it settled:
 // false leaves a claim that may still land, so the key must not be
 // released (its lease expires instead).
-func (c *claim) putBack(jobs ...*Job) bool {
+func (h *hold) putBack(jobs ...*Job) bool {
 	if len(jobs) == 0 {
 		return true
 	}
-	q := c.q
-	ctx, cancel := c.book()
+	q := h.q
+	ctx, cancel := h.book()
 	defer cancel()
 	void := bson.NewObjectID()
 	var ids [2]bson.A
@@ -209,7 +518,7 @@ func (c *claim) putBack(jobs ...*Job) bool {
 				return err
 			})
 		},
-		Read: func(ctx context.Context) ([]Job, error) { return q.settledJobs(ctx, append(ids[0], ids[1]...)) },
+		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, append(ids[0], ids[1]...)) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			for _, j := range cur {
 				cl := sent[j.ID]
@@ -222,9 +531,27 @@ func (c *claim) putBack(jobs ...*Job) bool {
 		Resend: true,
 	})
 	if err != nil {
-		c.warn("put_back", err)
-		c.unsure = true
+		h.warn("put_back", err)
+		h.unsure = true
 		return false
 	}
 	return true
+}
+
+// sentOnce returns send, but for its first call when prior is not nil: that
+// one returns prior, the ambiguous error of a copy of the write sent
+// already, so that settle.Exec settles it (reads, and sends again only
+// while the write is live).
+func sentOnce[R any](prior error, send func(context.Context) (R, bool, error)) func(context.Context) (R, bool, error) {
+	if prior == nil {
+		return send
+	}
+	return func(ctx context.Context) (R, bool, error) {
+		if err := prior; err != nil {
+			prior = nil
+			var zero R
+			return zero, false, err
+		}
+		return send(ctx)
+	}
 }

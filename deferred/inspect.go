@@ -197,7 +197,7 @@ func (q *Queue) Cancel(ctx context.Context, id bson.ObjectID) error {
 	}}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*Job, *Job]{
 		Send: modified[Job](q, q.jobs, filter, update, options.Before),
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
+		Read: func(ctx context.Context) (*Job, error) { return q.majorityJob(ctx, bson.D{{Key: "_id", Value: id}}) },
 		Judge: func(job *Job) (settle.Verdict, string) {
 			return verdict(job != nil && job.State == StateCancelled, job != nil && (!finished(job.State) && job.State != StateRunning || job.State == StateDead))
 		},

@@ -58,20 +58,20 @@ func (q *Queue) failed(ctx context.Context, op string, raw bson.RawValue, err er
 
 // warn reports a step op of the claim that failed with err (nil: nothing
 // to report), unless Run is stopping.
-func (c *claim) warn(op string, err error) {
-	if err != nil && c.run.Err() == nil {
-		c.q.failed(c.run, op, c.key, err)
+func (h *hold) warn(op string, err error) {
+	if err != nil && h.run.Err() == nil {
+		h.q.failed(h.run, op, h.key, err)
 	}
 }
 
 // timed records how long the handler of the claim's current attempt ran,
 // since start: call defers it.
-func (c *claim) timed(start time.Time) { c.ran = c.q.local.Now().Sub(start) }
+func (h *hold) timed(start time.Time) { h.ran = h.q.local.Now().Sub(start) }
 
 // claimed reports the claim of job for an attempt, with its age.
-func (c *claim) claimed(job *Job) {
-	c.ran = 0
-	c.q.report(c.run, observe.JobClaimed, opRun, job, bson.RawValue{}, func(e *observe.Event) {
+func (h *hold) claimed(job *Job) {
+	h.ran = 0
+	h.q.report(h.run, observe.JobClaimed, opRun, job, bson.RawValue{}, func(e *observe.Event) {
 		e.Attempt = job.Attempt
 		if !job.EnqueuedAt.IsZero() && !job.StartedAt.IsZero() {
 			e.Age = max(job.StartedAt.Sub(job.EnqueuedAt), 0)
@@ -81,7 +81,7 @@ func (c *claim) claimed(job *Job) {
 
 // recorded reports the outcome of job's attempt: the job went to state to,
 // and runs again after delay (retryable, snoozed).
-func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
+func (h *hold) recorded(job *Job, o outcome, to State, delay time.Duration) {
 	var k observe.Kind
 	switch {
 	case o.snoozed:
@@ -93,8 +93,8 @@ func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
 	default:
 		k = observe.JobFailed
 	}
-	c.q.report(c.run, k, opRun, job, bson.RawValue{}, func(e *observe.Event) {
-		e.Attempt, e.Elapsed, e.Err = job.Attempt, c.ran, o.err
+	h.q.report(h.run, k, opRun, job, bson.RawValue{}, func(e *observe.Event) {
+		e.Attempt, e.Elapsed, e.Err = job.Attempt, h.ran, o.err
 		if k != observe.JobSnoozed {
 			e.Outcome = ended.Outcome(o.err)
 		}
@@ -106,16 +106,16 @@ func (c *claim) recorded(job *Job, o outcome, to State, delay time.Duration) {
 
 // skipped reports that this worker leaves the key to other processes:
 // this one has no handler for job, its head.
-func (c *claim) skipped(job *Job) {
-	c.q.report(c.run, observe.QueueKeySkipped, opRun, job, c.key, func(e *observe.Event) { e.Reason = reasonNoHandler })
+func (h *hold) skipped(job *Job) {
+	h.q.report(h.run, observe.QueueKeySkipped, opRun, job, h.key, func(e *observe.Event) { e.Reason = reasonNoHandler })
 }
 
 // interrupted reports that the worker lost its claim on the key while job
 // ran: another worker takes the job over.
-func (c *claim) interrupted(job *Job) {
-	c.q.report(c.run, observe.QueueError, opRun, job, c.key, func(e *observe.Event) { e.Err = c.l.Err() })
+func (h *hold) interrupted(job *Job) {
+	h.q.report(h.run, observe.QueueError, opRun, job, h.key, func(e *observe.Event) { e.Err = h.l.Err() })
 }
 
 // lostKey reports that the worker lost its claim on the key between jobs,
 // none running: the event names the key and no job.
-func (c *claim) lostKey() { c.interrupted(nil) }
+func (h *hold) lostKey() { h.interrupted(nil) }

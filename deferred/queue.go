@@ -3,7 +3,6 @@ package deferred
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/lease"
-	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 )
@@ -120,27 +118,6 @@ type Job struct {
 
 // MaxErrors is how many failed attempts (the newest) a job keeps in Errors.
 const MaxErrors = 20
-
-// keyDoc is a key's document: the i-th reservation is Off+i, the head is
-// Off+Done+1, and N = Tail-Done numbers wait (DESIGN.md, Collections).
-type keyDoc struct {
-	ID   bson.RawValue `bson:"_id"`
-	Off  int64         `bson:"off"`
-	Tail int64         `bson:"tail"`
-	Done int64         `bson:"done"`
-	N    int64         `bson:"n"`
-	Due  time.Time     `bson:"due,omitempty"`
-	Hole *hole         `bson:"hole,omitempty"`
-	H    string        `bson:"h,omitempty"`
-	T    time.Time     `bson:"t,omitempty"`
-	R    bson.ObjectID `bson:"r"`
-}
-
-// hole is a reserved number found without its job, and since when.
-type hole struct {
-	Seq   int64     `bson:"s"`
-	Since time.Time `bson:"since"`
-}
 
 // handler is a registered handler. batch, where set (NewChange), applies a
 // run of its jobs of one key together: see runOf.
@@ -367,162 +344,11 @@ type Kind[A any] struct {
 // Name returns the handler's name.
 func (k *Kind[A]) Name() string { return k.h.name }
 
-// Enqueue stores a job of this kind on key with args and returns its id.
-// See Queue.Enqueue.
-func (k *Kind[A]) Enqueue(ctx context.Context, key any, args A) (bson.ObjectID, error) {
-	return k.q.enqueue(ctx, k.h, key, args)
-}
-
-// Enqueue stores a job for the handler registered as name, on key, with
-// args (of the handler's argument type), and returns its id. Jobs with the
-// same key run one at a time, in the order their Enqueue calls returned.
-//
-// It costs two round trips (four for a key's first): a findOneAndUpdate of
-// the key's document reserves the key's next sequence number, an insert
-// stores the job. Inside a transaction (ctx carries a session with one in
-// progress) both take part in it. An error other than an
-// *UnknownOutcomeError means the job is not stored and will not be; after a
-// write that may have landed, the answer is the id or an
-// *UnknownOutcomeError with the id, also when ctx ended meanwhile. A number
-// reserved by an enqueuer that died before its insert is skipped after
-// Options.HoleTimeout.
-//
-// Bad input is refused before anything is written, with an *InvalidError: a
-// nil ctx, a name no handler is registered under, args that are not of the
-// handler's type, that do not encode, hold a field name starting with '$' or
-// containing '.', or exceed 15 MiB, and a key that store.CheckID refuses
-// (matching ErrInvalidID).
-func (q *Queue) Enqueue(ctx context.Context, name string, key any, args any) (bson.ObjectID, error) {
-	h := q.handler(name)
-	if h == nil {
-		if err := checkCtx(ctx, "enqueue"); err != nil {
-			return bson.ObjectID{}, err
-		}
-		return bson.ObjectID{}, invalid("enqueue", "name", fmt.Sprintf("no handler is registered as %q", shorten(name)), nil)
-	}
-	if args != nil && reflect.TypeOf(args) != h.typ {
-		return bson.ObjectID{}, invalid("enqueue", "args", fmt.Sprintf("%s takes a %v, not a %T", h.name, h.typ, args), nil)
-	}
-	return q.enqueue(ctx, h, key, args)
-}
-
-// maxArgs bounds the encoded argument, below the 16 MiB document limit.
-const maxArgs = 15 << 20
-
-// maxEnqueueTries bounds the reservations of one Enqueue whose numbers were skipped.
-const maxEnqueueTries = 5
-
-func (q *Queue) enqueue(ctx context.Context, h *handler, key any, args any) (bson.ObjectID, error) {
-	var none bson.ObjectID
-	if err := checkCtx(ctx, "enqueue"); err != nil {
-		return none, err
-	}
-	raw, err := store.CheckID(key)
-	if err != nil {
-		return none, invalid("enqueue", "key", "refused", err)
-	}
-	t, b, err := bson.MarshalValue(args)
-	if err != nil {
-		return none, invalid("enqueue", "args", "they do not encode to BSON", err)
-	}
-	arg := bson.RawValue{Type: t, Value: b}
-	if err := checkArgs(arg); err != nil {
-		return none, invalid("enqueue", "args", err.Error(), nil)
-	}
-	if _, err := q.EnsureIndexes(ctx); err != nil {
-		return none, err
-	}
-	id := bson.NewObjectID()
-	inTx := settle.InTransaction(ctx)
-	for try := 1; ; try++ {
-		reserved := q.local.Now()
-		// key is the key as its document stores it: a number equal to
-		// another of another type names one key, whose places are made of
-		// the stored one.
-		seq, key, err := q.reserve(ctx, raw)
-		if err != nil {
-			return none, fmt.Errorf("deferred: enqueue %s on key %s: reserve a sequence number: %w", h.name, keyText(raw), err)
-		}
-		doc := bson.D{
-			{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "name", Value: h.name},
-			{Key: "args", Value: arg}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0},
-			{Key: "max", Value: q.c.MaxAttempts}, {Key: "enqueued", Value: q.local.Now()},
-		}
-		stored, err := q.place(ctx, "enqueue", key, seq, id, q.inserted(doc))
-		var unknown *UnknownOutcomeError
-		late := false
-		switch {
-		case errors.As(err, &unknown):
-			return none, err // it names the job and the operation
-		case err != nil:
-			return none, fmt.Errorf("deferred: enqueue %s on key %s: %w", h.name, keyText(raw), err)
-		case stored && !inTx && q.local.Now().Sub(reserved) >= q.c.HoleTimeout/2:
-			// The number may have been skipped meanwhile (landedLate).
-			if late, err = q.landedLate(ctx, key, id, seq, nil); err != nil {
-				return none, &UnknownOutcomeError{Pkg: "deferred", Op: "enqueue", ID: id, Subject: "job " + id.Hex(), Err: fmt.Errorf("check a slow insert: %w", err)}
-			}
-		}
-		if stored && !late {
-			q.notify()
-			q.jobEvent(ctx, observe.JobEnqueued, opEnqueue, &Job{ID: id, Key: raw, Name: h.name})
-			return id, nil
-		}
-		if try >= maxEnqueueTries {
-			return none, fmt.Errorf("deferred: enqueue %s on key %s: the key skipped %d numbers reserved for this job (Options.HoleTimeout too short?)", h.name, keyText(raw), try)
-		}
-		// The number was skipped, or the job taken back: reserve another.
-	}
-}
-
-// landedLate reports whether the job id, whose slow write (an insert, or
-// Requeue's update) put it at seq on key, landed behind the key's head, and
-// then takes it back: deletes it (restore nil) or applies restore, and
-// writes the number's tombstone. It settles on a context of its own
-// (settling). An error means it could not tell. See DESIGN.md, Holes.
-func (q *Queue) landedLate(ctx context.Context, raw bson.RawValue, id bson.ObjectID, seq int64, restore bson.D) (bool, error) {
-	ctx, cancel := q.settling(ctx)
-	defer cancel()
-	late, err := q.passed(ctx, raw, seq)
-	if err == nil && late {
-		late, err = q.takeBack(ctx, id, seq, restore)
-	}
-	if err != nil || !late {
-		return false, err
-	}
-	q.abandon(ctx, raw, seq)
-	return true, nil
-}
-
 // settling returns a context for settling a write the caller's answer
 // depends on: ctx's values, no session, deadline or cancellation, and
 // ResolveTimeout.
 func (q *Queue) settling(ctx context.Context) (context.Context, context.CancelFunc) {
 	return settle.Detached(store.NoSession(ctx), q.c.ResolveTimeout)
-}
-
-// passed reports whether the head of key (read from the primary, retried)
-// has moved past seq: a job that just landed there, still available, landed
-// late.
-func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool, error) {
-	kd, err := settle.Reread(ctx, q.settleConfig(), func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, false) })
-	return kd != nil && kd.Off+kd.Done >= seq, err
-}
-
-// takeBack deletes the job id (update nil), or applies update, if it is
-// still available at seq, and reports whether it did. A lost reply is
-// judged by the job at majority: gone or moved off seq, done; available at
-// seq, live; else a worker or Cancel has it.
-func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
-	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update, 1),
-		Read: func(ctx context.Context) (*Job, error) { return q.settledJob(ctx, bson.D{{Key: "_id", Value: id}}) },
-		Judge: func(job *Job) (settle.Verdict, string) {
-			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)
-		},
-		Resend: true,
-	})
-	return res.Applied, err
 }
 
 // settleConfig is how the package uses the settling engine.
@@ -536,16 +362,16 @@ func (q *Queue) majority() (jobs, keys *settle.Majority) {
 	return q.maj.jobs, q.maj.keys
 }
 
-// settledJob reads at majority the job that matches filter: nil when there
+// majorityJob reads at majority the job that matches filter: nil when there
 // is none.
-func (q *Queue) settledJob(ctx context.Context, filter bson.D) (*Job, error) {
+func (q *Queue) majorityJob(ctx context.Context, filter bson.D) (*Job, error) {
 	jobs, _ := q.majority()
 	job := new(Job)
 	return found(job, jobs.Read(ctx, func(c *mongo.Collection) error { return c.FindOne(ctx, filter).Decode(job) }))
 }
 
-// settledJobs reads at majority the jobs with ids.
-func (q *Queue) settledJobs(ctx context.Context, ids bson.A) ([]Job, error) {
+// majorityJobs reads at majority the jobs with ids.
+func (q *Queue) majorityJobs(ctx context.Context, ids bson.A) ([]Job, error) {
 	jobs, _ := q.majority()
 	var out []Job
 	return out, jobs.Read(ctx, func(c *mongo.Collection) error {
@@ -556,30 +382,6 @@ func (q *Queue) settledJobs(ctx context.Context, ids bson.A) ([]Job, error) {
 		out = nil
 		return cur.All(ctx, &out)
 	})
-}
-
-// holder reads at majority the id of what holds seq on key raw, a job or a
-// tombstone (zero: nothing).
-func (q *Queue) holder(ctx context.Context, raw bson.RawValue, seq int64) (id bson.ObjectID, err error) {
-	job, err := q.settledJob(ctx, at(raw, seq))
-	if job != nil {
-		id = job.ID
-	}
-	return id, err
-}
-
-// at matches the job (or tombstone) at seq on key raw.
-func at(raw bson.RawValue, seq int64) bson.D {
-	return bson.D{{Key: "p", Value: placeOf(raw, seq)}}
-}
-
-// placeOf is a job's place, its field p: key raw and number seq in one
-// string, unique (the index deferred_place), and ordered by seq among the
-// places of one key: the key's type and bytes in hex, a colon, seq in 16
-// hex digits (DESIGN.md, Places). raw must be the key as its document
-// stores it.
-func placeOf(raw bson.RawValue, seq int64) string {
-	return hex.EncodeToString(append([]byte{byte(raw.Type)}, raw.Value...)) + fmt.Sprintf(":%016x", seq) // seq > 0: off is a time in µs
 }
 
 // verdict is the engine's verdict on a read: landed, else live, else dead.
@@ -597,162 +399,6 @@ func verdict(landed, live bool) (settle.Verdict, string) {
 // id of what holds the place (the unique index on places gives it to one).
 func holds(id bson.ObjectID) func(bson.ObjectID) (settle.Verdict, string) {
 	return func(h bson.ObjectID) (settle.Verdict, string) { return verdict(h == id, h.IsZero()) }
-}
-
-// place sends, through the settling engine, the write that puts the job id
-// at seq on key raw (Enqueue's insert, Requeue's update); applied false
-// means the place is taken, or the update matched nothing. A lost reply is
-// judged by what holds the place at majority, and resent while nothing
-// does. Its answers are honest: false, or an error other than an
-// *UnknownOutcomeError, means no copy of the write can apply any more (the
-// number gets a tombstone where that is not yet sure). See DESIGN.md.
-func (q *Queue) place(ctx context.Context, op string, raw bson.RawValue, seq int64, id bson.ObjectID, send func(context.Context) (struct{}, bool, error)) (bool, error) {
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
-		Send: send, Read: func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }, Judge: holds(id), Resend: true,
-	})
-	var ue *settle.UnknownError
-	switch {
-	case err == nil && res.Applied:
-		return true, nil
-	case err == nil && res.HasRead:
-		return false, nil // the place is taken
-	case err != nil && !errors.As(err, &ue):
-		if !settle.InTransaction(ctx) {
-			q.abandon(ctx, raw, seq)
-		}
-		return false, err
-	}
-	// Refused at once, or not settled: the tombstone tells.
-	landed, serr := q.settle(ctx, raw, seq, id)
-	switch {
-	case serr != nil:
-		return false, &UnknownOutcomeError{Pkg: "deferred", Op: op, ID: id, Subject: "job " + id.Hex(), Err: errors.Join(err, serr)}
-	case landed || ue == nil:
-		return landed, nil
-	}
-	return false, ue.Err
-}
-
-// settle decides whether the write that puts the job id at seq landed when
-// the engine could not tell, by inserting the number's tombstone: landed,
-// the write cannot land any more; refused, what holds the number tells. An
-// error leaves the outcome unknown. It runs on the settling context.
-func (q *Queue) settle(ctx context.Context, raw bson.RawValue, seq int64, id bson.ObjectID) (landed bool, err error) {
-	ctx, cancel := q.settling(ctx)
-	defer cancel()
-	read := func(ctx context.Context) (bson.ObjectID, error) { return q.holder(ctx, raw, seq) }
-	doc, tid := q.tombstoneDoc(ctx, raw, seq)
-	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, bson.ObjectID]{
-		Send: q.inserted(doc), Read: read, Judge: holds(tid), Resend: true,
-	})
-	switch {
-	case err != nil:
-		return false, fmt.Errorf("write the tombstone of its number: %w", err)
-	case res.Applied:
-		return false, nil
-	}
-	h := res.Read
-	if !res.HasRead {
-		h, err = settle.Reread(ctx, q.settleConfig(), read)
-	}
-	if err == nil && h.IsZero() {
-		err = errors.New("the number's tombstone was refused, and nothing holds the number")
-	}
-	return h == id, err
-}
-
-// reserve takes the next sequence number of key: one findOneAndUpdate of
-// the key's document that sets a fresh reservation id r (the key's first
-// reservation makes the document first). A lost reply is judged by r on the
-// document at majority; it is never resent as it is (each copy would take a
-// number): it reserves again, and a number it may have taken is a hole.
-func (q *Queue) reserve(ctx context.Context, raw bson.RawValue) (int64, bson.RawValue, error) {
-	var last error
-	for try, creates := 1, 0; try <= 5; try++ {
-		rid := bson.NewObjectID()
-		update := bson.D{
-			{Key: "$inc", Value: bson.D{{Key: "tail", Value: int64(1)}, {Key: "n", Value: int64(1)}}},
-			{Key: "$set", Value: bson.D{{Key: "r", Value: rid}}},
-		}
-		res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[*keyDoc, *keyDoc]{
-			Send:  modified[keyDoc](q, q.keys, store.IDFilter(raw), update, options.After),
-			Read:  func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, raw, true) },
-			Judge: func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.R == rid, true) },
-		})
-		var ue *settle.UnknownError
-		switch {
-		case err == nil && res.Applied:
-			kd := shown(res)
-			return kd.Off + kd.Tail, kd.ID, nil
-		case err == nil && res.HasReply && creates < 3:
-			// No key document: make it and reserve again.
-			creates++
-			try--
-			if err := q.createKey(ctx, raw); err != nil {
-				return 0, raw, err
-			}
-		case err == nil && res.HasReply:
-			return 0, raw, fmt.Errorf("the key's document was still missing after %d inserts of it (deleted meanwhile?)", creates)
-		case err == nil, errors.As(err, &ue):
-			// Not shown, or not settled: reserve again.
-			last = errors.New("the reservation's reply was lost, and re-reading the key did not show it")
-			if err != nil {
-				last = ue
-			}
-			if cerr := store.ContextError(ctx); cerr != nil {
-				return 0, raw, errors.Join(last, cerr)
-			}
-		default:
-			return 0, raw, err
-		}
-	}
-	return 0, raw, last
-}
-
-// createKey inserts the document of a key that has none; it is there
-// afterwards, whoever made it. An insert, not an upsert: FerretDB v2 runs
-// concurrent upserts of one new _id as separate inserts (DESIGN.md).
-func (q *Queue) createKey(ctx context.Context, raw bson.RawValue) error {
-	doc := bson.D{
-		{Key: "_id", Value: raw},
-		// Above the numbers of a deleted document of the key: DESIGN.md, Bounds.
-		{Key: "off", Value: q.now(ctx).UnixMicro()},
-		{Key: "tail", Value: int64(0)}, {Key: "done", Value: int64(0)}, {Key: "n", Value: int64(0)},
-	}
-	err := q.try(ctx, func(ctx context.Context) error { _, err := q.keys.InsertOne(ctx, doc); return err })
-	if !settle.InTransaction(ctx) && (store.IsDuplicateKey(err) || store.IsAmbiguous(err)) {
-		return nil // there, or perhaps there: the next reservation tells
-	}
-	return err // in a transaction, its owner retries it whole
-}
-
-// abandon writes, best effort, the tombstone of a number whose insert
-// surely failed, so that its key need not wait HoleTimeout.
-func (q *Queue) abandon(ctx context.Context, raw bson.RawValue, seq int64) {
-	ctx, cancel := q.settling(ctx)
-	defer cancel()
-	if err := q.tombstone(ctx, raw, seq); err != nil && !store.IsDuplicateKey(err) {
-		q.failed(ctx, "skip_number", raw, err)
-	}
-}
-
-// tombstone inserts the tombstone of seq on key; a copy after a lost reply
-// fails on the unique index, which means "there".
-func (q *Queue) tombstone(ctx context.Context, raw bson.RawValue, seq int64) error {
-	doc, _ := q.tombstoneDoc(ctx, raw, seq)
-	_, _, err := q.inserted(doc)(ctx)
-	return err
-}
-
-// tombstoneDoc returns the tombstone of seq on key, kept an hour at least
-// (DESIGN.md, Holes), and its id.
-func (q *Queue) tombstoneDoc(ctx context.Context, raw bson.RawValue, seq int64) (bson.D, bson.ObjectID) {
-	now, id := q.now(ctx), bson.NewObjectID()
-	return bson.D{
-		{Key: "_id", Value: id}, {Key: "k", Value: raw}, {Key: "s", Value: seq}, {Key: "p", Value: placeOf(raw, seq)},
-		{Key: "state", Value: stateSkipped}, {Key: "finished", Value: now},
-		{Key: "expireAt", Value: now.Add(max(q.c.Retention, time.Hour))},
-	}, id
 }
 
 // inserted is the send of an insert of doc into the jobs collection:
@@ -811,16 +457,6 @@ func modified[T any](q *Queue, coll *mongo.Collection, filter, update bson.D, rd
 	}
 }
 
-// readKey reads a key's document (nil: none), at majority when settled.
-func (q *Queue) readKey(ctx context.Context, raw bson.RawValue, settled bool) (*keyDoc, error) {
-	kd := new(keyDoc)
-	read := func(c *mongo.Collection) error { return c.FindOne(ctx, store.IDFilter(raw)).Decode(kd) }
-	if _, keys := q.majority(); settled {
-		return found(kd, keys.Read(ctx, read))
-	}
-	return found(kd, read(q.keys))
-}
-
 // shown returns what shows that a write landed: its reply, or else the
 // read that settled it.
 func shown[T any](res settle.Result[*T, *T]) *T {
@@ -857,41 +493,6 @@ func (q *Queue) now(ctx context.Context) time.Time {
 		return q.local.Now()
 	}
 	return est.Time
-}
-
-// checkArgs refuses an encoded argument that a server could read as an
-// operator, or that is too large.
-func checkArgs(v bson.RawValue) error {
-	if len(v.Value) > maxArgs {
-		return fmt.Errorf("%d bytes encoded, over %d", len(v.Value), maxArgs)
-	}
-	return walkArgs(v, 0)
-}
-
-func walkArgs(v bson.RawValue, depth int) error {
-	if depth > 100 {
-		return errors.New("nested more than 100 levels deep")
-	}
-	var vals []bson.RawValue
-	switch v.Type {
-	case bson.TypeEmbeddedDocument:
-		elems, _ := v.Document().Elements()
-		for _, e := range elems {
-			if k := e.Key(); strings.HasPrefix(k, "$") || strings.Contains(k, ".") {
-				return fmt.Errorf("field name %q starts with '$' or contains '.'", shorten(k))
-			}
-			vals = append(vals, e.Value())
-		}
-	case bson.TypeArray:
-		vals, _ = v.Array().Values()
-	default: // a scalar holds no field name
-	}
-	for _, x := range vals {
-		if err := walkArgs(x, depth+1); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // checkCtx refuses a nil ctx with an *InvalidError and returns an ended

@@ -109,7 +109,7 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 				return nil, fail(fmt.Errorf("create the lock document: %w", err))
 			}
 		}
-		if l, ok, err := m.settle(ctx, parent, id, raw, s, w); ok || err != nil {
+		if l, ok, err := m.pendingLanded(ctx, parent, id, raw, s, w); ok || err != nil {
 			return l, err
 		}
 		if !s.found {
@@ -140,9 +140,9 @@ func (m *Manager) claim(ctx context.Context, id any, raw docKey, parent context.
 	}
 }
 
-// settle reports whether the record s shows one of the pending claims (whose
+// pendingLanded reports whether the record s shows one of the pending claims (whose
 // outcome was unknown) applied: the lease is then ours, from that claim.
-func (m *Manager) settle(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, w *waiting) (*Lease, bool, error) {
+func (m *Manager) pendingLanded(ctx context.Context, parent context.Context, id any, raw docKey, s snapshot, w *waiting) (*Lease, bool, error) {
 	if w == nil || !s.found || s.rec.Owner != m.c.Owner {
 		return nil, false, nil
 	}
