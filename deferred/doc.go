@@ -75,9 +75,13 @@
 //     lost counts; snoozes and attempts interrupted by Run's stop do not),
 //     then dead with one recorded error per failed attempt (the newest
 //     MaxErrors of them). A handler's error matching ErrInvalid makes the
-//     job dead at once, as retry.Permanent does. A worker's claim of a job
-//     is fenced on its lease of the key: a copy of it that arrives after a
-//     newer holder of the key claimed the job changes nothing.
+//     job dead at once, as retry.Permanent does, and so does a stored
+//     argument that does not decode into the handler's type (another
+//     version of the program enqueued it). Each claim of a job has an id of
+//     its own (Job.Claim), and every write that acts on the claimed job is
+//     conditioned on it: a copy of a claim, record, snooze or put-back held
+//     in the network that arrives after the job moved on changes nothing,
+//     so a late copy never costs a job an attempt nor runs it twice.
 //   - Bounded storage: a job keeps at most MaxErrors errors; the keys
 //     collection holds a document per key only while the key has jobs or
 //     was worked within Retention (Sweep deletes the others); a target
@@ -111,6 +115,8 @@
 //     is ErrInvalid.
 //   - From ModifyOrEnqueue: versioned's errors as Modify returns them (fn's
 //     own, versioned.ErrNotFound, ...) when the change was not queued.
-//   - In a job's recorded errors: the handler's error message, or a
-//     *PanicError's value and stack.
+//   - In a job's recorded errors: the handler's error message, a
+//     *PanicError's value and stack, or an *InvalidError (Op "run", Field
+//     "args") naming the handler and the type its stored argument does not
+//     decode into.
 package deferred
