@@ -44,17 +44,21 @@ test-min-go: ## the root module alone, with the Go version its go.mod declares
 # embedded server lacks ($expr, $$NOW, TTL indexes) on it. documentdb-down
 # stops it and forgets it.
 DDB_DIR ?= $(or $(MONGOCAS_DOCUMENTDB_DIR),../shared/backends/documentdb)
-DDB_RUN ?= $(HOME)/.cache/mongocas/documentdb
+# PostgreSQL runs as the postgres user: its state directory must not be under
+# a home directory it cannot enter (root's is 0700).
+DDB_RUN ?= /var/tmp/mongocas-documentdb
+# sudo where it is needed and present; root runs the scripts directly.
+SUDO ?= $(if $(filter 0,$(shell id -u)),,sudo)
 DDB_URI_FILE = $(HOME)/.cache/mongocas/alt-server.uri
 
 documentdb-up: ## start the DocumentDB backend here; mongotest uses it as its second server
-	sudo bash $(DDB_DIR)/build.sh
-	mkdir -p $(DDB_RUN) && sudo env RUN=$(DDB_RUN) bash $(DDB_DIR)/start.sh | tail -1 > $(DDB_URI_FILE)
+	$(SUDO) bash $(DDB_DIR)/build.sh
+	mkdir -p $(DDB_RUN) $(dir $(DDB_URI_FILE)) && $(SUDO) env RUN=$(DDB_RUN) bash $(DDB_DIR)/start.sh | tail -1 > $(DDB_URI_FILE)
 	@echo "second server: $$(cat $(DDB_URI_FILE)) (recorded in $(DDB_URI_FILE))"
 
 documentdb-down:
 	rm -f $(DDB_URI_FILE)
-	sudo env RUN=$(DDB_RUN) bash $(DDB_DIR)/stop.sh
+	$(SUDO) env RUN=$(DDB_RUN) bash $(DDB_DIR)/stop.sh
 
 test-documentdb: ## the suite on FerretDB v2 + DocumentDB, no proxy
 	PKGS='$(PKGS)' bash .ci/run documentdb
