@@ -437,8 +437,8 @@ type interval struct {
 // grow, and a dead holder's fenced write after a takeover must change nothing.
 func (v *verifier) docLeases(ctx context.Context) []checkResult {
 	coll := v.prefix + "_leases"
-	if _, err := v.clients[0].Collection(coll).InsertOne(ctx, bson.D{{Key: "_id", Value: "L"}, {Key: "writes", Value: 0}}); err != nil {
-		return []checkResult{{"lease: one holder at a time (document lease)", "guarantee", notTestable, "insert: " + err.Error(), nil}}
+	if err := insertScratch(ctx, v.clients[0].Collection(coll), bson.D{{Key: "_id", Value: "L"}, {Key: "stale", Value: bson.A{}}}); err != nil {
+		return []checkResult{{"lease: one holder at a time (document lease)", "guarantee", notTestable, "insert: " + errText(err), nil}}
 	}
 	return v.leaseWorkload(ctx, "document lease", func(db *mongo.Database, owner string) (*lease.Manager, error) {
 		return lease.New(db.Collection(coll), &lease.Options{TTL: leaseTTL, Owner: owner, Observer: &v.lost})
@@ -459,6 +459,8 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 	var staleApplied, staleTried int
 	var stale []string
 	var mode lease.Mode
+	var firstDies atomic.Bool
+	failed, lastErr := 0, error(nil) // claims that failed other than as held
 	var wg sync.WaitGroup
 	for ci, db := range v.clients {
 		m, err := mk(db, fmt.Sprintf("verify-%s-client%d", strings.Fields(what)[0], ci))
@@ -468,11 +470,16 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 		wg.Go(func() {
 			seed := uint64(ci) //nolint:gosec // a range index: never negative
 			rnd := mrand.New(mrand.NewPCG(seed, 7))
-			first := ci == 0 // client 0's first holder dies, so that every run sees a takeover
 			for time.Now().Add(1500*time.Millisecond).Before(v.until) && ctx.Err() == nil {
 				l, err := m.TryAcquire(ctx, "L")
 				v.ops.Add(1)
 				if err != nil {
+					if !errors.Is(err, lease.ErrHeld) {
+						mu.Lock()
+						failed++
+						lastErr = err
+						mu.Unlock()
+					}
 					time.Sleep(time.Duration(5+rnd.IntN(20)) * time.Millisecond)
 					continue
 				}
@@ -484,8 +491,9 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 				}
 				fence := l.Fence()
 				time.Sleep(time.Duration(rnd.IntN(20)) * time.Millisecond)
-				dies := first || rnd.IntN(8) == 0
-				first = false
+				// The run's first holder dies, so that every run sees a
+				// takeover early, then one in eight.
+				dies := firstDies.CompareAndSwap(false, true) || rnd.IntN(8) == 0
 				var end time.Duration
 				if dies { // never released: its context must end before anyone else claims
 					<-l.Done()
@@ -553,6 +561,9 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 	switch {
 	case len(ivs) < 2:
 		res.Result, res.Detail = notTestable, fmt.Sprintf("only %d claims in the time given: raise --duration", len(ivs))
+		if failed > 0 {
+			res.Detail += fmt.Sprintf(" (%d claims failed, the last with: %s)", failed, errText(lastErr))
+		}
 	case overlaps > 0:
 		res.Result, res.Detail = broken, fmt.Sprintf("%d overlaps of holders among %d claims (mode %s)", overlaps, len(ivs), mode)
 	default:

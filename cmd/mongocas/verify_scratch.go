@@ -91,7 +91,7 @@ func (c *cli) checkScratch(ctx context.Context, db *mongo.Database, yes, dropLef
 		}
 		return &cliError{err: fmt.Errorf("database %s holds %d other collections (%s): verify adds scratch collections "+
 			"beside them for the run (and drops them), and loads the server meanwhile", db.Name(), len(others), strings.Join(shown, ", ")),
-			fix: "run it on a database of its own (--db mongocas_verify), or pass --yes to run here all the same; nothing was changed",
+			fix:  "run it on a database of its own (--db mongocas_verify), or pass --yes to run here all the same; nothing was changed",
 			code: exitError}
 	}
 	return nil

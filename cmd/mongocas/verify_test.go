@@ -218,7 +218,7 @@ func TestVerifyHoldsWithLostReplies(t *testing.T) {
 	f, uri := proxied(t, db, nil)
 	drop := f.DropReplies(1<<30, sometimes(0.05, writes...))
 	for i := range runs() {
-		r, rep := verifyThrough(t, db, uri, "--duration", "4s", "--clients", "3")
+		r, rep := verifyThrough(t, db, uri, "--duration", "6s", "--clients", "3")
 		t.Logf("run %d with lost replies (%d so far):\n%s%s", i+1, len(drop.Dropped()), r.stderr, r.stdout)
 		wantCode(t, r, 0)
 		if rep.LostReplies.Seen == 0 || rep.LostReplies.Settled == 0 {
