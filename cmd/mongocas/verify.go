@@ -513,7 +513,7 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 					// as the stored document (read at majority) shows,
 					// whatever the reply's counts say.
 					c := db.Collection(fenceColl)
-					for time.Now().Before(v.until) {
+					for time.Now().Before(v.until) && ctx.Err() == nil {
 						var rec struct {
 							L leaseRecord `bson:"_lease"`
 						}
@@ -613,7 +613,7 @@ func (v *verifier) firstUse(ctx context.Context) []checkResult {
 		var wg sync.WaitGroup
 		for i, k := range keys {
 			wg.Go(func() {
-				for attempt := 0; attempt < 200 && time.Now().Before(v.until.Add(5*time.Second)); attempt++ {
+				for attempt := 0; attempt < 200 && time.Now().Before(v.until.Add(5*time.Second)) && ctx.Err() == nil; attempt++ {
 					res, err := k.Do(ctx, key, []byte("same request"), func(ctx context.Context, _ *idempotency.Call) (idempotency.Result, error) {
 						runs.Add(1)
 						time.Sleep(15 * time.Millisecond)

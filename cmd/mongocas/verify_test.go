@@ -1,9 +1,13 @@
 package main_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -352,5 +356,55 @@ func TestVerifyCatchesANonAtomicServer(t *testing.T) {
 		if !strings.HasPrefix(b, "versioned:") && !strings.HasPrefix(b, "lease:") && !strings.HasPrefix(b, "idempotency:") {
 			t.Errorf("broken: %s, which a non-atomic server does not break", b)
 		}
+	}
+}
+
+// TestVerifyInterruptedDropsItsCollections: Ctrl-C in the middle of a run
+// drops the run's scratch collections and says so.
+func TestVerifyInterruptedDropsItsCollections(t *testing.T) {
+	db := mongotest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), args(db, "verify", "--duration", "30s", "--clients", "2")...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), "verify: 1s of 30s") {
+			break
+		}
+	}
+	names, err := db.ListCollectionNames(ctx, bson.D{})
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no scratch collection while the run goes on: %v %v", names, err)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	rest, _ := io.ReadAll(stderr)
+	out.Write(rest)
+	err = cmd.Wait()
+	if took := time.Since(sent); took > 10*time.Second {
+		t.Errorf("the run went on for %v after the interrupt", took)
+	}
+	t.Logf("verify, interrupted:\n%s", out.String())
+	if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() != 2 {
+		t.Errorf("exit: %v, want status 2", err)
+	}
+	if !strings.Contains(out.String(), "mongocas verify: interrupted; dropped its") ||
+		!strings.Contains(out.String(), "mongocas verify: interrupted: nothing was proven") {
+		t.Errorf("no word of the interruption and the dropped collections")
+	}
+	names, err = db.ListCollectionNames(ctx, bson.D{})
+	if err != nil || len(names) > 0 {
+		t.Errorf("collections left: %v %v", names, err)
 	}
 }
