@@ -24,8 +24,9 @@ type clockFigures struct {
 	// OffsetMS is the server clock's offset from this host's clock
 	// (harmless by itself: only differences are used).
 	OffsetMS float64 `json:"offsetMs"`
-	// SpreadMS is how far apart the clients' latest offsets are, beyond
-	// their readings' error bounds; AllowedSpreadMS the lease's safety margin.
+	// SpreadMS is how far apart the clients' latest offsets are;
+	// AllowedSpreadMS is the lease's safety margin, which the spread may
+	// not exceed beyond the readings' error bounds.
 	SpreadMS        float64 `json:"spreadMs"`
 	AllowedSpreadMS float64 `json:"allowedSpreadMs"`
 	// Rate is the fastest rate at which a client saw the server's clock
@@ -106,21 +107,23 @@ func (v *verifier) clocks(ctx context.Context) checkResult {
 	}
 	f.OffsetMS = ms(sum / time.Duration(f.Readings))
 	f.Rate, f.RateError = rateWorst, errWorst
-	var spreadWorst time.Duration
+	var spreadWorst, spread time.Duration
 	for _, a := range latest {
 		for _, b := range latest {
+			spread = max(spread, a.offset-b.offset)
 			// Readings taken at different times differ by the drift
 			// between them too; allowed for at DriftRate.
 			allowance := a.bound + b.bound + time.Duration(driftRate*float64(absDur(a.at-b.at)))
 			spreadWorst = max(spreadWorst, a.offset-b.offset-allowance)
 		}
 	}
-	f.SpreadMS = ms(spreadWorst)
+	f.SpreadMS = ms(spread)
 	v.clock = f
 	var bad []string
 	if spreadWorst > leaseMargin {
-		bad = append(bad, fmt.Sprintf("the clients' readings of the server clock are %.1fms apart beyond their error bounds, "+
-			"more than the lease's safety margin (%v): a holder may still write when another client sees its lease expired", f.SpreadMS, leaseMargin))
+		bad = append(bad, fmt.Sprintf("the clients' readings of the server clock are %.1fms apart (%.1fms beyond their error bounds), "+
+			"more than the lease's safety margin (%v): a holder may still write when another client sees its lease expired",
+			f.SpreadMS, ms(spreadWorst), leaseMargin))
 	}
 	if math.Abs(rateWorst)-errWorst > driftRate {
 		bad = append(bad, fmt.Sprintf("the server clock runs at %+.2g (±%.1g) against this host's, beyond lease's DriftRate %.0e: "+
