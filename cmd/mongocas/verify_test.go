@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,6 +323,15 @@ func TestVerifyCatchesAFastClock(t *testing.T) {
 	db := mongotest.New(t)
 	f, uri := proxied(t, db, nil)
 	base := time.Now()
+	moveClock(f, func(real time.Time) time.Time { return base.Add(real.Sub(base) * 11 / 10) })
+	c := wantBroken(t, db, uri, "a server clock 10% fast", "clock:", "the server clock runs at +0.")
+	if !regexp.MustCompile(`runs at \+0\.(09|10?\b)`).MatchString(c.Detail) {
+		t.Errorf("the rate named is not 10%%: %s", c.Detail)
+	}
+}
+
+// moveClock rewrites hello's localTime in every reply through f's proxy.
+func moveClock(f *mongotest.Faulty, move func(time.Time) time.Time) {
 	f.RewriteReplies(1<<30, func(c *mongotest.Command) bool { return containsFold([]string{"hello", "isMaster"}, c.Name) },
 		func(_ *mongotest.Command, reply bson.Raw) (bson.Raw, error) {
 			var d bson.D
@@ -329,16 +339,27 @@ func TestVerifyCatchesAFastClock(t *testing.T) {
 				return nil, err
 			}
 			for i, e := range d {
-				if e.Key == "localTime" {
-					if t, ok := e.Value.(bson.DateTime); ok {
-						real := t.Time()
-						d[i].Value = bson.NewDateTimeFromTime(base.Add(real.Sub(base) * 11 / 10))
-					}
+				if t, ok := e.Value.(bson.DateTime); ok && e.Key == "localTime" {
+					d[i].Value = bson.NewDateTimeFromTime(move(t.Time()))
 				}
 			}
 			return bson.Marshal(d)
 		})
-	wantBroken(t, db, uri, "a server clock 10% fast", "clock:", "the server clock runs at +0.1")
+}
+
+// TestVerifyShowsAUniformClockSkew: a server clock an hour ahead of this
+// host's, at the same rate, harms no lease (only differences are used):
+// verify passes, and shows the offset.
+func TestVerifyShowsAUniformClockSkew(t *testing.T) {
+	db := mongotest.New(t)
+	f, uri := proxied(t, db, nil)
+	moveClock(f, func(real time.Time) time.Time { return real.Add(time.Hour) })
+	r, rep := verifyThrough(t, db, uri, "--duration", "4s", "--clients", "3")
+	t.Logf("verify with the server clock an hour ahead:\n%s%s", r.stderr, r.stdout)
+	wantCode(t, r, 0)
+	if c := rep.result(t, "clock:"); c.Result != "held" || !strings.Contains(c.Detail, "offset +36000") {
+		t.Errorf("clock: %s (%s)", c.Result, c.Detail)
+	}
 }
 
 // TestVerifyCatchesANonAtomicServer: FerretDB v1 without the serializing
