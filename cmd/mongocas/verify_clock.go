@@ -41,9 +41,16 @@ func (f clockFigures) String() string {
 	if f.Readings == 0 {
 		return "no reading of the server clock"
 	}
-	return fmt.Sprintf("offset %+.1fms from this host, spread %.1fms between clients (allowed %.0fms), "+
+	offset := fmt.Sprintf("%+.1fms", f.OffsetMS)
+	if math.Abs(f.OffsetMS) >= 1000 {
+		d := time.Duration(f.OffsetMS * float64(time.Millisecond)).Round(time.Millisecond)
+		if offset = d.String(); d > 0 {
+			offset = "+" + offset
+		}
+	}
+	return fmt.Sprintf("offset %s from this host, spread %.1fms between clients (allowed %.0fms), "+
 		"rate %+.2g ±%.1g (allowed %.0e), %d readings",
-		f.OffsetMS, f.SpreadMS, f.AllowedSpreadMS, f.Rate, f.RateError, f.AllowedRate, f.Readings)
+		offset, f.SpreadMS, f.AllowedSpreadMS, f.Rate, f.RateError, f.AllowedRate, f.Readings)
 }
 
 // clocks reads the server's clock (hello's localTime, as store.ServerClock
