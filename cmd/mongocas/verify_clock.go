@@ -83,16 +83,23 @@ func (v *verifier) clocks(ctx context.Context) checkResult {
 		})
 	}
 	wg.Wait()
-	f := clockFigures{AllowedSpreadMS: ms(leaseMargin), AllowedRate: driftRate}
+	var f clockFigures
+	f, res.Result, res.Detail = judgeClock(all)
+	v.clock = f
+	return res
+}
+
+// judgeClock judges the clients' readings of the server clock (one list per
+// client, in time order): the figures, the result and its detail.
+func judgeClock(all [][]clockReading) (f clockFigures, result, detail string) {
+	f = clockFigures{AllowedSpreadMS: ms(leaseMargin), AllowedRate: driftRate}
 	var rateWorst, errWorst float64
 	var latest []clockReading
 	var sum time.Duration
 	for i, rs := range all {
 		f.Readings += len(rs)
 		if len(rs) < 2 {
-			res.Result, res.Detail = notTestable, fmt.Sprintf("client %d took %d readings of the server clock: raise --duration", i, len(rs))
-			v.clock = f
-			return res
+			return f, notTestable, fmt.Sprintf("client %d took %d readings of the server clock: raise --duration", i, len(rs))
 		}
 		for _, r := range rs {
 			sum += r.offset
@@ -125,7 +132,6 @@ func (v *verifier) clocks(ctx context.Context) checkResult {
 		}
 	}
 	f.SpreadMS = ms(spread)
-	v.clock = f
 	var bad []string
 	if spreadWorst > leaseMargin {
 		bad = append(bad, fmt.Sprintf("the clients' readings of the server clock are %.1fms apart (%.1fms beyond their error bounds), "+
@@ -138,11 +144,9 @@ func (v *verifier) clocks(ctx context.Context) checkResult {
 			math.Abs(rateWorst)*ms(leaseTTL), leaseTTL))
 	}
 	if len(bad) > 0 {
-		res.Result, res.Detail = broken, strings.Join(bad, "; ")
-		return res
+		return f, broken, strings.Join(bad, "; ")
 	}
-	res.Result, res.Detail = held, f.String()
-	return res
+	return f, held, f.String()
 }
 
 // readClock takes up to three readings and keeps the one with the
