@@ -268,3 +268,52 @@ func TestFaultsMatchOnlyTheirCommand(t *testing.T) {
 	require.Equal(t, int64(4), readCounter(t, db).N)
 	require.NoError(t, f.Err())
 }
+
+// TestFaultAnswerInstead: an update answered without reaching the server
+// reports what the fault says, changes nothing, and acts n times only.
+func TestFaultAnswerInstead(t *testing.T) {
+	db := mongotest.New(t)
+	f := db.Faulty(t, nil)
+	ctx := context.Background()
+	seedCounter(t, db)
+	ack, err := bson.Marshal(bson.D{{Key: "n", Value: 1}, {Key: "nModified", Value: 1}, {Key: "ok", Value: 1.0}})
+	require.NoError(t, err)
+	fault := f.AnswerInstead(2, mongotest.Commands([]string{"update"}, "c"), ack)
+	for range 2 {
+		res, err := f.Collection("c").UpdateOne(ctx, bson.D{{Key: "_id", Value: 1}}, incN)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), res.ModifiedCount, "the lie")
+	}
+	require.True(t, fault.HasFired())
+	require.Zero(t, readCounter(t, db).N, "acknowledged, never applied")
+	_, err = f.Collection("c").UpdateOne(ctx, bson.D{{Key: "_id", Value: 1}}, incN)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), readCounter(t, db).N, "the third update, past the fault, applies")
+}
+
+// TestFaultRewriteReplies: the client gets the reply the rewrite makes of
+// the server's, for n replies; the request itself reached the server.
+func TestFaultRewriteReplies(t *testing.T) {
+	db := mongotest.New(t)
+	f := db.Faulty(t, nil)
+	ctx := context.Background()
+	seedCounter(t, db)
+	old, err := bson.Marshal(bson.D{{Key: "cursor", Value: bson.D{{Key: "firstBatch", Value: bson.A{counter{ID: 1, N: 41}}},
+		{Key: "id", Value: int64(0)}, {Key: "ns", Value: db.Name() + ".c"}}}, {Key: "ok", Value: 1.0}})
+	require.NoError(t, err)
+	seen, served := 0, 0 // rewrites, and how many documents the server's replies held
+	fault := f.RewriteReplies(1, mongotest.Commands([]string{"find"}, "c"), func(_ *mongotest.Command, reply bson.Raw) (bson.Raw, error) {
+		seen++
+		docs, _ := reply.Lookup("cursor", "firstBatch").Array().Values()
+		served += len(docs)
+		return old, nil
+	})
+	var c counter
+	require.NoError(t, f.Collection("c").FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Decode(&c))
+	require.Equal(t, int64(41), c.N, "the rewritten (stale) reply")
+	require.True(t, fault.HasFired())
+	require.NoError(t, f.Collection("c").FindOne(ctx, bson.D{{Key: "_id", Value: 1}}).Decode(&c))
+	require.Zero(t, c.N, "the next reply is the server's")
+	require.Equal(t, 1, seen)
+	require.Equal(t, 1, served, "the rewrite saw the server's own reply")
+}

@@ -33,6 +33,12 @@ type Faulty struct {
 
 // FaultyOptions configures Faulty. A nil *FaultyOptions means defaults.
 type FaultyOptions struct {
+	// Unserialized lets this client's exchanges run at the server at once,
+	// without the embedded backend's serializing lock: FerretDB v1 then
+	// applies concurrent conditional updates non-atomically (see the package
+	// documentation), a broken server for tools that must detect one. No
+	// effect on other backends.
+	Unserialized bool
 	// RetryWrites turns the driver's retryable writes on. Default off, so
 	// that a dropped reply reaches the code under test as the ambiguous
 	// network error it is, on every backend.
@@ -75,7 +81,11 @@ func (d *DB) OpenFaulty(ctx context.Context, opts *FaultyOptions) (*Faulty, erro
 	if opts == nil {
 		opts = &FaultyOptions{}
 	}
-	p, err := wireproxy.New(wireproxy.Config{Upstream: d.Server.upstream, Serializer: d.Server.serializer})
+	serializer := d.Server.serializer
+	if opts != nil && opts.Unserialized {
+		serializer = nil
+	}
+	p, err := wireproxy.New(wireproxy.Config{Upstream: d.Server.upstream, Serializer: serializer})
 	if err != nil {
 		return nil, fmt.Errorf("fault proxy: %w", err)
 	}
@@ -362,6 +372,30 @@ func (f *Faulty) ErrorBeforeApply(match Match, e ServerError) *Fault {
 		panic("mongotest: " + err.Error())
 	}
 	return f.arm(wireproxy.Fault{Action: wireproxy.Refuse, Match: match, Reply: reply})
+}
+
+// RewriteReplies arms a reply rewriter for the next n requests that match:
+// each is sent to the server and applied, and the client gets the reply body
+// rewrite returns, given the request and the server's reply body (say, a
+// find's batch replaced by an older one, or hello's localTime moved). A
+// rewrite that returns an error or an invalid document is a refusal (see
+// Err), which fails the test at cleanup.
+func (f *Faulty) RewriteReplies(n int, match Match, rewrite func(cmd *Command, reply bson.Raw) (bson.Raw, error)) *Fault {
+	if n <= 0 || rewrite == nil {
+		panic("mongotest: RewriteReplies needs n > 0 and a rewrite function")
+	}
+	return f.arm(wireproxy.Fault{Action: wireproxy.RewriteReply, Match: match, Times: n, Rewrite: rewrite})
+}
+
+// AnswerInstead arms a reply for requests that never happen: the next n
+// requests that match are not sent to the server, and the client gets reply
+// as the server's answer (say, {ok: 1, n: 1, nModified: 1} for an update:
+// a server that acknowledges a write it never applied).
+func (f *Faulty) AnswerInstead(n int, match Match, reply bson.Raw) *Fault {
+	if n <= 0 {
+		panic("mongotest: AnswerInstead needs n > 0")
+	}
+	return f.arm(wireproxy.Fault{Action: wireproxy.Refuse, Match: match, Times: n, Reply: reply})
 }
 
 // HoldNext arms a late copy: the next request that matches is kept at the

@@ -41,8 +41,10 @@ const (
 	FerretDBv2 ServerKind = "ferretdb-v2"
 )
 
-// ProbeCollection is the scratch collection Probe writes its short-lived
-// documents to. It is left empty afterwards.
+// ProbeCollection starts the name of the scratch collection each Probe
+// writes its short-lived documents to: ProbeCollection, "_", and the
+// probe's own id, so that probes running at once never touch each other's.
+// Probe drops it at the end.
 const ProbeCollection = "mongocas_probe"
 
 // Capabilities is what a server can do, as found by trying.
@@ -93,8 +95,8 @@ func (c Capabilities) String() string {
 // Probe finds what the server behind db can do by trying each feature and
 // checking its effect, not by reading its version number: hello and
 // buildInfo, then each test its Capabilities field describes, on documents
-// of ProbeCollection that it deletes at the end. It needs read and write
-// access to db. A feature whose attempt fails, or does not have its effect,
+// of a scratch collection of its own (see ProbeCollection) that it drops at
+// the end. It needs read and write access to db. A feature whose attempt fails, or does not have its effect,
 // is reported absent; Probe fails only when the server cannot be reached or
 // the probe document cannot be written. Server.Capabilities probes once per
 // client.
@@ -140,19 +142,16 @@ func identify(ctx context.Context, client *mongo.Client) (Capabilities, error) {
 
 // try fills the fields of c that Probe finds by trying.
 func try(ctx context.Context, db *mongo.Database, c Capabilities) (Capabilities, error) {
-	coll := db.Collection(ProbeCollection)
 	id := bson.NewObjectID()
+	coll := db.Collection(ProbeCollection + "_" + id.Hex())
 	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	doc := bson.D{{Key: "_id", Value: id}, {Key: "n", Value: 1}, {Key: "t", Value: past}}
+	// Dropped even when the insert fails: a lost reply may hide one that
+	// created the collection.
+	defer func() { _ = coll.Drop(context.WithoutCancel(ctx)) }()
 	if _, err := coll.InsertOne(ctx, doc); err != nil {
-		return c, fmt.Errorf("store: probe: insert into %s.%s: %w", db.Name(), ProbeCollection, err)
+		return c, fmt.Errorf("store: probe: insert into %s.%s: %w", db.Name(), coll.Name(), err)
 	}
-	defer func() {
-		_, _ = coll.DeleteMany(context.WithoutCancel(ctx), bson.D{{Key: "$or", Value: bson.A{
-			bson.D{{Key: "_id", Value: id}},
-			bson.D{{Key: "probe", Value: id}},
-		}}})
-	}()
 
 	c.Expr = probeExpr(ctx, coll, id, past)
 	c.UpdatePipelines = probePipeline(ctx, coll, id)

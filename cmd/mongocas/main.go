@@ -61,7 +61,8 @@ Common flags (every subcommand):
 
 An id or key is a string, or "int:42", or "oid:<24 hex digits>" for other types.
 Exit status: 0 all well, 1 a check found a problem or an action was not done,
-2 bad usage or the server could not be used (nothing was changed).
+2 bad usage or the server could not be used (nothing was changed), 3 (verify)
+no guarantee broke but not every one could be tested.
 `
 
 func main() {
@@ -98,6 +99,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err == nil {
 		return c.status
+	}
+	if errors.Is(err, errHelp) {
+		return exitOK
 	}
 	var ce *cliError
 	if !errors.As(err, &ce) {
@@ -159,7 +163,10 @@ func (c *cli) flags(name string) *flag.FlagSet {
 func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			c.help(fs)
+			return nil, errHelp
+		} else if err != nil {
 			return nil, usageErr("%v", err)
 		}
 		args = fs.Args()
@@ -174,6 +181,23 @@ func (c *cli) parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		return nil, usageErr("--timeout must be positive")
 	}
 	return pos, nil
+}
+
+// errHelp is what parse returns once it printed a subcommand's help
+// (-h, --help): the run ends there, with status 0.
+var errHelp = errors.New("help shown")
+
+// help prints the usage lines of fs's subcommand and its flags to stdout.
+func (c *cli) help(fs *flag.FlagSet) {
+	fmt.Fprintln(c.out, "Usage:")
+	for l := range strings.Lines(usage) {
+		if strings.HasPrefix(l, "  mongocas "+fs.Name()+" ") {
+			fmt.Fprint(c.out, l)
+		}
+	}
+	fmt.Fprintln(c.out, "\nFlags:")
+	fs.SetOutput(c.out)
+	fs.PrintDefaults()
 }
 
 var userinfo = regexp.MustCompile(`^mongodb(?:\+srv)?://[^@/]*?:(.*)@`)

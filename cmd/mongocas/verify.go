@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -32,15 +35,39 @@ const (
 	absent      = "absent"
 )
 
+// exitNotTested is verify's exit status when no guarantee broke but at least
+// one could not be tested: not a pass.
+const exitNotTested = 3
+
+// The leases verify races: their TTL, and the margins a clock must stay
+// within for them (lease's defaults for SafetyMargin and DriftRate).
+const (
+	leaseTTL    = time.Second
+	leaseMargin = leaseTTL / 10
+	driftRate   = 1e-4
+)
+
 // checkResult is one line of verify's report.
 type checkResult struct {
 	Name string `json:"name"`
-	// Kind is "guarantee" (the library's promise: broken fails the run) or
-	// "server" (a server behaviour the library relies on or works around).
+	// Kind is "guarantee" (the library's promise, or what it rests on:
+	// broken fails the run, not testable is not a pass) or "server" (a
+	// server behaviour the library works around: for information).
 	Kind    string   `json:"kind"`
 	Result  string   `json:"result"`
 	Detail  string   `json:"detail"`
 	History []string `json:"history,omitempty"`
+}
+
+// lostReport is the report's count of lost replies, as the library's
+// observer events told them.
+type lostReport struct {
+	Seen      int64 `json:"seen"`
+	Settled   int64 `json:"settled"`
+	Landed    int64 `json:"landed"`
+	Resent    int64 `json:"resent"`
+	NotLanded int64 `json:"notLanded"`
+	Unknown   int64 `json:"unknown"`
 }
 
 type verifyReport struct {
@@ -50,7 +77,12 @@ type verifyReport struct {
 	Clients     int           `json:"clients"`
 	DurationSec float64       `json:"durationSeconds"`
 	Operations  int64         `json:"operations"`
+	LostReplies lostReport    `json:"lostReplies"`
+	Clock       clockFigures  `json:"clock"`
 	Checks      []checkResult `json:"checks"`
+	Held        []string      `json:"held"`
+	Broken      []string      `json:"broken"`
+	NotTested   []string      `json:"notTested"`
 }
 
 // verifier runs the workloads of one verify run.
@@ -61,6 +93,9 @@ type verifier struct {
 	start   time.Time
 	until   time.Time
 	ops     atomic.Int64
+	lost    lostReplies
+	settles atomic.Int64 // Settle ids of the history
+	clock   clockFigures
 }
 
 func (v *verifier) now() int64 { return int64(time.Since(v.start)) }
@@ -69,6 +104,8 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 	fs := c.flags("verify")
 	duration := fs.Duration("duration", 20*time.Second, "how long the concurrent workloads run")
 	nclients := fs.Int("clients", 4, "how many clients (connection pools) race")
+	yes := fs.Bool("yes", false, "run on a database that holds other collections")
+	dropLeft := fs.Bool("drop-leftovers", false, "drop the scratch collections interrupted runs left, then run")
 	if pos, err := c.parse(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -77,6 +114,8 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 	if *duration <= 0 || *nclients < 2 {
 		return usageErr("--duration must be positive and --clients at least 2")
 	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	k, err := c.connect(ctx)
 	if err != nil {
 		return err
@@ -84,27 +123,19 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 	defer k.close()
 	setup, cancel := c.opCtx(ctx)
 	defer cancel()
+	if err := c.checkScratch(setup, k.db, *yes, *dropLeft); err != nil {
+		return err
+	}
 	caps, err := store.Probe(setup, k.db)
 	if err != nil {
 		return fail(fmt.Errorf("probe the server: %w", err), "the user needs read and write access to the database")
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	v := &verifier{prefix: "mongocas_verify_" + hex.EncodeToString(b[:]), caps: caps}
-	defer func() { // drop every scratch collection, also after a failure
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		names, err := k.db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^" + v.prefix}}}})
-		if err != nil {
-			fmt.Fprintf(c.errw, "mongocas verify: could not list the scratch collections %s*: %v; drop them by hand\n", v.prefix, err)
-			return
-		}
-		for _, n := range names {
-			if err := k.db.Collection(n).Drop(ctx); err != nil {
-				fmt.Fprintf(c.errw, "mongocas verify: could not drop the scratch collection %s: %v\n", n, err)
-			}
-		}
-	}()
+	v := &verifier{prefix: scratchPrefix + hex.EncodeToString(b[:]), caps: caps}
+	defer func() { c.dropScratch(k.db, v.prefix, ctx.Err() != nil) }()
+	beat := v.heartbeat(ctx, k.db)
+	defer beat()
 	v.clients = append(v.clients, k.db)
 	for i := 1; i < *nclients; i++ {
 		st, err := store.Connect(setup, c.uri, &store.Options{AppName: fmt.Sprintf("mongocas-verify-%d", i),
@@ -115,23 +146,24 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 		defer func() { _ = st.Close(context.Background()) }()
 		v.clients = append(v.clients, st.Database(k.db.Name()))
 	}
-	if !c.json {
-		fmt.Fprintf(c.errw, "verifying on %s %s (%s), %d clients, %v, scratch collections %s_*\n",
-			caps.Server, caps.Version, topologyName(string(caps.Topology)), *nclients, *duration, v.prefix)
-	}
+	fmt.Fprintf(c.errw, "verifying on %s %s (%s), %d clients, %v, scratch collections %s_*\n",
+		caps.Server, caps.Version, topologyName(string(caps.Topology)), *nclients, *duration, v.prefix)
 
 	// The server behaviours first (they are short), then the workloads, all at once.
 	var checks []checkResult
-	checks = append(checks, v.racingUpserts(setup))
-	checks = append(checks, v.slice(setup), v.nowInWrites(setup), v.majorityReads(setup))
+	checks = append(checks, v.racingUpserts(setup), v.slice(setup), v.nowInWrites(setup))
 	v.start = time.Now()
 	v.until = v.start.Add(*duration)
 	run, cancelRun := context.WithTimeout(ctx, *duration+2*time.Minute)
 	defer cancelRun()
+	stopProgress := c.progress(v, *duration)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var workloadChecks [4][]checkResult
-	for i, w := range []func(context.Context) []checkResult{v.versioned, v.docLeases, v.namedLeases, v.firstUse} {
+	workloads := []func(context.Context) []checkResult{v.versioned, v.docLeases, v.namedLeases, v.firstUse,
+		func(ctx context.Context) []checkResult { return []checkResult{v.majorityReads(ctx)} },
+		func(ctx context.Context) []checkResult { return []checkResult{v.clocks(ctx)} }}
+	workloadChecks := make([][]checkResult, len(workloads))
+	for i, w := range workloads {
 		wg.Go(func() {
 			r := w(run)
 			mu.Lock()
@@ -140,15 +172,36 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 		})
 	}
 	wg.Wait()
-	guarantees := slices.Concat(workloadChecks[:]...)
+	stopProgress()
+	if ctx.Err() != nil {
+		return &cliError{err: errors.New("interrupted: nothing was proven"), code: exitError}
+	}
+	guarantees := slices.Concat(workloadChecks...)
 	checks = append(guarantees, checks...)
 
 	r := verifyReport{Database: k.db.Name(), Server: string(caps.Server) + " " + caps.Version, Scratch: v.prefix,
-		Clients: *nclients, DurationSec: duration.Seconds(), Operations: v.ops.Load(), Checks: checks}
+		Clients: *nclients, DurationSec: duration.Seconds(), Operations: v.ops.Load(), Checks: checks,
+		LostReplies: lostReport{Seen: v.lost.seen.Load(), Settled: v.lost.settled(), Landed: v.lost.landed.Load(),
+			Resent: v.lost.resent.Load(), NotLanded: v.lost.notLanded.Load(), Unknown: v.lost.unknown.Load()},
+		Clock: v.clock, Held: []string{}, Broken: []string{}, NotTested: []string{}}
 	for _, ch := range checks {
-		if ch.Kind == "guarantee" && ch.Result == broken {
-			c.status = exitProblem
+		if ch.Kind != "guarantee" {
+			continue
 		}
+		switch ch.Result {
+		case held:
+			r.Held = append(r.Held, ch.Name)
+		case broken:
+			r.Broken = append(r.Broken, ch.Name)
+		default:
+			r.NotTested = append(r.NotTested, ch.Name)
+		}
+	}
+	switch {
+	case len(r.Broken) > 0:
+		c.status = exitProblem
+	case len(r.NotTested) > 0:
+		c.status = exitNotTested
 	}
 	if c.json {
 		return c.printJSON(r)
@@ -167,11 +220,46 @@ func (c *cli) verify(ctx context.Context, args []string) error {
 			}
 		}
 	}
-	fmt.Fprintf(c.out, "\n%d operations in %v; scratch collections dropped\n", r.Operations, *duration)
-	if c.status != exitOK {
+	fmt.Fprintf(c.out, "\n%d operations in %v; %s\n", r.Operations, *duration, &v.lost)
+	fmt.Fprintf(c.out, "clock: %s\n", v.clock)
+	fmt.Fprintf(c.out, "summary: %d held, %d broken, %d not tested\n", len(r.Held), len(r.Broken), len(r.NotTested))
+	for _, l := range []struct {
+		what  string
+		names []string
+	}{{"held", r.Held}, {"broken", r.Broken}, {"not tested", r.NotTested}} {
+		if len(l.names) > 0 {
+			fmt.Fprintf(c.out, "  %s: %s\n", l.what, strings.Join(l.names, "; "))
+		}
+	}
+	switch c.status {
+	case exitProblem:
 		fmt.Fprintln(c.out, "a guarantee is broken on this deployment: see the history above; report it with the server's kind and version")
+	case exitNotTested:
+		fmt.Fprintln(c.out, "not every guarantee could be tested, so this run proves less than it should: raise --duration (exit status 3)")
 	}
 	return nil
+}
+
+// progress prints a line to stderr about once a second until stop is
+// called: operations so far, lost replies settled, time left.
+func (c *cli) progress(v *verifier, d time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			left := max(time.Until(v.until), 0).Round(time.Second)
+			fmt.Fprintf(c.errw, "verify: %v of %v, %d operations, %d lost replies (%d settled), %v left\n",
+				min(time.Since(v.start), d).Round(time.Second), d, v.ops.Load(), v.lost.seen.Load(), v.lost.settled(), left)
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // outcome classifies a call's error: ok, a definite failure (nothing
@@ -209,7 +297,7 @@ func (v *verifier) versioned(ctx context.Context) []checkResult {
 	coll := v.prefix + "_versioned"
 	repos := make([]*versioned.Repo[counter], len(v.clients))
 	for i, db := range v.clients {
-		r, err := versioned.New[counter](db.Collection(coll), nil)
+		r, err := versioned.New[counter](db.Collection(coll), &versioned.Options{Observer: &v.lost})
 		if err != nil {
 			return []checkResult{{name, "guarantee", notTestable, "versioned.New: " + err.Error(), nil}}
 		}
@@ -258,6 +346,7 @@ func (v *verifier) versioned(ctx context.Context) []checkResult {
 					id := docID(r, rnd.IntN(docsPerRnd))
 					in := vIn{Key: id}
 					octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+					octx, tr := track(octx)
 					call := v.now()
 					var doc *counter
 					switch x := rnd.IntN(10); {
@@ -285,8 +374,20 @@ func (v *verifier) versioned(ctx context.Context) []checkResult {
 					if in.Op == 'g' && out.Res != resOK {
 						continue // a failed read says nothing
 					}
+					entries := []op{{client: ci, call: call, ret: ret, in: in, out: out, err: errText(err)}}
+					if in.Op == 't' && out.Res == resOK && tr.settledByReread() {
+						// Guarded's documented contract after a lost reply a
+						// re-read found landed: the write applied once, within
+						// the call, and the document returned is the one
+						// re-read after it, which may include later writes.
+						in.Settle = int(v.settles.Add(1))
+						entries = []op{
+							{client: ci, call: call, ret: ret, in: in, out: vOut{Res: resLanded}},
+							{client: ci, call: call + 1, ret: ret, in: vIn{Key: id, Op: 'r', Settle: in.Settle}, out: vOut{Res: resOK, N: doc.N}},
+						}
+					}
 					mu.Lock()
-					history = append(history, op{client: ci, call: call, ret: ret, in: in, out: out, err: errText(err)})
+					history = append(history, entries...)
 					mu.Unlock()
 				}
 			})
@@ -336,18 +437,18 @@ type interval struct {
 // grow, and a dead holder's fenced write after a takeover must change nothing.
 func (v *verifier) docLeases(ctx context.Context) []checkResult {
 	coll := v.prefix + "_leases"
-	if _, err := v.clients[0].Collection(coll).InsertOne(ctx, bson.D{{Key: "_id", Value: "L"}, {Key: "writes", Value: 0}}); err != nil {
-		return []checkResult{{"lease: one holder at a time (document lease)", "guarantee", notTestable, "insert: " + err.Error(), nil}}
+	if err := insertScratch(ctx, v.clients[0].Collection(coll), bson.D{{Key: "_id", Value: "L"}, {Key: "stale", Value: bson.A{}}}); err != nil {
+		return []checkResult{{"lease: one holder at a time (document lease)", "guarantee", notTestable, "insert: " + errText(err), nil}}
 	}
 	return v.leaseWorkload(ctx, "document lease", func(db *mongo.Database, owner string) (*lease.Manager, error) {
-		return lease.New(db.Collection(coll), &lease.Options{TTL: time.Second, Owner: owner})
+		return lease.New(db.Collection(coll), &lease.Options{TTL: leaseTTL, Owner: owner, Observer: &v.lost})
 	}, coll)
 }
 
 func (v *verifier) namedLeases(ctx context.Context) []checkResult {
 	coll := v.prefix + "_locks"
 	return v.leaseWorkload(ctx, "named lease", func(db *mongo.Database, owner string) (*lease.Manager, error) {
-		return lease.NewNamed(db.Collection(coll), &lease.Options{TTL: time.Second, Owner: owner})
+		return lease.NewNamed(db.Collection(coll), &lease.Options{TTL: leaseTTL, Owner: owner, Observer: &v.lost})
 	}, "")
 }
 
@@ -358,6 +459,8 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 	var staleApplied, staleTried int
 	var stale []string
 	var mode lease.Mode
+	var firstDies atomic.Bool
+	failed, lastErr := 0, error(nil) // claims that failed other than as held
 	var wg sync.WaitGroup
 	for ci, db := range v.clients {
 		m, err := mk(db, fmt.Sprintf("verify-%s-client%d", strings.Fields(what)[0], ci))
@@ -367,11 +470,16 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 		wg.Go(func() {
 			seed := uint64(ci) //nolint:gosec // a range index: never negative
 			rnd := mrand.New(mrand.NewPCG(seed, 7))
-			first := ci == 0 // client 0's first holder dies, so that every run sees a takeover
 			for time.Now().Add(1500*time.Millisecond).Before(v.until) && ctx.Err() == nil {
 				l, err := m.TryAcquire(ctx, "L")
 				v.ops.Add(1)
 				if err != nil {
+					if !errors.Is(err, lease.ErrHeld) {
+						mu.Lock()
+						failed++
+						lastErr = err
+						mu.Unlock()
+					}
 					time.Sleep(time.Duration(5+rnd.IntN(20)) * time.Millisecond)
 					continue
 				}
@@ -383,8 +491,9 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 				}
 				fence := l.Fence()
 				time.Sleep(time.Duration(rnd.IntN(20)) * time.Millisecond)
-				dies := first || rnd.IntN(8) == 0
-				first = false
+				// The run's first holder dies, so that every run sees a
+				// takeover early, then one in eight.
+				dies := firstDies.CompareAndSwap(false, true) || rnd.IntN(8) == 0
 				var end time.Duration
 				if dies { // never released: its context must end before anyone else claims
 					<-l.Done()
@@ -399,21 +508,27 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 				ivs = append(ivs, interval{owner: l.Owner(), epoch: l.Epoch(), start: start, end: end})
 				mu.Unlock()
 				if dies && fenceColl != "" {
-					// Once another claim is seen, the dead holder's fence must match nothing.
+					// Once another claim is seen, the dead holder's fenced
+					// write races the new holder's: it must change nothing,
+					// as the stored document (read at majority) shows,
+					// whatever the reply's counts say.
 					c := db.Collection(fenceColl)
-					for time.Now().Before(v.until) {
+					for time.Now().Before(v.until) && ctx.Err() == nil {
 						var rec struct {
 							L leaseRecord `bson:"_lease"`
 						}
 						if c.FindOne(ctx, bson.D{{Key: "_id", Value: "L"}}).Decode(&rec) == nil && rec.L.Epoch > l.Epoch() {
-							res, err := c.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: "L"}}, fence...),
-								bson.D{{Key: "$inc", Value: bson.D{{Key: "writes", Value: 1}}}})
-							if err == nil {
+							tag := fmt.Sprintf("%s@%d", l.Owner(), l.Epoch())
+							_, werr := c.UpdateOne(ctx, append(bson.D{{Key: "_id", Value: "L"}}, fence...),
+								bson.D{{Key: "$push", Value: bson.D{{Key: "stale", Value: tag}}}})
+							applied, rerr := v.storedHas(ctx, fenceColl, "L", "stale", tag)
+							if rerr == nil {
 								mu.Lock()
 								staleTried++
-								if res.ModifiedCount > 0 {
+								if applied {
 									staleApplied++
-									stale = append(stale, fmt.Sprintf("%s epoch %d: fenced write applied after epoch %d claimed", l.Owner(), l.Epoch(), rec.L.Epoch))
+									stale = append(stale, fmt.Sprintf("%s epoch %d: fenced write stored after epoch %d claimed (reply: %s)",
+										l.Owner(), l.Epoch(), rec.L.Epoch, replyText(werr)))
 								}
 								mu.Unlock()
 							}
@@ -446,6 +561,9 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 	switch {
 	case len(ivs) < 2:
 		res.Result, res.Detail = notTestable, fmt.Sprintf("only %d claims in the time given: raise --duration", len(ivs))
+		if failed > 0 {
+			res.Detail += fmt.Sprintf(" (%d claims failed, the last with: %s)", failed, errText(lastErr))
+		}
 	case overlaps > 0:
 		res.Result, res.Detail = broken, fmt.Sprintf("%d overlaps of holders among %d claims (mode %s)", overlaps, len(ivs), mode)
 	default:
@@ -456,11 +574,11 @@ func (v *verifier) leaseWorkload(ctx context.Context, what string, mk func(*mong
 		f := checkResult{Name: "lease: a taken-over holder's fenced write changes nothing", Kind: "guarantee"}
 		switch {
 		case staleApplied > 0:
-			f.Result, f.Detail, f.History = broken, fmt.Sprintf("%d of %d stale fenced writes applied", staleApplied, staleTried), stale
+			f.Result, f.Detail, f.History = broken, fmt.Sprintf("%d of %d stale fenced writes were stored (read back at majority)", staleApplied, staleTried), stale
 		case staleTried == 0:
 			f.Result, f.Detail = notTestable, "no holder died and was taken over in the time given: raise --duration"
 		default:
-			f.Result, f.Detail = held, fmt.Sprintf("%d stale fenced writes after takeovers, none applied", staleTried)
+			f.Result, f.Detail = held, fmt.Sprintf("%d stale fenced writes raced takeovers; read back at majority, none was stored", staleTried)
 		}
 		out = append(out, f)
 	}
@@ -478,7 +596,7 @@ func (v *verifier) firstUse(ctx context.Context) []checkResult {
 	coll := v.prefix + "_keys"
 	keys := make([]*idempotency.Keys, len(v.clients))
 	for i, db := range v.clients {
-		k, err := idempotency.New(db.Collection(coll), &idempotency.Options{TTL: 3 * time.Second, Owner: fmt.Sprintf("verify-keys-client%d", i)})
+		k, err := idempotency.New(db.Collection(coll), &idempotency.Options{TTL: 3 * time.Second, Owner: fmt.Sprintf("verify-keys-client%d", i), Observer: &v.lost})
 		if err != nil {
 			return []checkResult{{name, "guarantee", notTestable, err.Error(), nil}}
 		}
@@ -495,7 +613,7 @@ func (v *verifier) firstUse(ctx context.Context) []checkResult {
 		var wg sync.WaitGroup
 		for i, k := range keys {
 			wg.Go(func() {
-				for attempt := 0; attempt < 200 && time.Now().Before(v.until.Add(5*time.Second)); attempt++ {
+				for attempt := 0; attempt < 200 && time.Now().Before(v.until.Add(5*time.Second)) && ctx.Err() == nil; attempt++ {
 					res, err := k.Do(ctx, key, []byte("same request"), func(ctx context.Context, _ *idempotency.Call) (idempotency.Result, error) {
 						runs.Add(1)
 						time.Sleep(15 * time.Millisecond)
@@ -574,8 +692,10 @@ func (v *verifier) racingUpserts(ctx context.Context) checkResult {
 			N  int64 `bson:"n"`
 			By int   `bson:"by"`
 		}
-		if err := v.clients[0].Collection(coll).FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&final); err != nil {
-			return checkResult{res.Name, "server", notTestable, "read back: " + err.Error(), nil}
+		if err := tries(ctx, func() error {
+			return v.clients[0].Collection(coll).FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&final)
+		}); err != nil {
+			return checkResult{res.Name, "server", notTestable, "read back: " + errText(err), nil}
 		}
 		ok, unknown := int64(0), int64(0)
 		seen := map[int64]bool{}
@@ -618,23 +738,65 @@ func (v *verifier) racingUpserts(ctx context.Context) checkResult {
 	return res
 }
 
+// lostOrNetwork reports whether err is a lost reply or a network failure:
+// it says nothing about what the server does.
+func lostOrNetwork(err error) bool {
+	return err != nil && (store.IsAmbiguous(err) || store.IsNetwork(err) || store.IsTimeout(err))
+}
+
+// tries runs f until it returns something other than a lost reply or a
+// network failure, at most 5 times: the server lines judge the server, not
+// the network between.
+func tries(ctx context.Context, f func() error) error {
+	var err error
+	for range 5 {
+		if err = f(); !lostOrNetwork(err) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// insertScratch inserts doc into a scratch collection, trying again after a
+// lost reply (a copy that landed before is a duplicate: fine).
+func insertScratch(ctx context.Context, c *mongo.Collection, doc bson.D) error {
+	err := tries(ctx, func() error { _, err := c.InsertOne(ctx, doc); return err })
+	if store.IsDuplicateKey(err) {
+		return nil
+	}
+	return err
+}
+
+// noReply is the detail of a server line the network kept from testing.
+func noReply(what string, err error) string {
+	return what + ": no reply after 5 tries (" + errText(err) + "); nothing is known of the server's behaviour"
+}
+
 // slice checks that $push with $slice keeps the last elements.
 func (v *verifier) slice(ctx context.Context) checkResult {
 	res := checkResult{Name: "server: $slice in $push", Kind: "server"}
 	c := v.clients[0].Collection(v.prefix + "_server")
-	if _, err := c.InsertOne(ctx, bson.D{{Key: "_id", Value: "slice"}, {Key: "a", Value: bson.A{}}}); err != nil {
-		return checkResult{res.Name, "server", notTestable, "insert: " + err.Error(), nil}
+	if err := insertScratch(ctx, c, bson.D{{Key: "_id", Value: "slice"}, {Key: "a", Value: bson.A{}}}); err != nil {
+		return checkResult{res.Name, "server", notTestable, "insert: " + errText(err), nil}
 	}
-	_, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "slice"}}, bson.D{{Key: "$push", Value: bson.D{{Key: "a",
-		Value: bson.D{{Key: "$each", Value: bson.A{1, 2, 3, 4, 5}}, {Key: "$slice", Value: -3}}}}}})
-	if err != nil {
+	// Sent again after a lost reply, it keeps [3 4 5] all the same.
+	err := tries(ctx, func() error {
+		_, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "slice"}}, bson.D{{Key: "$push", Value: bson.D{{Key: "a",
+			Value: bson.D{{Key: "$each", Value: bson.A{1, 2, 3, 4, 5}}, {Key: "$slice", Value: -3}}}}}})
+		return err
+	})
+	switch {
+	case lostOrNetwork(err):
+		return checkResult{res.Name, "server", notTestable, noReply("$push with $slice", err), nil}
+	case err != nil:
 		return checkResult{res.Name, "server", broken, "refused: " + errText(err), nil}
 	}
 	var doc struct {
 		A []int `bson:"a"`
 	}
-	if err := c.FindOne(ctx, bson.D{{Key: "_id", Value: "slice"}}).Decode(&doc); err != nil {
-		return checkResult{res.Name, "server", notTestable, "read back: " + err.Error(), nil}
+	if err := tries(ctx, func() error { return c.FindOne(ctx, bson.D{{Key: "_id", Value: "slice"}}).Decode(&doc) }); err != nil {
+		return checkResult{res.Name, "server", notTestable, "read back: " + errText(err), nil}
 	}
 	if !slices.Equal(doc.A, []int{3, 4, 5}) {
 		res.Result = broken
@@ -652,12 +814,18 @@ func (v *verifier) nowInWrites(ctx context.Context) checkResult {
 	res := checkResult{Name: "server: $$NOW in writes", Kind: "server"}
 	db := v.clients[0]
 	c := db.Collection(v.prefix + "_server")
-	if _, err := c.InsertOne(ctx, bson.D{{Key: "_id", Value: "now"}}); err != nil {
-		return checkResult{res.Name, "server", notTestable, "insert: " + err.Error(), nil}
+	if err := insertScratch(ctx, c, bson.D{{Key: "_id", Value: "now"}}); err != nil {
+		return checkResult{res.Name, "server", notTestable, "insert: " + errText(err), nil}
 	}
 	clock := store.NewServerClock(store.HelloSampler(db.Client()), nil)
-	_, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "now"}}, mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "t", Value: "$$NOW"}}}}})
-	if err != nil {
+	err := tries(ctx, func() error {
+		_, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "now"}}, mongo.Pipeline{{{Key: "$set", Value: bson.D{{Key: "t", Value: "$$NOW"}}}}})
+		return err
+	})
+	switch {
+	case lostOrNetwork(err):
+		return checkResult{res.Name, "server", notTestable, noReply("an update pipeline with $$NOW", err), nil}
+	case err != nil:
 		return checkResult{res.Name, "server", absent, "an update pipeline with $$NOW is refused here: lease uses ModeEstimated " +
 			"(expiry judged on an estimate of the server's clock)", nil}
 	}
@@ -665,12 +833,24 @@ func (v *verifier) nowInWrites(ctx context.Context) checkResult {
 	var doc struct {
 		T time.Time `bson:"t"`
 	}
-	if err := c.FindOne(ctx, bson.D{{Key: "_id", Value: "now"}}).Decode(&doc); err != nil || doc.T.IsZero() {
+	err = tries(ctx, func() error { return c.FindOne(ctx, bson.D{{Key: "_id", Value: "now"}}).Decode(&doc) })
+	switch {
+	case lostOrNetwork(err):
+		return checkResult{res.Name, "server", notTestable, noReply("read back", err), nil}
+	case err != nil || doc.T.IsZero():
 		return checkResult{res.Name, "server", absent, "$$NOW in an update pipeline stored no date here: lease uses ModeEstimated", nil}
 	}
-	ur, err := c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "now"}, {Key: "$expr", Value: bson.D{{Key: "$lte", Value: bson.A{"$t", "$$NOW"}}}}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "ok", Value: true}}}})
-	if err != nil || ur.MatchedCount != 1 {
+	var ur *mongo.UpdateResult
+	err = tries(ctx, func() error {
+		var err error
+		ur, err = c.UpdateOne(ctx, bson.D{{Key: "_id", Value: "now"}, {Key: "$expr", Value: bson.D{{Key: "$lte", Value: bson.A{"$t", "$$NOW"}}}}},
+			bson.D{{Key: "$set", Value: bson.D{{Key: "ok", Value: true}}}})
+		return err
+	})
+	switch {
+	case lostOrNetwork(err):
+		return checkResult{res.Name, "server", notTestable, noReply("$expr with $$NOW", err), nil}
+	case err != nil || ur.MatchedCount != 1:
 		return checkResult{res.Name, "server", absent, "$expr with $$NOW in a write filter does not work here: lease uses ModeEstimated", nil}
 	}
 	if cerr == nil {
@@ -682,24 +862,97 @@ func (v *verifier) nowInWrites(ctx context.Context) checkResult {
 	return res
 }
 
-// majorityReads checks that a majority write is read back with read concern
-// majority, what the packages' re-reads after a lost reply use.
-func (v *verifier) majorityReads(ctx context.Context) checkResult {
-	res := checkResult{Name: "server: majority reads", Kind: "server"}
-	c := v.clients[1].Collection(v.prefix + "_server")
-	if _, err := c.InsertOne(ctx, bson.D{{Key: "_id", Value: "majority"}, {Key: "x", Value: 1}}); err != nil {
-		return checkResult{res.Name, "server", notTestable, "insert: " + err.Error(), nil}
-	}
-	mc := v.clients[2%len(v.clients)].Collection(v.prefix+"_server", options.Collection().SetReadConcern(readconcern.Majority()))
+// majorityColl returns client i's handle on a scratch collection read at
+// read concern majority, as the packages' re-reads after a lost reply read.
+func (v *verifier) majorityColl(i int, name string) *mongo.Collection {
+	return v.clients[i%len(v.clients)].Collection(v.prefix+"_"+name, options.Collection().SetReadConcern(readconcern.Majority()))
+}
+
+// storedHas reads a scratch document at majority and reports whether its
+// array field holds tag: what a write really stored, whatever its reply
+// said.
+func (v *verifier) storedHas(ctx context.Context, coll, id, field, tag string) (bool, error) {
 	var doc bson.M
-	err := mc.FindOne(ctx, bson.D{{Key: "_id", Value: "majority"}}).Decode(&doc)
+	c := v.clients[0].Collection(coll, options.Collection().SetReadConcern(readconcern.Majority()))
+	err := tries(ctx, func() error { return c.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc) })
+	if err != nil {
+		return false, err
+	}
+	a, _ := doc[field].(bson.A)
+	return slices.Contains(a, any(tag)), nil
+}
+
+// replyText says what a write's reply was, for a history.
+func replyText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return errText(err)
+}
+
+// majorityReads writes an ever larger number from one client and reads it
+// back from the others, at read concern majority, for the whole run: a read
+// that returns less than a write acknowledged before it began is a stale
+// read, which would let a re-read after a lost reply settle it wrongly.
+func (v *verifier) majorityReads(ctx context.Context) checkResult {
+	res := checkResult{Name: "reads: a read sees every write acknowledged before it (read concern majority)", Kind: "guarantee"}
+	w := v.clients[1].Collection(v.prefix + "_reads")
+	if err := insertScratch(ctx, w, bson.D{{Key: "_id", Value: "r"}, {Key: "seq", Value: int64(0)}}); err != nil {
+		res.Result, res.Detail = notTestable, "insert: "+errText(err)
+		return res
+	}
+	level := "majority"
+	var probe bson.M
+	if err := tries(ctx, func() error {
+		return v.majorityColl(2, "reads").FindOne(ctx, bson.D{{Key: "_id", Value: "r"}}).Decode(&probe)
+	}); err != nil && !lostOrNetwork(err) {
+		// Refused: the packages' re-reads then use the collection's read
+		// concern, and so does this check.
+		level = "the default (majority refused: " + errText(err) + ")"
+	}
+	read := func(i int) *mongo.Collection {
+		if level == "majority" {
+			return v.majorityColl(i, "reads")
+		}
+		return v.clients[i%len(v.clients)].Collection(v.prefix + "_reads")
+	}
+	var acked int64
+	reads, stale, unknown := 0, 0, 0
+	for seq := int64(1); time.Now().Before(v.until) && ctx.Err() == nil; seq++ {
+		_, err := w.UpdateOne(ctx, bson.D{{Key: "_id", Value: "r"}}, bson.D{{Key: "$max", Value: bson.D{{Key: "seq", Value: seq}}}})
+		v.ops.Add(1)
+		switch {
+		case err == nil:
+			acked = seq
+		case lostOrNetwork(err):
+			unknown++ // it may have landed: $max keeps the number from going back
+		}
+		reader := 2 + int(seq)%(len(v.clients)-1) // every client but the writer, in turn
+		var doc struct {
+			Seq int64 `bson:"seq"`
+		}
+		err = read(reader).FindOne(ctx, bson.D{{Key: "_id", Value: "r"}}).Decode(&doc)
+		v.ops.Add(1)
+		if err != nil {
+			continue
+		}
+		reads++
+		if doc.Seq < acked {
+			stale++
+			if len(res.History) == 0 {
+				res.History = []string{fmt.Sprintf("client 1 wrote seq=%d (acknowledged, w: majority)", acked),
+					fmt.Sprintf("client %d then read seq=%d", reader%len(v.clients), doc.Seq)}
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	switch {
-	case err != nil && !errors.Is(err, mongo.ErrNoDocuments):
-		res.Result, res.Detail = absent, "read concern majority refused ("+errText(err)+"): re-reads after a lost reply use the collection's read concern"
-	case err != nil:
-		res.Result, res.Detail = broken, "a write acknowledged with w: majority was not seen by a read with read concern majority from another client"
+	case stale > 0:
+		res.Result, res.Detail = broken, fmt.Sprintf("%d of %d reads at %s missed a write acknowledged before they began: stale reads", stale, reads, level)
+	case reads == 0:
+		res.Result, res.Detail = notTestable, "no read completed in the time given: raise --duration"
 	default:
-		res.Result, res.Detail = held, "a w: majority write was read back at read concern majority by another client"
+		res.Result, res.Detail = held, fmt.Sprintf("%d reads at %s by other clients, each saw every write acknowledged before it", reads, level)
 		if v.caps.Topology == store.Standalone {
 			res.Detail += " (standalone: no rollback to guard against)"
 		}

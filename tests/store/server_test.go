@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func (c *probeCount) monitor() *event.CommandMonitor {
 		case "buildInfo":
 			c.buildInfo++
 		}
-		if coll, ok := e.Command.Lookup(e.CommandName).StringValueOK(); ok && coll == store.ProbeCollection {
+		if coll, ok := e.Command.Lookup(e.CommandName).StringValueOK(); ok && strings.HasPrefix(coll, store.ProbeCollection) {
 			c.probe++
 		}
 	}}
@@ -164,7 +165,9 @@ func TestFailedProbeIsRetried(t *testing.T) {
 	ctx := t.Context()
 	var c probeCount
 	f := monitoredDB(t, db, &c)
-	fault := f.ErrorBeforeApply(mongotest.Commands([]string{"insert"}, store.ProbeCollection), mongotest.NotWritablePrimary())
+	fault := f.ErrorBeforeApply(func(c *mongotest.Command) bool {
+		return c.Name == "insert" && strings.HasPrefix(c.Collection, store.ProbeCollection)
+	}, mongotest.NotWritablePrimary())
 
 	m, err := lease.NewNamed(f.Collection("locks"), nil)
 	require.NoError(t, err)
