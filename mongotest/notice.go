@@ -104,7 +104,7 @@ type progress struct {
 // build took when there was one and what a first build downloads into the
 // module cache modCache, and starts the periodic lines.
 func startProgress(src serverSource, bin, modCache string, last lastBuild, hasLast bool) *progress {
-	expect := "no build recorded here yet; a cold build, downloads included, takes 2-4 minutes on two cores"
+	expect := "no build recorded here yet; a cold build, downloads included, takes 2-4 minutes on two idle cores, more on a busy machine"
 	if hasLast {
 		expect = fmt.Sprintf("the last build here took %s (%s)", round(time.Duration(last.Seconds*float64(time.Second))), last.At.Local().Format("2006-01-02 15:04")) //nolint:gosmopolitan // the person at this machine reads it: their local time
 	}
