@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
 )
 
 // devUsage is dev's part of the usage text.
@@ -32,7 +33,7 @@ type devInfo struct {
 	Backend string `json:"backend"`
 	Server  string `json:"server"`
 	URI     string `json:"uri"`
-	Export  string `json:"export"`
+	Export  string `json:"export,omitempty"`
 	DataDir string `json:"data_dir,omitempty"`
 	Started bool   `json:"started"`
 }
@@ -74,15 +75,11 @@ func (c *cli) dev(ctx context.Context, args []string) error {
 	}
 	defer mongotest.Shutdown()
 
-	uri, err := withDatabase(srv.URI, *db)
+	info, err := devReport(srv, *db)
 	if err != nil {
 		return fail(err, "report this: mongotest gave a URI that does not parse")
 	}
-	info := devInfo{Backend: string(srv.Backend), Server: srv.String(), URI: uri,
-		Export: "export MONGODB_URI='" + uri + "'", DataDir: srv.Dir, Started: srv.Backend != mongotest.BackendURI}
 	if !info.Started {
-		// MONGODB_URI names a server already: starting another would
-		// leave that variable naming the wrong one.
 		if c.json {
 			return c.printJSON(info)
 		}
@@ -95,7 +92,7 @@ func (c *cli) dev(ctx context.Context, args []string) error {
 		}
 	} else {
 		fmt.Fprintf(c.out, "server: %s\n", srv)
-		fmt.Fprintf(c.out, "uri: %s\n", uri)
+		fmt.Fprintf(c.out, "uri: %s\n", info.URI)
 		if srv.Dir != "" {
 			fmt.Fprintf(c.out, "data: %s (removed when this stops)\n", srv.Dir)
 		}
@@ -112,6 +109,26 @@ func (c *cli) dev(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(c.errw, "mongocas dev: stopped")
 	return nil
+}
+
+// devReport says what dev started: the URI, naming the database db, and the
+// line that exports it. When MONGODB_URI names a server already, nothing was
+// started (starting another would leave that variable naming the wrong one):
+// its URI is the user's, as given, and may hold a password, so it is shown
+// redacted and not exported.
+func devReport(srv *mongotest.Server, db string) (devInfo, error) {
+	info := devInfo{Backend: string(srv.Backend), Server: srv.String(), DataDir: srv.Dir,
+		Started: srv.Backend != mongotest.BackendURI}
+	if !info.Started {
+		info.URI = store.RedactURI(srv.URI)
+		return info, nil
+	}
+	uri, err := withDatabase(srv.URI, db)
+	if err != nil {
+		return devInfo{}, err
+	}
+	info.URI, info.Export = uri, "export MONGODB_URI='"+uri+"'"
+	return info, nil
 }
 
 // withDatabase returns uri with its path naming the database db.

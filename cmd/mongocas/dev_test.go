@@ -178,7 +178,8 @@ func processesMentioning(t *testing.T, s string) []string {
 }
 
 // TestDevUsesMONGODB_URI: with MONGODB_URI set, as for mongotest, dev
-// starts nothing, says so and exits 0.
+// starts nothing, says so and exits 0 (TestDevReport: without printing the
+// URI's password).
 func TestDevUsesMONGODB_URI(t *testing.T) {
 	db := mongotest.New(t)
 	cmd := exec.CommandContext(t.Context(), binary(t), "dev")
@@ -190,6 +191,7 @@ func TestDevUsesMONGODB_URI(t *testing.T) {
 	if !strings.Contains(string(out), "nothing started") {
 		t.Errorf("dev with MONGODB_URI set printed:\n%s", out)
 	}
+
 }
 
 // TestDevRejectsABadDatabaseName: a bad --db is a usage error (exit 2)
