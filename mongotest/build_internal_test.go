@@ -103,6 +103,10 @@ func TestBuildSaysWhatItDoes(t *testing.T) {
 	require.Less(t, notices[0].at, 5*time.Second, "the first line must come at once")
 	require.Contains(t, notices[0].text, "mongotest: building the embedded MongoDB-wire server (FerretDB v1, "+serverModule+")")
 	require.Contains(t, notices[0].text, "no build recorded here yet")
+	require.Contains(t, notices[0].text, "about 650 MB of modules", "the first line says what a first build downloads")
+	gomodcache, err := exec.CommandContext(t.Context(), "go", "env", "GOMODCACHE").Output()
+	require.NoError(t, err)
+	require.Contains(t, notices[0].text, "("+strings.TrimSpace(string(gomodcache))+")", "the first line says where the modules go")
 	last := notices[len(notices)-2:]
 	require.Contains(t, last[0].text, "mongotest: built the embedded server in ")
 	require.Contains(t, last[1].text, "mongotest: removed 1 older server binaries")

@@ -276,7 +276,7 @@ func build(ctx context.Context, src serverSource, dir, bin string) error {
 		out += ".exe"
 	}
 	last, hasLast := readLastBuild(dir)
-	p := startProgress(src, bin, last, hasLast)
+	p := startProgress(src, bin, goEnv(goBin, "GOMODCACHE"), last, hasLast)
 	output, err := cmd.CombinedOutput()
 	took := p.stop(err == nil)
 	if err != nil {
@@ -287,6 +287,16 @@ func build(ctx context.Context, src serverSource, dir, bin string) error {
 	}
 	writeLastBuild(dir, lastBuild{Seconds: took.Seconds(), Source: src.String(), At: time.Now().UTC()})
 	return nil
+}
+
+// goEnv returns the go command's value for the variable name, or
+// "$name" when the go command cannot say.
+func goEnv(goBin, name string) string {
+	out, err := exec.Command(goBin, "env", name).Output() //nolint:noctx // a few milliseconds, before the build
+	if v := strings.TrimSpace(string(out)); err == nil && v != "" {
+		return v
+	}
+	return "$" + name
 }
 
 // hashSources adds the name and contents of every file in dir (not its

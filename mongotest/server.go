@@ -71,6 +71,9 @@ type Server struct {
 	// Embedded says how the embedded backend runs FerretDB: "in-process" or
 	// "child process" (see EnvEmbedded); empty for other backends.
 	Embedded string
+	// Dir is the directory holding the embedded server's data, removed by
+	// Shutdown; empty for other backends.
+	Dir string
 	// Serialized is true when a proxy in front of the server runs one
 	// request at a time (the embedded backend): concurrency claims tested
 	// there rest on that model. On every other backend, FerretDB v2 on
@@ -117,6 +120,10 @@ func Start(ctx context.Context) (*Server, error) {
 	}
 	return s, nil
 }
+
+// String says in a line which server this is, for a program's first line
+// of output. A password in the URI is never shown.
+func (s *Server) String() string { return s.describe() }
 
 // describe says in a line which server this is.
 func (s *Server) describe() string {
@@ -390,6 +397,7 @@ func runEmbedded(ctx context.Context) (s *Server, err error) {
 	cleanups = append(cleanups, func() { _ = srv.Client.Disconnect(context.Background()) })
 	srv.upstream, srv.serializer = ferretAddr, serializer
 	srv.Embedded = how
+	srv.Dir = dir
 	srv.Serialized = true
 	srv.stop = cleanup
 	return srv, nil

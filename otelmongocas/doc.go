@@ -14,6 +14,10 @@
 // To log as well, join it with the slog Observer:
 // observe.Join(obs, observe.Slog(logger)).
 //
+// A runnable example, with the SDK's in-memory span exporter and a server,
+// is ExampleNew in the repository's tests/otelmongocas (this module links
+// neither); `go test ./tests/otelmongocas -run Example` runs it.
+//
 // This package is a module of its own, github.com/mongocas/mongocas/otelmongocas,
 // so that the library module depends on the driver only; this one
 // adds go.opentelemetry.io/otel, its metric and trace APIs, and nothing else

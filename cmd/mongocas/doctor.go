@@ -148,29 +148,49 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 		r.Clock = &clockReport{OffsetMS: ms(off), BoundMS: ms(est.Bound), RTTMS: ms(est.RTT)}
 	}
 
+	// check records whether an index is there before any is created, so
+	// that --fix reports every index it created as created, those made by
+	// one EnsureIndexes call for an earlier line included; fixAll then
+	// creates what is missing.
+	type fixer struct {
+		report int // index into r.Indexes
+		want   bson.D
+		ensure func() error
+	}
+	var fixers []fixer
 	check := func(pkg, coll, purpose string, needed bool, want bson.D, ensure func() error) error {
 		present, err := hasIndex(ctx, k.db.Collection(coll), want)
 		if err != nil {
 			return fail(fmt.Errorf("list the indexes of %s: %w", coll, err), "the user needs the listIndexes privilege on the database")
 		}
-		ir := indexReport{Package: pkg, Collection: coll, Keys: keyString(want), Purpose: purpose, Needed: needed, Present: present}
-		if needed && !present && *fix {
-			if err := ensure(); err != nil {
-				return fail(fmt.Errorf("create the indexes of %s (%s): %w", coll, pkg, err), "the user needs the createIndex privilege")
+		r.Indexes = append(r.Indexes, indexReport{Package: pkg, Collection: coll, Keys: keyString(want), Purpose: purpose, Needed: needed, Present: present})
+		fixers = append(fixers, fixer{len(r.Indexes) - 1, want, ensure})
+		return nil
+	}
+	fixAll := func() error {
+		ensured := map[string]bool{} // by package and collection: one EnsureIndexes call each
+		for _, f := range fixers {
+			ir := &r.Indexes[f.report]
+			if ir.Needed && !ir.Present && *fix {
+				if group := ir.Package + " " + ir.Collection; !ensured[group] {
+					ensured[group] = true
+					if err := f.ensure(); err != nil {
+						return fail(fmt.Errorf("create the indexes of %s (%s): %w", ir.Collection, ir.Package, err), "the user needs the createIndex privilege")
+					}
+				}
+				present, err := hasIndex(ctx, k.db.Collection(ir.Collection), f.want)
+				if err != nil {
+					return err
+				}
+				ir.Present, ir.Fixed = present, present
 			}
-			ir.Present, err = hasIndex(ctx, k.db.Collection(coll), want)
-			if err != nil {
-				return err
+			if ir.Needed && !ir.Present {
+				r.Problems = append(r.Problems, problem{
+					fmt.Sprintf("%s: index %s on %s is missing (%s)", ir.Package, ir.Keys, ir.Collection, ir.Purpose),
+					fmt.Sprintf("run mongocas doctor --fix with the same flags, or call the package's EnsureIndexes at start-up (%s)", ensureName(ir.Package)),
+				})
 			}
-			ir.Fixed = ir.Present
 		}
-		if needed && !ir.Present {
-			r.Problems = append(r.Problems, problem{
-				fmt.Sprintf("%s: index %s on %s is missing (%s)", pkg, ir.Keys, coll, purpose),
-				fmt.Sprintf("run mongocas doctor --fix with the same flags, or call the package's EnsureIndexes at start-up (%s)", ensureName(pkg)),
-			})
-		}
-		r.Indexes = append(r.Indexes, ir)
 		return nil
 	}
 	if *jobs != "" {
@@ -225,6 +245,9 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 		if err := check("idempotency", *keys, purpose, caps.TTLIndexes, bson.D{{Key: "expireAt", Value: 1}}, ensure); err != nil {
 			return err
 		}
+	}
+	if err := fixAll(); err != nil {
+		return err
 	}
 	if len(r.Problems) > 0 {
 		c.status = exitProblem

@@ -52,6 +52,7 @@ Usage:
   mongocas leases  release --force (--leases C NAME | --coll C ID) --owner O --epoch E [--dry-run] [--yes]
   mongocas keys    --keys C KEY [--scope S]             an idempotency key's record
   mongocas verify  [--duration 20s] [--clients 4]       prove the guarantees on this deployment
+  mongocas dev     [--db NAME]                          a server for development, its URI, until Ctrl-C
 
 Common flags (every subcommand):
   --uri URI       the server (default $MONGODB_URI); its password is never printed
@@ -94,8 +95,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = c.keys(ctx, rest)
 	case "verify":
 		err = c.verify(ctx, rest)
+	case "dev":
+		err = c.dev(ctx, rest)
 	default:
-		err = usageErr("unknown command %q: want doctor, jobs, leases, keys or verify (mongocas --help)", cmd)
+		err = usageErr("unknown command %q: want doctor, jobs, leases, keys, verify or dev (mongocas --help)", cmd)
 	}
 	if err == nil {
 		return c.status

@@ -114,7 +114,10 @@ func TestFootprint(t *testing.T) {
 	require.Equal(t, after[versioned.WriteIDs], after[40], "the list keeps the last WriteIDs write ids, no more")
 	require.LessOrEqual(t, after[40]-plain, 256, "the version and the write-id metadata outgrew 256 bytes")
 
-	leases, err := lease.New(coll, &lease.Options{TTL: 30 * time.Second})
+	// The default owner, "host/pid/random", varies in length with the
+	// host's name: a fixed one of the same form keeps the figures the same
+	// on every machine.
+	leases, err := lease.New(coll, &lease.Options{TTL: 30 * time.Second, Owner: docOwner})
 	require.NoError(t, err)
 	l, err := leases.TryAcquire(ctx, "plain")
 	require.NoError(t, err)
@@ -146,7 +149,44 @@ func TestFootprint(t *testing.T) {
 	jobSize, err := db.Collection("jobs").FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Raw()
 	require.NoError(t, err)
 	t.Logf("the completed job document:         %d bytes", len(jobSize))
+
+	// What README.md and docs/costs.md say.
+	where := documentedServer(db)
+	if where == "" {
+		t.Logf("the docs quote no figures for %s: not compared", db.Caps().Server)
+		return
+	}
+	requireQuoted(t, "README.md",
+		fmt.Sprintf("bytes added to a %d-byte document", plain),
+		fmt.Sprintf("Insert: +%d", inserted-plain),
+		fmt.Sprintf("+%d per write id, %d kept: %d bytes in all", after[1]-inserted, versioned.WriteIDs, after[versioned.WriteIDs]-plain),
+		fmt.Sprintf("+%d (the stamp)", stamped-before))
+	requireQuoted(t, "docs/costs.md",
+		fmt.Sprintf("A %d-byte document", plain),
+		fmt.Sprintf("| plain, inserted by the driver | %d |", plain),
+		fmt.Sprintf("| after `Repo.Insert` | %d | +%d:", inserted, inserted-plain),
+		fmt.Sprintf("| after 1, 2, 10 `Modify` calls | %d, %d, %d | +%d per write id", after[1], after[2], after[10], after[1]-inserted),
+		fmt.Sprintf("| after %d, %d, 40 `Modify` calls | %d | +%d, and no more: the list keeps the last %d write ids",
+			versioned.WriteIDs, versioned.WriteIDs+1, after[40], after[40]-plain, versioned.WriteIDs),
+		fmt.Sprintf("+%d: the queue's stamp", stamped-before),
+		fmt.Sprintf("an owner string of %d bytes", len(docOwner)))
+	switch where {
+	case onEmbedded:
+		requireQuoted(t, "README.md", fmt.Sprintf("+%d while held, +%d after", held-plain, released-plain))
+		requireQuoted(t, "docs/costs.md",
+			fmt.Sprintf("| with a document lease held | %d (embedded), ", held), fmt.Sprintf("| +%d / ", held-plain),
+			fmt.Sprintf("| after the lease's release | %d / ", released), fmt.Sprintf("| +%d / ", released-plain))
+	case onDocumentDB:
+		requireQuoted(t, "README.md", fmt.Sprintf("(DocumentDB: +%d, +%d)", held-plain, released-plain))
+		requireQuoted(t, "docs/costs.md",
+			fmt.Sprintf(", %d (DocumentDB) |", held), fmt.Sprintf(" / +%d: the `_lease` record", held-plain),
+			fmt.Sprintf(" / %d | +", released), fmt.Sprintf(" / +%d: the record keeps", released-plain))
+	}
 }
+
+// docOwner is the lease owner TestFootprint writes: the form of the default
+// ("host/pid/random"), of a typical length.
+const docOwner = "web-1/48213/9f2c4e7a1b3d"
 
 // TestRoundTripCosts counts, with a command monitor, the commands each
 // operation sends on an uncontended document. docs/costs.md quotes what it
@@ -166,26 +206,27 @@ func TestRoundTripCosts(t *testing.T) {
 	t.Logf("backend %s", db.Server.Backend)
 	repo, err := versioned.New[account](mdb.Collection("accounts"), nil)
 	require.NoError(t, err)
+	n := map[string]int{} // round trips by operation, for the docs' figures
 	require.NoError(t, repo.Insert(ctx, &account{ID: "ana", Balance: 100}))
-	report("versioned Insert")
+	n["insert"] = len(report("versioned Insert"))
 	a, err := repo.Get(ctx, "ana")
 	require.NoError(t, err)
-	report("versioned Get")
+	n["get"] = len(report("versioned Get"))
 	a.Balance++
 	require.NoError(t, repo.Update(ctx, a))
-	report("versioned Update")
+	n["update"] = len(report("versioned Update"))
 	_, err = repo.Modify(ctx, "ana", func(a *account) error { a.Balance++; return nil })
 	require.NoError(t, err)
-	report("versioned Modify")
+	n["modify"] = len(report("versioned Modify"))
 	_, err = repo.Guarded(ctx, "ana", bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 1}}}},
 		bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: -1}}}})
 	require.NoError(t, err)
-	report("versioned Guarded")
+	n["guarded"] = len(report("versioned Guarded"))
 	fresh, err := versioned.New[account](mdb.Collection("accounts"), nil)
 	require.NoError(t, err)
 	_, err = fresh.Guarded(ctx, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: 1}}}})
 	require.NoError(t, err)
-	report("versioned Guarded, document not seen yet")
+	n["guarded unseen"] = len(report("versioned Guarded, document not seen yet"))
 
 	leases, err := lease.New(mdb.Collection("accounts"), &lease.Options{TTL: 30 * time.Second})
 	require.NoError(t, err)
@@ -194,11 +235,11 @@ func TestRoundTripCosts(t *testing.T) {
 	c.take()
 	l, err := leases.TryAcquire(ctx, "ana")
 	require.NoError(t, err)
-	report("lease TryAcquire")
+	n["tryacquire"] = len(report("lease TryAcquire"))
 	require.NoError(t, l.Release(ctx))
-	report("lease Release")
+	n["release"] = len(report("lease Release"))
 	require.NoError(t, leases.Do(ctx, "ana", func(context.Context, *lease.Lease) error { return nil }))
-	report("lease Do (fn sends nothing)")
+	n["do"] = len(report("lease Do (fn sends nothing)"))
 
 	keys, err := idempotency.New(mdb.Collection("keys"), &idempotency.Options{TTL: 30 * time.Second})
 	require.NoError(t, err)
@@ -210,11 +251,13 @@ func TestRoundTripCosts(t *testing.T) {
 	c.take()
 	_, err = keys.Do(ctx, "k1", []byte("fp"), fn)
 	require.NoError(t, err)
+	n["keys first"] = 3
 	require.Equal(t, []string{"find", "insert", "update"}, report("idempotency Do, first request"),
 		"the record's read, its insert with the claim, the result stored with the release")
 	res, err := keys.Do(ctx, "k1", []byte("fp"), fn)
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
+	n["keys replay"] = 1
 	require.Equal(t, []string{"find"}, report("idempotency Do, replay"))
 
 	q, err := deferred.New(mdb.Collection("jobs"), nil)
@@ -226,10 +269,10 @@ func TestRoundTripCosts(t *testing.T) {
 	c.take()
 	_, err = change.Enqueue(ctx, "ana", 1)
 	require.NoError(t, err)
-	report("deferred Enqueue, key's first")
+	n["enqueue first"] = len(report("deferred Enqueue, key's first"))
 	_, err = change.Enqueue(ctx, "ana", 1)
 	require.NoError(t, err)
-	report("deferred Enqueue")
+	n["enqueue"] = len(report("deferred Enqueue"))
 
 	// Jobs run by a worker, counted on a client of its own: n jobs of one
 	// key enqueued beforehand, then one Run until the last completes. The
@@ -287,8 +330,13 @@ func TestRoundTripCosts(t *testing.T) {
 		t.Logf("%-40s %d  %v", fmt.Sprintf("deferred: a worker, %d %s job(s) of one key", n, what), len(names), names)
 		return len(names)
 	}
+	perJob := map[bool]float64{}
 	for _, guarded := range []bool{false, true} {
 		one, eleven := work(1, guarded), work(11, guarded)
+		perJob[guarded] = float64(eleven-one) / 10
+		if !guarded {
+			n["claim one change"] = one
+		}
 		what := map[bool]string{false: "Change", true: "Guarded"}[guarded]
 		t.Logf("%-40s %.1f", "deferred: per "+what+" job, (11 jobs - 1 job)/10", float64(eleven-one)/10)
 		// docs/costs.md: a Change job in a run costs nothing of its own, a
@@ -299,4 +347,49 @@ func TestRoundTripCosts(t *testing.T) {
 		require.LessOrEqual(t, eleven-one, limit, "deferred: 10 more %s jobs in a run", what)
 	}
 	fmt.Println()
+
+	// What README.md and docs/costs.md say.
+	where := documentedServer(db)
+	if where == "" {
+		t.Logf("the docs quote no figures for %s: not compared", db.Caps().Server)
+		return
+	}
+	if n["insert"] != n["get"] || n["get"] != n["update"] {
+		t.Errorf("Insert, Get and Update took %d, %d and %d round trips: the docs say one figure for all", n["insert"], n["get"], n["update"])
+	}
+	requireQuoted(t, "README.md",
+		fmt.Sprintf("| `versioned` Insert, Get, Update, Delete | %d each |", n["insert"]),
+		fmt.Sprintf("| `Guarded`; `Modify` | %d (%d the first time a `Repo` sees the document); %d per attempt", n["guarded"], n["guarded unseen"], n["modify"]),
+		fmt.Sprintf("| `idempotency` first request; replay | %d around your function; %d |", n["keys first"], n["keys replay"]),
+		fmt.Sprintf("| `deferred` Enqueue; a job | %d (a key's first: %d);", n["enqueue"], n["enqueue first"]),
+		fmt.Sprintf("(a `Guarded` handler: +%.0f a job)", perJob[true]))
+	requireQuoted(t, "docs/costs.md",
+		fmt.Sprintf("| `Repo.Insert`, `Get`, `Update`, `Delete` | %d each |", n["insert"]),
+		fmt.Sprintf("| `Repo.Guarded` | %d |", n["guarded"]),
+		fmt.Sprintf("not seen yet: %d (find, findAndModify)", n["guarded unseen"]),
+		fmt.Sprintf("| `Repo.Modify` | %d |", n["modify"]),
+		fmt.Sprintf("| `Lease.Release` | %d |", n["release"]),
+		fmt.Sprintf("| `Manager.Do` (fn sends nothing) | %d |", n["do"]),
+		fmt.Sprintf("| `Keys.Do`, first request | %d |", n["keys first"]),
+		fmt.Sprintf("| `Keys.Do`, replay | %d |", n["keys replay"]),
+		fmt.Sprintf("| `Queue.Enqueue`, `Change.Enqueue` | %d |", n["enqueue"]),
+		fmt.Sprintf("a key's first job: %d", n["enqueue first"]),
+		fmt.Sprintf("| a job on its worker, `Guarded` handler | %.0f |", perJob[true]))
+	if perJob[false] < 0.5 {
+		requireQuoted(t, "README.md", "a run of a key's due jobs costs what one job does")
+		requireQuoted(t, "docs/costs.md", "| a job on its worker, `NewChange` handler | 0 of its own |")
+	} else {
+		t.Errorf("a NewChange job costs %.1f round trips of its own in a run: the docs say 0", perJob[false])
+	}
+	switch where {
+	case onEmbedded: // no $expr: TryAcquire's first claim of a Manager
+		requireQuoted(t, "README.md", fmt.Sprintf("| `lease` `Do`; `TryAcquire`, `Release` | %d; %d each (a `Manager`'s first claim without `$expr`: %d)",
+			n["do"], n["release"], n["tryacquire"]))
+		requireQuoted(t, "docs/costs.md", fmt.Sprintf("a `Manager`'s first claim %d", n["tryacquire"]),
+			fmt.Sprintf("| %d (embedded), ", n["claim one change"]))
+	case onDocumentDB:
+		requireQuoted(t, "README.md", fmt.Sprintf("| `lease` `Do`; `TryAcquire`, `Release` | %d; %d each", n["do"], n["tryacquire"]))
+		requireQuoted(t, "docs/costs.md", fmt.Sprintf("| `Manager.TryAcquire` | %d |", n["tryacquire"]),
+			fmt.Sprintf(", %d (DocumentDB) |", n["claim one change"]))
+	}
 }

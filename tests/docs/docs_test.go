@@ -1,13 +1,15 @@
 // Package docs_test checks the repository's documentation: Go doc links in
 // the library's doc comments name identifiers that exist, relative
 // Markdown links in README.md, docs/ and the DESIGN.md files resolve, each
-// library package has Example functions, and (cost_test.go) measures the
-// numbers the docs quote.
+// public package has an Example that runs under go test, and (cost_test.go)
+// measures the numbers README.md and docs/costs.md quote and fails when they
+// quote others.
 package docs_test
 
 import (
 	"fmt"
 	"go/ast"
+	"go/doc"
 	"go/doc/comment"
 	"go/parser"
 	"go/token"
@@ -377,28 +379,56 @@ func anchors(src string) []string {
 	return out
 }
 
-// TestExampleCounts prints the Example functions of each library package,
+// TestExampleCounts prints the Example functions of each public package,
 // found in the package's own directory (so `go doc` and pkg.go.dev show
-// them), and requires one at least:
+// them) or, for one that needs what its module must not link (a server, an
+// SDK), in the tests module's directory of the same name, and requires that
+// at least one of them runs under go test (it has an "// Output:" comment)
+// and, when that one is in the tests module, that the package documentation
+// says so:
 //
 //	go test -count=1 -run ExampleCounts -v ./tests/docs
 func TestExampleCounts(t *testing.T) {
 	t.Parallel()
 	r := root(t)
-	for _, dir := range libraryPackages {
-		p := parseDir(t, filepath.Join(r, dir), true)
-		var names []string
-		for _, f := range p.files {
-			for _, d := range f.Decls {
-				if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Example") {
-					names = append(names, fn.Name.Name)
-				}
+	for _, dir := range append(slices.Clone(libraryPackages), "mongotest", "otelmongocas") {
+		own, ran := examples(t, filepath.Join(r, dir))
+		elsewhere, ranElsewhere := examples(t, filepath.Join(r, "tests", dir))
+		t.Logf("%-12s %2d Example functions, %d run (%s); in tests/%s: %d, %d run", dir, len(own), len(ran),
+			strings.Join(ran, " "), dir, len(elsewhere), len(ranElsewhere))
+		switch {
+		case len(ran) > 0:
+		case len(ranElsewhere) > 0:
+			doc := parseDir(t, filepath.Join(r, dir), false)
+			linked := false
+			for _, cg := range doc.comments() {
+				linked = linked || strings.Contains(cg.Text(), "tests/"+dir)
 			}
-		}
-		slices.Sort(names)
-		t.Logf("%-12s %2d Example functions: %s", dir, len(names), strings.Join(names, " "))
-		if len(names) == 0 {
-			t.Errorf("package %s has no Example function in its own directory", dir)
+			if !linked {
+				t.Errorf("package %s: its running Examples are in tests/%s, and its documentation does not say so", dir, dir)
+			}
+		default:
+			t.Errorf("package %s has no Example that runs under go test (one with an // Output: comment)", dir)
 		}
 	}
+}
+
+// examples returns the Example functions of the test files in dir (none
+// when there is no such directory) and those of them that go test runs.
+func examples(t *testing.T, dir string) (all, run []string) {
+	t.Helper()
+	if _, err := os.Stat(dir); err != nil {
+		return nil, nil
+	}
+	p := parseDir(t, dir, true)
+	for _, ex := range doc.Examples(p.files...) {
+		name := "Example" + ex.Name // Name is "New_invalidType", or "_suffix" for a package example
+		all = append(all, name)
+		if ex.Output != "" || ex.EmptyOutput {
+			run = append(run, name)
+		}
+	}
+	slices.Sort(all)
+	slices.Sort(run)
+	return all, run
 }

@@ -2,18 +2,17 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log"
 	"net/http"
-	"os"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
+	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/store"
 )
 
@@ -48,13 +47,23 @@ func Switch(ctx context.Context, keys *idempotency.Keys, leases *lease.Manager, 
 }
 
 func main() {
-	if err := run(context.Background(), "shop"); err != nil {
+	ctx := context.Background()
+	// The server at MONGODB_URI; with none, one started for trying this (Docker,
+	// else embedded). mongotest is for tests and trials: a service dials its own.
+	srv, err := mongotest.Start(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("server:", srv)
+	err = run(ctx, srv.URI, "shop")
+	mongotest.Shutdown() // stops a server it started and removes its data
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, database string) error {
-	s, err := store.Connect(ctx, cmp.Or(os.Getenv("MONGODB_URI"), "mongodb://localhost:27017"), nil)
+func run(ctx context.Context, uri, database string) error {
+	s, err := store.Connect(ctx, uri, nil)
 	if err != nil {
 		return err
 	}

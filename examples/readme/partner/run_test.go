@@ -14,7 +14,6 @@ func TestMain(m *testing.M) { mongotest.Main(m) }
 // the test server, in the test's own database.
 func TestRun(t *testing.T) {
 	db := mongotest.New(t)
-	t.Setenv("MONGODB_URI", db.Server.URI)
-	require.NoError(t, run(t.Context(), db.Name()))
-	require.NoError(t, run(t.Context(), db.Name()))
+	require.NoError(t, run(t.Context(), db.Server.URI, db.Name()))
+	require.NoError(t, run(t.Context(), db.Server.URI, db.Name()))
 }

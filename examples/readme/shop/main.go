@@ -2,16 +2,15 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log"
-	"os"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -43,13 +42,23 @@ func restock(it *Item, n int64) error {
 }
 
 func main() {
-	if err := run(context.Background(), "shop"); err != nil {
+	ctx := context.Background()
+	// The server at MONGODB_URI; with none, one started for trying this (Docker,
+	// else embedded). mongotest is for tests and trials: a service dials its own.
+	srv, err := mongotest.Start(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("server:", srv)
+	err = run(ctx, srv.URI, "shop")
+	mongotest.Shutdown() // stops a server it started and removes its data
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, database string) error {
-	s, err := store.Connect(ctx, cmp.Or(os.Getenv("MONGODB_URI"), "mongodb://localhost:27017"), nil)
+func run(ctx context.Context, uri, database string) error {
+	s, err := store.Connect(ctx, uri, nil)
 	if err != nil {
 		return err // a *store.ConnectError, the password redacted
 	}

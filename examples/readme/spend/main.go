@@ -4,20 +4,23 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
@@ -105,23 +108,45 @@ func open(db *mongo.Database) (*versioned.Repo[Wallet], *deferred.Queue, error) 
 }
 
 func main() {
-	ctx := context.Background()
-	s, err := store.Connect(ctx, cmp.Or(os.Getenv("MONGODB_URI"), "mongodb://localhost:27017"), nil)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// The server at MONGODB_URI; with none, one started for trying this (Docker,
+	// else embedded). mongotest is for tests and trials: a service dials its own.
+	srv, err := mongotest.Start(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
+	fmt.Println("server:", srv)
+	err = serve(ctx, srv.URI, "localhost:8080")
+	mongotest.Shutdown() // stops a server it started and removes its data
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// serve serves the wallets at addr until ctx ends.
+func serve(ctx context.Context, uri, addr string) error {
+	s, err := store.Connect(ctx, uri, nil)
+	if err != nil {
+		return err
+	}
+	defer s.Close(context.WithoutCancel(ctx))
 	wallets, jobs, err := open(s.Database("shop"))
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	if _, err := jobs.EnsureIndexes(ctx); err != nil { // the TTL index that deletes finished jobs
-		log.Fatal(err)
+		return err
 	}
 	handler, err := NewService(wallets, jobs)
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
 	go func() { log.Print(jobs.Run(ctx)) }() // the workers, in every instance that should run them
-	srv := &http.Server{Addr: "localhost:8080", Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	log.Fatal(srv.ListenAndServe())
+	hs := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	go func() { <-ctx.Done(); _ = hs.Shutdown(context.WithoutCancel(ctx)) }() // Ctrl-C
+	if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }

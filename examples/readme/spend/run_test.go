@@ -83,3 +83,13 @@ func TestService(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, serve(http.MethodPost, "/wallets/bob/spend?amount=1").Code)
 	require.Equal(t, http.StatusBadRequest, serve(http.MethodPost, "/wallets/ana/spend?amount=x").Code)
 }
+
+// TestServeStopsWhenCancelled: the program's server comes up on its
+// database and returns nil once its context ends (Ctrl-C), so main stops the
+// server it started.
+func TestServeStopsWhenCancelled(t *testing.T) {
+	db := mongotest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	require.NoError(t, serve(ctx, db.Server.URI, "127.0.0.1:0"))
+}
