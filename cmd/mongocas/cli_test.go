@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/store"
 )
@@ -145,6 +147,14 @@ func TestDoctor(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^server clock\s+[+-][0-9.]+ms\s+from this host's, within ±[0-9.]+ms`).MatchString(r.stdout) {
 		t.Errorf("no clock offset and bound")
+	}
+	// Its probes leave no scratch collection behind.
+	left, err := db.ListCollectionNames(ctx, bson.D{{Key: "name", Value: bson.D{{Key: "$regex", Value: "^" + store.ProbeCollection}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("doctor left probe collections behind: %v", left)
 	}
 
 	rj := run(t, "", args(db, "doctor", "--json", "--jobs", "jobs", "--keys", "idem", "--leases", "locks", "--fix")...)

@@ -113,7 +113,10 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 	}
 
 	// The lease mode, as lease's ModeAuto finds it by trying.
-	m, err := lease.NewNamed(k.db.Collection(store.ProbeCollection), &lease.Options{TTL: 30 * time.Second})
+	// Its scratch collection is its own, dropped afterwards, like store.Probe's.
+	probe := k.db.Collection(store.ProbeCollection + "_lease_" + bson.NewObjectID().Hex())
+	defer func() { _ = probe.Drop(context.WithoutCancel(ctx)) }()
+	m, err := lease.NewNamed(probe, &lease.Options{TTL: 30 * time.Second})
 	if err == nil {
 		var mode lease.Mode
 		if mode, err = m.Mode(ctx); err == nil {
@@ -131,7 +134,7 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 		r.LeaseMode = "unknown"
 		r.LeaseWhy = err.Error()
 		r.Problems = append(r.Problems, problem{"lease could not find its mode: " + err.Error(),
-			"check the user's write access to " + store.ProbeCollection})
+			"check the user's write access to " + probe.Name()})
 	}
 
 	clock := store.NewServerClock(store.HelloSampler(k.st.Client()), nil)
