@@ -24,11 +24,20 @@ import (
 // claimField is the field of a job that holds the id of its last claim.
 const claimField = "c"
 
-// claimSent is a worker's claim of one job: the id it sent, and the id the
-// job carried before it (zero: none, the job was never claimed). Once the
-// claim is sent its outcome may be unknown: putBack then voids it.
+// claimSent is a worker's claim of one job: the id it sent, and the id and
+// state the job had when read, which the claim is conditioned on (prior
+// zero: the job was never claimed). Once the claim is sent its outcome may
+// be unknown: putBack then voids it.
 type claimSent struct {
 	id, prior bson.ObjectID
+	state     State
+}
+
+// claimCond is a condition on a job's claim id (zero: none) and, unless
+// empty, its state.
+type claimCond struct {
+	id    bson.ObjectID
+	state State
 }
 
 // claimWrite is one claim of jobs of a key, taken in one write: its id, the
@@ -42,27 +51,23 @@ type claimWrite struct {
 	update bson.D
 }
 
-// claimable is the states a claim takes a job from: waiting, or running
-// under an earlier claim whose worker was lost (taken over).
-var claimable = bson.A{StateAvailable, StateRetryable, StateRunning}
-
 // newClaim returns the claim of jobs, read by ahead, under this hold's lease
-// at now: conditioned on each job's claim id as read, on a state it can be
-// claimed from, on no newer holder of the key having claimed it (epoch),
+// at now: conditioned on each job's claim id and state as read (waiting,
+// or running under a lost worker's claim: taken over), on no newer holder
+// of the key having claimed it (epoch),
 // and, where the lease's expiry is judged by the server, on the lease not
 // having expired (so that a copy that arrives after another worker took the
 // key matches nothing). It records the claim on the jobs (Job.cl).
 func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 	cw := &claimWrite{id: bson.NewObjectID(), jobs: jobs, epoch: h.l.Epoch(), now: now}
 	for _, job := range jobs {
-		job.cl = claimSent{id: cw.id, prior: job.Claim}
+		job.cl = claimSent{id: cw.id, prior: job.Claim, state: job.State}
 	}
 	owner := h.q.c.Owner
 	cw.filter = append(idsFilter(jobs),
-		bson.E{Key: "state", Value: bson.D{{Key: "$in", Value: claimable}}},
 		bson.E{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: cw.epoch}}}}},
 	)
-	cw.filter = append(cw.filter, byClaim(jobs, func(j *Job) bson.ObjectID { return j.cl.prior })...)
+	cw.filter = append(cw.filter, byClaim(jobs, func(j *Job) claimCond { return claimCond{j.cl.prior, j.cl.state} })...)
 	cw.filter = append(cw.filter, h.leaseTime()...)
 	cw.update = bson.D{
 		{Key: "$set", Value: bson.D{
@@ -89,12 +94,12 @@ func (cw *claimWrite) landedOn(j *Job) bool {
 }
 
 // couldLandOn reports whether a copy of the claim could still apply to j,
-// as read: it carries the claim id the claim was conditioned on, in a
-// state a claim takes, claimed by no newer holder of the key.
+// as read: it carries the claim id and the state the claim was conditioned
+// on, claimed by no newer holder of the key.
 func (cw *claimWrite) couldLandOn(j *Job) bool {
 	for _, job := range cw.jobs {
 		if job.ID == j.ID {
-			return j.Claim == job.cl.prior && !finished(j.State) && j.Epoch <= cw.epoch
+			return j.Claim == job.cl.prior && j.State == job.cl.state && j.Epoch <= cw.epoch
 		}
 	}
 	return false
@@ -102,9 +107,15 @@ func (cw *claimWrite) couldLandOn(j *Job) bool {
 
 // leaseTime is the condition that this hold's lease has not expired, where
 // the server judges its expiry ($$NOW): the lease's Fence without the
-// conditions on the key's document. Elsewhere it is empty.
+// conditions on the key's document. Elsewhere it is empty; once the lease
+// has ended, a condition that matches nothing.
 func (h *hold) leaseTime() bson.D {
-	for _, e := range h.l.Fence() {
+	fence := h.l.Fence() // read before lost: an ended lease's Fence has no $expr
+	if h.lost() {
+		// $in [] matches nothing on every server.
+		return bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{}}}}}}}}
+	}
+	for _, e := range fence {
 		if e.Key == "$expr" {
 			return bson.D{e}
 		}
@@ -124,31 +135,35 @@ func idsFilter(jobs []*Job) bson.D {
 	return bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
 }
 
-// byClaim is the condition that each of jobs carries the claim id of(job)
-// gives (zero: none), to add to a filter of their ids: one condition on c
-// when they share it, else one per id.
-func byClaim(jobs []*Job, of func(*Job) bson.ObjectID) bson.D {
-	var order []bson.ObjectID
-	groups := map[bson.ObjectID]bson.A{}
+// byClaim is the condition that each of jobs matches the claimCond of(job)
+// gives, to add to a filter of their ids: one set of conditions when they
+// share it, else one per group of ids.
+func byClaim(jobs []*Job, of func(*Job) claimCond) bson.D {
+	var order []claimCond
+	groups := map[claimCond]bson.A{}
 	for _, job := range jobs {
-		id := of(job)
-		if _, ok := groups[id]; !ok {
-			order = append(order, id)
+		k := of(job)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
 		}
-		groups[id] = append(groups[id], job.ID)
+		groups[k] = append(groups[k], job.ID)
 	}
-	carries := func(id bson.ObjectID) bson.E {
-		if id.IsZero() {
-			return bson.E{Key: claimField, Value: bson.D{{Key: "$exists", Value: false}}}
+	carries := func(k claimCond) bson.D {
+		d := bson.D{{Key: claimField, Value: k.id}}
+		if k.id.IsZero() {
+			d = bson.D{{Key: claimField, Value: bson.D{{Key: "$exists", Value: false}}}}
 		}
-		return bson.E{Key: claimField, Value: id}
+		if k.state != "" {
+			d = append(d, bson.E{Key: "state", Value: k.state})
+		}
+		return d
 	}
 	if len(order) == 1 {
-		return bson.D{carries(order[0])}
+		return carries(order[0])
 	}
 	or := make(bson.A, 0, len(order))
-	for _, id := range order {
-		or = append(or, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: groups[id]}}}, carries(id)})
+	for _, k := range order {
+		or = append(or, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: groups[k]}}}}, carries(k)...))
 	}
 	return bson.D{{Key: "$or", Value: or}}
 }
@@ -157,7 +172,7 @@ func byClaim(jobs []*Job, of func(*Job) bson.ObjectID) bson.D {
 // each: the filter of every write that acts on a claimed job.
 func underClaim(jobs []*Job) bson.D {
 	f := append(idsFilter(jobs), bson.E{Key: "state", Value: StateRunning})
-	return append(f, byClaim(jobs, func(j *Job) bson.ObjectID { return j.cl.id })...)
+	return append(f, byClaim(jobs, func(j *Job) claimCond { return claimCond{id: j.cl.id} })...)
 }
 
 // take sends cw, the claim of jobs read by ahead, and settles it; applied
@@ -496,7 +511,7 @@ func (h *hold) putBack(jobs ...*Job) bool {
 	}
 	models := []mongo.WriteModel{
 		mongo.NewUpdateManyModel().
-			SetFilter(append(idsFilter(jobs), byClaim(jobs, func(j *Job) bson.ObjectID { return j.cl.prior })...)).
+			SetFilter(append(idsFilter(jobs), byClaim(jobs, func(j *Job) claimCond { return claimCond{id: j.cl.prior} })...)).
 			SetUpdate(bson.D{{Key: "$set", Value: bson.D{{Key: claimField, Value: void}}}}),
 	}
 	for mw, group := range byMW {
