@@ -3,6 +3,10 @@ package retry
 import (
 	"math"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/mongocas/mongocas/store"
 )
 
 // Backoff is a sequence of delays, one per retry, that a Policy describes.
@@ -23,41 +27,65 @@ type Backoff interface {
 // MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock.
 func (p Policy) NewBackoff() Backoff {
 	s := p.resolve()
-	return newSequence(&s)
+	return newSequence(&s, s.clock.Now())
 }
 
-// sequence implements Backoff. It is not safe for concurrent use.
+// sequence implements Backoff on backoff/v4's ExponentialBackOff, which
+// gives the cap of each delay (InitialInterval, then × Multiplier up to
+// MaxInterval, with no randomization) and measures the elapsed time on the
+// Policy's Clock; the jitter is drawn below the cap with the Policy's Rand.
+// DecorrelatedJitter keeps its own recurrence. One sequence serves one loop:
+// neither it nor ExponentialBackOff is safe for concurrent use. The whole
+// sequence is one allocation: exp.Clock points into it.
 type sequence struct {
-	jitter       Jitter
-	initial, max time.Duration
-	multiplier   float64
-	rand         func() float64
-	limit        time.Duration // the cap of the next delay, from initial to max
-	prev         time.Duration // DecorrelatedJitter's previous delay
+	exp    backoff.ExponentialBackOff
+	clock  clockAt
+	jitter Jitter
+	rand   func() float64
+	prev   time.Duration // DecorrelatedJitter's previous delay
 }
 
-func newSequence(s *settings) *sequence {
-	seq := &sequence{jitter: s.jitter, initial: s.initial, max: s.max, multiplier: s.multiplier, rand: s.rand}
+// newSequence returns the delays of s, whose elapsed time counts from start.
+func newSequence(s *settings, start time.Time) *sequence {
+	seq := &sequence{
+		exp: backoff.ExponentialBackOff{
+			InitialInterval: s.initial,
+			MaxInterval:     s.max,
+			Multiplier:      s.multiplier,
+			// RandomizationFactor 0: NextBackOff returns the cap itself, and
+			// Next draws below it (see the Jitter doc).
+			// MaxElapsedTime 0: Do applies it to the drawn delay (see elapsed).
+			Stop: backoff.Stop,
+		},
+		clock:  clockAt{clock: s.clock},
+		jitter: s.jitter,
+		rand:   s.rand,
+	}
+	seq.exp.Clock = &seq.clock
+	seq.clock.at = start // Reset reads the start time from here, not from now
 	seq.Reset()
+	seq.clock.at = time.Time{}
 	return seq
 }
 
-func (s *sequence) Reset() { s.limit, s.prev = s.initial, s.initial }
+func (s *sequence) Reset() {
+	s.exp.Reset()
+	s.prev = s.exp.InitialInterval
+}
+
+// elapsed returns the time since the sequence's start on the Policy's Clock.
+func (s *sequence) elapsed() time.Duration { return s.exp.GetElapsedTime() }
 
 func (s *sequence) Next() time.Duration {
 	r := unit(s.rand())
 	if s.jitter == DecorrelatedJitter {
 		// uniform in [initial, 3×prev), then capped by max.
 		hi := min(s.prev, maxDelay/3) * 3
-		s.prev = min(s.initial+scale(r, hi-s.initial), s.max)
+		lo := s.exp.InitialInterval
+		s.prev = min(lo+scale(r, hi-lo), s.exp.MaxInterval)
 		return s.prev
 	}
-	c := s.limit
-	if float64(s.limit) >= float64(s.max)/s.multiplier { // also where × would overflow
-		s.limit = s.max
-	} else {
-		s.limit = time.Duration(float64(s.limit) * s.multiplier)
-	}
+	c := s.exp.NextBackOff() // the cap: in [InitialInterval, MaxInterval], never Stop
 	switch s.jitter {
 	case EqualJitter:
 		half := c / 2
@@ -67,6 +95,21 @@ func (s *sequence) Next() time.Duration {
 	default: // FullJitter
 		return scale(r, c)
 	}
+}
+
+// clockAt is the Policy's Clock as backoff/v4 sees it. While at is set, it
+// answers at: the sequence's start, which is the first call of fn, not the
+// moment the sequence is made.
+type clockAt struct {
+	clock store.Clock
+	at    time.Time
+}
+
+func (c *clockAt) Now() time.Time {
+	if !c.at.IsZero() {
+		return c.at
+	}
+	return c.clock.Now()
 }
 
 // scale returns r×n rounded down, in [0, n) for n > 0 and 0 for n <= 0; r must

@@ -72,7 +72,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		return newStoppedError(ctx, 0, nil)
 	}
 	start := s.clock.Now()
-	var seq *sequence // made at the first retry: a first-try success allocates nothing
+	var seq *sequence // made at the first failure: a first-try success allocates nothing
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
 		if err == nil {
@@ -93,17 +93,19 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		if !live {
 			return newStoppedError(ctx, attempt, err)
 		}
-		elapsed := s.clock.Now().Sub(start)
+		if seq == nil {
+			seq = newSequence(s, start)
+		}
+		elapsed := seq.elapsed()
 		if s.maxAttempts > 0 && attempt >= s.maxAttempts {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}
 		var delay time.Duration
 		if !now {
-			if seq == nil {
-				seq = newSequence(s)
-			}
 			delay = seq.Next()
 		}
+		// ExponentialBackOff's own MaxElapsedTime would compare the cap, not
+		// the delay drawn below it (see doc.go): the same rule, on the delay.
 		if s.maxElapsed > 0 && elapsed+delay > s.maxElapsed {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}
