@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-
-	"github.com/mongocas/mongocas/store"
 )
 
 // Backoff is a sequence of delays, one per retry, that a Policy describes.
@@ -27,44 +25,38 @@ type Backoff interface {
 // MaxAttempts, MaxElapsedTime, Budget, OnRetry and Clock.
 func (p Policy) NewBackoff() Backoff {
 	s := p.resolve()
-	return newSequence(&s, s.clock.Now())
+	return newSequence(&s)
 }
 
 // sequence implements Backoff on backoff/v4's ExponentialBackOff, which
 // gives the cap of each delay (InitialInterval, then × Multiplier up to
-// MaxInterval, with no randomization) and measures the elapsed time on the
-// Policy's Clock; the jitter is drawn below the cap with the Policy's Rand.
-// DecorrelatedJitter keeps its own recurrence. One sequence serves one loop:
-// neither it nor ExponentialBackOff is safe for concurrent use. The whole
-// sequence is one allocation: exp.Clock points into it.
+// MaxInterval, with no randomization) on the Policy's Clock; the jitter is
+// drawn below the cap with the Policy's Rand. DecorrelatedJitter keeps its
+// own recurrence. One sequence serves one loop: neither it nor
+// ExponentialBackOff is safe for concurrent use. It is one allocation.
 type sequence struct {
 	exp    backoff.ExponentialBackOff
-	clock  clockAt
 	jitter Jitter
 	rand   func() float64
 	prev   time.Duration // DecorrelatedJitter's previous delay
 }
 
-// newSequence returns the delays of s, whose elapsed time counts from start.
-func newSequence(s *settings, start time.Time) *sequence {
+func newSequence(s *settings) *sequence {
 	seq := &sequence{
 		exp: backoff.ExponentialBackOff{
 			InitialInterval: s.initial,
 			MaxInterval:     s.max,
 			Multiplier:      s.multiplier,
 			// RandomizationFactor 0: NextBackOff returns the cap itself, and
-			// Next draws below it (see the Jitter doc).
-			// MaxElapsedTime 0: Do applies it to the drawn delay (see elapsed).
-			Stop: backoff.Stop,
+			// Next draws below it (see the Jitter doc). MaxElapsedTime 0: Do
+			// applies it to the drawn delay (see the package doc).
+			Stop:  backoff.Stop,
+			Clock: s.clock, // a store.Clock is a backoff.Clock
 		},
-		clock:  clockAt{clock: s.clock},
 		jitter: s.jitter,
 		rand:   s.rand,
 	}
-	seq.exp.Clock = &seq.clock
-	seq.clock.at = start // Reset reads the start time from here, not from now
 	seq.Reset()
-	seq.clock.at = time.Time{}
 	return seq
 }
 
@@ -72,9 +64,6 @@ func (s *sequence) Reset() {
 	s.exp.Reset()
 	s.prev = s.exp.InitialInterval
 }
-
-// elapsed returns the time since the sequence's start on the Policy's Clock.
-func (s *sequence) elapsed() time.Duration { return s.exp.GetElapsedTime() }
 
 func (s *sequence) Next() time.Duration {
 	r := unit(s.rand())
@@ -95,21 +84,6 @@ func (s *sequence) Next() time.Duration {
 	default: // FullJitter
 		return scale(r, c)
 	}
-}
-
-// clockAt is the Policy's Clock as backoff/v4 sees it. While at is set, it
-// answers at: the sequence's start, which is the first call of fn, not the
-// moment the sequence is made.
-type clockAt struct {
-	clock store.Clock
-	at    time.Time
-}
-
-func (c *clockAt) Now() time.Time {
-	if !c.at.IsZero() {
-		return c.at
-	}
-	return c.clock.Now()
 }
 
 // scale returns r×n rounded down, in [0, n) for n > 0 and 0 for n <= 0; r must

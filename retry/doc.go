@@ -23,10 +23,10 @@
 //
 // # On backoff/v4
 //
-// The delays come from github.com/cenkalti/backoff/v4: each call of Do (and
-// each [Policy.NewBackoff]) builds its own ExponentialBackOff, which is not
-// safe for concurrent use, from InitialInterval, MaxInterval and Multiplier,
-// and measures the elapsed time on the Policy's Clock. This package adds what
+// The delays come from github.com/cenkalti/backoff/v4: each call of Do that
+// sleeps (and each [Policy.NewBackoff]) builds its own ExponentialBackOff,
+// which is not safe for concurrent use, from InitialInterval, MaxInterval and
+// Multiplier, on the Policy's Clock. This package adds what
 // backoff/v4 lacks: the retry [Budget], the hooks, the classification below,
 // [Immediately], and the typed errors that say which limit ended the loop.
 // Three Policy fields do not map onto ExponentialBackOff as they stand:
@@ -40,9 +40,11 @@
 //     ExponentialBackOff does not keep: it has its own recurrence.
 //   - MaxElapsedTime. ExponentialBackOff stops when the elapsed time plus its
 //     interval passes MaxElapsedTime; here that interval is the cap, so it
-//     would refuse a drawn delay that fits. Do applies the same rule to the
-//     delay it will sleep, with the elapsed time ExponentialBackOff measures
-//     (from the first call of fn).
+//     would refuse a drawn delay that fits, and its elapsed time starts when
+//     it is made, at the first sleep. Do applies the same rule to the delay it
+//     will sleep, from the first call of fn on the Policy's Clock; a call
+//     that only retries at once ([Immediately], as versioned's Modify after
+//     a conflict) makes no ExponentialBackOff at all.
 //
 // MaxAttempts and the context are checked by Do rather than through
 // backoff.WithMaxRetries and backoff.WithContext: Do must tell an

@@ -72,7 +72,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		return newStoppedError(ctx, 0, nil)
 	}
 	start := s.clock.Now()
-	var seq *sequence // made at the first failure: a first-try success allocates nothing
+	var seq *sequence // made at the first sleep: a first-try success, or a retry at once, allocates nothing
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
 		if err == nil {
@@ -93,15 +93,15 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		if !live {
 			return newStoppedError(ctx, attempt, err)
 		}
-		if seq == nil {
-			seq = newSequence(s, start)
-		}
-		elapsed := seq.elapsed()
+		elapsed := s.clock.Now().Sub(start)
 		if s.maxAttempts > 0 && attempt >= s.maxAttempts {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}
 		var delay time.Duration
 		if !now {
+			if seq == nil {
+				seq = newSequence(s)
+			}
 			delay = seq.Next()
 		}
 		// ExponentialBackOff's own MaxElapsedTime would compare the cap, not
