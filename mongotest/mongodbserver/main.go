@@ -81,6 +81,8 @@ func run(cfg config, in io.Reader, out io.Writer, logger *log.Logger) int {
 	}()
 	fmt.Fprintln(out, uriLine(srv.uri))
 
+	// As ferretdbserver does: the two commands share no code, since each
+	// must build alone with go install module@version.
 	eof := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, in)
