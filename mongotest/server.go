@@ -206,7 +206,8 @@ func fixFor(err error) string {
 			"or unset %s (and %s) to use Docker or the embedded server", EnvURI, EnvURI, EnvBackend)
 	case errors.Is(err, errDockerBackend):
 		return fmt.Sprintf("start Docker (or point DOCKER_HOST at a running engine), "+
-			"or unset %s to use the embedded server, or set %s to a MongoDB of yours", EnvBackend, EnvURI)
+			"or unset %s to use the embedded server (set it to embedded where an engine answers but cannot run MongoDB), "+
+			"or set %s to a MongoDB of yours", EnvBackend, EnvURI)
 	default:
 		return fmt.Sprintf("check that the go command is on PATH and can build %s (from mongotest's sources, or "+
 			"go install %s@<mongotest's version>, which needs the module proxy once), "+
