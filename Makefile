@@ -2,18 +2,19 @@
 # MongoDB-wire server: MONGODB_URI if set, else Docker, else embedded FerretDB;
 # test-documentdb builds and starts FerretDB v2 on DocumentDB for its run.
 #
-# The repository is seven modules tied by go.work: the library (root),
-# mongotest, mongotest/ferretdbserver (the embedded server's command, which
-# mongotest builds and runs as a child process), tests (the server-backed
-# tests), examples, otelmongocas (the OpenTelemetry adapter) and
-# internal/bench. `./...` stops at module boundaries; the module path
+# The repository is nine modules tied by go.work: the library (root),
+# mongotest, mongotest/ferretdbserver and mongotest/mongodbserver (the
+# embedded server's and the Docker backend's commands, which mongotest builds
+# and runs as child processes), tests (the server-backed tests), examples,
+# cmd/mongocas (the operator CLI), otelmongocas (the OpenTelemetry adapter)
+# and internal/bench. `./...` stops at module boundaries; the module path
 # pattern covers them all.
 GO ?= go
 GOLANGCI_LINT ?= golangci-lint
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= github.com/mongocas/mongocas/...
 # golangci-lint takes directories, one pattern per module.
-LINT_DIRS ?= ./... ./mongotest/... ./mongotest/ferretdbserver/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
+LINT_DIRS ?= ./... ./mongotest/... ./mongotest/ferretdbserver/... ./mongotest/mongodbserver/... ./tests/... ./examples/... ./otelmongocas/... ./internal/bench/...
 
 .PHONY: documentdb-up documentdb-down all demo test test-race test-short test-min-go test-documentdb lint lint-install fmt vet deps-check bench bench-contention fuzz ci
 

@@ -26,7 +26,7 @@ func init() { //nolint:gochecknoinits // the re-run binary must build and exit b
 	}
 	progressEvery = 300 * time.Millisecond
 	noticeOnce.Do(func() {}) // notices to standard error, where the test reads them
-	bin, err := buildChild(context.Background())
+	bin, err := buildChild(context.Background(), ferretdbServer)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ERROR", err)
 		os.Exit(1)
@@ -87,7 +87,7 @@ func TestBuildSaysWhatItDoes(t *testing.T) {
 	require.NoError(t, os.MkdirAll(dir, 0o750))
 	old := make([]string, 0, 3)
 	for i := range 3 {
-		p := filepath.Join(dir, fmt.Sprintf("%s%016x", binPrefix, i))
+		p := filepath.Join(dir, fmt.Sprintf("%s%016x", ferretdbServer.binPrefix(), i))
 		require.NoError(t, os.WriteFile(p, nil, 0o600))
 		when := time.Now().Add(-time.Duration(i+1) * time.Hour)
 		require.NoError(t, os.Chtimes(p, when, when))
@@ -116,7 +116,7 @@ func TestBuildSaysWhatItDoes(t *testing.T) {
 	if notices[len(notices)-2].at > 2*progressEvery {
 		require.Contains(t, notices[1].text, "mongotest: still building the embedded server: ")
 	}
-	require.FileExists(t, filepath.Join(dir, lastBuildFile))
+	require.FileExists(t, filepath.Join(dir, lastBuildFile(ferretdbServer)))
 	require.NoFileExists(t, old[2], "the oldest binary is pruned")
 	require.FileExists(t, old[0])
 	require.FileExists(t, old[1])

@@ -14,11 +14,19 @@
 // The first call to New or Start picks one server for the whole test binary:
 //
 //  1. the server at MONGODB_URI, when it is set (real MongoDB, Atlas, ...);
-//  2. else a single-node MongoDB replica set in Docker (through the Docker
-//     Engine API at DOCKER_HOST or the default socket; no Docker client
-//     library), when an engine answers within two seconds. Each container
-//     is labelled with its owner process; a later start removes those whose
-//     owner died without removing them;
+//  2. else a single-node MongoDB replica set in Docker, when an engine
+//     answers: the image mongo:<MONGOCAS_MONGODB_VERSION> (6.0, 7.0, 8.0;
+//     7.0 when unset; MONGOCAS_DOCKER_IMAGE names another image), started by
+//     testcontainers-go's MongoDB module in a child process, the command
+//     github.com/mongocas/mongocas/mongotest/mongodbserver, built like the
+//     embedded server's below (MONGOCAS_MONGODBSERVER_VERSION), so that
+//     neither testcontainers-go nor a Docker client enters your module graph.
+//     mongotest looks for a socket where an engine listens (DOCKER_HOST, the
+//     usual places) without speaking its API; the child asks the engine, and
+//     when none answers Start falls back to the embedded server, and the line
+//     that names the backend says why. The child removes the container when
+//     the test process exits; if both die, testcontainers-go's reaper (Ryuk)
+//     does;
 //  3. else FerretDB v1 (SQLite handler, files in a temporary directory on
 //     /dev/shm when it exists) in a child process, reached through a proxy
 //     that serializes wire exchanges. The child is the command
@@ -131,8 +139,9 @@
 //   - One server per test binary; [Main] stops it and removes its files. With
 //     [CheckLeaks] it also fails the run if a goroutine outlives the tests.
 //   - Start bounds each backend's start: MONGODB_URI is given up on after its
-//     server-selection timeout (10 s); Docker is tried only when its engine
-//     answers a ping within two seconds.
+//     server-selection timeout (10 s); Docker is tried only when a socket
+//     accepts a connection within two seconds, and its child gives up when
+//     the engine does not answer within five.
 //
 // # Errors
 //

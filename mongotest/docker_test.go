@@ -1,214 +1,150 @@
 package mongotest
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
+	"errors"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// captureNotices sends mongotest's notices to a buffer for the rest of t,
-// which must not be parallel.
-func captureNotices(t *testing.T) *syncBuffer {
-	t.Helper()
-	noticeOnce.Do(func() { noticeW = noticeWriter() })
-	var b syncBuffer
-	noticeMu.Lock()
-	saved := noticeW
-	noticeW = &b
-	noticeMu.Unlock()
-	t.Cleanup(func() {
-		noticeMu.Lock()
-		noticeW = saved
-		noticeMu.Unlock()
-	})
-	return &b
+func TestDockerImageFollowsTheVersionVariable(t *testing.T) {
+	t.Setenv(EnvDockerImage, "")
+	for v, want := range map[string]string{"": "mongo:7.0", "6.0": "mongo:6.0", "8.0": "mongo:8.0", "7.0.14": "mongo:7.0.14"} {
+		t.Setenv(EnvMongoDBVersion, v)
+		img, err := dockerImage()
+		require.NoError(t, err, v)
+		require.Equal(t, want, img, v)
+	}
+	for _, bad := range []string{"latest", "7", "7.0; rm", "mongo:7.0"} {
+		t.Setenv(EnvMongoDBVersion, bad)
+		_, err := dockerImage()
+		require.ErrorIs(t, err, errBadSetting, bad)
+		require.ErrorContains(t, err, EnvMongoDBVersion, bad)
+		require.ErrorContains(t, err, "6.0, 7.0 or 8.0", bad)
+	}
+	// The image variable, a mirror's for instance, names the image itself.
+	t.Setenv(EnvDockerImage, "mirror.example.com/mongo:8.0")
+	img, err := dockerImage()
+	require.NoError(t, err)
+	require.Equal(t, "mirror.example.com/mongo:8.0", img)
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+func TestDockerChildLinesAreParsed(t *testing.T) {
+	t.Parallel()
+	uri, err := parseDockerLine("URI mongodb://127.0.0.1:32768/?directConnection=true")
+	require.NoError(t, err)
+	require.Equal(t, "mongodb://127.0.0.1:32768/?directConnection=true", uri)
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
+	_, err = parseDockerLine(`NODOCKER check host "unix:///var/run/docker.sock": connect: no such file or directory `)
+	var nd *noDockerError
+	require.ErrorAs(t, err, &nd)
+	require.Equal(t, `check host "unix:///var/run/docker.sock": connect: no such file or directory`, nd.reason)
+	require.ErrorContains(t, err, "no Docker engine answered: check host")
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// fakeEngine is the part of the Docker Engine API the Docker backend uses,
-// on a unix socket, recording the requests it gets.
-type fakeEngine struct {
-	mu       sync.Mutex
-	requests []string
-	created  createdContainer
-	hasImage bool
-	pullErr  string
-	list     []map[string]any
-}
-
-// createdContainer is the part of a create request the test checks.
-type createdContainer struct {
-	HostConfig struct {
-		AutoRemove   bool `json:"AutoRemove"`
-		PortBindings map[string][]struct {
-			HostIP string `json:"HostIp"`
-		} `json:"PortBindings"`
-	} `json:"HostConfig"`
-	Labels map[string]string `json:"Labels"`
-}
-
-func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.requests = append(f.requests, r.Method+" "+r.URL.Path)
-	switch {
-	case r.URL.Path == "/_ping":
-		_, _ = w.Write([]byte("OK"))
-	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/images/"):
-		if !f.hasImage {
-			w.WriteHeader(http.StatusNotFound)
-			_, _ = w.Write([]byte(`{"message":"No such image: mongo:7.0"}`))
-			return
-		}
-		_, _ = w.Write([]byte(`{}`))
-	case r.URL.Path == "/images/create":
-		if r.URL.Query().Get("fromImage") != "mongo" || r.URL.Query().Get("tag") != "7.0" {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		_, _ = w.Write([]byte(`{"status":"Pulling from library/mongo"}` + "\n"))
-		if f.pullErr != "" {
-			_, _ = fmt.Fprintf(w, `{"error":%q}`+"\n", f.pullErr)
-			return
-		}
-		_, _ = w.Write([]byte(`{"status":"Downloaded newer image for mongo:7.0"}` + "\n"))
-		f.hasImage = true
-	case r.URL.Path == "/containers/json":
-		if err := json.NewEncoder(w).Encode(f.list); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
-	case r.URL.Path == "/containers/create":
-		_ = json.NewDecoder(r.Body).Decode(&f.created)
-		_, _ = w.Write([]byte(`{"Id":"c1"}`))
-	case r.URL.Path == "/containers/c1/start":
-		w.WriteHeader(http.StatusNoContent)
-	case r.URL.Path == "/containers/c1/json":
-		_, _ = w.Write([]byte(`{"NetworkSettings":{"Ports":{"27017/tcp":[{"HostIp":"127.0.0.1","HostPort":"40017"}]}}}`))
-	case r.Method == http.MethodDelete:
-		w.WriteHeader(http.StatusNoContent)
-	default:
-		w.WriteHeader(http.StatusNotFound)
+	for _, bad := range []string{"", "LISTEN 127.0.0.1:1", "URI http://x:1/", "URI mongodb://", "URI", "mongodb://127.0.0.1:1/"} {
+		_, err := parseDockerLine(bad)
+		require.Error(t, err, bad)
+		require.False(t, errors.As(err, &nd), "%q is not a NODOCKER line", bad)
 	}
 }
 
-func (f *fakeEngine) got() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.requests...)
-}
-
-// serveFakeEngine serves f on a socket and points DOCKER_HOST at it.
-func serveFakeEngine(t *testing.T, f *fakeEngine) {
+// listenUnix listens on a fresh unix socket that accepts connections and
+// closes them at once, as a socket with something behind it that is not a
+// Docker engine, and returns its path.
+func listenUnix(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "dk") //nolint:usetesting // short: a socket path has a length limit, which t.TempDir's test-named path can pass
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "d.sock")
+	path := filepath.Join(t.TempDir(), "docker.sock")
 	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), "unix", sock)
+	ln, err := lc.Listen(context.Background(), "unix", path)
 	require.NoError(t, err)
-	srv := &http.Server{Handler: f} //nolint:gosec // a test server on a private socket
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return path
+}
+
+func TestDockerIsLookedForWithoutItsAPI(t *testing.T) {
+	t.Setenv("HOME", t.TempDir()) // no ~/.testcontainers.properties
+	// A socket nobody listens on: not there, and said why, at once.
+	missing := "unix://" + t.TempDir() + "/docker.sock"
+	t.Setenv("DOCKER_HOST", missing)
+	began := time.Now()
+	p, why, ok := findDocker(context.Background())
+	require.False(t, ok)
+	require.Less(t, time.Since(began), 100*time.Millisecond)
+	require.Equal(t, "DOCKER_HOST="+missing, p.where)
+	require.Contains(t, why, "DOCKER_HOST="+missing)
+	require.Contains(t, why, "docker.sock")
+
+	// A socket that accepts: there, as far as mongotest can tell without
+	// the API; the child asks the engine.
+	sock := listenUnix(t)
 	t.Setenv("DOCKER_HOST", "unix://"+sock)
-}
+	p, why, ok = findDocker(context.Background())
+	require.True(t, ok, why)
+	require.Equal(t, "DOCKER_HOST=unix://"+sock, p.where)
+	require.Empty(t, p.env, "DOCKER_HOST reaches the child as it is")
 
-// TestDockerEngineLifecycle: without testcontainers, the Docker backend
-// pulls a missing image, removes the containers left by dead test processes
-// of this machine (only those), starts its container with the port
-// published on loopback and labelled with its owner, and removes it.
-func TestDockerEngineLifecycle(t *testing.T) {
-	exited := exec.CommandContext(context.Background(), os.Args[0], "-test.run=^$") //nolint:gosec // this test binary
-	require.NoError(t, exited.Run())
-	host, _ := os.Hostname()
-	f := &fakeEngine{list: []map[string]any{
-		{"Id": "dead", "Labels": map[string]string{ownerLabel: host + "/" + strconv.Itoa(exited.Process.Pid)}},
-		{"Id": "alive", "Labels": map[string]string{ownerLabel: host + "/" + strconv.Itoa(os.Getpid())}},
-		{"Id": "elsewhere", "Labels": map[string]string{ownerLabel: "another-host/" + strconv.Itoa(exited.Process.Pid)}},
-	}}
-	serveFakeEngine(t, f)
-	notes := captureNotices(t)
-	ctx := context.Background()
-	require.True(t, dockerAnswers(ctx))
-
-	e, err := newDockerEngine()
-	require.NoError(t, err)
-	e.reap(ctx)
-	require.NoError(t, e.pull(ctx, "mongo:7.0"))
-	addr, remove, err := e.run(ctx, "mongo:7.0", []string{"mongod", "--replSet", "rs0"}, "27017/tcp")
-	require.NoError(t, err)
-	require.Equal(t, "127.0.0.1:40017", addr)
-	remove()
-	require.NoError(t, e.pull(ctx, "mongo:7.0")) // now present: no pull
-
-	require.Equal(t, []string{
-		"GET /_ping",
-		"GET /containers/json",
-		"DELETE /containers/dead",
-		"GET /images/mongo:7.0/json",
-		"POST /images/create",
-		"POST /containers/create",
-		"POST /containers/c1/start",
-		"GET /containers/c1/json",
-		"DELETE /containers/c1",
-		"GET /images/mongo:7.0/json",
-	}, f.got())
-	require.Contains(t, notes.String(), "mongotest: pulling the Docker image mongo:7.0 (once)\nmongotest: pulled mongo:7.0 in")
-	hc := f.created.HostConfig
-	require.True(t, hc.AutoRemove)
-	require.Len(t, hc.PortBindings["27017/tcp"], 1)
-	require.Equal(t, "127.0.0.1", hc.PortBindings["27017/tcp"][0].HostIP)
-	require.Equal(t, owner(), f.created.Labels[ownerLabel])
-}
-
-func TestDockerPullFailureSaysWhy(t *testing.T) {
-	f := &fakeEngine{pullErr: "manifest for mongo:7.0 not found"}
-	serveFakeEngine(t, f)
-	captureNotices(t)
-	e, err := newDockerEngine()
-	require.NoError(t, err)
-	err = e.pull(context.Background(), "mongo:7.0")
-	require.ErrorContains(t, err, "pull mongo:7.0: manifest for mongo:7.0 not found")
-}
-
-func TestSplitImage(t *testing.T) {
-	for img, want := range map[string][2]string{
-		"mongo:7.0":                       {"mongo", "7.0"},
-		"mongo":                           {"mongo", "latest"},
-		"registry.local:5000/mongo":       {"registry.local:5000/mongo", "latest"},
-		"registry.local:5000/mongo:8.0":   {"registry.local:5000/mongo", "8.0"},
-		"mongo@sha256:0123456789abcdef00": {"mongo@sha256:0123456789abcdef00", ""},
-	} {
-		name, tag := splitImage(img)
-		require.Equal(t, want, [2]string{name, tag}, img)
+	// Unset: the default sockets, the rootless one among them.
+	t.Setenv("DOCKER_HOST", "")
+	t.Setenv("XDG_RUNTIME_DIR", filepath.Dir(sock))
+	p, why, ok = findDocker(context.Background())
+	if ok && p.where == "unix:///var/run/docker.sock" {
+		t.Skip("this machine has a Docker socket at /var/run/docker.sock")
 	}
+	require.True(t, ok, why)
+	require.Equal(t, "unix://"+sock, p.where)
+	require.Equal(t, []string{"DOCKER_HOST=unix://" + sock}, p.env, "the child is told where")
+}
+
+// TestNoDockerFallsBackToEmbeddedSayingWhy: with no engine behind the socket
+// it found, the Docker backend's child (built from mongotest/mongodbserver,
+// testcontainers-go inside) says NODOCKER, and Start gives the embedded
+// server, whose line says why not Docker. Forced to Docker, the same is an
+// error that says so. Where nothing listens, the child is not even built.
+func TestNoDockerFallsBackToEmbeddedSayingWhy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the Docker backend's child (-short)")
+	}
+	t.Setenv(EnvURI, "")
+	t.Setenv(EnvBackend, "")
+	sock := listenUnix(t)
+	t.Setenv("DOCKER_HOST", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // a cold build of the child on a busy machine
+	defer cancel()
+	s, err := start(ctx)
+	require.NoError(t, err)
+	defer s.stop()
+	require.Equal(t, BackendEmbedded, s.Backend)
+	line := s.describe()
+	t.Logf("the backend line: %s", line)
+	require.Contains(t, line, "the embedded server")
+	require.Contains(t, line, "; not Docker: no Docker engine answered: DOCKER_HOST=unix://"+sock+": ")
+	require.Equal(t, 1, strings.Count(line, "\n")+1, "one line")
+
+	t.Setenv(EnvBackend, "docker")
+	_, err = start(ctx)
+	require.ErrorIs(t, err, errDockerBackend)
+	require.ErrorContains(t, err, "no Docker engine answered: DOCKER_HOST=unix://"+sock)
+	require.ErrorContains(t, err, "To fix: start Docker")
+
+	t.Setenv(EnvBackend, "")
+	t.Setenv("DOCKER_HOST", "unix://"+t.TempDir()+"/docker.sock")
+	s2, err := start(ctx)
+	require.NoError(t, err)
+	defer s2.stop()
+	require.Contains(t, s2.describe(), "; not Docker: DOCKER_HOST=unix://")
+	require.Contains(t, s2.describe(), "docker.sock: dial unix")
 }

@@ -29,22 +29,60 @@ import (
 const EnvEmbedded = "MONGOCAS_EMBEDDED"
 
 // EnvServerVersion names the variable that, when set, gives the version of
-// the server module that mongotest builds with `go install module@version`
-// (a tag, a pseudo-version or a commit), in place of the one it finds by
-// itself (see serverSource).
+// the embedded server's module that mongotest builds with
+// `go install module@version` (a tag, a pseudo-version or a commit), in place
+// of the one it finds by itself (see serverSource).
 const EnvServerVersion = "MONGOCAS_FERRETDBSERVER_VERSION"
+
+// EnvMongoDBServerVersion is EnvServerVersion for the Docker backend's
+// command, the module mongotest/mongodbserver.
+const EnvMongoDBServerVersion = "MONGOCAS_MONGODBSERVER_VERSION"
 
 // The module the embedded server is built from, a module of its own so that
 // FerretDB never enters the user's module graph, and mongotest's own module
 // path, whose version says which server version goes with it.
 const (
-	serverModule    = "github.com/mongocas/mongocas/mongotest/ferretdbserver"
+	serverModule    = mongotestModule + "/ferretdbserver"
 	mongotestModule = "github.com/mongocas/mongocas/mongotest"
 )
 
 // serverPackage is the command the child process is built from (the server
 // module's root package).
 const serverPackage = serverModule
+
+// childCommand is a server command that mongotest builds, on first use, from
+// a module of its own (so that what it links never enters the user's module
+// graph) and runs as a child process.
+type childCommand struct {
+	// name is the module's directory under mongotest and the start of its
+	// binaries' names.
+	name string
+	// what is what the build's notices call it; desc what the first one says
+	// it is.
+	what, desc string
+	// envVersion names the variable that picks a published version.
+	envVersion string
+}
+
+// The two commands: FerretDB for the embedded backend, and MongoDB through
+// testcontainers-go for the Docker backend.
+var (
+	ferretdbServer = childCommand{
+		name: "ferretdbserver", what: "the embedded server", envVersion: EnvServerVersion,
+		desc: "the embedded MongoDB-wire server (FerretDB v1, " + serverModule + ")",
+	}
+	mongodbServer = childCommand{
+		name: "mongodbserver", what: "the Docker backend's command", envVersion: EnvMongoDBServerVersion,
+		desc: "the Docker backend's command (testcontainers-go's MongoDB module, " + mongotestModule + "/mongodbserver)",
+	}
+)
+
+func (c childCommand) module() string { return mongotestModule + "/" + c.name }
+
+// binPrefix starts the name of every binary of c in the cache directory.
+func (c childCommand) binPrefix() string {
+	return c.name + "-" + runtime.GOOS + "-" + runtime.GOARCH + "-"
+}
 
 // launchFerretDB starts FerretDB with its data in dir, in a child process,
 // and returns its address, a stop function and how it runs.
@@ -57,9 +95,14 @@ func launchFerretDB(ctx context.Context, dir string) (addr string, stop func(), 
 	default:
 		return "", nil, "", tag(errBadSetting, fmt.Errorf("%s=%q: want process, or unset it", EnvEmbedded, mode))
 	}
-	addr, stop, err = startChild(ctx, dir)
+	line, stop, err := startChild(ctx, ferretdbServer, 30*time.Second, "-dir", dir)
 	if err != nil {
 		return "", nil, "", fmt.Errorf("FerretDB child process: %w", err)
+	}
+	addr, found := strings.CutPrefix(line, "LISTEN ")
+	if !found {
+		stop()
+		return "", nil, "", fmt.Errorf("FerretDB child process: its first line is %q, not LISTEN host:port", line)
 	}
 	return addr, stop, "child process", nil
 }
@@ -87,48 +130,49 @@ func (s serverSource) String() string {
 	return s.module + "@" + s.version
 }
 
-// findServerSource says where the server is built from.
+// findServerSource says where the command is built from.
 //
-//   - EnvServerVersion set: that version of the server module, published.
-//   - The directory ferretdbserver beside this file's source holds the server
-//     module (a checkout, a local replace of mongotest, go.work): those
+//   - Its envVersion set: that version of its module, published.
+//   - Its directory (ferretdbserver, mongodbserver) beside this file's source
+//     holds its module (a checkout, a local replace of mongotest, go.work): those
 //     sources, built in that directory with GOWORK=off, so that its own
 //     go.mod and go.sum pin every module it links.
 //   - Otherwise mongotest comes from the module cache, which does not hold
 //     nested modules: the server module at mongotest's own version, read from
 //     the build information of this binary (for a pseudo-version, its
 //     commit). A release tags mongotest/vX.Y.Z and
-//     mongotest/ferretdbserver/vX.Y.Z at the same commit.
-func findServerSource() (serverSource, error) {
-	if v := os.Getenv(EnvServerVersion); v != "" {
-		return serverSource{module: serverModule, version: v}, nil
+//     mongotest/ferretdbserver/vX.Y.Z and mongotest/mongodbserver/vX.Y.Z at
+//     the same commit.
+func findServerSource(c childCommand) (serverSource, error) {
+	if v := os.Getenv(c.envVersion); v != "" {
+		return serverSource{module: c.module(), version: v}, nil
 	}
-	if dir, ok := localServerDir(); ok {
-		return serverSource{dir: dir, module: serverModule}, nil
+	if dir, ok := localServerDir(c); ok {
+		return serverSource{dir: dir, module: c.module()}, nil
 	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return serverSource{}, fmt.Errorf("this binary has no build information to tell which version of %s it links; set %s", mongotestModule, EnvServerVersion)
+		return serverSource{}, fmt.Errorf("this binary has no build information to tell which version of %s it links; set %s", mongotestModule, c.envVersion)
 	}
-	return publishedServer(bi)
+	return publishedServer(bi, c)
 }
 
-// localServerDir returns the directory of the server module beside this
-// file's source, if there is one. A build with -trimpath records no
-// directory, and the module cache holds none.
-func localServerDir() (string, bool) {
+// localServerDir returns the directory of c's module beside this file's
+// source, if there is one. A build with -trimpath records no directory, and
+// the module cache holds none.
+func localServerDir(c childCommand) (string, bool) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok || !filepath.IsAbs(file) {
 		return "", false
 	}
-	dir := filepath.Join(filepath.Dir(file), "ferretdbserver")
+	dir := filepath.Join(filepath.Dir(file), c.name)
 	b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	if err != nil {
 		return "", false
 	}
 	for line := range strings.Lines(string(b)) {
 		if mod, found := strings.CutPrefix(strings.TrimSpace(line), "module "); found {
-			return dir, strings.HasSuffix(strings.TrimSpace(mod), "/ferretdbserver")
+			return dir, strings.HasSuffix(strings.TrimSpace(mod), "/"+c.name)
 		}
 	}
 	return "", false
@@ -137,10 +181,10 @@ func localServerDir() (string, bool) {
 // pseudoVersionRev matches the commit at the end of a pseudo-version.
 var pseudoVersionRev = regexp.MustCompile(`[.-]\d{14}-([0-9a-f]{12})(\+incompatible)?$`)
 
-// publishedServer returns the server module at the version of mongotest that
-// bi links: the same version, or for a pseudo-version its commit (the server
-// module's pseudo-version for that commit has another base version).
-func publishedServer(bi *debug.BuildInfo) (serverSource, error) {
+// publishedServer returns c's module at the version of mongotest that bi
+// links: the same version, or for a pseudo-version its commit (c's module's
+// pseudo-version for that commit has another base version).
+func publishedServer(bi *debug.BuildInfo, c childCommand) (serverSource, error) {
 	var m *debug.Module
 	if bi.Main.Path == mongotestModule {
 		m = &bi.Main
@@ -151,19 +195,19 @@ func publishedServer(bi *debug.BuildInfo) (serverSource, error) {
 		}
 	}
 	if m == nil {
-		return serverSource{}, fmt.Errorf("the build information of this binary does not list %s; set %s", mongotestModule, EnvServerVersion)
+		return serverSource{}, fmt.Errorf("the build information of this binary does not list %s; set %s", mongotestModule, c.envVersion)
 	}
 	path, version := m.Path, m.Version
 	if m.Replace != nil {
 		path, version = m.Replace.Path, m.Replace.Version
 	}
 	if version == "" || version == "(devel)" {
-		return serverSource{}, fmt.Errorf("%s has no version here and no ferretdbserver directory beside its sources; set %s", path, EnvServerVersion)
+		return serverSource{}, fmt.Errorf("%s has no version here and no %s directory beside its sources; set %s", path, c.name, c.envVersion)
 	}
 	if sub := pseudoVersionRev.FindStringSubmatch(version); sub != nil {
 		version = sub[1]
 	}
-	return serverSource{module: path + "/ferretdbserver", version: version}, nil
+	return serverSource{module: path + "/" + c.name, version: version}, nil
 }
 
 // key is a hash of everything the server binary is built from. For a local
@@ -182,9 +226,6 @@ func (s serverSource) key() (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
-// binPrefix starts the name of every server binary in the cache directory.
-var binPrefix = "ferretdbserver-" + runtime.GOOS + "-" + runtime.GOARCH + "-"
-
 // cacheDir is where built servers are kept: mongocas in the user cache
 // directory.
 func cacheDir() (string, error) {
@@ -196,8 +237,8 @@ func cacheDir() (string, error) {
 	return dir, os.MkdirAll(dir, 0o750)
 }
 
-// buildChild returns the path of the server binary for the source at hand,
-// building it on first use.
+// buildChild returns the path of c's binary for the source at hand, building
+// it on first use.
 //
 // The binary lives in the user cache directory under a name keyed by what it
 // is built from (see serverSource.key), so checkouts and versions of mongocas
@@ -207,8 +248,8 @@ func cacheDir() (string, error) {
 // long the last build took, and every few seconds how long it has been going
 // (see notice); after a build, it keeps the newest keepBinaries binaries and
 // removes the rest.
-func buildChild(ctx context.Context) (string, error) {
-	src, err := findServerSource()
+func buildChild(ctx context.Context, c childCommand) (string, error) {
+	src, err := findServerSource(c)
 	if err != nil {
 		return "", err
 	}
@@ -220,14 +261,14 @@ func buildChild(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, binPrefix+key)
+	bin := filepath.Join(dir, c.binPrefix()+key)
 	if _, err := os.Stat(bin); err == nil {
 		now := time.Now()
 		_ = os.Chtimes(bin, now, now) // recently used: pruned last
 		return bin, nil
 	}
 	unlock, err := lockFile(ctx, bin+".lock", func(holder string) {
-		noticef("mongotest: waiting for %s to finish building the embedded server into %s", holder, bin)
+		noticef("mongotest: waiting for %s to finish building %s into %s", holder, c.what, bin)
 	})
 	if err != nil {
 		return "", err
@@ -236,21 +277,21 @@ func buildChild(ctx context.Context) (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil // built while we waited
 	}
-	if err := build(ctx, src, dir, bin); err != nil {
+	if err := build(ctx, c, src, dir, bin); err != nil {
 		return "", err
 	}
-	if removed, err := prune(dir, keepBinaries, bin); err == nil && len(removed) > 0 {
-		noticef("mongotest: removed %d older server binaries from %s (keeping the newest %d)", len(removed), dir, keepBinaries)
+	if removed, err := prune(dir, c.binPrefix(), keepBinaries, bin); err == nil && len(removed) > 0 {
+		noticef("mongotest: removed %d older server binaries from %s (keeping the newest %d of %s)", len(removed), dir, keepBinaries, c.name)
 	}
 	return bin, nil
 }
 
-// build builds the server from src into bin, saying what it does while it
-// does (see progress), and records how long it took.
-func build(ctx context.Context, src serverSource, dir, bin string) error {
+// build builds c from src into bin, saying what it does while it does (see
+// progress), and records how long it took.
+func build(ctx context.Context, c childCommand, src serverSource, dir, bin string) error {
 	goBin, err := goCommand()
 	if err != nil {
-		return fmt.Errorf("no go command on PATH to build %s: %w", serverPackage, err)
+		return fmt.Errorf("no go command on PATH to build %s: %w", c.module(), err)
 	}
 	work, err := os.MkdirTemp(dir, "build-")
 	if err != nil {
@@ -258,7 +299,7 @@ func build(ctx context.Context, src serverSource, dir, bin string) error {
 	}
 	defer os.RemoveAll(work)
 	var cmd *exec.Cmd
-	out := filepath.Join(work, "ferretdbserver")
+	out := filepath.Join(work, c.name)
 	if src.dir != "" {
 		// In the module's own directory, without the workspace: its go.mod
 		// and go.sum decide every version, as in the published build.
@@ -275,8 +316,8 @@ func build(ctx context.Context, src serverSource, dir, bin string) error {
 	if runtime.GOOS == "windows" {
 		out += ".exe"
 	}
-	last, hasLast := readLastBuild(dir)
-	p := startProgress(src, bin, goEnv(goBin, "GOMODCACHE"), last, hasLast)
+	last, hasLast := readLastBuild(dir, c)
+	p := startProgress(c, src, bin, goEnv(goBin, "GOMODCACHE"), last, hasLast)
 	output, err := cmd.CombinedOutput()
 	took := p.stop(err == nil)
 	if err != nil {
@@ -285,7 +326,7 @@ func build(ctx context.Context, src serverSource, dir, bin string) error {
 	if err := os.Rename(out, bin); err != nil {
 		return err
 	}
-	writeLastBuild(dir, lastBuild{Seconds: took.Seconds(), Source: src.String(), At: time.Now().UTC()})
+	writeLastBuild(dir, c, lastBuild{Seconds: took.Seconds(), Source: src.String(), At: time.Now().UTC()})
 	return nil
 }
 
@@ -379,14 +420,27 @@ func lockState(path string) (holder string, stale bool) {
 	return "another process", err == nil && time.Since(st.ModTime()) > staleLockAge
 }
 
-func startChild(ctx context.Context, dir string) (string, func(), error) {
-	bin, err := buildChild(ctx)
+// startChild builds (or finds) c and runs it with args. It returns the
+// first line the child prints and the function that stops it, or an error
+// with the end of the child's standard error if it printed no line within
+// wait.
+func startChild(ctx context.Context, c childCommand, wait time.Duration, args ...string) (string, func(), error) {
+	bin, err := buildChild(ctx, c)
 	if err != nil {
 		return "", nil, err
 	}
+	return runChild(ctx, bin, wait, nil, args...)
+}
+
+// runChild runs bin with args (and env added to this process's), and returns
+// its first line of output and the function that stops it.
+func runChild(ctx context.Context, bin string, wait time.Duration, env []string, args ...string) (string, func(), error) {
 	// Not CommandContext: the child must outlive the start-up context; it
 	// stops when its stdin closes (Shutdown, or this process exiting).
-	cmd := exec.Command(bin, "-dir", dir) //nolint:noctx // see above
+	cmd := exec.Command(bin, args...) //nolint:noctx // see above
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var errOut tailBuffer
 	cmd.Stderr = io.MultiWriter(os.Stderr, &errOut)
 	stdin, err := cmd.StdinPipe()
@@ -405,7 +459,7 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 		_ = stdin.Close() // the child stops when its input closes
 		select {
 		case <-exited:
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
 			<-exited
 		}
@@ -423,15 +477,14 @@ func startChild(ctx context.Context, dir string) (string, func(), error) {
 	}()
 	select {
 	case line, ok := <-lines:
-		addr, found := strings.CutPrefix(line, "LISTEN ")
-		if !ok || !found {
+		if !ok {
 			stop()
 			return "", nil, fmt.Errorf("%s did not start: %s", bin, strings.TrimSpace(errOut.String()))
 		}
-		return addr, stop, nil
-	case <-time.After(30 * time.Second):
+		return line, stop, nil
+	case <-time.After(wait):
 		stop()
-		return "", nil, fmt.Errorf("%s did not start within 30s", bin)
+		return "", nil, fmt.Errorf("%s did not start within %v", bin, wait)
 	case <-ctx.Done():
 		stop()
 		return "", nil, ctx.Err()

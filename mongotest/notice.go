@@ -95,24 +95,30 @@ var progressEvery = 5 * time.Second
 // progress says what a build is doing: once when it starts, then every
 // progressEvery until it stops.
 type progress struct {
+	what  string // what is built, as the notices name it
 	began time.Time
 	done  chan struct{}
 	wg    sync.WaitGroup
 }
 
 // startProgress announces the build of src into bin, with how long the last
-// build took when there was one and what a first build downloads into the
-// module cache modCache, and starts the periodic lines.
-func startProgress(src serverSource, bin, modCache string, last lastBuild, hasLast bool) *progress {
+// build took when there was one and, for the embedded server, what a first
+// build downloads into the module cache modCache, and starts the periodic
+// lines.
+func startProgress(c childCommand, src serverSource, bin, modCache string, last lastBuild, hasLast bool) *progress {
 	expect := "no build recorded here yet; a cold build, downloads included, takes 2-4 minutes on two idle cores, more on a busy machine"
 	if hasLast {
 		expect = fmt.Sprintf("the last build here took %s (%s)", round(time.Duration(last.Seconds*float64(time.Second))), last.At.Local().Format("2006-01-02 15:04")) //nolint:gosmopolitan // the person at this machine reads it: their local time
 	}
-	noticef("mongotest: building the embedded MongoDB-wire server (FerretDB v1, %s) from %s into %s with the go command, once: %s. "+
+	download := "the modules it needs"
+	if c.name == ferretdbServer.name {
+		download = serverDownload
+	}
+	noticef("mongotest: building %s from %s into %s with the go command, once: %s. "+
 		"Unless they are there already, the go command first downloads %s into the Go module cache (%s); "+
 		"later starts use the binary as it is and take milliseconds",
-		serverModule, src, bin, expect, serverDownload, modCache)
-	p := &progress{began: time.Now(), done: make(chan struct{})}
+		c.desc, src, bin, expect, download, modCache)
+	p := &progress{what: c.what, began: time.Now(), done: make(chan struct{})}
 	p.wg.Go(func() {
 		t := time.NewTicker(progressEvery)
 		defer t.Stop()
@@ -125,7 +131,7 @@ func startProgress(src serverSource, bin, modCache string, last lastBuild, hasLa
 				if hasLast {
 					of = fmt.Sprintf(" (the last build took %s)", round(time.Duration(last.Seconds*float64(time.Second))))
 				}
-				noticef("mongotest: still building the embedded server: %s so far%s", round(time.Since(p.began)), of)
+				noticef("mongotest: still building %s: %s so far%s", p.what, round(time.Since(p.began)), of)
 			}
 		}
 	})
@@ -139,9 +145,9 @@ func (p *progress) stop(ok bool) time.Duration {
 	p.wg.Wait()
 	took := time.Since(p.began)
 	if ok {
-		noticef("mongotest: built the embedded server in %s", round(took))
+		noticef("mongotest: built %s in %s", p.what, round(took))
 	} else {
-		noticef("mongotest: building the embedded server failed after %s", round(took))
+		noticef("mongotest: building %s failed after %s", p.what, round(took))
 	}
 	return took
 }
@@ -156,25 +162,25 @@ type lastBuild struct {
 	At      time.Time `json:"at"`
 }
 
-// lastBuildFile is the record's name in the cache directory.
-const lastBuildFile = "ferretdbserver-last-build.json"
+// lastBuildFile is the name of c's record in the cache directory.
+func lastBuildFile(c childCommand) string { return c.name + "-last-build.json" }
 
-func readLastBuild(dir string) (lastBuild, bool) {
+func readLastBuild(dir string, c childCommand) (lastBuild, bool) {
 	var r lastBuild
-	b, err := os.ReadFile(filepath.Join(dir, lastBuildFile))
+	b, err := os.ReadFile(filepath.Join(dir, lastBuildFile(c)))
 	if err != nil || json.Unmarshal(b, &r) != nil || r.Seconds <= 0 {
 		return lastBuild{}, false
 	}
 	return r, true
 }
 
-func writeLastBuild(dir string, r lastBuild) {
+func writeLastBuild(dir string, c childCommand, r lastBuild) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return
 	}
-	tmp := filepath.Join(dir, fmt.Sprintf("%s.tmp-%d", lastBuildFile, os.Getpid()))
-	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, filepath.Join(dir, lastBuildFile)) != nil {
+	tmp := filepath.Join(dir, fmt.Sprintf("%s.tmp-%d", lastBuildFile(c), os.Getpid()))
+	if os.WriteFile(tmp, b, 0o600) != nil || os.Rename(tmp, filepath.Join(dir, lastBuildFile(c))) != nil {
 		_ = os.Remove(tmp)
 	}
 }
@@ -182,10 +188,10 @@ func writeLastBuild(dir string, r lastBuild) {
 // keepBinaries is how many server binaries the cache directory keeps.
 const keepBinaries = 3
 
-// prune removes all but the keep most recently used server binaries in dir
-// (a binary is touched each time it is used), never keepToo nor one whose
-// build lock is held, and returns the paths it removed.
-func prune(dir string, keep int, keepToo string) ([]string, error) {
+// prune removes all but the keep most recently used binaries in dir whose
+// names start with prefix (a binary is touched each time it is used), never
+// keepToo nor one whose build lock is held, and returns the paths it removed.
+func prune(dir, prefix string, keep int, keepToo string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -197,7 +203,7 @@ func prune(dir string, keep int, keepToo string) ([]string, error) {
 	var bins []bin
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || !strings.HasPrefix(name, binPrefix) || strings.ContainsAny(strings.TrimPrefix(name, binPrefix), ".-") {
+		if e.IsDir() || !strings.HasPrefix(name, prefix) || strings.ContainsAny(strings.TrimPrefix(name, prefix), ".-") {
 			continue // the lock files, partial builds and the record have a dot or a dash after the key
 		}
 		info, err := e.Info()

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -29,7 +27,8 @@ const (
 	// BackendURI is the server at MONGODB_URI.
 	BackendURI Backend = "uri"
 	// BackendDocker is a single-node MongoDB replica set in a container,
-	// started through the Docker Engine API when an engine answers.
+	// started through testcontainers-go (in a child process) when a Docker
+	// engine answers.
 	BackendDocker Backend = "docker"
 	// BackendEmbedded is FerretDB v1 (SQLite handler, temporary directory)
 	// running in this process behind a proxy that serializes wire
@@ -43,12 +42,13 @@ const (
 	EnvURI = "MONGODB_URI"
 	// EnvBackend forces a backend: "uri", "docker" or "embedded".
 	EnvBackend = "MONGOCAS_BACKEND"
-	// EnvDockerImage overrides the MongoDB image for the Docker backend.
+	// EnvDockerImage overrides the MongoDB image for the Docker backend
+	// (see EnvMongoDBVersion).
 	EnvDockerImage = "MONGOCAS_DOCKER_IMAGE"
 )
 
-// DefaultDockerImage is the image the Docker backend runs.
-const DefaultDockerImage = "mongo:7.0"
+// DefaultDockerImage is the image the Docker backend runs by default.
+const DefaultDockerImage = "mongo:" + DefaultMongoDBVersion
 
 // ErrNoServer is matched by every error Start returns: no backend could give
 // a server.
@@ -74,6 +74,11 @@ type Server struct {
 	// Dir is the directory holding the embedded server's data, removed by
 	// Shutdown; empty for other backends.
 	Dir string
+
+	// fallback says why the embedded backend runs where Docker was looked
+	// for: the line that names the backend ends with it.
+	fallback string
+
 	// Serialized is true when a proxy in front of the server runs one
 	// request at a time (the embedded backend): concurrency claims tested
 	// there rest on that model. On every other backend, FerretDB v2 on
@@ -97,8 +102,9 @@ var (
 
 // Start returns the process's shared server, starting it on first call:
 // the server at MONGODB_URI when that is set; else a MongoDB replica set in
-// Docker when a Docker engine answers within two seconds; else embedded
-// FerretDB behind the serializing proxy. MONGOCAS_BACKEND forces one. The
+// Docker when a Docker engine answers (see EnvMongoDBVersion); else embedded
+// FerretDB behind the serializing proxy, and the line that names the backend
+// says why not Docker. MONGOCAS_BACKEND forces one. The
 // first failure is remembered and returned to every later caller.
 func Start(ctx context.Context) (*Server, error) {
 	startMu.Lock()
@@ -133,7 +139,11 @@ func (s *Server) describe() string {
 	case BackendDocker:
 		return fmt.Sprintf("MongoDB in Docker (%s)", s.Caps)
 	case BackendEmbedded:
-		return fmt.Sprintf("the embedded server, FerretDB in a %s behind the serializing proxy (%s)", s.Embedded, s.Caps)
+		d := fmt.Sprintf("the embedded server, FerretDB in a %s behind the serializing proxy (%s)", s.Embedded, s.Caps)
+		if s.fallback != "" {
+			d += "; not Docker: " + s.fallback
+		}
+		return d
 	}
 	return string(s.Backend)
 }
@@ -197,14 +207,15 @@ func tag(kind, err error) error {
 func fixFor(err error) string {
 	switch {
 	case errors.Is(err, errBadSetting):
-		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; unset %s",
-			EnvBackend, EnvEmbedded)
+		return fmt.Sprintf("set %s to uri, docker or embedded, or unset it to pick one by itself; unset %s; "+
+			"set %s to a MongoDB version such as 7.0, or unset it", EnvBackend, EnvEmbedded, EnvMongoDBVersion)
 	case errors.Is(err, errURIBackend):
 		return fmt.Sprintf("check that the server in %s is running and reachable from here (and its credentials), "+
 			"or unset %s (and %s) to use Docker or the embedded server", EnvURI, EnvURI, EnvBackend)
 	case errors.Is(err, errDockerBackend):
 		return fmt.Sprintf("start Docker (or point DOCKER_HOST at a running engine), "+
-			"or unset %s to use the embedded server, or set %s to a MongoDB of yours", EnvBackend, EnvURI)
+			"or unset %s to use the embedded server (set it to embedded where an engine answers but cannot run MongoDB), "+
+			"or set %s to a MongoDB of yours", EnvBackend, EnvURI)
 	default:
 		return fmt.Sprintf("check that the go command is on PATH and can build %s (from mongotest's sources, or "+
 			"go install %s@<mongotest's version>, which needs the module proxy once), "+
@@ -222,11 +233,11 @@ func pick(ctx context.Context) (*Server, error) {
 		}
 		return startURI(ctx, uri)
 	case BackendDocker:
-		if !dockerAnswers(ctx) {
-			return nil, tag(errDockerBackend, fmt.Errorf("%s=docker, but no Docker engine answered a ping at %s within 2s",
-				EnvBackend, dockerHost()))
+		p, why, ok := findDocker(ctx)
+		if !ok {
+			return nil, tag(errDockerBackend, fmt.Errorf("%s=docker, but no Docker engine answered: %s", EnvBackend, why))
 		}
-		return startDocker(ctx)
+		return startDocker(ctx, p)
 	case BackendEmbedded:
 		return startEmbedded(ctx)
 	case "":
@@ -236,10 +247,23 @@ func pick(ctx context.Context) (*Server, error) {
 	if uri != "" {
 		return startURI(ctx, uri)
 	}
-	if dockerAnswers(ctx) {
-		return startDocker(ctx)
+	p, why, ok := findDocker(ctx)
+	if ok {
+		s, err := startDocker(ctx, p)
+		var nd *noDockerError
+		if !errors.As(err, &nd) {
+			return s, err
+		}
+		why = nd.Error()
+		if !strings.Contains(nd.reason, p.where) {
+			why = p.where + ": " + why
+		}
 	}
-	return startEmbedded(ctx)
+	s, err := startEmbedded(ctx)
+	if s != nil {
+		s.fallback = why
+	}
+	return s, err
 }
 
 func connect(ctx context.Context, uri string, b Backend) (*Server, error) {
@@ -301,45 +325,9 @@ func faultUpstream(ctx context.Context, client *mongo.Client, uri string) string
 	return ""
 }
 
-func startDocker(ctx context.Context) (*Server, error) {
-	s, err := runDocker(ctx)
+func startDocker(ctx context.Context, p dockerPlace) (*Server, error) {
+	s, err := runDocker(ctx, p)
 	return s, tag(errDockerBackend, err)
-}
-
-// dockerHost says where dockerAnswers looks for the engine.
-func dockerHost() string {
-	if h := os.Getenv("DOCKER_HOST"); h != "" {
-		return "DOCKER_HOST=" + h
-	}
-	return "unix:///var/run/docker.sock (DOCKER_HOST is not set)"
-}
-
-// dockerAnswers reports whether a Docker engine answers a ping within two
-// seconds, at DOCKER_HOST or the default socket.
-func dockerAnswers(ctx context.Context) bool {
-	network, addr, err := dockerEndpoint()
-	if err != nil {
-		return false
-	}
-	if network == "unix" {
-		if _, err := os.Stat(addr); err != nil {
-			return false
-		}
-	}
-	e, err := newDockerEngine()
-	if err != nil {
-		return false
-	}
-	defer e.hc.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	resp, err := e.send(ctx, http.MethodGet, "/_ping", nil)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16))
-	return strings.TrimSpace(string(body)) == "OK"
 }
 
 // tempRoot prefers a memory file system for the embedded server's files.

@@ -58,33 +58,6 @@ func TestStartRejectsUnknownBackend(t *testing.T) {
 	require.ErrorContains(t, err, EnvURI+" is empty")
 }
 
-func TestDockerAbsentIsFoundQuickly(t *testing.T) {
-	// A socket path where nothing listens, and a TCP port that accepts but
-	// never answers: both must be given up on within the two-second bound.
-	t.Setenv("DOCKER_HOST", "unix://"+t.TempDir()+"/docker.sock")
-	began := time.Now()
-	require.False(t, dockerAnswers(context.Background()))
-	require.Less(t, time.Since(began), 100*time.Millisecond)
-
-	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // hold it open, say nothing
-		}
-	}()
-	t.Setenv("DOCKER_HOST", "tcp://"+ln.Addr().String())
-	began = time.Now()
-	require.False(t, dockerAnswers(context.Background()))
-	require.Less(t, time.Since(began), 3*time.Second)
-}
-
 func TestEmbeddedModeIsValidated(t *testing.T) {
 	t.Setenv(EnvEmbedded, "thread")
 	_, err := startEmbedded(context.Background())
@@ -151,7 +124,7 @@ func TestLockHeldByALiveProcessIsNeverStale(t *testing.T) {
 }
 
 func TestServerKeyFollowsTheSources(t *testing.T) {
-	src, err := findServerSource()
+	src, err := findServerSource(ferretdbServer)
 	require.NoError(t, err)
 	require.NotEmpty(t, src.dir, "in this repository the server is built from the sources beside mongotest")
 	require.FileExists(t, filepath.Join(src.dir, "go.mod"))
@@ -182,7 +155,7 @@ func TestServerKeyFollowsTheSources(t *testing.T) {
 
 	// The version override takes the published path.
 	t.Setenv(EnvServerVersion, "v9.9.9")
-	src, err = findServerSource()
+	src, err = findServerSource(ferretdbServer)
 	require.NoError(t, err)
 	require.Equal(t, serverSource{module: serverModule, version: "v9.9.9"}, src)
 }
@@ -206,7 +179,7 @@ func TestPublishedServerFollowsMongotestsVersion(t *testing.T) {
 		{debug.Module{Path: mongotestModule, Version: "v1.4.0", Replace: &debug.Module{Path: "../mongotest"}}, ""},
 		{debug.Module{Path: "example.com/other", Version: "v1.0.0"}, ""},
 	} {
-		src, err := publishedServer(info(c.m))
+		src, err := publishedServer(info(c.m), ferretdbServer)
 		if c.want == "" {
 			require.Error(t, err, "%+v", c.m)
 			require.ErrorContains(t, err, EnvServerVersion)
@@ -228,17 +201,18 @@ func TestPruneKeepsTheNewestBinaries(t *testing.T) {
 	}
 	bins := make([]string, 0, 6)
 	for i := range 6 {
-		bins = append(bins, touch(fmt.Sprintf("%s%016x", binPrefix, i), time.Duration(i)*time.Hour))
+		bins = append(bins, touch(fmt.Sprintf("%s%016x", ferretdbServer.binPrefix(), i), time.Duration(i)*time.Hour))
 	}
 	// The oldest is being built again by someone: its lock keeps it.
 	touch(filepath.Base(bins[5])+".lock", 0)
 	others := []string{
-		touch(lastBuildFile, 10*time.Hour),
+		touch(lastBuildFile(ferretdbServer), 10*time.Hour),
+		touch(mongodbServer.binPrefix()+"0000000000000000", 10*time.Hour), // another command's
 		touch(filepath.Base(bins[4])+".tmp-123", 10*time.Hour),
 		touch("ferretdbserver-plan9-arm-0000000000000000", 10*time.Hour),
 		touch("notes.txt", 10*time.Hour),
 	}
-	removed, err := prune(dir, keepBinaries, "")
+	removed, err := prune(dir, ferretdbServer.binPrefix(), keepBinaries, "")
 	require.NoError(t, err)
 	require.ElementsMatch(t, bins[3:5], removed)
 	for _, p := range append(append(others, bins[:3]...), bins[5]) {

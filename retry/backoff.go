@@ -3,6 +3,8 @@ package retry
 import (
 	"math"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Backoff is a sequence of delays, one per retry, that a Policy describes.
@@ -26,38 +28,53 @@ func (p Policy) NewBackoff() Backoff {
 	return newSequence(&s)
 }
 
-// sequence implements Backoff. It is not safe for concurrent use.
+// sequence implements Backoff on backoff/v4's ExponentialBackOff, which
+// gives the cap of each delay (InitialInterval, then × Multiplier up to
+// MaxInterval, with no randomization) on the Policy's Clock; the jitter is
+// drawn below the cap with the Policy's Rand. DecorrelatedJitter keeps its
+// own recurrence. One sequence serves one loop: neither it nor
+// ExponentialBackOff is safe for concurrent use. It is one allocation.
 type sequence struct {
-	jitter       Jitter
-	initial, max time.Duration
-	multiplier   float64
-	rand         func() float64
-	limit        time.Duration // the cap of the next delay, from initial to max
-	prev         time.Duration // DecorrelatedJitter's previous delay
+	exp    backoff.ExponentialBackOff
+	jitter Jitter
+	rand   func() float64
+	prev   time.Duration // DecorrelatedJitter's previous delay
 }
 
 func newSequence(s *settings) *sequence {
-	seq := &sequence{jitter: s.jitter, initial: s.initial, max: s.max, multiplier: s.multiplier, rand: s.rand}
+	seq := &sequence{
+		exp: backoff.ExponentialBackOff{
+			InitialInterval: s.initial,
+			MaxInterval:     s.max,
+			Multiplier:      s.multiplier,
+			// RandomizationFactor 0: NextBackOff returns the cap itself, and
+			// Next draws below it (see the Jitter doc). MaxElapsedTime 0: Do
+			// applies it to the drawn delay (see the package doc).
+			Stop:  backoff.Stop,
+			Clock: s.clock, // a store.Clock is a backoff.Clock
+		},
+		jitter: s.jitter,
+		rand:   s.rand,
+	}
 	seq.Reset()
 	return seq
 }
 
-func (s *sequence) Reset() { s.limit, s.prev = s.initial, s.initial }
+func (s *sequence) Reset() {
+	s.exp.Reset()
+	s.prev = s.exp.InitialInterval
+}
 
 func (s *sequence) Next() time.Duration {
 	r := unit(s.rand())
 	if s.jitter == DecorrelatedJitter {
 		// uniform in [initial, 3×prev), then capped by max.
 		hi := min(s.prev, maxDelay/3) * 3
-		s.prev = min(s.initial+scale(r, hi-s.initial), s.max)
+		lo := s.exp.InitialInterval
+		s.prev = min(lo+scale(r, hi-lo), s.exp.MaxInterval)
 		return s.prev
 	}
-	c := s.limit
-	if float64(s.limit) >= float64(s.max)/s.multiplier { // also where × would overflow
-		s.limit = s.max
-	} else {
-		s.limit = time.Duration(float64(s.limit) * s.multiplier)
-	}
+	c := s.exp.NextBackOff() // the cap: in [InitialInterval, MaxInterval], never Stop
 	switch s.jitter {
 	case EqualJitter:
 		half := c / 2

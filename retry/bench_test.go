@@ -45,3 +45,35 @@ func BenchmarkDoSuccess(b *testing.B) {
 		}
 	})
 }
+
+// errAgain is retryable and preallocated, so that BenchmarkDoRetried counts
+// Do's allocations alone.
+var errAgain = againError{}
+
+type againError struct{}
+
+func (againError) Error() string   { return "again" }
+func (againError) Retryable() bool { return true }
+
+// BenchmarkDoRetried measures a call whose first attempt fails with a
+// retryable error and whose second succeeds: the delay sequence Do builds at
+// the first retry. Rand 0 makes the full-jitter delay 0, so no timer is
+// counted.
+func BenchmarkDoRetried(b *testing.B) {
+	ctx := context.Background()
+	p := retry.Policy{Rand: func() float64 { return 0 }}
+	b.ReportAllocs()
+	for b.Loop() {
+		first := true
+		err := retry.Do(ctx, p, func(context.Context) error {
+			if first {
+				first = false
+				return errAgain
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -13,13 +13,44 @@
 // (versioned's Modify runs its own loop on this package: give it a [Policy]
 // through its options rather than wrapping it in Do.)
 //
-// The zero Policy means the defaults: full-jitter exponential backoff whose
-// cap starts at 5ms and doubles up to 200ms, at most 10 attempts and at most
-// 2s in all. A retry [Budget], hooks (OnRetry, and an [observe.Observer] that
+// The zero Policy means the defaults: full-jitter exponential backoff (on
+// backoff/v4, see below) whose cap starts at 5ms and doubles up to 200ms, at
+// most 10 attempts and at most 2s in all. A retry [Budget], hooks (OnRetry, and an [observe.Observer] that
 // gets Retry and BudgetRefused events) and, for tests, a [store.Clock] and a
 // random source are set on the [Policy]. [DoValue] is [Do] for functions that
 // return a value; [Policy.NewBackoff] gives the bare delay sequence to loops
 // that Do does not fit.
+//
+// # On backoff/v4
+//
+// The delays come from github.com/cenkalti/backoff/v4: each call of Do that
+// sleeps (and each [Policy.NewBackoff]) builds its own ExponentialBackOff,
+// which is not safe for concurrent use, from InitialInterval, MaxInterval and
+// Multiplier, on the Policy's Clock. This package adds what
+// backoff/v4 lacks: the retry [Budget], the hooks, the classification below,
+// [Immediately], and the typed errors that say which limit ended the loop.
+// Three Policy fields do not map onto ExponentialBackOff as they stand:
+//
+//   - Jitter and Rand. ExponentialBackOff randomizes symmetrically, in
+//     [(1−f)×interval, (1+f)×interval] for a RandomizationFactor f, which
+//     may pass MaxInterval, and draws from math/rand's global source, which a
+//     test cannot fix. So its RandomizationFactor is 0 (it returns the cap
+//     itself) and the delay is drawn below the cap with Rand, as Jitter says.
+//     DecorrelatedJitter depends on the previous delay, which
+//     ExponentialBackOff does not keep: it has its own recurrence.
+//   - MaxElapsedTime. ExponentialBackOff stops when the elapsed time plus its
+//     interval passes MaxElapsedTime; here that interval is the cap, so it
+//     would refuse a drawn delay that fits, and its elapsed time starts when
+//     it is made, at the first sleep. Do applies the same rule to the delay it
+//     will sleep, from the first call of fn on the Policy's Clock; a call
+//     that only retries at once ([Immediately], as versioned's Modify after
+//     a conflict) makes no ExponentialBackOff at all.
+//
+// MaxAttempts and the context are checked by Do rather than through
+// backoff.WithMaxRetries and backoff.WithContext: Do must tell an
+// [*ExhaustedError] from the context's end, and interrupt a sleep at once,
+// where those wrappers only answer Stop; and each would be one more
+// allocation per retried call.
 //
 // # Classification
 //

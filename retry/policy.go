@@ -30,7 +30,8 @@ const maxDelay = time.Duration(1 << 62)
 // safe for concurrent use.
 //
 // The delay before retry n (n = 1 for the first retry) is drawn below a cap
-// that grows exponentially:
+// that grows exponentially (backoff/v4's ExponentialBackOff interval, with no
+// randomization of its own; see the package doc):
 //
 //	cap(1)   = InitialInterval
 //	cap(n+1) = min(MaxInterval, cap(n) × Multiplier)

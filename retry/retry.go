@@ -72,7 +72,7 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 		return newStoppedError(ctx, 0, nil)
 	}
 	start := s.clock.Now()
-	var seq *sequence // made at the first retry: a first-try success allocates nothing
+	var seq *sequence // made at the first sleep: a first-try success, or a retry at once, allocates nothing
 	for attempt := 1; ; attempt++ {
 		err := fn(ctx)
 		if err == nil {
@@ -104,6 +104,8 @@ func do(ctx context.Context, s *settings, fn func(ctx context.Context) error) er
 			}
 			delay = seq.Next()
 		}
+		// ExponentialBackOff's own MaxElapsedTime would compare the cap, not
+		// the delay drawn below it (see doc.go): the same rule, on the delay.
 		if s.maxElapsed > 0 && elapsed+delay > s.maxElapsed {
 			return &ExhaustedError{Attempts: attempt, Elapsed: elapsed, Last: err}
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -202,6 +203,37 @@ func BenchmarkModify(b *testing.B) {
 			docstoreIncrement(ctx, b, coll, "a")
 		}
 	})
+}
+
+// BenchmarkModifyRetried is a read-modify-write whose first write loses to
+// another writer: fn's first call moves the document's version behind its
+// back, so the version-checked write conflicts and Modify retries once. Rand
+// 0 makes the retry's delay 0, so the time is the two rounds' work.
+func BenchmarkModifyRetried(b *testing.B) {
+	p := retry.Policy{Rand: func() float64 { return 0 }}
+	for _, r := range repos {
+		b.Run(r.name, func(b *testing.B) {
+			repo, coll, ctx := benchWithDoc(b, r.opts)
+			bump := bson.D{{Key: "$inc", Value: bson.D{{Key: "version", Value: 1}}}}
+			b.ReportAllocs()
+			for b.Loop() {
+				calls := 0
+				_, err := repo.Modify(ctx, "a", func(a *account) error {
+					calls++
+					if calls == 1 {
+						_, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: "a"}}, bump)
+						must(b, err)
+					}
+					a.Balance++
+					return nil
+				}, versioned.WithRetry(p))
+				must(b, err)
+				if calls != 2 {
+					b.Fatalf("fn ran %d times, want 2 (one conflict, one retry)", calls)
+				}
+			}
+		})
+	}
 }
 
 // docstoreIncrement is docstore's read-modify-write of document id: read
