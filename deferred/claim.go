@@ -53,11 +53,13 @@ type claimWrite struct {
 
 // newClaim returns the claim of jobs, read by ahead, under this hold's lease
 // at now: conditioned on each job's claim id and state as read (waiting,
-// or running under a lost worker's claim: taken over), on no newer holder
-// of the key having claimed it (epoch),
-// and, where the lease's expiry is judged by the server, on the lease not
-// having expired (so that a copy that arrives after another worker took the
-// key matches nothing). It records the claim on the jobs (Job.cl).
+// or running under a lost worker's claim: taken over), and on no newer
+// holder of the key having claimed it (epoch). It sets started to the
+// server's time as it applies ($currentDate), which tells a later holder
+// whether the claim landed before or after that holder took the key. It
+// counts an attempt, but for a job whose claim landed after this hold took
+// the key (never started: see neverStarted), which runs alone. It records
+// the claim on the jobs (Job.cl).
 func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 	cw := &claimWrite{id: bson.NewObjectID(), jobs: jobs, epoch: h.l.Epoch(), now: now}
 	for _, job := range jobs {
@@ -68,15 +70,28 @@ func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 		bson.E{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: cw.epoch}}}}},
 	)
 	cw.filter = append(cw.filter, byClaim(jobs, func(j *Job) claimCond { return claimCond{j.cl.prior, j.cl.state} })...)
-	cw.filter = append(cw.filter, h.leaseTime()...)
 	cw.update = bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner}, {Key: "epoch", Value: cw.epoch},
-			{Key: "started", Value: now}, {Key: claimField, Value: cw.id},
+			{Key: claimField, Value: cw.id},
 		}},
-		{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}},
+		{Key: "$currentDate", Value: bson.D{{Key: "started", Value: true}}},
+	}
+	if !(len(jobs) == 1 && h.neverStarted(jobs[0])) {
+		cw.update = append(cw.update, bson.E{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}})
 	}
 	return cw
+}
+
+// neverStarted reports whether job, as read, runs under a claim that landed
+// after this hold took the key (its started, set by the server as the claim
+// applied, is after the lease's acquiredAt, on the same clock): a copy of
+// an earlier holder's claim that arrived late. That holder's lease had
+// ended by then, and with it the context its handler would have run under,
+// so the job never started: it is taken over without counting an attempt
+// or marking it as possibly applied (DESIGN.md, Claims of jobs, gap A).
+func (h *hold) neverStarted(job *Job) bool {
+	return job.State == StateRunning && job.StartedAt.After(h.l.AcquiredAt())
 }
 
 // ids returns the ids of the claim's jobs.
@@ -105,23 +120,6 @@ func (cw *claimWrite) couldLandOn(j *Job) bool {
 	return false
 }
 
-// leaseTime is the condition that this hold's lease has not expired, where
-// the server judges its expiry ($$NOW): the lease's Fence without the
-// conditions on the key's document. Elsewhere it is empty; once the lease
-// has ended, a condition that matches nothing.
-func (h *hold) leaseTime() bson.D {
-	fence := h.l.Fence() // read before lost: an ended lease's Fence has no $expr
-	if h.lost() {
-		// $in [] matches nothing on every server.
-		return bson.D{{Key: "$and", Value: bson.A{bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: bson.A{}}}}}}}}
-	}
-	for _, e := range fence {
-		if e.Key == "$expr" {
-			return bson.D{e}
-		}
-	}
-	return nil
-}
 
 // idsFilter is the filter of jobs by _id: one id, or $in.
 func idsFilter(jobs []*Job) bson.D {
@@ -209,10 +207,14 @@ func (h *hold) take(cw *claimWrite, prior error) (bool, error) {
 // took updates the jobs of cw, read by ahead, as claimed by it.
 func (h *hold) took(cw *claimWrite) {
 	for _, job := range cw.jobs {
-		// Taken over from a lost worker, whose handler may have written.
-		job.q, job.att = h.q, &attempt{may: job.State == StateRunning}
+		// Taken over from a lost worker, whose handler may have written,
+		// unless its claim landed after this hold took the key.
+		fresh := len(cw.jobs) == 1 && h.neverStarted(job)
+		job.q, job.att = h.q, &attempt{may: job.State == StateRunning && !fresh}
 		job.State, job.Owner, job.Epoch, job.StartedAt, job.Claim = StateRunning, h.q.c.Owner, cw.epoch, cw.now, cw.id
-		job.Attempt++
+		if !fresh {
+			job.Attempt++
+		}
 		h.claimed(job)
 	}
 }
