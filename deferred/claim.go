@@ -120,7 +120,6 @@ func (cw *claimWrite) couldLandOn(j *Job) bool {
 	return false
 }
 
-
 // idsFilter is the filter of jobs by _id: one id, or $in.
 func idsFilter(jobs []*Job) bson.D {
 	if len(jobs) == 1 {
