@@ -173,9 +173,15 @@ func New(jobs *mongo.Collection, opts *Options) (*Queue, error) {
 		c.Owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), rand.Text()[:8])
 	}
 	keys := jobs.Database().Collection(jobs.Name() + "_keys")
+	// The lease's Now only when the caller gave a clock: with one set, the
+	// lease makes a server clock of its own instead of the client's shared one.
+	var now func() time.Time
+	if opts != nil && opts.LocalClock != nil {
+		now = c.LocalClock.Now
+	}
 	leases, err := lease.New(keys, &lease.Options{
 		TTL: c.VisibilityTimeout, Owner: c.Owner, Mode: c.LeaseMode, Clock: c.Clock, ResolveTimeout: c.ResolveTimeout,
-		Observer: c.Observer, Now: c.LocalClock.Now,
+		Observer: c.Observer, Now: now,
 	})
 	if err != nil {
 		return nil, invalid("new", "lease options", "refused by the lease package", err)

@@ -356,7 +356,14 @@ func TestVerifyShowsAUniformClockSkew(t *testing.T) {
 	moveClock(f, func(real time.Time) time.Time { return real.Add(time.Hour) })
 	r, rep := verifyThrough(t, db, uri, "--duration", "4s", "--clients", "3")
 	t.Logf("verify with the server clock an hour ahead:\n%s%s", r.stderr, r.stdout)
-	wantCode(t, r, 0)
+	// What this test checks is the clock line: a guarantee that a loaded
+	// machine could not exercise in 4 s (exit 3) is not its concern, one
+	// that broke is.
+	if r.code == 3 && len(rep.Broken) == 0 {
+		t.Logf("not tested in 4 s: %v", rep.NotTested)
+	} else {
+		wantCode(t, r, 0)
+	}
 	if c := rep.result(t, "clock:"); c.Result != "held" || !regexp.MustCompile(`offset \+(1h0m0|59m59\.99)`).MatchString(c.Detail) {
 		t.Errorf("clock: %s (%s)", c.Result, c.Detail)
 	}
