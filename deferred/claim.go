@@ -77,7 +77,7 @@ func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 		}},
 		{Key: "$currentDate", Value: bson.D{{Key: "started", Value: true}}},
 	}
-	if !(len(jobs) == 1 && h.neverStarted(jobs[0])) {
+	if len(jobs) != 1 || !h.neverStarted(jobs[0]) {
 		cw.update = append(cw.update, bson.E{Key: "$inc", Value: bson.D{{Key: "attempt", Value: 1}}})
 	}
 	return cw
@@ -444,7 +444,7 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
 	q := h.q
 	var groups [2][]*Job
-	var ids bson.A
+	ids := make(bson.A, 0, len(jobs))
 	sent := map[bson.ObjectID]bson.ObjectID{}
 	for _, job := range jobs {
 		mw := 0
@@ -489,12 +489,12 @@ func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update fun
 // carries the one its claim replaced (the claim did not land, and now no
 // copy of it can); the second puts back a job running under its claim. A
 // lost reply: a job that carries neither, landed; else live (sent again:
-// each statement applies at most once). It reports whether it settled:
-// false leaves a claim that may still land, so the key must not be
-// released (its lease expires instead).
-func (h *hold) putBack(jobs ...*Job) bool {
+// each statement applies at most once). Unsettled, it leaves a claim that
+// may still land: the key is then not released (h.unsure; its lease
+// expires instead).
+func (h *hold) putBack(jobs ...*Job) {
 	if len(jobs) == 0 {
-		return true
+		return
 	}
 	q := h.q
 	ctx, cancel := h.book()
@@ -549,9 +549,7 @@ func (h *hold) putBack(jobs ...*Job) bool {
 	if err != nil {
 		h.warn("put_back", err)
 		h.unsure = true
-		return false
 	}
-	return true
 }
 
 // sentOnce returns send, but for its first call when prior is not nil: that

@@ -383,7 +383,7 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 func (h *hold) runJobs(jobs []*Job, claimed int) (n, _, started int, err error) {
 	if hd := h.q.handler(jobs[0].Name); hd.batch != nil && len(jobs) > 1 {
 		if h.lost() || h.run.Err() != nil {
-			return 0, claimed, 0, nil // never started: runOf puts the run back
+			return 0, claimed, 0, nil //nolint:nilerr // Run's stop or a lost key is not the run's error: never started, runOf puts it back
 		}
 		err = h.call(func(ctx context.Context) (err error) {
 			n, err = hd.batch(ctx, jobs)

@@ -169,7 +169,7 @@ func parseDockerLine(line string) (string, error) {
 	}
 	u, err := url.Parse(uri)
 	if err != nil || u.Scheme != "mongodb" || u.Host == "" {
-		return "", fmt.Errorf("its first line is %q, not URI mongodb://host:port/...", line)
+		return "", fmt.Errorf("its first line is %q, not URI mongodb://host:port", line)
 	}
 	return uri, nil
 }

@@ -2,7 +2,6 @@ package mongotest
 
 import (
 	"context"
-	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -49,7 +48,7 @@ func TestDockerChildLinesAreParsed(t *testing.T) {
 	for _, bad := range []string{"", "LISTEN 127.0.0.1:1", "URI http://x:1/", "URI mongodb://", "URI", "mongodb://127.0.0.1:1/"} {
 		_, err := parseDockerLine(bad)
 		require.Error(t, err, bad)
-		require.False(t, errors.As(err, &nd), "%q is not a NODOCKER line", bad)
+		require.NotErrorAs(t, err, &nd, "%q is not a NODOCKER line", bad)
 	}
 }
 

@@ -145,7 +145,8 @@ func TestDevServesUntilInterrupted(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("dev still running 30s after SIGINT\nstderr:\n%s", errb.String())
 	}
-	if c, err := net.DialTimeout("tcp", host, time.Second); err == nil {
+	d := net.Dialer{Timeout: time.Second}
+	if c, err := d.DialContext(t.Context(), "tcp", host); err == nil {
 		_ = c.Close()
 		t.Errorf("something still listens at %s after dev stopped", host)
 	}
@@ -182,7 +183,8 @@ func processesMentioning(t *testing.T, s string) []string {
 // URI's password).
 func TestDevUsesMONGODB_URI(t *testing.T) {
 	db := mongotest.New(t)
-	cmd := exec.CommandContext(t.Context(), binary(t), "dev")
+	bin := binary(t)
+	cmd := exec.CommandContext(t.Context(), bin, "dev")
 	cmd.Env = append(envWithout(mongotest.EnvURI, mongotest.EnvBackend), mongotest.EnvURI+"="+db.Server.URI)
 	out, err := cmd.Output()
 	if err != nil {

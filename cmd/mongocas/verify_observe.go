@@ -34,7 +34,7 @@ func track(ctx context.Context) (context.Context, *callTrack) {
 // settledByReread reports whether the call's result came from the re-read
 // that found its write landed (and not from a reply).
 func (t *callTrack) settledByReread() bool {
-	return observe.Settlement(t.last.Load()) == observe.SettledLanded
+	return t.last.Load() == int32(observe.SettledLanded)
 }
 
 // Start implements observe.Observer.

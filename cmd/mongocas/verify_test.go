@@ -184,7 +184,7 @@ func verifyThrough(t *testing.T, db *mongotest.DB, uri string, a ...string) (res
 // collections, true for a fraction p of them.
 func sometimes(p float64, names ...string) mongotest.Match {
 	var mu sync.Mutex
-	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1)) //nolint:gosec // a test's fault pattern
+	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	return func(c *mongotest.Command) bool {
 		if !strings.HasPrefix(c.Collection, "mongocas_verify_") || !containsFold(names, c.Name) {
 			return false
@@ -323,7 +323,7 @@ func TestVerifyCatchesAFastClock(t *testing.T) {
 	db := mongotest.New(t)
 	f, uri := proxied(t, db, nil)
 	base := time.Now()
-	moveClock(f, func(real time.Time) time.Time { return base.Add(real.Sub(base) * 11 / 10) })
+	moveClock(f, func(actual time.Time) time.Time { return base.Add(actual.Sub(base) * 11 / 10) })
 	c := wantBroken(t, db, uri, "a server clock 10% fast", "clock:", "the server clock runs at +0.")
 	if !regexp.MustCompile(`runs at \+0\.(09|10?\b)`).MatchString(c.Detail) {
 		t.Errorf("the rate named is not 10%%: %s", c.Detail)
@@ -353,7 +353,7 @@ func moveClock(f *mongotest.Faulty, move func(time.Time) time.Time) {
 func TestVerifyShowsAUniformClockSkew(t *testing.T) {
 	db := mongotest.New(t)
 	f, uri := proxied(t, db, nil)
-	moveClock(f, func(real time.Time) time.Time { return real.Add(time.Hour) })
+	moveClock(f, func(actual time.Time) time.Time { return actual.Add(time.Hour) })
 	r, rep := verifyThrough(t, db, uri, "--duration", "4s", "--clients", "3")
 	t.Logf("verify with the server clock an hour ahead:\n%s%s", r.stderr, r.stdout)
 	// What this test checks is the clock line: a guarantee that a loaded
@@ -397,7 +397,8 @@ func TestVerifyInterruptedDropsItsCollections(t *testing.T) {
 	db := mongotest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), args(db, "verify", "--duration", "30s", "--clients", "2")...)
+	bin := binary(t)
+	cmd := exec.CommandContext(ctx, bin, args(db, "verify", "--duration", "30s", "--clients", "2")...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

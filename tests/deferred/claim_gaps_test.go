@@ -2,7 +2,6 @@ package deferred_test
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,7 +120,7 @@ func TestUndecodableArgumentIsDeadAtOnce(t *testing.T) {
 			require.Len(t, j.Errors, 1)
 			msg := j.Errors[0].Error
 			for _, want := range []string{`"add"`, "deferred_test.credit", "does not decode"} {
-				require.True(t, strings.Contains(msg, want), "the error names %s: %s", want, msg)
+				require.Contains(t, msg, want, "the error names %s", want)
 			}
 			g := wait(t, q, good)
 			require.Equal(t, deferred.StateCompleted, g.State)

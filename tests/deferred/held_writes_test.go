@@ -117,6 +117,7 @@ func TestEveryQueueWriteHeldAndReleasedLateMatchesNothing(t *testing.T) {
 // heldWriteLife runs the life of the test above with the first write that
 // matches held, and releases it after step release.
 func heldWriteLife(t *testing.T, match mongotest.Match, first, release int) {
+	t.Helper()
 	b := setupFaulty(t, &deferred.Options{MaxAttempts: 5,
 		Backoff: retry.Policy{InitialInterval: 200 * time.Millisecond, MaxInterval: 200 * time.Millisecond}})
 	var aCalls, b1Calls, b2Calls atomic.Int64
