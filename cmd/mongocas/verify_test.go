@@ -59,7 +59,9 @@ func TestVerifyHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := run(t, "", args(db, "verify", "--duration", "4s", "--clients", "3")...)
+	// 8 s: at 4 s, on DocumentDB under the CI's stress sizes, the named
+	// lease's holder was once never taken over ("not tested", exit 3).
+	r := run(t, "", args(db, "verify", "--duration", "8s", "--clients", "3")...)
 	t.Logf("verify on the %s backend:\n%s%s", db.Server.Backend, r.stderr, r.stdout)
 	wantCode(t, r, 0)
 	for _, want := range []string{"versioned: linearizable writes", "lease: one holder at a time (document lease)",
@@ -70,7 +72,7 @@ func TestVerifyHolds(t *testing.T) {
 			t.Errorf("no %q in the output", want)
 		}
 	}
-	if !strings.Contains(r.stderr, "verify: 1s of 4s, ") {
+	if !strings.Contains(r.stderr, "verify: 1s of 8s, ") {
 		t.Errorf("no progress line")
 	}
 	// Long enough that a holder dies and is taken over on a loaded machine
