@@ -61,7 +61,7 @@ func TestLostChangeRunThatNeverStartedIsNotCharged(t *testing.T) {
 	run(t, b.fqueue)
 	<-cut
 	for i, id := range ids {
-		j := wait(t, b.fqueue, id)
+		j := wait(t, b.obs, id)
 		t.Logf("job %d: %s attempt %d mayHaveApplied %v errors %+v", i+1, j.State, j.Attempt, j.MayHaveApplied, j.Errors)
 		require.Equal(t, deferred.StateCompleted, j.State, "job %d never started, yet it is %s: %+v", i+1, j.State, j.Errors)
 		require.Equal(t, 1, j.Attempt, "job %d was charged for the run that never started", i+1)
@@ -182,7 +182,7 @@ func TestClaimHeldPastTheKeysLeaseNeverChargesTheJob(t *testing.T) {
 			mongotest.ServerError{Code: 2, CodeName: "BadValue", Errmsg: "mongotest: the jobs are out of reach"})
 	}
 	run(t, b.fqueue)
-	j := wait(t, b.fqueue, id)
+	j := wait(t, b.obs, id)
 	require.True(t, delivered.Load(), "the held claim was delivered when the key was claimed again")
 	require.NoError(t, deliverErr)
 	n, _ := reply.Lookup("n").AsInt64OK()

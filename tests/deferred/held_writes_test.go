@@ -149,7 +149,7 @@ func heldWriteLife(t *testing.T, match mongotest.Match, first, release int) {
 	a := enqueue(t, b.ctx, k, "x", 0)
 	held := b.f.HoldNext(match)
 	job := func(id bson.ObjectID) *deferred.Job {
-		j, err := b.fqueue.Job(b.ctx, id)
+		j, err := b.obs.Job(b.ctx, id)
 		require.NoError(t, err)
 		return j
 	}
@@ -174,7 +174,7 @@ func heldWriteLife(t *testing.T, match mongotest.Match, first, release int) {
 			select {
 			case <-blocking:
 			case <-time.After(time.Minute):
-				dumpQueue(t, b.fqueue)
+				dumpQueue(t, b.obs)
 				t.Fatal("a's third call never came")
 			}
 			stop()
@@ -184,11 +184,11 @@ func heldWriteLife(t *testing.T, match mongotest.Match, first, release int) {
 		case stepDead:
 			waitFor(t, time.Minute, "a dead", func() bool { return job(a).State == deferred.StateDead })
 		case stepSecondRun:
-			wait(t, b.fqueue, b1)
-			wait(t, b.fqueue, b2)
+			wait(t, b.obs, b1)
+			wait(t, b.obs, b2)
 		case stepRequeued:
-			require.NoError(t, b.fqueue.Requeue(b.ctx, a))
-			wait(t, b.fqueue, a)
+			require.NoError(t, b.obs.Requeue(b.ctx, a))
+			wait(t, b.obs, a)
 		}
 		if step == first {
 			require.True(t, held.HasFired(), "the write held was sent by step %s", stepNames[step])

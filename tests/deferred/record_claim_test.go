@@ -52,7 +52,7 @@ func creditsThrough(t *testing.T, arm func(*mongotest.Faulty) *mongotest.Fault) 
 	check := func() {
 		t.Helper()
 		for _, id := range ids {
-			job := wait(t, b.fqueue, id)
+			job := wait(t, b.obs, id)
 			require.Equal(t, deferred.StateCompleted, job.State)
 			require.Equal(t, 1, job.Attempt)
 		}
@@ -99,7 +99,7 @@ func TestJobCancelledWhileTheOneBeforeItRuns(t *testing.T) {
 	k, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
 		calls.Add(1)
 		if c.Amount == 1 {
-			require.NoError(t, b.fqueue.Cancel(ctx, second))
+			require.NoError(t, b.obs.Cancel(ctx, second))
 		}
 		_, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}})
 		return err
@@ -117,9 +117,9 @@ func TestJobCancelledWhileTheOneBeforeItRuns(t *testing.T) {
 	})
 	defer counter()
 	run(t, b.fqueue)
-	require.Equal(t, deferred.StateCompleted, wait(t, b.fqueue, ids[0]).State)
-	require.Equal(t, deferred.StateCancelled, wait(t, b.fqueue, ids[1]).State)
-	job := wait(t, b.fqueue, ids[2])
+	require.Equal(t, deferred.StateCompleted, wait(t, b.obs, ids[0]).State)
+	require.Equal(t, deferred.StateCancelled, wait(t, b.obs, ids[1]).State)
+	job := wait(t, b.obs, ids[2])
 	require.Equal(t, deferred.StateCompleted, job.State)
 	require.Equal(t, 1, job.Attempt)
 	require.Equal(t, int64(2), calls.Load())

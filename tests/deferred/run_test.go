@@ -115,7 +115,7 @@ func TestRunWritesSettleLostReplies(t *testing.T) {
 	record := b.f.DropNextReply(updates)
 	run(t, b.fqueue)
 	for _, id := range ids {
-		job := wait(t, b.fqueue, id)
+		job := wait(t, b.obs, id)
 		require.Equal(t, deferred.StateCompleted, job.State)
 		require.Equal(t, 1, job.Attempt)
 	}

@@ -231,7 +231,7 @@ func TestSnoozeWhoseOutcomeIsUnknownIsKeptByTheNextClaim(t *testing.T) {
 	run(t, b.fqueue)
 	<-held.Fired()
 	time.Sleep(2 * time.Second) // the worker gave the key up, took it again and read J running
-	before, err := b.fqueue.Job(b.ctx, j)
+	before, err := b.obs.Job(b.ctx, j)
 	require.NoError(t, err)
 	t.Logf("before the held snooze: J %s attempt %d", before.State, before.Attempt)
 	reply, err := held.Deliver(b.ctx)
