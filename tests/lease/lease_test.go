@@ -190,6 +190,18 @@ func (s *sleepLog) longest() (n int, longest time.Duration) {
 	return len(s.sleeps), longest
 }
 
+// total returns the sum of the sleeps: how long they were asked to last,
+// however late a loaded machine ends them.
+func (s *sleepLog) total() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sum time.Duration
+	for _, d := range s.sleeps {
+		sum += d
+	}
+	return sum
+}
+
 type realTimer struct{ t *time.Timer }
 
 func (t realTimer) C() <-chan time.Time { return t.t.C }

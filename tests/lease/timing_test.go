@@ -28,12 +28,14 @@ const oneStep = retry.DefaultMaxInterval
 // its late Release and Renew report ErrLost and change nothing.
 //
 // The guarantee assumes timers and messages late by less than SafetyMargin;
-// the test sets one (half the TTL) that a loaded machine stays within.
+// the test sets one (half the TTL) that a loaded machine stays within. How
+// long c waits is judged by the sleeps it asked for, not by the wall clock,
+// which a busy machine stretches.
 func TestCrashTakeover(t *testing.T) { eachMode(t, testCrashTakeover) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testCrashTakeover(t *testing.T, mode lease.Mode) {
-	const ttl, margin = 2 * time.Second, time.Second
+	const ttl, margin = 4 * time.Second, 2 * time.Second
 	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
@@ -56,12 +58,13 @@ func testCrashTakeover(t *testing.T, mode lease.Mode) {
 	sent := claimSent()
 	cancelledAt := ended()
 	n, longest := sleeps.longest()
-	t.Logf("takeover after %v (TTL %v), %d sleeps, the longest %v; a's deadline %v and context end %v before c's winning claim was sent",
-		took, ttl, n, longest, sent.Sub(la.Deadline()), sent.Sub(cancelledAt))
+	slept := sleeps.total()
+	t.Logf("takeover after %v (TTL %v), %d sleeps asking for %v, the longest %v; a's deadline %v and context end %v before c's winning claim was sent",
+		took, ttl, n, slept, longest, sent.Sub(la.Deadline()), sent.Sub(cancelledAt))
 	require.GreaterOrEqual(t, took, ttl-20*time.Millisecond, "not before the TTL")
 	require.Positive(t, n, "c waited")
 	require.LessOrEqual(t, longest, 5*oneStep, "Acquire sleeps five backoff steps at most")
-	require.LessOrEqual(t, took, ttl+oneStep, "within one backoff step of the TTL")
+	require.LessOrEqual(t, slept, ttl+oneStep, "c asked to sleep no more than one backoff step past the TTL")
 	require.True(t, la.Deadline().Before(sent), "a's deadline %v came before c's winning claim was sent at %v", la.Deadline(), sent)
 	require.False(t, cancelledAt.IsZero(), "a's context ended")
 	require.True(t, cancelledAt.Before(sent), "a's context ended before c's winning claim was sent")
