@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -85,11 +86,37 @@ func TestService(t *testing.T) {
 }
 
 // TestServeStopsWhenCancelled: the program's server comes up on its
-// database and returns nil once its context ends (Ctrl-C), so main stops the
-// server it started.
+// database, answers HTTP, and returns nil once its context ends (Ctrl-C),
+// so main stops the server it started.
 func TestServeStopsWhenCancelled(t *testing.T) {
 	db := mongotest.New(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	require.NoError(t, serve(ctx, db.Server.URI, "127.0.0.1:0"))
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, db.Server.URI, addr) }()
+	require.Eventually(t, func() bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+		if err != nil {
+			return false
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusNotFound
+	}, time.Minute, 20*time.Millisecond, "the server answers")
+	cancel() // Ctrl-C
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not return after its context ended")
+	}
 }
