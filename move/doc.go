@@ -1,0 +1,71 @@
+// Package move moves value (a balance, a stock count) from one document to
+// another exactly once, on every MongoDB-compatible server, without a
+// transaction: the two-step move that MongoDB's manuals describe by hand,
+// with the pending half recorded in the source document.
+//
+//	q, err := deferred.New(db.Collection("jobs"), nil)
+//	mover, err := move.New(ctx, q, db.Collection("accounts"), &move.Options{Field: "balance"})
+//	go q.Run(ctx) // in every process that relays moves
+//
+//	id, err := mover.Move(ctx, "ana", "ben", 30, nil)
+//	switch {
+//	case errors.Is(err, versioned.ErrGuardFailed): // ana has less than 30: nothing moved
+//	case err != nil:
+//	default: // 30 left ana; ben gets it, or ana gets it back
+//	}
+//	st, err := mover.Status(ctx, "ana", id) // move.Pending, move.Done, move.Returned
+//
+// Move's debit is one statement on the source (versioned.Repo.Guarded): it
+// checks that the value is at least the amount (and the caller's
+// condition), takes it, and records a pending entry, in one round trip.
+// A relay job in the deferred queue (keyed by the target) then credits the
+// target exactly once, recording a marker there in the same statement, or,
+// if the target is missing or does not match Options.Accept, returns the
+// value to the source exactly once. Then the pending entry, the outcome and
+// the marker are cleaned up. Sweep, run periodically by at least one
+// process, relays moves whose process died before it enqueued.
+//
+// # Guarantees
+//
+// Given MongoDB's single-document atomicity and the deferred and versioned
+// packages' guarantees, for documents written only through this package and
+// versioned (every write raises the version):
+//
+//   - Exactly once: a move that debited its source is, in the end, credited
+//     to the target exactly once or returned to the source exactly once,
+//     never both, however often replies are lost, copies of its writes are
+//     held in the network and delivered late, relay jobs are duplicated, or
+//     processes die between any two of its writes (with Sweep running).
+//     Status says which.
+//   - Conservation: over a set of documents closed under the moves among
+//     them, the sum of the values plus the pending entries not yet credited
+//     (Total.Sum) is the same at every instant. Sum reads it.
+//   - No value goes below zero through a move: the debit requires the value
+//     to be at least the amount.
+//   - Bad input is refused before anything is sent: ids are checked by
+//     store.CheckID, field names may not start with '$' or hold '.'; every
+//     field this package writes under Options.StateField is named by a move
+//     id's hex digits, never by input.
+//
+// A document deleted while a move to or from it is unsettled leaves the set:
+// its value, and the move's, go with it. The derivation is in DESIGN.md
+// beside this file.
+//
+// # Errors
+//
+// Messages start with "move: "; versioned's and the driver's errors are
+// wrapped with %w. Match with errors.Is and errors.As:
+//
+//   - ErrInvalid, *InvalidError: bad input, nothing sent (store.ErrInvalid).
+//   - From Move: versioned.ErrGuardFailed (*versioned.GuardError) when the
+//     source's value is below the amount or its condition fails;
+//     versioned.ErrNotFound when the source does not exist;
+//     versioned.ErrUnknownOutcome when the debit's outcome could not be
+//     settled (the move's id comes with it). Nothing moved for the first
+//     two.
+//   - From Status: ErrNotFound for a move neither the source nor the
+//     outcomes collection knows.
+//   - From Sum: versioned.ErrConflict when Options.Collects reads never
+//     agreed (the documents kept changing).
+//   - A context that ended: the context's error, wrapped.
+package move

@@ -1,0 +1,299 @@
+package move
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/store"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// Sentinel errors. Match them with errors.Is. The debit's errors are
+// versioned's (ErrGuardFailed, ErrNotFound, ErrUnknownOutcome, ...),
+// wrapped.
+var (
+	// ErrInvalid is matched by every error that refuses a caller's input
+	// before anything is sent. It is [store.ErrInvalid].
+	ErrInvalid = store.ErrInvalid
+	// ErrNotFound is matched by Status's error for a move that the source
+	// document does not know and that has no outcome record.
+	ErrNotFound = errors.New("move: move not found")
+)
+
+// Status is where a move stands.
+type Status string
+
+// The statuses of a move.
+const (
+	// Pending: the value left the source; the move is not settled yet.
+	Pending Status = "pending"
+	// Done: the value was credited to the target, exactly once.
+	Done Status = "done"
+	// Returned: the credit could not apply (the target is missing or
+	// refused it); the value went back to the source, exactly once.
+	Returned Status = "returned"
+)
+
+// Defaults of Options.
+const (
+	DefaultStateField = "_mv"
+	DefaultName       = "move"
+	DefaultGrace      = time.Minute
+	DefaultCollects   = 10
+)
+
+// Options configures a Mover. Field is required; each other zero field
+// takes its default.
+type Options struct {
+	// Field is the top-level field that holds each document's value, an
+	// integer (int32 or int64 in storage). Required.
+	Field string
+	// StateField is the subdocument where moves record their pending
+	// entries and markers (DESIGN.md). It must not be written by anything
+	// else. Default "_mv".
+	StateField string
+	// Name is the name of the relay's handler in the queue. Default "move".
+	Name string
+	// Accept is a condition the target must match for a credit to apply
+	// (for instance {open: true}); a target that does not match it gets
+	// the value returned to the source. nil means any existing target.
+	Accept bson.D
+	// Grace is how old a pending entry must be before Sweep enqueues a
+	// relay job for it. Default one minute.
+	Grace time.Duration
+	// Collects bounds how many times Sum reads the documents to find two
+	// reads that agree. Default 10; at least 2.
+	Collects int
+	// Outcomes is the collection that keeps each settled move's outcome,
+	// for Status. Default: the collection's name with "_moves" appended.
+	Outcomes *mongo.Collection
+	// Repo configures the repository the Mover writes through: its
+	// VersionField, MetaField and Reserved must be those of the
+	// application's own repositories of the collection. nil means
+	// versioned's defaults.
+	Repo *versioned.Options
+}
+
+// account is how the Mover sees a document: its id and version only;
+// everything else is read raw.
+type account struct {
+	ID      bson.RawValue `bson:"_id"`
+	Version int64         `bson:"version"`
+}
+
+// Mover moves value between documents of one collection. Make it with
+// New; it is safe for concurrent use.
+type Mover struct {
+	coll     *mongo.Collection
+	repo     *versioned.Repo[account]
+	majority *settle.Majority
+	outcomes *mongo.Collection
+	relay    *deferred.Kind[relayArgs]
+	field    string
+	state    string
+	version  string
+	accept   bson.D
+	grace    time.Duration
+	collects int
+}
+
+// relayArgs is the argument of a relay job: the move, its ends, its value.
+type relayArgs struct {
+	M    bson.ObjectID `bson:"m"`
+	From bson.RawValue `bson:"from"`
+	To   bson.RawValue `bson:"to"`
+	V    int64         `bson:"v"`
+}
+
+// New returns a Mover of the documents of coll, whose credits the queue q
+// relays: run q.Run in every process that should relay moves, and call
+// Sweep periodically in at least one. New registers the relay's handler
+// in q (Options.Name) and makes the index Sweep uses.
+func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *Options) (*Mover, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return nil, err
+	}
+	if q == nil || coll == nil {
+		return nil, invalid("new", "queue", "nil queue or collection", nil)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	o.StateField = or(o.StateField, DefaultStateField)
+	o.Name = or(o.Name, DefaultName)
+	o.Grace = or(o.Grace, DefaultGrace)
+	o.Collects = or(o.Collects, DefaultCollects)
+	for name, f := range map[string]string{"Field": o.Field, "StateField": o.StateField} {
+		if err := checkField(f); err != nil {
+			return nil, invalid("new", name, err.Error(), nil)
+		}
+	}
+	if o.Field == o.StateField || o.Field == "_id" {
+		return nil, invalid("new", "Field", "must differ from StateField and _id", nil)
+	}
+	if o.Grace < 0 || o.Collects < 2 {
+		return nil, invalid("new", "Options", "Grace must not be negative, Collects must be at least 2", nil)
+	}
+	if o.Outcomes == nil {
+		o.Outcomes = coll.Database().Collection(coll.Name() + "_moves")
+	}
+	repo, err := versioned.New[account](coll, o.Repo)
+	if err != nil {
+		return nil, fmt.Errorf("move: new: %w", err)
+	}
+	version := versioned.DefaultVersionField
+	if o.Repo != nil && o.Repo.VersionField != "" {
+		version = o.Repo.VersionField
+	}
+	if o.Field == version {
+		return nil, invalid("new", "Field", "must differ from the version field", nil)
+	}
+	m := &Mover{
+		coll: coll, repo: repo, majority: settle.NewMajority(coll), outcomes: o.Outcomes,
+		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
+		grace: o.Grace, collects: o.Collects,
+	}
+	m.relay, err = deferred.Register(q, o.Name, m.run)
+	if err != nil {
+		return nil, fmt.Errorf("move: new: %w", err)
+	}
+	_, err = coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys:    bson.D{{Key: o.StateField + ".n", Value: 1}},
+		Options: options.Index().SetName(o.StateField + "_pending"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("move: new: index on %s.n: %w", o.StateField, store.ContextError(ctx))
+	}
+	return m, nil
+}
+
+// checkField refuses a field name a server could read as an operator or a
+// path.
+func checkField(f string) error {
+	switch {
+	case f == "":
+		return errors.New("empty")
+	case strings.HasPrefix(f, "$"), strings.Contains(f, "."), strings.ContainsRune(f, 0):
+		return fmt.Errorf("%q starts with '$' or holds '.' or NUL", f)
+	}
+	return nil
+}
+
+func or[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}
+
+// InvalidError reports bad input refused before anything was sent: the
+// operation, what was refused, why. It matches ErrInvalid (and
+// store.ErrInvalidID for a refused id) and unwraps to Err.
+type InvalidError struct {
+	Op, Field, Reason string
+	Err               error
+}
+
+// Error returns a message with the operation, the field and the reason.
+func (e *InvalidError) Error() string {
+	msg := fmt.Sprintf("move: %s: invalid %s", e.Op, e.Field)
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrInvalid.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+// Unwrap returns the underlying error.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+func invalid(op, field, reason string, err error) error {
+	return &InvalidError{Op: op, Field: field, Reason: reason, Err: err}
+}
+
+// path returns the dotted path of a move's entry under part ("o", "i",
+// "d") of the state field: hex digits only, never input.
+func (m *Mover) path(part string, id bson.ObjectID) string {
+	return m.state + "." + part + "." + id.Hex()
+}
+
+// Move takes amount from the document from and moves it to the document
+// to, exactly once. The debit is one statement on from: if from's value
+// is at least amount and from matches cond (nil: no further condition),
+// its value goes down by amount and the pending entry is recorded in the
+// same statement (one round trip, as versioned.Repo.Guarded). Then a relay
+// job is enqueued that credits to, or returns the value to from when the
+// credit cannot apply.
+//
+// It returns the move's id (for Status) once the debit landed, and a nil
+// error: if the enqueue then fails, Sweep relays the move after
+// Options.Grace. Errors (nothing moved, except for an unknown outcome):
+// an *InvalidError for bad input; versioned's *GuardError (ErrGuardFailed)
+// when from's value is below amount or cond does not hold; versioned's
+// *NotFoundError when from does not exist; versioned's
+// *UnknownOutcomeError when the debit's outcome could not be settled: the
+// move's id is returned with it, for Status; if the debit landed, Sweep
+// relays it.
+func (m *Mover) Move(ctx context.Context, from, to any, amount int64, cond any) (bson.ObjectID, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return bson.ObjectID{}, err
+	}
+	src, dst, err := checkEnds("move", from, to)
+	if err != nil {
+		return bson.ObjectID{}, err
+	}
+	if amount <= 0 {
+		return bson.ObjectID{}, invalid("move", "amount", fmt.Sprintf("%d is not positive", amount), nil)
+	}
+	id := bson.NewObjectID()
+	filter := bson.D{{Key: m.field, Value: bson.D{{Key: "$gte", Value: amount}}}}
+	if cond != nil {
+		filter = bson.D{{Key: "$and", Value: bson.A{filter, cond}}}
+	}
+	update := bson.D{
+		{Key: "$inc", Value: bson.D{{Key: m.field, Value: -amount}, {Key: m.state + ".n", Value: int64(1)}}},
+		{Key: "$set", Value: bson.D{{Key: m.path("o", id), Value: bson.D{
+			{Key: "to", Value: dst}, {Key: "v", Value: amount}, {Key: "at", Value: time.Now()},
+		}}}},
+	}
+	if _, err := m.repo.Guarded(ctx, src, filter, update); err != nil {
+		err = fmt.Errorf("move: debit %s: %w", src, err)
+		if errors.Is(err, store.ErrUnknownOutcome) {
+			return id, err // it may have landed: Status(id) and Sweep will tell
+		}
+		return bson.ObjectID{}, err
+	}
+	// The debit landed: a failed enqueue leaves the entry to Sweep.
+	_, _ = m.relay.Enqueue(store.NoSession(ctx), dst, relayArgs{M: id, From: src, To: dst, V: amount})
+	return id, nil
+}
+
+// checkEnds checks both ids and that they differ.
+func checkEnds(op string, from, to any) (src, dst bson.RawValue, err error) {
+	if src, err = store.CheckID(from); err != nil {
+		return src, dst, invalid(op, "from", "", err)
+	}
+	if dst, err = store.CheckID(to); err != nil {
+		return src, dst, invalid(op, "to", "", err)
+	}
+	if src.Equal(dst) {
+		return src, dst, invalid(op, "to", "the same document as from", nil)
+	}
+	return src, dst, nil
+}

@@ -1,0 +1,256 @@
+package move
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/store"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// Status returns where the move id, whose source is from, stands: Pending
+// while its entry is in the source, then Done or Returned. It reads the
+// source at read concern majority, then the outcomes collection. A move
+// that neither knows is ErrNotFound (a debit that did not land, or an
+// outcome record deleted since).
+func (m *Mover) Status(ctx context.Context, from any, id bson.ObjectID) (Status, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return "", err
+	}
+	src, err := store.CheckID(from)
+	if err != nil {
+		return "", invalid("status", "from", "", err)
+	}
+	if id.IsZero() {
+		return "", invalid("status", "id", "the zero ObjectID", nil)
+	}
+	doc, err := m.readRaw(ctx, src)
+	if err != nil {
+		return "", fmt.Errorf("move: status %s: %w", id.Hex(), err)
+	}
+	if doc != nil {
+		if _, ok := m.entry(doc, "o", id); ok {
+			return Pending, nil
+		}
+		if d, ok := m.entry(doc, "d", id); ok {
+			if s, ok := outcomeIn(d); ok {
+				return Status(s), nil
+			}
+		}
+	}
+	var rec struct {
+		Outcome string `bson:"outcome"`
+	}
+	err = m.outcomes.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&rec)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return "", fmt.Errorf("move: status %s: %w", id.Hex(), ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("move: status %s: %w", id.Hex(), err)
+	}
+	return Status(rec.Outcome), nil
+}
+
+// Sweep enqueues a relay job for every move whose state has been waiting
+// longer than Options.Grace: a pending entry whose process died before it
+// enqueued (or whose enqueue failed), an outcome not yet recorded, a marker
+// not yet removed. A move with a job already gets a second one, which is
+// harmless (DESIGN.md). It returns how many jobs it enqueued. Run it
+// periodically in at least one process.
+func (m *Mover) Sweep(ctx context.Context) (int, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return 0, err
+	}
+	cur, err := m.coll.Find(ctx, bson.D{{Key: m.state + ".n", Value: bson.D{{Key: "$gt", Value: 0}}}},
+		options.Find().SetProjection(bson.D{{Key: m.state, Value: 1}}))
+	if err != nil {
+		return 0, fmt.Errorf("move: sweep: %w", err)
+	}
+	defer cur.Close(ctx)
+	old := time.Now().Add(-m.grace)
+	n := 0
+	for cur.Next(ctx) {
+		id := cur.Current.Lookup("_id")
+		for _, part := range []string{"o", "d", "i"} {
+			entries, ok := cur.Current.Lookup(m.state, part).DocumentOK()
+			if !ok {
+				continue
+			}
+			elems, err := entries.Elements()
+			if err != nil {
+				return n, fmt.Errorf("move: sweep: %w", err)
+			}
+			for _, e := range elems {
+				a, at, ok := sweepArgs(id, part, e)
+				if !ok || at.After(old) {
+					continue
+				}
+				if _, err := m.relay.Enqueue(ctx, a.To, a); err != nil {
+					return n, fmt.Errorf("move: sweep: %w", err)
+				}
+				n++
+			}
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return n, fmt.Errorf("move: sweep: %w", err)
+	}
+	return n, nil
+}
+
+// sweepArgs rebuilds a relay job's argument from an entry of the document
+// id: its key is the move's id, its value says the other end.
+func sweepArgs(id bson.RawValue, part string, e bson.RawElement) (relayArgs, time.Time, bool) {
+	mid, err := bson.ObjectIDFromHex(e.Key())
+	if err != nil {
+		return relayArgs{}, time.Time{}, false
+	}
+	d, ok := e.Value().DocumentOK()
+	if !ok {
+		return relayArgs{}, time.Time{}, false
+	}
+	at, _ := d.Lookup("at").TimeOK()
+	v, _ := d.Lookup("v").AsInt64OK()
+	a := relayArgs{M: mid, V: v}
+	switch part {
+	case "o", "d":
+		a.From, a.To = id, d.Lookup("to")
+	default:
+		a.From, a.To = d.Lookup("from"), id
+	}
+	return a, at, a.To.Type != 0 && a.From.Type != 0
+}
+
+// Total is what Sum read.
+type Total struct {
+	// Sum is the values of the documents plus their pending entries that
+	// no document read has credited yet: constant over time for a set of
+	// documents closed under the moves among them.
+	Sum int64
+	// Values is the sum of the values alone.
+	Values int64
+	// Pending is the number of pending entries counted in Sum.
+	Pending int
+	// Reads is how many times the documents were read.
+	Reads int
+}
+
+// Sum reads the documents ids at read concern majority and returns the sum
+// of their values plus their pending moves (those not yet credited to a
+// document of the set). A read of many documents is not a snapshot: Sum
+// reads them again until two reads in a row find every document at the
+// same version (so each held its state over an instant between them, and
+// the sum is the one at that instant), at most Options.Collects reads;
+// then it gives up with an error matching versioned.ErrConflict. Ids must
+// be distinct; a missing document counts nothing.
+func (m *Mover) Sum(ctx context.Context, ids ...any) (Total, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return Total{}, err
+	}
+	raw := make(bson.A, 0, len(ids))
+	for _, id := range ids {
+		r, err := store.CheckID(id)
+		if err != nil {
+			return Total{}, invalid("sum", "id", "", err)
+		}
+		raw = append(raw, r)
+	}
+	var prev map[string]int64
+	for reads := 1; reads <= m.collects; reads++ {
+		docs, err := m.collect(ctx, raw)
+		if err != nil {
+			return Total{}, fmt.Errorf("move: sum: %w", err)
+		}
+		versions := make(map[string]int64, len(docs))
+		for _, d := range docs {
+			versions[string(d.Lookup("_id").Value)] = versionOf(d.Lookup(m.version))
+		}
+		if prev != nil && equal(prev, versions) {
+			t := m.total(docs)
+			t.Reads = reads
+			return t, nil
+		}
+		prev = versions
+	}
+	return Total{}, fmt.Errorf("move: sum: %d reads of %d documents never agreed: %w", m.collects, len(ids), versioned.ErrConflict)
+}
+
+func versionOf(v bson.RawValue) int64 {
+	n, _ := v.AsInt64OK()
+	return n
+}
+
+func equal(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// collect reads the documents once.
+func (m *Mover) collect(ctx context.Context, ids bson.A) ([]bson.Raw, error) {
+	var docs []bson.Raw
+	err := m.majority.Read(ctx, func(c *mongo.Collection) error {
+		docs = docs[:0]
+		cur, err := c.Find(ctx, bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}})
+		if err != nil {
+			return err
+		}
+		defer cur.Close(ctx)
+		for cur.Next(ctx) {
+			docs = append(docs, append(bson.Raw(nil), cur.Current...))
+		}
+		return cur.Err()
+	})
+	return docs, err
+}
+
+// total computes the invariant's sum over one agreed read.
+func (m *Mover) total(docs []bson.Raw) Total {
+	credited := map[string]bool{}
+	for _, d := range docs {
+		for _, e := range m.entries(d, "i") {
+			if doc, ok := e.Value().DocumentOK(); ok && doc.Lookup("r").Type == 0 {
+				credited[e.Key()] = true // a credit marker, not a refusal
+			}
+		}
+	}
+	var t Total
+	for _, d := range docs {
+		v, _ := d.Lookup(m.field).AsInt64OK()
+		t.Values += v
+		for _, e := range m.entries(d, "o") {
+			if credited[e.Key()] {
+				continue
+			}
+			if doc, ok := e.Value().DocumentOK(); ok {
+				p, _ := doc.Lookup("v").AsInt64OK()
+				t.Sum += p
+				t.Pending++
+			}
+		}
+	}
+	t.Sum += t.Values
+	return t
+}
+
+// entries returns the elements of part ("o", "i", "d") of d's state.
+func (m *Mover) entries(d bson.Raw, part string) []bson.RawElement {
+	doc, ok := d.Lookup(m.state, part).DocumentOK()
+	if !ok {
+		return nil
+	}
+	elems, _ := doc.Elements()
+	return elems
+}

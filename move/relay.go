@@ -1,0 +1,261 @@
+package move
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/store"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// errUnsettled fails an attempt whose step found the state moved under it;
+// the next attempt starts again from a fresh read.
+var errUnsettled = errors.New("move: relay: state changed during the attempt, trying again")
+
+// marker is what a target says about a move: no marker, a credit, a
+// refusal.
+type marker int
+
+const (
+	noMarker marker = iota
+	creditMarker
+	refusalMarker
+)
+
+// readRaw reads a document at read concern majority; nil if missing.
+func (m *Mover) readRaw(ctx context.Context, id bson.RawValue) (bson.Raw, error) {
+	var doc bson.Raw
+	err := m.majority.Read(ctx, func(c *mongo.Collection) error {
+		d, err := c.FindOne(ctx, store.IDFilter(id)).Raw()
+		doc = d
+		return err
+	})
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	return doc, err
+}
+
+// entry returns the subdocument part.id of the state field, if any.
+func (m *Mover) entry(doc bson.Raw, part string, id bson.ObjectID) (bson.RawValue, bool) {
+	v, err := doc.LookupErr(m.state, part, id.Hex())
+	return v, err == nil
+}
+
+// markerOf says which marker doc carries for the move.
+func (m *Mover) markerOf(doc bson.Raw, id bson.ObjectID) marker {
+	v, ok := m.entry(doc, "i", id)
+	if !ok {
+		return noMarker
+	}
+	if d, ok := v.DocumentOK(); ok {
+		if _, err := d.LookupErr("r"); err == nil {
+			return refusalMarker
+		}
+	}
+	return creditMarker
+}
+
+// run is the relay job's handler: the steps of DESIGN.md, each decided
+// from a fresh majority read and conditioned so that sending it again is
+// harmless.
+func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
+	src, err := m.readRaw(ctx, a.From)
+	if err != nil {
+		return err
+	}
+	stamped := false // this attempt's C or R set the target's stamp to the job's
+	if src == nil {
+		return m.clean(ctx, job, a, stamped) // the source is gone: nothing to settle
+	}
+	if _, pending := m.entry(src, "o", a.M); pending {
+		outcome, err := m.decide(ctx, job, a, &stamped)
+		if err != nil {
+			return err
+		}
+		if err := m.finish(ctx, a, outcome); err != nil {
+			return err
+		}
+		if src, err = m.readRaw(ctx, a.From); err != nil {
+			return err
+		}
+	}
+	if v, ok := m.entry(src, "d", a.M); ok {
+		if err := m.record(ctx, a, v); err != nil {
+			return err
+		}
+	}
+	return m.clean(ctx, job, a, stamped)
+}
+
+// decide makes the move's marker on the target final (C, or R after C's
+// guard failed) and returns the outcome it means.
+func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stamped *bool) (Status, error) {
+	dst, err := m.readRaw(ctx, a.To)
+	if err != nil {
+		return "", err
+	}
+	if dst == nil {
+		return Returned, nil
+	}
+	if mk := m.markerOf(dst, a.M); mk != noMarker {
+		return outcomeOf(mk), nil
+	}
+	absent := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
+	cond := absent
+	if m.accept != nil {
+		cond = bson.D{{Key: "$and", Value: bson.A{absent, m.accept}}}
+	}
+	now := time.Now()
+	_, err = deferred.Guarded(ctx, job, m.repo, a.To, cond, bson.D{
+		{Key: "$inc", Value: bson.D{{Key: m.field, Value: a.V}, {Key: m.state + ".n", Value: int64(1)}}},
+		{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{
+			{Key: "v", Value: a.V}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
+		}}}},
+	})
+	switch {
+	case err == nil:
+		*stamped = true
+	case errors.Is(err, versioned.ErrNotFound):
+		return Returned, nil
+	case errors.Is(err, versioned.ErrGuardFailed):
+		_, err = deferred.Guarded(ctx, job, m.repo, a.To, absent, bson.D{
+			{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(1)}}},
+			{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{
+				{Key: "r", Value: true}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
+			}}}},
+		})
+		if errors.Is(err, versioned.ErrNotFound) {
+			return Returned, nil
+		}
+		if err != nil && !errors.Is(err, versioned.ErrGuardFailed) {
+			return "", err
+		}
+		*stamped = err == nil
+	default:
+		return "", err
+	}
+	// Whichever of C or R (of any attempt, any job of the move) landed
+	// first is the marker: read it.
+	if dst, err = m.readRaw(ctx, a.To); err != nil {
+		return "", err
+	}
+	if dst == nil {
+		return Returned, nil
+	}
+	if mk := m.markerOf(dst, a.M); mk != noMarker {
+		return outcomeOf(mk), nil
+	}
+	return "", errUnsettled
+}
+
+func outcomeOf(mk marker) Status {
+	if mk == creditMarker {
+		return Done
+	}
+	return Returned
+}
+
+// finish is F: the pending entry leaves the source, with the outcome in its
+// place and, for a return, the value back. A failed guard means an earlier
+// copy did it.
+func (m *Mover) finish(ctx context.Context, a relayArgs, outcome Status) error {
+	inc := bson.D{}
+	if outcome == Returned {
+		inc = append(inc, bson.E{Key: m.field, Value: a.V})
+	}
+	update := bson.D{
+		{Key: "$unset", Value: bson.D{{Key: m.path("o", a.M), Value: ""}}},
+		{Key: "$set", Value: bson.D{{Key: m.path("d", a.M), Value: bson.D{
+			{Key: "s", Value: string(outcome)}, {Key: "to", Value: a.To}, {Key: "at", Value: time.Now()},
+		}}}},
+	}
+	if len(inc) > 0 {
+		update = append(update, bson.E{Key: "$inc", Value: inc})
+	}
+	_, err := m.repo.Guarded(ctx, a.From, m.exists("o", a.M), update)
+	if errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+func (m *Mover) exists(part string, id bson.ObjectID) bson.D {
+	return bson.D{{Key: m.path(part, id), Value: bson.D{{Key: "$exists", Value: true}}}}
+}
+
+// record is O then U: the outcome fixed by F is copied to the outcomes
+// collection, then leaves the source.
+func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error {
+	s, ok := outcomeIn(d)
+	if !ok {
+		return retry.Permanent(fmt.Errorf("move: relay %s: outcome is not a string", a.M.Hex()))
+	}
+	_, err := m.outcomes.UpdateOne(ctx, bson.D{{Key: "_id", Value: a.M}}, bson.D{{Key: "$setOnInsert", Value: bson.D{
+		{Key: "outcome", Value: s}, {Key: "from", Value: a.From}, {Key: "to", Value: a.To}, {Key: "v", Value: a.V},
+	}}}, options.UpdateOne().SetUpsert(true))
+	if err != nil && !store.IsDuplicateKey(err) {
+		return err
+	}
+	_, err = m.repo.Guarded(ctx, a.From, m.exists("d", a.M), bson.D{
+		{Key: "$unset", Value: bson.D{{Key: m.path("d", a.M), Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
+	})
+	if errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// clean is K: the target's marker goes, once the source has settled. It
+// goes with the job's stamp (fenced), so that no copy of a C or R of an
+// earlier job of the key can land after it (DESIGN.md, Lemma 2), unless
+// this attempt's C or R set that stamp already (deferred refuses a second
+// fenced write to one document in an attempt): then, and when the fenced
+// write finds the stamp set, a plain write conditioned on the marker.
+func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped bool) error {
+	update := bson.D{
+		{Key: "$unset", Value: bson.D{{Key: m.path("i", a.M), Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
+	}
+	done := func(err error) bool {
+		return errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound)
+	}
+	if !stamped {
+		_, err := deferred.Guarded(ctx, job, m.repo, a.To, m.exists("i", a.M), update)
+		if done(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// The stamp is at least the job's: a plain write, conditioned on the
+	// marker, removes it if the fenced one found it applied earlier.
+	_, err := m.repo.Guarded(ctx, a.To, m.exists("i", a.M), update)
+	if done(err) {
+		return nil
+	}
+	return err
+}
+
+// outcomeIn returns the outcome an S.d entry holds.
+func outcomeIn(d bson.RawValue) (string, bool) {
+	doc, ok := d.DocumentOK()
+	if !ok {
+		return "", false
+	}
+	v, err := doc.LookupErr("s")
+	if err != nil {
+		return "", false
+	}
+	return v.StringValueOK()
+}
