@@ -1,0 +1,155 @@
+package move_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
+
+// account is the document moves move value between.
+type account struct {
+	ID      string `bson:"_id"`
+	Balance int64  `bson:"balance"`
+	Closed  bool   `bson:"closed,omitempty"`
+	Version int64  `bson:"version"`
+}
+
+type bundle struct {
+	db       *mongotest.DB
+	accounts *versioned.Repo[account]
+	ctx      context.Context
+}
+
+func setup(t testing.TB) *bundle {
+	t.Helper()
+	db := mongotest.New(t)
+	accounts, err := versioned.New[account](db.Collection("accounts"), nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return &bundle{db: db, accounts: accounts, ctx: ctx}
+}
+
+// queue returns a Queue on the jobs collection of db (the test's own, or a
+// Faulty one), with fast polls and backoffs.
+func (b *bundle) queue(t testing.TB, db *mongo.Database) *deferred.Queue {
+	t.Helper()
+	if db == nil {
+		db = b.db.Database
+	}
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{
+		PollInterval: 50 * time.Millisecond,
+		HoleTimeout:  500 * time.Millisecond,
+		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		MaxAttempts:  1000,
+	})
+	require.NoError(t, err)
+	return q
+}
+
+// mover returns a Mover of the accounts collection of db through q.
+func (b *bundle) mover(t testing.TB, q *deferred.Queue, db *mongo.Database, opts *move.Options) *move.Mover {
+	t.Helper()
+	if db == nil {
+		db = b.db.Database
+	}
+	o := move.Options{Field: "balance", Grace: time.Nanosecond, Outcomes: b.db.Collection("accounts_moves")}
+	if opts != nil {
+		o = *opts
+	}
+	m, err := move.New(b.ctx, q, db.Collection("accounts"), &o)
+	require.NoError(t, err)
+	return m
+}
+
+func (b *bundle) insert(t testing.TB, id string, balance int64) {
+	t.Helper()
+	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: id, Balance: balance}))
+}
+
+func (b *bundle) balance(t testing.TB, id string) int64 {
+	t.Helper()
+	a, err := b.accounts.Get(b.ctx, id)
+	require.NoError(t, err)
+	return a.Balance
+}
+
+// run starts q.Run and returns a function that stops it and waits.
+func run(t testing.TB, q *deferred.Queue) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := q.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitStatus waits until the move id from `from` is settled and returns its
+// status.
+func waitStatus(t testing.TB, m *move.Mover, from string, id bson.ObjectID) move.Status {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st, err := m.Status(context.Background(), from, id)
+		require.NoError(t, err)
+		if st != move.Pending {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("move %s still pending after 2 minutes", id.Hex())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// requireNoMoveState requires that no document of the collection carries
+// move state: every pending entry, outcome and marker is gone.
+func (b *bundle) requireNoMoveState(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		n, err := b.db.Collection("accounts").CountDocuments(b.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$ne", Value: 0}}}, {Key: "_mv", Value: bson.D{{Key: "$exists", Value: true}}}})
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d documents still carry move state", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var docs []bson.M
+	cur, err := b.db.Collection("accounts").Find(b.ctx, bson.D{})
+	require.NoError(t, err)
+	require.NoError(t, cur.All(b.ctx, &docs))
+	for _, d := range docs {
+		mv, ok := d["_mv"].(bson.M)
+		if !ok {
+			continue
+		}
+		for _, part := range []string{"o", "i", "d"} {
+			if e, ok := mv[part].(bson.M); ok {
+				require.Empty(t, e, "document %v still has %s entries", d["_id"], part)
+			}
+		}
+	}
+}

@@ -1,0 +1,193 @@
+package move_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/move"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/store"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+func TestMoveCreditsTheTargetOnceAndCleansUp(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 5)
+
+	id, err := m.Move(b.ctx, "ana", "ben", 30, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(70), b.balance(t, "ana"), "the debit is applied by Move itself")
+	st, err := m.Status(b.ctx, "ana", id)
+	require.NoError(t, err)
+	require.Equal(t, move.Pending, st)
+	total, err := m.Sum(b.ctx, "ana", "ben")
+	require.NoError(t, err)
+	require.Equal(t, int64(105), total.Sum, "the pending entry counts while it is in flight")
+	require.Equal(t, 1, total.Pending)
+
+	run(t, q)
+	require.Equal(t, move.Done, waitStatus(t, m, "ana", id))
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(70), b.balance(t, "ana"))
+	require.Equal(t, int64(35), b.balance(t, "ben"))
+	total, err = m.Sum(b.ctx, "ana", "ben")
+	require.NoError(t, err)
+	require.Equal(t, move.Total{Sum: 105, Values: 105, Reads: 2}, total)
+}
+
+func TestMoveOfMoreThanTheValueWritesNothing(t *testing.T) {
+	b := setup(t)
+	m := b.mover(t, b.queue(t, nil), nil, nil)
+	b.insert(t, "ana", 10)
+	b.insert(t, "ben", 0)
+	before, err := b.accounts.Get(b.ctx, "ana")
+	require.NoError(t, err)
+
+	id, err := m.Move(b.ctx, "ana", "ben", 11, nil)
+	require.ErrorIs(t, err, versioned.ErrGuardFailed)
+	require.True(t, id.IsZero())
+	_, err = m.Move(b.ctx, "ana", "ben", 5, bson.D{{Key: "closed", Value: true}})
+	require.ErrorIs(t, err, versioned.ErrGuardFailed, "the caller's condition is part of the debit")
+	_, err = m.Move(b.ctx, "nobody", "ben", 5, nil)
+	require.ErrorIs(t, err, versioned.ErrNotFound)
+
+	after, err := b.accounts.Get(b.ctx, "ana")
+	require.NoError(t, err)
+	require.Equal(t, before, after, "a failed debit writes nothing")
+}
+
+func TestMoveToAMissingTargetIsReturnedOnce(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 100)
+	run(t, q)
+
+	id, err := m.Move(b.ctx, "ana", "ghost", 40, nil)
+	require.NoError(t, err)
+	require.Equal(t, move.Returned, waitStatus(t, m, "ana", id))
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(100), b.balance(t, "ana"))
+}
+
+func TestMoveRefusedByTheTargetIsReturnedOnce(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, &move.Options{Field: "balance", Grace: time.Nanosecond,
+		Accept: bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}}})
+	b.insert(t, "ana", 100)
+	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Balance: 7, Closed: true}))
+	run(t, q)
+
+	id, err := m.Move(b.ctx, "ana", "shut", 40, nil)
+	require.NoError(t, err)
+	require.Equal(t, move.Returned, waitStatus(t, m, "ana", id))
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(100), b.balance(t, "ana"))
+	require.Equal(t, int64(7), b.balance(t, "shut"))
+}
+
+func TestBadInputIsRefusedBeforeAnythingIsSent(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 100)
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"zero amount":     func() error { _, err := m.Move(ctx, "ana", "ben", 0, nil); return err },
+		"negative amount": func() error { _, err := m.Move(ctx, "ana", "ben", -5, nil); return err },
+		"same document":   func() error { _, err := m.Move(ctx, "ana", "ana", 5, nil); return err },
+		"operator id": func() error {
+			_, err := m.Move(ctx, bson.D{{Key: "$gt", Value: ""}}, "ben", 5, nil)
+			return err
+		},
+		"nil target":  func() error { _, err := m.Move(ctx, "ana", nil, 5, nil); return err },
+		"status zero": func() error { _, err := m.Status(ctx, "ana", bson.ObjectID{}); return err },
+		"sum operator": func() error {
+			_, err := m.Sum(ctx, "ana", bson.D{{Key: "$ne", Value: 1}})
+			return err
+		},
+	} {
+		require.ErrorIs(t, call(), move.ErrInvalid, name)
+	}
+	require.ErrorIs(t, func() error { _, err := m.Move(ctx, bson.D{{Key: "$gt", Value: ""}}, "ben", 5, nil); return err }(), store.ErrInvalidID)
+	for name, o := range map[string]move.Options{
+		"no field":       {},
+		"operator field": {Field: "$balance"},
+		"dotted field":   {Field: "a.b"},
+		"operator state": {Field: "balance", StateField: "$mv"},
+		"same fields":    {Field: "balance", StateField: "balance"},
+		"version field":  {Field: "version"},
+	} {
+		_, err := move.New(ctx, b.queue(t, nil), b.db.Collection("accounts"), &o)
+		require.ErrorIs(t, err, move.ErrInvalid, name)
+	}
+	require.Equal(t, int64(100), b.balance(t, "ana"))
+	_, err := m.Status(ctx, "ana", bson.NewObjectID())
+	require.ErrorIs(t, err, move.ErrNotFound)
+}
+
+func TestMoveWhoseEnqueueFailedIsRelayedBySweep(t *testing.T) {
+	b := setup(t)
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	// The mover that moves enqueues through a fault proxy that refuses
+	// every write to the queue: as if its process died between the debit
+	// and the enqueue.
+	f := b.db.Faulty(t, nil)
+	f.ErrorBeforeApply(func(c *mongotest.Command) bool { return c.Collection == "jobs" || c.Collection == "jobs_keys" },
+		mongotest.ServerError{Code: 2, CodeName: "BadValue"})
+	dying := b.mover(t, b.queue(t, f.Database), nil, nil)
+	q := b.queue(t, nil)
+	relay := b.mover(t, q, nil, nil)
+	run(t, q)
+
+	id, err := dying.Move(b.ctx, "ana", "ben", 25, nil)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	st, err := relay.Status(b.ctx, "ana", id)
+	require.NoError(t, err)
+	require.Equal(t, move.Pending, st, "no job relays it yet")
+
+	n, err := relay.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, move.Done, waitStatus(t, relay, "ana", id))
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(75), b.balance(t, "ana"))
+	require.Equal(t, int64(25), b.balance(t, "ben"))
+}
+
+func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	ids := []bson.ObjectID{}
+	for range 3 {
+		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	// Sweep before any job ran: every move gets a second job, and a third.
+	for range 2 {
+		n, err := m.Sweep(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+	}
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, move.Done, waitStatus(t, m, "ana", id))
+	}
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(70), b.balance(t, "ana"))
+	require.Equal(t, int64(30), b.balance(t, "ben"))
+}
