@@ -75,6 +75,14 @@ func (b *bundle) mover(t testing.TB, q *deferred.Queue, db *mongo.Database, opts
 	return m
 }
 
+// observer returns a Mover on the test's own client, for Status and Sum
+// while the movers under test go through a fault proxy (whose faults close
+// their client's connections). Its queue is never run.
+func (b *bundle) observer(t testing.TB) *move.Mover {
+	t.Helper()
+	return b.mover(t, b.queue(t, nil), nil, nil)
+}
+
 func (b *bundle) insert(t testing.TB, id string, balance int64) {
 	t.Helper()
 	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: id, Balance: balance}))
