@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )

@@ -1,0 +1,263 @@
+package move_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
+	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// moved is one Move call of the conservation test and what it answered.
+type moved struct {
+	id       bson.ObjectID
+	from, to string
+	v        int64
+	unknown  bool // the debit's outcome was unknown
+}
+
+// TestConcurrentMovesConserveTheTotal moves random amounts among accounts
+// from two processes (each its own client behind a fault proxy, its own
+// queue worker), with replies dropped and copies held and delivered late,
+// and one process cut off mid-run. Sampled during the run, the sum of
+// balances plus pending entries is the starting total; at the end, after
+// the relay and Sweep ran, no move is pending, the balances are exactly
+// the start plus the moves reported done (so each applied once and each
+// returned one did not), and none is below zero.
+func TestConcurrentMovesConserveTheTotal(t *testing.T) {
+	const (
+		accounts = 12
+		start    = 1000
+		movers   = 3 // goroutines per process
+		duration = 4 * time.Second
+	)
+	b := setup(t)
+	ids := make([]any, 0, accounts+1)
+	names := []string{}
+	for i := range accounts {
+		name := fmt.Sprintf("acct-%02d", i)
+		b.insert(t, name, start)
+		ids = append(ids, name)
+		names = append(names, name)
+	}
+	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Closed: true}))
+	ids = append(ids, "shut")
+	const total = accounts * start
+	opts := func() *move.Options {
+		return &move.Options{Field: "balance", Grace: 200 * time.Millisecond,
+			Outcomes: b.db.Collection("accounts_moves"),
+			Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
+			Repo:     &versioned.Options{ResolveTimeout: 2 * time.Second}}
+	}
+	obs := b.mover(t, b.queue(t, nil), nil, opts())
+
+	type process struct {
+		f     *mongotest.Faulty
+		q     *deferred.Queue
+		m     *move.Mover
+		stop  func()
+		alive atomic.Bool
+	}
+	procs := make([]*process, 2)
+	for i := range procs {
+		p := &process{f: b.db.Faulty(t, nil)}
+		q, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
+			PollInterval:      50 * time.Millisecond,
+			HoleTimeout:       500 * time.Millisecond,
+			VisibilityTimeout: 3 * time.Second,
+			Backoff:           retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+			MaxAttempts:       1000,
+		})
+		require.NoError(t, err)
+		p.q = q
+		p.m = b.mover(t, q, p.f.Database, opts())
+		p.stop = run(t, q)
+		p.alive.Store(true)
+		procs[i] = p
+	}
+
+	var (
+		mu     sync.Mutex
+		moves  []moved
+		failed atomic.Int64
+	)
+	ctx, cancel := context.WithTimeout(b.ctx, duration)
+	defer cancel()
+	var wg sync.WaitGroup
+	for pi, p := range procs {
+		for g := range movers {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(pi), uint64(g)))
+				for ctx.Err() == nil && p.alive.Load() {
+					from := names[rng.IntN(len(names))]
+					to := names[rng.IntN(len(names))]
+					switch rng.IntN(10) {
+					case 0:
+						to = "ghost" // missing: returned
+					case 1:
+						to = "shut" // refuses: returned
+					}
+					if to == from {
+						continue
+					}
+					v := int64(1 + rng.IntN(300))
+					id, err := p.m.Move(context.Background(), from, to, v, nil)
+					switch {
+					case err == nil:
+						mu.Lock()
+						moves = append(moves, moved{id: id, from: from, to: to, v: v})
+						mu.Unlock()
+					case errors.Is(err, move.ErrInvalid):
+						t.Errorf("Move: %v", err)
+					case errors.Is(err, versioned.ErrUnknownOutcome):
+						mu.Lock()
+						moves = append(moves, moved{id: id, from: from, to: to, v: v, unknown: true})
+						mu.Unlock()
+					default:
+						// The guard failed, or a definite error: nothing moved.
+						if failed.Add(1) <= 3 {
+							t.Logf("Move: %v", err)
+						}
+					}
+				}
+			})
+		}
+	}
+
+	// Faults: every 40ms, one of a move's writes on a random live process
+	// loses its reply, or is held and delivered 50-300ms later.
+	var held []*mongotest.Fault
+	kinds := []string{"debit", "credit", "refusal", "finish", "record", "clean"}
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(7, 7))
+		tick := time.NewTicker(40 * time.Millisecond)
+		defer tick.Stop()
+		for ctx.Err() == nil {
+			<-tick.C
+			p := procs[rng.IntN(len(procs))]
+			if !p.alive.Load() {
+				continue
+			}
+			k := kindIs(kinds[rng.IntN(len(kinds))])
+			if rng.IntN(2) == 0 {
+				p.f.DropNextReply(k)
+				continue
+			}
+			h := p.f.HoldNext(k)
+			mu.Lock()
+			held = append(held, h)
+			mu.Unlock()
+			delay := time.Duration(50+rng.IntN(250)) * time.Millisecond
+			wg.Go(func() {
+				select {
+				case <-h.Fired():
+					time.Sleep(delay)
+					_, _ = h.Deliver(context.Background())
+				case <-ctx.Done():
+				}
+			})
+		}
+	})
+
+	// Sampler: every 100ms the sum of balances plus pending entries.
+	var samples, unstable atomic.Int64
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+			s, err := obs.Sum(context.Background(), ids...)
+			if errors.Is(err, versioned.ErrConflict) {
+				unstable.Add(1)
+				continue
+			}
+			if err != nil {
+				t.Errorf("Sum: %v", err)
+				return
+			}
+			samples.Add(1)
+			if s.Sum != total {
+				t.Errorf("sampled sum %d (%+v), want %d", s.Sum, s, total)
+			}
+		}
+	})
+
+	// Process 1 is cut off halfway: its connections fail, its queue stops.
+	time.Sleep(duration / 2)
+	procs[1].alive.Store(false)
+	procs[1].f.Pause(time.Hour)
+	procs[1].stop()
+	wg.Wait()
+
+	// Deliver what is still held, then let the relay and Sweep settle all.
+	mu.Lock()
+	for _, h := range held {
+		if h.HasFired() {
+			_, _ = h.Deliver(context.Background())
+		}
+	}
+	mu.Unlock()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		_, err := obs.Sweep(b.ctx)
+		require.NoError(t, err)
+		n, err := b.db.Collection("accounts").CountDocuments(b.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$gt", Value: 0}}}})
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "%d documents still carry move state", n)
+		time.Sleep(300 * time.Millisecond)
+	}
+	b.requireNoMoveState(t)
+
+	want := map[string]int64{"shut": 0}
+	for _, n := range names {
+		want[n] = start
+	}
+	var done, returned, lost int
+	for _, mv := range moves {
+		st, err := obs.Status(b.ctx, mv.from, mv.id)
+		if mv.unknown && errors.Is(err, move.ErrNotFound) {
+			lost++ // the debit never landed
+			continue
+		}
+		require.NoError(t, err, "move %s", mv.id.Hex())
+		switch st {
+		case move.Done:
+			done++
+			want[mv.from] -= mv.v
+			want[mv.to] += mv.v
+		case move.Returned:
+			returned++
+		default:
+			t.Fatalf("move %s is %s after the relay ran", mv.id.Hex(), st)
+		}
+	}
+	var sum int64
+	for id, bal := range want {
+		got := b.balance(t, id)
+		require.Equal(t, bal, got, "balance of %s", id)
+		require.GreaterOrEqual(t, got, int64(0), id)
+		sum += got
+	}
+	require.Equal(t, int64(total), sum)
+	s, err := obs.Sum(b.ctx, ids...)
+	require.NoError(t, err)
+	require.Equal(t, int64(total), s.Sum)
+	require.Positive(t, samples.Load(), "no sample agreed")
+	require.Positive(t, done)
+	require.Positive(t, returned)
+	t.Logf("%d moves: %d done, %d returned, %d debits that did not land; %d refused; %d samples, %d unstable; %d held copies",
+		len(moves), done, returned, lost, failed.Load(), samples.Load(), unstable.Load(), len(held))
+}
