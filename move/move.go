@@ -77,9 +77,9 @@ type Options struct {
 	// for Status. Default: the collection's name with "_moves" appended.
 	Outcomes *mongo.Collection
 	// Repo configures the repository the Mover writes through: its
-	// VersionField, MetaField and Reserved must be those of the
-	// application's own repositories of the collection. nil means
-	// versioned's defaults.
+	// MetaField and Reserved must be those of the application's own
+	// repositories of the collection, and its VersionField the default
+	// ("version"; another is refused). nil means versioned's defaults.
 	Repo *versioned.Options
 }
 

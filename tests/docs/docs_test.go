@@ -25,7 +25,7 @@ import (
 )
 
 // libraryPackages are the public packages of the root module, by directory.
-var libraryPackages = []string{"store", "retry", "observe", "versioned", "lease", "deferred", "idempotency"}
+var libraryPackages = []string{"store", "retry", "observe", "versioned", "lease", "deferred", "idempotency", "move"}
 
 // root is the repository's root: the directory above holding go.work.
 func root(t *testing.T) string {
