@@ -1,6 +1,7 @@
 package move
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -129,10 +130,10 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	if opts != nil {
 		o = *opts
 	}
-	o.StateField = or(o.StateField, DefaultStateField)
-	o.Name = or(o.Name, DefaultName)
-	o.Grace = or(o.Grace, DefaultGrace)
-	o.Collects = or(o.Collects, DefaultCollects)
+	o.StateField = cmp.Or(o.StateField, DefaultStateField)
+	o.Name = cmp.Or(o.Name, DefaultName)
+	o.Grace = cmp.Or(o.Grace, DefaultGrace)
+	o.Collects = cmp.Or(o.Collects, DefaultCollects)
 	for name, f := range map[string]string{"Field": o.Field, "StateField": o.StateField} {
 		if err := checkField(f); err != nil {
 			return nil, invalid("new", name, err.Error(), nil)
@@ -187,14 +188,6 @@ func checkField(f string) error {
 		return fmt.Errorf("%q starts with '$' or holds '.' or NUL", f)
 	}
 	return nil
-}
-
-func or[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
 }
 
 // InvalidError reports bad input refused before anything was sent: the

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
 )
@@ -82,15 +83,7 @@ func TestEveryMoveWriteHeldAndDeliveredLateMatchesNothing(t *testing.T) {
 		{"finish", "ghost", move.Returned},
 	} {
 		t.Run(tc.kind+"_to_"+tc.to, func(t *testing.T) {
-			b := setup(t)
-			f := b.db.Faulty(t, nil)
-			q := b.queue(t, nil)
-			m := b.mover(t, q, f.Database, &move.Options{Field: "balance", Grace: time.Nanosecond,
-				Outcomes: b.db.Collection("accounts_moves"),
-				Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}}})
-			b.insert(t, "ana", 100)
-			b.insert(t, "ben", 0)
-			require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Closed: true}))
+			b, f, q, m := setupFaulty(t)
 			held := f.HoldNext(kindIs(tc.kind))
 			run(t, q)
 
@@ -142,15 +135,7 @@ func TestEveryMoveWriteHeldAndDeliveredLateMatchesNothing(t *testing.T) {
 func TestLostRepliesOfEveryMoveWriteSettleOnce(t *testing.T) {
 	for _, kind := range []string{"debit", "credit", "refusal", "finish", "record", "clean"} {
 		t.Run(kind, func(t *testing.T) {
-			b := setup(t)
-			f := b.db.Faulty(t, nil)
-			q := b.queue(t, nil)
-			m := b.mover(t, q, f.Database, &move.Options{Field: "balance", Grace: time.Nanosecond,
-				Outcomes: b.db.Collection("accounts_moves"),
-				Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}}})
-			b.insert(t, "ana", 100)
-			b.insert(t, "ben", 0)
-			require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Closed: true}))
+			b, f, q, m := setupFaulty(t)
 			dropped := f.DropNextReply(kindIs(kind))
 			run(t, q)
 
@@ -202,4 +187,21 @@ func TestCreditCopyOfAGivenUpAttemptNeverLandsAfterTheMarkerIsGone(t *testing.T)
 	total, err := obs.Sum(b.ctx, "ana", "ben")
 	require.NoError(t, err)
 	require.Equal(t, int64(100), total.Sum)
+}
+
+// setupFaulty returns a bundle with accounts ana (100), ben (0) and shut
+// (closed: it refuses credits), a fault proxy, a queue (not running) and a
+// Mover whose traffic goes through the proxy.
+func setupFaulty(t *testing.T) (*bundle, *mongotest.Faulty, *deferred.Queue, *move.Mover) {
+	t.Helper()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, f.Database, &move.Options{Field: "balance", Grace: time.Nanosecond,
+		Outcomes: b.db.Collection("accounts_moves"),
+		Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}}})
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Closed: true}))
+	return b, f, q, m
 }
