@@ -84,11 +84,25 @@ type Options struct {
 	Repo *versioned.Options
 }
 
-// account is how the Mover sees a document: its id and version only;
-// everything else is read raw.
+// account is how the Mover sees a document: its id and version, and the
+// whole document as stored (raw), so that the document a write returns
+// tells which marker it carries without another read.
 type account struct {
 	ID      bson.RawValue `bson:"_id"`
 	Version int64         `bson:"version"`
+	raw     bson.Raw
+}
+
+// UnmarshalBSON decodes the id and the version, and keeps the document.
+func (a *account) UnmarshalBSON(data []byte) error {
+	type fields account
+	var f fields
+	if err := bson.Unmarshal(data, &f); err != nil {
+		return err
+	}
+	*a = account(f)
+	a.raw = append(bson.Raw(nil), data...)
+	return nil
 }
 
 // Mover moves value between documents of one collection. Make it with

@@ -81,11 +81,17 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 		if err != nil {
 			return err
 		}
-		if err := m.finish(ctx, a, outcome); err != nil {
+		landed, err := m.finish(ctx, a, outcome)
+		if err != nil {
 			return err
 		}
-		if src, err = m.readRaw(ctx, a.From); err != nil {
+		if landed != nil {
+			src = landed
+		} else if src, err = m.readRaw(ctx, a.From); err != nil {
 			return err
+		}
+		if src == nil {
+			return m.clean(ctx, job, a, stamped)
 		}
 	}
 	if v, ok := m.entry(src, "d", a.M); ok {
@@ -115,7 +121,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		cond = bson.D{{Key: "$and", Value: bson.A{absent, m.accept}}}
 	}
 	now := time.Now()
-	_, err = deferred.Guarded(ctx, job, m.repo, a.To, cond, bson.D{
+	got, err := deferred.Guarded(ctx, job, m.repo, a.To, cond, bson.D{
 		{Key: "$inc", Value: bson.D{{Key: m.field, Value: a.V}, {Key: m.state + ".n", Value: int64(1)}}},
 		{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{
 			{Key: "v", Value: a.V}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
@@ -127,7 +133,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 	case errors.Is(err, versioned.ErrNotFound):
 		return Returned, nil
 	case errors.Is(err, versioned.ErrGuardFailed):
-		_, err = deferred.Guarded(ctx, job, m.repo, a.To, absent, bson.D{
+		got, err = deferred.Guarded(ctx, job, m.repo, a.To, absent, bson.D{
 			{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{
 				{Key: "r", Value: true}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
@@ -144,7 +150,13 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		return "", err
 	}
 	// Whichever of C or R (of any attempt, any job of the move) landed
-	// first is the marker: read it.
+	// first is the marker: the document the write returned says which,
+	// or a read does.
+	if got != nil && got.raw != nil {
+		if mk := m.markerOf(got.raw, a.M); mk != noMarker {
+			return outcomeOf(mk), nil
+		}
+	}
 	if dst, err = m.readRaw(ctx, a.To); err != nil {
 		return "", err
 	}
@@ -167,7 +179,8 @@ func outcomeOf(mk marker) Status {
 // finish is F: the pending entry leaves the source, with the outcome in its
 // place and, for a return, the value back. A failed guard means an earlier
 // copy did it.
-func (m *Mover) finish(ctx context.Context, a relayArgs, outcome Status) error {
+// It returns the source as F left it when F applied now.
+func (m *Mover) finish(ctx context.Context, a relayArgs, outcome Status) (bson.Raw, error) {
 	inc := bson.D{}
 	if outcome == Returned {
 		inc = append(inc, bson.E{Key: m.field, Value: a.V})
@@ -181,11 +194,14 @@ func (m *Mover) finish(ctx context.Context, a relayArgs, outcome Status) error {
 	if len(inc) > 0 {
 		update = append(update, bson.E{Key: "$inc", Value: inc})
 	}
-	_, err := m.repo.Guarded(ctx, a.From, m.exists("o", a.M), update)
-	if errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound) {
-		return nil
+	got, err := m.repo.Guarded(ctx, a.From, m.exists("o", a.M), update)
+	switch {
+	case errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
 	}
-	return err
+	return got.raw, nil
 }
 
 func (m *Mover) exists(part string, id bson.ObjectID) bson.D {
@@ -230,12 +246,17 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 		return errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound)
 	}
 	if !stamped {
-		_, err := deferred.Guarded(ctx, job, m.repo, a.To, m.exists("i", a.M), update)
+		got, err := deferred.Guarded(ctx, job, m.repo, a.To, m.exists("i", a.M), update)
 		if done(err) {
 			return nil
 		}
 		if err != nil {
 			return err
+		}
+		if got != nil && got.raw != nil {
+			if _, ok := m.entry(got.raw, "i", a.M); !ok {
+				return nil // the fenced write removed it
+			}
 		}
 	}
 	// The stamp is at least the job's: a plain write, conditioned on the
