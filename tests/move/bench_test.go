@@ -53,9 +53,9 @@ func BenchmarkMoves(b *testing.B) {
 	start := time.Now()
 	before := f.Requests()
 	var wg sync.WaitGroup
-	for g := range 16 {
+	for g := range uint64(16) {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			rng := rand.New(rand.NewPCG(g, 1))
 			for next.Add(1) <= int64(b.N) {
 				from, to := names[rng.IntN(accounts)], names[rng.IntN(accounts)]
 				if from == to {

@@ -45,7 +45,7 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	)
 	b := setup(t)
 	ids := make([]any, 0, accounts+1)
-	names := []string{}
+	names := make([]string, 0, accounts)
 	for i := range accounts {
 		name := fmt.Sprintf("acct-%02d", i)
 		b.insert(t, name, start)
@@ -99,7 +99,7 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	for pi, p := range procs {
 		for g := range movers {
 			wg.Go(func() {
-				rng := rand.New(rand.NewPCG(uint64(pi), uint64(g)))
+				rng := rand.New(rand.NewPCG(uint64(pi)<<32|uint64(g), 0)) //nolint:gosec // small non-negative loop indexes
 				for ctx.Err() == nil && p.alive.Load() {
 					from := names[rng.IntN(len(names))]
 					to := names[rng.IntN(len(names))]

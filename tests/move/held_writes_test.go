@@ -89,7 +89,7 @@ func TestEveryMoveWriteHeldAndDeliveredLateMatchesNothing(t *testing.T) {
 
 			id, err := m.Move(b.ctx, "ana", tc.to, 30, nil)
 			require.NoError(t, err)
-			require.Equal(t, tc.outcome, waitStatus(t, b.observer(t), "ana", id))
+			require.Equal(t, tc.outcome, waitStatus(t, b.observer(t), id))
 			b.requireNoMoveState(t)
 			select {
 			case <-held.Fired():
@@ -145,7 +145,7 @@ func TestLostRepliesOfEveryMoveWriteSettleOnce(t *testing.T) {
 			}
 			id, err := m.Move(b.ctx, "ana", to, 30, nil)
 			require.NoError(t, err)
-			require.Equal(t, outcome, waitStatus(t, b.observer(t), "ana", id))
+			require.Equal(t, outcome, waitStatus(t, b.observer(t), id))
 			b.requireNoMoveState(t)
 			require.True(t, dropped.HasFired(), "no %s reply was dropped", kind)
 			for acct, bal := range want {
@@ -175,7 +175,7 @@ func TestCreditCopyOfAGivenUpAttemptNeverLandsAfterTheMarkerIsGone(t *testing.T)
 	id, err := m.Move(b.ctx, "ana", "ben", 30, nil)
 	require.NoError(t, err)
 	obs := b.observer(t)
-	require.Equal(t, move.Done, waitStatus(t, obs, "ana", id))
+	require.Equal(t, move.Done, waitStatus(t, obs, id))
 	b.requireNoMoveState(t)
 	require.True(t, held.HasFired() && refused.HasFired(), "the first attempt gave up with its copy held")
 

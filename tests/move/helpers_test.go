@@ -111,13 +111,13 @@ func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	return stop
 }
 
-// waitStatus waits until the move id from `from` is settled and returns its
-// status.
-func waitStatus(t testing.TB, m *move.Mover, from string, id bson.ObjectID) move.Status {
+// waitStatus waits until the move id from "ana" (every test's source) is
+// settled and returns its status.
+func waitStatus(t testing.TB, m *move.Mover, id bson.ObjectID) move.Status {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st, err := m.Status(context.Background(), from, id)
+		st, err := m.Status(context.Background(), "ana", id)
 		require.NoError(t, err)
 		if st != move.Pending {
 			return st

@@ -33,7 +33,7 @@ func TestMoveCreditsTheTargetOnceAndCleansUp(t *testing.T) {
 	require.Equal(t, 1, total.Pending)
 
 	run(t, q)
-	require.Equal(t, move.Done, waitStatus(t, m, "ana", id))
+	require.Equal(t, move.Done, waitStatus(t, m, id))
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(70), b.balance(t, "ana"))
 	require.Equal(t, int64(35), b.balance(t, "ben"))
@@ -72,7 +72,7 @@ func TestMoveToAMissingTargetIsReturnedOnce(t *testing.T) {
 
 	id, err := m.Move(b.ctx, "ana", "ghost", 40, nil)
 	require.NoError(t, err)
-	require.Equal(t, move.Returned, waitStatus(t, m, "ana", id))
+	require.Equal(t, move.Returned, waitStatus(t, m, id))
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(100), b.balance(t, "ana"))
 }
@@ -88,7 +88,7 @@ func TestMoveRefusedByTheTargetIsReturnedOnce(t *testing.T) {
 
 	id, err := m.Move(b.ctx, "ana", "shut", 40, nil)
 	require.NoError(t, err)
-	require.Equal(t, move.Returned, waitStatus(t, m, "ana", id))
+	require.Equal(t, move.Returned, waitStatus(t, m, id))
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(100), b.balance(t, "ana"))
 	require.Equal(t, int64(7), b.balance(t, "shut"))
@@ -159,7 +159,7 @@ func TestMoveWhoseEnqueueFailedIsRelayedBySweep(t *testing.T) {
 	n, err := relay.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.Equal(t, move.Done, waitStatus(t, relay, "ana", id))
+	require.Equal(t, move.Done, waitStatus(t, relay, id))
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(75), b.balance(t, "ana"))
 	require.Equal(t, int64(25), b.balance(t, "ben"))
@@ -171,7 +171,7 @@ func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 	m := b.mover(t, q, nil, nil)
 	b.insert(t, "ana", 100)
 	b.insert(t, "ben", 0)
-	ids := []bson.ObjectID{}
+	ids := make([]bson.ObjectID, 0, 3)
 	for range 3 {
 		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
 		require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 	}
 	run(t, q)
 	for _, id := range ids {
-		require.Equal(t, move.Done, waitStatus(t, m, "ana", id))
+		require.Equal(t, move.Done, waitStatus(t, m, id))
 	}
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(70), b.balance(t, "ana"))
