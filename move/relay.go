@@ -76,7 +76,15 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 	if src == nil {
 		return m.clean(ctx, job, a, stamped) // the source is gone: nothing to settle
 	}
-	if _, pending := m.entry(src, "o", a.M); pending {
+	if o, pending := m.entry(src, "o", a.M); pending {
+		// The amount is the one the debit recorded with the pending entry,
+		// not the job's: a job Sweep rebuilt from a refusal marker or an
+		// outcome carries none.
+		if d, ok := o.DocumentOK(); ok {
+			if v, ok := d.Lookup("v").AsInt64OK(); ok {
+				a.V = v
+			}
+		}
 		outcome, err := m.decide(ctx, job, a, &stamped)
 		if err != nil {
 			return err
@@ -136,7 +144,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		got, err = deferred.Guarded(ctx, job, m.repo, a.To, absent, bson.D{
 			{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(1)}}},
 			{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{
-				{Key: "r", Value: true}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
+				{Key: "r", Value: true}, {Key: "v", Value: a.V}, {Key: "from", Value: a.From}, {Key: "at", Value: now},
 			}}}},
 		})
 		if errors.Is(err, versioned.ErrNotFound) {
@@ -188,7 +196,7 @@ func (m *Mover) finish(ctx context.Context, a relayArgs, outcome Status) (bson.R
 	update := bson.D{
 		{Key: "$unset", Value: bson.D{{Key: m.path("o", a.M), Value: ""}}},
 		{Key: "$set", Value: bson.D{{Key: m.path("d", a.M), Value: bson.D{
-			{Key: "s", Value: string(outcome)}, {Key: "to", Value: a.To}, {Key: "at", Value: time.Now()},
+			{Key: "s", Value: string(outcome)}, {Key: "to", Value: a.To}, {Key: "v", Value: a.V}, {Key: "at", Value: time.Now()},
 		}}}},
 	}
 	if len(inc) > 0 {
@@ -214,6 +222,11 @@ func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error 
 	s, ok := outcomeIn(d)
 	if !ok {
 		return retry.Permanent(fmt.Errorf("move: relay %s: outcome is not a string", a.M.Hex()))
+	}
+	if doc, ok := d.DocumentOK(); ok { // the amount F recorded, as in run
+		if v, ok := doc.Lookup("v").AsInt64OK(); ok {
+			a.V = v
+		}
 	}
 	_, err := m.outcomes.UpdateOne(ctx, bson.D{{Key: "_id", Value: a.M}}, bson.D{{Key: "$setOnInsert", Value: bson.D{
 		{Key: "outcome", Value: s}, {Key: "from", Value: a.From}, {Key: "to", Value: a.To}, {Key: "v", Value: a.V},
