@@ -268,6 +268,11 @@ func (m *Mover) Move(ctx context.Context, from, to any, amount int64, cond any) 
 	if amount <= 0 {
 		return bson.ObjectID{}, invalid("move", "amount", fmt.Sprintf("%d is not positive", amount), nil)
 	}
+	if cond != nil {
+		if _, err := bson.Marshal(cond); err != nil {
+			return bson.ObjectID{}, invalid("move", "cond", "not a document", err)
+		}
+	}
 	id := bson.NewObjectID()
 	filter := bson.D{{Key: m.field, Value: bson.D{{Key: "$gte", Value: amount}}}}
 	if cond != nil {

@@ -109,6 +109,7 @@ func TestBadInputIsRefusedBeforeAnythingIsSent(t *testing.T) {
 			return err
 		},
 		"nil target":  func() error { _, err := m.Move(ctx, "ana", nil, 5, nil); return err },
+		"number cond": func() error { _, err := m.Move(ctx, "ana", "ben", 5, 7); return err },
 		"status zero": func() error { _, err := m.Status(ctx, "ana", bson.ObjectID{}); return err },
 		"sum operator": func() error {
 			_, err := m.Sum(ctx, "ana", bson.D{{Key: "$ne", Value: 1}})
