@@ -17,8 +17,11 @@ import (
 // Status returns where the move id, whose source is from, stands: Pending
 // while its entry is in the source, then Done or Returned. It reads the
 // source at read concern majority, then the outcomes collection. A move
-// that neither knows is ErrNotFound (a debit that did not land, or an
-// outcome record deleted since).
+// that neither knows is ErrNotFound: a debit that has not landed, or an
+// outcome record deleted since. After Move returned an unknown outcome,
+// ErrNotFound is not final: a copy of the debit still in the network may
+// land later, so do not send a new Move for the same intent on its
+// strength; make the intent idempotent instead (package idempotency).
 func (m *Mover) Status(ctx context.Context, from any, id bson.ObjectID) (Status, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return "", err
