@@ -53,7 +53,9 @@ func TestCrashResumesAtCheckpoint(t *testing.T) { eachMode(t, testCrashResumes) 
 
 //nolint:thelper // the body of a test, run once per mode
 func testCrashResumes(t *testing.T, mode lease.Mode) {
-	const ttl = 2 * time.Second
+	// Long enough that the dying run's renewals keep its claim on a loaded
+	// machine until it freezes: a claim lost before link ends the run early.
+	const ttl = 5 * time.Second
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -92,15 +94,29 @@ func testCrashResumes(t *testing.T, mode lease.Mode) {
 		wg       sync.WaitGroup
 		dyingErr error
 	)
+	dyingDone := make(chan struct{})
 	wg.Go(func() {
+		defer close(dyingDone)
 		_, dyingErr = dying.Do(ctx, "switch-42", []byte("to identity B"), flow("link"))
 	})
 	// Wait until the dying run is frozen, then retry as a client would.
-	require.Eventually(t, func() bool {
+	frozen := func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.calls) == 2
-	}, time.Minute, 5*time.Millisecond)
+	}
+	require.Eventually(t, func() bool {
+		select {
+		case <-dyingDone:
+			return true
+		default:
+			return frozen()
+		}
+	}, time.Minute, 5*time.Millisecond, "the dying run never reached link")
+	if !frozen() {
+		<-dyingDone
+		t.Fatalf("the dying run ended before it froze in link: %v", dyingErr)
+	}
 
 	var resumedAt string
 	attempts := 0
