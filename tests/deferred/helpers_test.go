@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/tests/internal/queuetest"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -133,17 +133,7 @@ func (b *bundle) get(t testing.TB, id string) *account {
 // run starts q.Run and returns a function that stops it and waits.
 func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := q.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
-	t.Cleanup(stop)
-	return stop
+	return queuetest.Run(t, q)
 }
 
 // waitFor polls cond every 20ms for up to limit.

@@ -2,7 +2,6 @@ package move_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/tests/internal/queuetest"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -98,17 +98,7 @@ func (b *bundle) balance(t testing.TB, id string) int64 {
 // run starts q.Run and returns a function that stops it and waits.
 func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := q.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
-	t.Cleanup(stop)
-	return stop
+	return queuetest.Run(t, q)
 }
 
 // waitStatus waits until the move id from "ana" (every test's source) is
