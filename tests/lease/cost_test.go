@@ -56,11 +56,14 @@ func warmed(t *testing.T, b *bundle, m *lease.Manager) {
 // TestWaitingOutCrashedHolderSendsFewCommands: a contender in another
 // process (a client of its own: no line, no wake from this one) waits out
 // a holder that crashed with a 1 s lease. It sleeps until the lease is up,
-// with one claim half-way, instead of polling: at most 5 commands in that
-// second (4: a failed claim, the read that says when the lease is up, the
-// claim half-way, the winning claim), and its sleeps ask for no more than
-// the TTL plus one backoff step (what they ask, not the wall clock, which a
-// busy machine stretches).
+// with one claim half-way, instead of polling every backoff step (5 times
+// in that second): 2 sleeps, 3 when a busy machine's slow round trip makes
+// a claim come before the server's time is up; after each sleep a claim,
+// and a read when a claim finds the holder and does not say until when (4
+// commands when all goes well: a failed claim, the read that says when the
+// lease is up, the claim half-way, the winning claim); and its sleeps ask
+// for no more than the TTL plus one backoff step (what they ask, not the
+// wall clock, which a busy machine stretches).
 func TestWaitingOutCrashedHolderSendsFewCommands(t *testing.T) {
 	eachMode(t, testWaitingOutCrashedHolderSendsFewCommands)
 }
@@ -87,10 +90,12 @@ func testWaitingOutCrashedHolderSendsFewCommands(t *testing.T, mode lease.Mode) 
 	took := time.Since(start)
 	sent := commands()
 	slept := sleeps.total()
-	t.Logf("takeover after %v (TTL %v), sleeps asking for %v; %d commands: %v", took, ttl, slept, len(sent), sent)
+	n, _ := sleeps.longest()
+	t.Logf("takeover after %v (TTL %v), %d sleeps asking for %v; %d commands: %v", took, ttl, n, slept, len(sent), sent)
 	require.GreaterOrEqual(t, took, ttl-20*time.Millisecond, "not before the TTL")
 	require.LessOrEqual(t, slept, ttl+oneStep, "sleeps within the TTL and one backoff step")
-	require.LessOrEqual(t, len(sent), 5, "waiting out a 1 s lease: %v", sent)
+	require.LessOrEqual(t, n, 3, "sleeps until the lease is up, not polling")
+	require.LessOrEqual(t, len(sent), 2*n+1, "a claim after each sleep, a read after a claim that found the holder: %v", sent)
 	require.ErrorIs(t, la.Err(), lease.ErrLost)
 	require.Equal(t, la.Epoch()+1, lc.Epoch())
 	require.NoError(t, lc.Release(ctx))
