@@ -183,8 +183,11 @@ func testShardKeyInEveryFilter(t *testing.T, mode lease.Mode) {
 		require.NoError(t, lc.Release(ctx))
 		step(t, "findAndModify", "findAndModify", read, "update", "update")
 
-		o := opts("d", 600*time.Millisecond)
-		o.RenewEvery = 50 * time.Millisecond
+		// Renewals a second apart on a 3 s lease: one lands before the
+		// function ends, and a busy machine neither loses the lease nor
+		// fits a second renewal in.
+		o := opts("d", 3*time.Second)
+		o.RenewEvery = time.Second
 		d, err := lease.New(docs, o)
 		require.NoError(t, err)
 		renewed := 0
