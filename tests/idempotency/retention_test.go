@@ -21,10 +21,12 @@ import (
 // completed record, and one whose request failed, go; one whose request ran
 // since stays. A request with a cleaned-up key runs as a new one.
 func TestRetention(t *testing.T) {
-	const retention = 2 * time.Second
+	// A claim outlives the round trips of a busy machine (2 s); records
+	// outlive their claims (4 s).
+	const retention = 4 * time.Second
 	b := setup(t)
 	ctx := context.Background()
-	k := b.keys(t, nil, "a", &idempotency.Options{TTL: time.Second, Retention: retention})
+	k := b.keys(t, nil, "a", &idempotency.Options{TTL: 2 * time.Second, Retention: retention})
 	require.Equal(t, retention, k.Retention())
 	ttl, err := k.EnsureIndexes(ctx)
 	require.NoError(t, err)
@@ -86,7 +88,9 @@ func TestTTLIndexDeletes(t *testing.T) {
 	mongotest.Use(t, mongotest.TTLIndexes)
 	b := setup(t)
 	ctx := context.Background()
-	k := b.keys(t, nil, "a", &idempotency.Options{TTL: time.Second, Retention: 2 * time.Second})
+	// Long enough that a busy machine's round trips neither lose the claim
+	// nor outlast the record before it is counted.
+	k := b.keys(t, nil, "a", &idempotency.Options{TTL: 5 * time.Second, Retention: 10 * time.Second})
 	ttl, err := k.EnsureIndexes(ctx)
 	require.NoError(t, err)
 	require.True(t, ttl)
@@ -113,9 +117,11 @@ func TestRecordKeptWhileItsRequestRuns(t *testing.T) { eachMode(t, testRecordKep
 
 //nolint:thelper // the body of a test, run once per mode
 func testRecordKeptWhileRunning(t *testing.T, mode lease.Mode) {
+	// A claim renewed every second outlives a busy machine's round trips;
+	// the second request comes at 2 x Retention = 8 s.
 	const (
-		ttl       = 900 * time.Millisecond
-		retention = 1500 * time.Millisecond
+		ttl       = 3 * time.Second
+		retention = 4 * time.Second
 	)
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
