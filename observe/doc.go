@@ -32,14 +32,21 @@
 //   - OpEnd, with the [Outcome] and the error the call returns.
 //
 // A queue's job events and a key set's request events have no OpStart and
-// OpEnd: each says what became of a job or a request. Every event of an
-// operation carries its context, including those of retry.Do and
-// store.ServerClock, which leave Op, Database, Collection and ID empty. A
-// lease's end (LeaseReleased, LeaseLost) comes with the context of the call
-// that acquired it, from a timer's goroutine when the lease ends on its own.
-// Modify calls combined into one write (see the versioned package) each
-// report their own OpStart and OpEnd; the events of the shared write reach
-// each call, in its own context, from the goroutine of the call leading it.
+// OpEnd: each says what became of a job or a request, reported by the
+// goroutine that wrote it after the write. The events of one job come from
+// different goroutines (the caller of Enqueue or Requeue, a worker), so
+// they can arrive out of order: a worker may report a job claimed before
+// the Enqueue that wrote it reports it enqueued. Order a job's events by
+// what they say (its Attempt, the job's record), not by arrival.
+//
+// Every event of an operation carries its context, including those of
+// retry.Do and store.ServerClock, which leave Op, Database, Collection and
+// ID empty. A lease's end (LeaseReleased, LeaseLost) comes with the context
+// of the call that acquired it, from a timer's goroutine when the lease ends
+// on its own. Modify calls combined into one write (see the versioned
+// package) each report their own OpStart and OpEnd; the events of the
+// shared write reach each call, in its own context, from the goroutine of
+// the call leading it.
 //
 // # Guarantees
 //

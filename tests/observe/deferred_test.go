@@ -50,13 +50,16 @@ func newQueue(t *testing.T) *queueFixture {
 
 func (f *queueFixture) set(fn func(job *deferred.Job) error) { f.handle.Store(&fn) }
 
-// run starts the Queue's workers until the test ends.
-func (f *queueFixture) run(t *testing.T) {
+// run starts the Queue's workers until the test ends, or until the
+// returned stop is called.
+func (f *queueFixture) run(t *testing.T) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = f.q.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	stop = func() { cancel(); wg.Wait() }
+	t.Cleanup(stop)
+	return stop
 }
 
 // wait waits for the job id to finish and for the event of its end (the
@@ -167,15 +170,19 @@ func TestJobFailsOnceThenCompletes(t *testing.T) {
 
 // TestJobDeadRequeuedCancelled: a job that fails permanently is dead at
 // once; requeued, it is claimed from attempt 1 again and dies again; then
-// it is cancelled.
+// it is cancelled. The enqueue and the requeue are made while no worker
+// runs: a worker's event may otherwise reach the Observer before that of
+// the write that made the job available (see the observe package).
 func TestJobDeadRequeuedCancelled(t *testing.T) {
 	f := newQueue(t)
 	f.set(func(*deferred.Job) error { return retry.Permanent(errFlaky) })
-	f.run(t)
 	id, err := f.kind.Enqueue(t.Context(), "bo", 1)
 	require.NoError(t, err)
+	stop := f.run(t)
 	require.Equal(t, deferred.StateDead, f.wait(t, id).State)
+	stop()
 	require.NoError(t, f.q.Requeue(t.Context(), id))
+	f.run(t)
 	waitFor(t, func() bool {
 		job, err := f.q.Job(t.Context(), id)
 		return err == nil && job.State == deferred.StateDead && job.Attempt == 1 && len(job.Errors) == 2
@@ -196,7 +203,8 @@ func TestJobDeadRequeuedCancelled(t *testing.T) {
 }
 
 // TestJobSnoozed: a handler that snoozes its job: the attempt is not
-// counted, and the job runs again after the snooze.
+// counted, and the job runs again after the snooze. (Enqueued before the
+// workers start, as in TestJobDeadRequeuedCancelled.)
 func TestJobSnoozed(t *testing.T) {
 	f := newQueue(t)
 	var snoozed atomic.Bool
@@ -206,9 +214,9 @@ func TestJobSnoozed(t *testing.T) {
 		}
 		return nil
 	})
-	f.run(t)
 	id, err := f.kind.Enqueue(t.Context(), "cy", 1)
 	require.NoError(t, err)
+	f.run(t)
 	require.Equal(t, deferred.StateCompleted, f.wait(t, id).State)
 
 	requireLines(t, []string{
