@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/mongocas/mongocas/examples/internal/scenario"
@@ -58,6 +59,7 @@ func Demo(about string, args []string, stdout, stderr io.Writer, scenarios ...sc
 
 	rep := &scenario.Report{}
 	for i, sc := range scenarios {
+		fmt.Fprintf(stderr, "demo: running %s (%d of %d)\n", sc.Name(), i+1, len(scenarios))
 		args := []string{"-json", "-seed=" + fs.Lookup("seed").Value.String()}
 		if dl, ok := ctx.Deadline(); ok {
 			args = append(args, "-timeout="+time.Until(dl).String())
@@ -93,16 +95,20 @@ func program(sc scenario.Scenario) string {
 }
 
 // buildPrograms builds the programs of scenarios into a new temporary
-// directory, which the caller removes.
+// directory, which the caller removes. It says so first, and go build -v
+// names each package it compiles: the first build is not silent.
 func buildPrograms(ctx context.Context, scenarios []scenario.Scenario, stderr io.Writer) (string, error) {
 	bin, err := os.MkdirTemp("", "mongocas-demo-")
 	if err != nil {
 		return "", err
 	}
-	args := []string{"build", "-o", bin + string(filepath.Separator)}
-	for _, sc := range scenarios {
+	args := []string{"build", "-v", "-o", bin + string(filepath.Separator)}
+	names := make([]string, len(scenarios))
+	for i, sc := range scenarios {
 		args = append(args, examplesModule+"/"+sc.Name())
+		names[i] = sc.Name()
 	}
+	fmt.Fprintf(stderr, "demo: building the programs %s (go build -v)\n", strings.Join(names, ", "))
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
