@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // TestDemoRunsTheProgramsEndToEnd builds the three example programs, runs
-// them small on one server and checks the merged table.
+// them small on one server and checks the merged table, and the lines that
+// say what it builds and runs.
 func TestDemoRunsTheProgramsEndToEnd(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := cli.Demo("test", []string{
@@ -21,6 +23,12 @@ func TestDemoRunsTheProgramsEndToEnd(t *testing.T) {
 		"-users=3", "-switches=2", "-latency-min=1ms", "-latency-max=5ms",
 	}, &out, &errOut, &scenario.Inventory{}, &scenario.Wallet{}, &scenario.Identity{})
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
+	// It says what it builds and runs, as it goes: a first run is not silent.
+	progress := errOut.String()
+	require.Contains(t, progress, "demo: building the programs inventory, wallet, identity (go build -v)\n")
+	for i, name := range []string{"inventory", "wallet", "identity"} {
+		require.Contains(t, progress, fmt.Sprintf("demo: running %s (%d of 3)\n", name, i+1))
+	}
 	s := out.String()
 	require.Contains(t, s, "scenario   strategy")
 	require.Contains(t, s, "ok: no mongocas strategy showed an anomaly")
