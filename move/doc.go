@@ -23,7 +23,9 @@
 // if the target is missing or does not match Options.Accept, returns the
 // value to the source exactly once. Then the pending entry, the outcome and
 // the marker are cleaned up. Sweep, run periodically by at least one
-// process, relays moves whose process died before it enqueued.
+// process, relays moves whose process died before it enqueued. Unsettled
+// lists what is in flight or not yet cleaned up, oldest first (mongocas
+// moves prints it).
 //
 // # Guarantees
 //

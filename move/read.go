@@ -1,9 +1,11 @@
 package move
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -70,64 +72,162 @@ func (m *Mover) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return 0, err
 	}
-	cur, err := m.coll.Find(ctx, bson.D{{Key: m.state + ".n", Value: bson.D{{Key: "$gt", Value: 0}}}},
-		options.Find().SetProjection(bson.D{{Key: m.state, Value: 1}}))
-	if err != nil {
-		return 0, fmt.Errorf("move: sweep: %w", err)
-	}
-	defer cur.Close(ctx)
 	old := time.Now().Add(-m.grace)
 	n := 0
-	for cur.Next(ctx) {
-		id := cur.Current.Lookup("_id")
-		for _, part := range []string{"o", "d", "i"} {
-			entries, ok := cur.Current.Lookup(m.state, part).DocumentOK()
-			if !ok {
-				continue
-			}
-			elems, err := entries.Elements()
-			if err != nil {
-				return n, fmt.Errorf("move: sweep: %w", err)
-			}
-			for _, e := range elems {
-				a, at, ok := sweepArgs(id, part, e)
-				if !ok || at.After(old) {
-					continue
-				}
-				if _, err := m.relay.Enqueue(ctx, a.To, a); err != nil {
-					return n, fmt.Errorf("move: sweep: %w", err)
-				}
-				n++
-			}
+	err := scan(ctx, m.coll, m.state, func(e Entry) error {
+		if e.At.After(old) {
+			return nil
 		}
-	}
-	if err := cur.Err(); err != nil {
+		a := relayArgs{M: e.Move, From: e.From, To: e.To, V: e.Amount}
+		if _, err := m.relay.Enqueue(ctx, a.To, a); err != nil {
+			return err
+		}
+		n++
+		return nil
+	})
+	if err != nil {
 		return n, fmt.Errorf("move: sweep: %w", err)
 	}
 	return n, nil
 }
 
-// sweepArgs rebuilds a relay job's argument from an entry of the document
-// id: its key is the move's id, its value says the other end.
-func sweepArgs(id bson.RawValue, part string, e bson.RawElement) (relayArgs, time.Time, bool) {
-	mid, err := bson.ObjectIDFromHex(e.Key())
+// Stage says which of a move's records an Entry is (DESIGN.md).
+type Stage string
+
+// The stages of an Entry.
+const (
+	// StagePending: the move's pending entry on its source. Its Amount
+	// left the source and is credited to neither end yet, as far as the
+	// source knows: the move is Pending.
+	StagePending Stage = "pending"
+	// StageOutcome: the move is settled (Outcome says how), and its outcome
+	// is on the source until the outcomes collection records it.
+	StageOutcome Stage = "outcome"
+	// StageMarker: the target's marker of the move (Outcome Done: the
+	// credit applied; Returned: it never will), until the source has
+	// neither a pending entry nor an outcome of it.
+	StageMarker Stage = "marker"
+)
+
+// Entry is one record of an unsettled or not yet cleaned-up move, as a
+// document holds it.
+type Entry struct {
+	// Move is the move's id (Status takes it).
+	Move bson.ObjectID
+	// Doc is the id of the document that holds the entry: From for
+	// StagePending and StageOutcome, To for StageMarker.
+	Doc bson.RawValue
+	// Stage says which record this is.
+	Stage Stage
+	// From and To are the move's ends; Amount its value.
+	From, To bson.RawValue
+	Amount   int64
+	// Outcome is Done or Returned for StageOutcome and StageMarker, empty
+	// for StagePending.
+	Outcome Status
+	// At is when the record was written, by the writing process's clock.
+	At time.Time
+}
+
+// Unsettled returns the records of moves kept in the documents of coll
+// under stateField ("" for DefaultStateField): every pending entry (value
+// in flight) and every outcome and marker not yet cleaned up, oldest first,
+// at most limit of them (0: all). It reads, with coll's read concern, only
+// the documents that hold such records (through the index New makes), and
+// needs no Mover: an operator's tool can call it (mongocas moves). A
+// pending entry older than Options.Grace that Sweep has run past belongs
+// to a move whose relay is failing: look at the queue's dead jobs.
+func Unsettled(ctx context.Context, coll *mongo.Collection, stateField string, limit int) ([]Entry, error) {
+	if err := store.CheckContext(ctx); err != nil {
+		return nil, err
+	}
+	if coll == nil {
+		return nil, invalid("unsettled", "coll", "nil collection", nil)
+	}
+	stateField = cmp.Or(stateField, DefaultStateField)
+	if err := checkField(stateField); err != nil {
+		return nil, invalid("unsettled", "stateField", err.Error(), nil)
+	}
+	if limit < 0 {
+		return nil, invalid("unsettled", "limit", fmt.Sprintf("%d is negative", limit), nil)
+	}
+	var out []Entry
+	err := scan(ctx, coll, stateField, func(e Entry) error {
+		out = append(out, e)
+		return nil
+	})
 	if err != nil {
-		return relayArgs{}, time.Time{}, false
+		return nil, fmt.Errorf("move: unsettled: %w", err)
 	}
-	d, ok := e.Value().DocumentOK()
+	slices.SortStableFunc(out, func(a, b Entry) int { return a.At.Compare(b.At) })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// scan calls fn for every record of a move held under state in the
+// documents of coll (those whose count state.n is positive).
+func scan(ctx context.Context, coll *mongo.Collection, state string, fn func(Entry) error) error {
+	cur, err := coll.Find(ctx, bson.D{{Key: state + ".n", Value: bson.D{{Key: "$gt", Value: 0}}}},
+		options.Find().SetProjection(bson.D{{Key: state, Value: 1}}))
+	if err != nil {
+		return err
+	}
+	defer cur.Close(ctx)
+	for cur.Next(ctx) {
+		id := cur.Current.Lookup("_id")
+		for _, part := range []string{"o", "d", "i"} {
+			entries, ok := cur.Current.Lookup(state, part).DocumentOK()
+			if !ok {
+				continue
+			}
+			elems, err := entries.Elements()
+			if err != nil {
+				return err
+			}
+			for _, el := range elems {
+				e, ok := entryOf(id, part, el)
+				if !ok {
+					continue
+				}
+				if err := fn(e); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return cur.Err()
+}
+
+// entryOf reads an element of part ("o", "d", "i") of the document id's
+// state: its key is the move's id, its value says the other end.
+func entryOf(id bson.RawValue, part string, el bson.RawElement) (Entry, bool) {
+	mid, err := bson.ObjectIDFromHex(el.Key())
+	if err != nil {
+		return Entry{}, false
+	}
+	d, ok := el.Value().DocumentOK()
 	if !ok {
-		return relayArgs{}, time.Time{}, false
+		return Entry{}, false
 	}
-	at, _ := d.Lookup("at").TimeOK()
-	v, _ := d.Lookup("v").AsInt64OK()
-	a := relayArgs{M: mid, V: v}
+	e := Entry{Move: mid, Doc: id}
+	e.At, _ = d.Lookup("at").TimeOK()
+	e.Amount, _ = d.Lookup("v").AsInt64OK()
 	switch part {
-	case "o", "d":
-		a.From, a.To = id, d.Lookup("to")
+	case "o":
+		e.Stage, e.From, e.To = StagePending, id, d.Lookup("to")
+	case "d":
+		e.Stage, e.From, e.To = StageOutcome, id, d.Lookup("to")
+		s, _ := d.Lookup("s").StringValueOK()
+		e.Outcome = Status(s)
 	default:
-		a.From, a.To = d.Lookup("from"), id
+		e.Stage, e.From, e.To, e.Outcome = StageMarker, d.Lookup("from"), id, Done
+		if d.Lookup("r").Type != 0 {
+			e.Outcome = Returned
+		}
 	}
-	return a, at, a.To.Type != 0 && a.From.Type != 0
+	return e, e.To.Type != 0 && e.From.Type != 0
 }
 
 // Total is what Sum read.
