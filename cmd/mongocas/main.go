@@ -51,6 +51,7 @@ Usage:
   mongocas leases  [--leases C] [--coll C] [--field F]  named and document leases
   mongocas leases  release --force (--leases C NAME | --coll C ID) --owner O --epoch E [--dry-run] [--yes]
   mongocas keys    --keys C KEY [--scope S]             an idempotency key's record
+  mongocas moves   --coll C [--limit N] [--stuck D]     moves in flight and their age
   mongocas verify  [--duration 20s] [--clients 4]       prove the guarantees on this deployment
   mongocas dev     [--db NAME]                          a server for development, its URI, until Ctrl-C
 
@@ -93,12 +94,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = c.leases(ctx, rest)
 	case "keys":
 		err = c.keys(ctx, rest)
+	case "moves":
+		err = c.moves(ctx, rest)
 	case "verify":
 		err = c.verify(ctx, rest)
 	case "dev":
 		err = c.dev(ctx, rest)
 	default:
-		err = usageErr("unknown command %q: want doctor, jobs, leases, keys, verify or dev (mongocas --help)", cmd)
+		err = usageErr("unknown command %q: want doctor, jobs, leases, keys, moves, verify or dev (mongocas --help)", cmd)
 	}
 	if err == nil {
 		return c.status

@@ -17,6 +17,7 @@ import (
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/retry"
 )
 
@@ -326,5 +327,104 @@ func TestKeys(t *testing.T) {
 	wantCode(t, missing, 1)
 	if !strings.Contains(missing.stderr, "no record of key") {
 		t.Errorf("unknown key: %s", missing.stderr)
+	}
+}
+
+func TestMoves(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := context.Background()
+	accounts := db.Collection("accounts")
+	if _, err := accounts.InsertMany(ctx, []any{
+		bson.D{{Key: "_id", Value: "ana"}, {Key: "balance", Value: int64(100)}, {Key: "version", Value: int64(1)}},
+		bson.D{{Key: "_id", Value: "ben"}, {Key: "balance", Value: int64(0)}, {Key: "version", Value: int64(1)}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	empty := run(t, "", args(db, "moves", "--coll", "accounts")...)
+	wantCode(t, empty, 0)
+	if !strings.Contains(empty.stdout, "no moves in flight or awaiting clean-up in accounts") {
+		t.Errorf("before any move:\n%s", empty.stdout)
+	}
+
+	// Two moves whose relay has not run yet: their value is in flight.
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := move.New(ctx, q, accounts, &move.Options{Field: "balance"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := m.Move(ctx, "ana", "ben", 30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Move(ctx, "ana", "ben", 12, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "", args(db, "moves", "--coll", "accounts")...)
+	wantCode(t, r, 0)
+	t.Logf("moves:\n%s", r.stdout)
+	for _, want := range []string{"2 pending (amount 42 in flight), 0 records of settled moves awaiting clean-up", "oldest pending: ",
+		"MOVE", first.Hex() + "  pending  ana   ben  30"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("moves does not show %q", want)
+		}
+	}
+	var rep struct {
+		Pending       int
+		PendingAmount int64 `json:"pendingAmount"`
+		Stuck         int
+		Entries       []struct {
+			Move, Stage, From, To string
+			Amount                int64
+			AgeSeconds            float64 `json:"ageSeconds"`
+		}
+	}
+	decode(t, run(t, "", args(db, "moves", "--coll", "accounts", "--json", "--limit", "1")...), &rep)
+	if rep.Pending != 2 || rep.PendingAmount != 42 || rep.Stuck != 0 || len(rep.Entries) != 1 ||
+		rep.Entries[0].Move != first.Hex() || rep.Entries[0].Stage != "pending" || rep.Entries[0].Amount != 30 ||
+		rep.Entries[0].AgeSeconds < 0 || rep.Entries[0].AgeSeconds > 120 {
+		t.Errorf("moves --json --limit 1: %+v", rep)
+	}
+	stuck := run(t, "", args(db, "moves", "--coll", "accounts", "--stuck", "1ns")...)
+	wantCode(t, stuck, 1)
+	if !strings.Contains(stuck.stdout, "2 moves pending longer than 1ns") {
+		t.Errorf("--stuck:\n%s", stuck.stdout)
+	}
+	for _, bad := range [][]string{{"moves"}, {"moves", "--coll", "accounts", "--state-field", "$where"}, {"moves", "--coll", "accounts", "extra"}} {
+		wantCode(t, run(t, "", args(db, bad...)...), 2)
+	}
+
+	// Once the relay ran, nothing is in flight.
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(runCtx) }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := m.Status(ctx, "ana", first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left, err := move.Unsettled(ctx, accounts, "", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st == move.Done && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute: %s, %d records left", st, len(left))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	done := run(t, "", args(db, "moves", "--coll", "accounts")...)
+	wantCode(t, done, 0)
+	if !strings.Contains(done.stdout, "no moves in flight") {
+		t.Errorf("after the relay:\n%s", done.stdout)
 	}
 }

@@ -115,7 +115,7 @@ func TestVerifyUntestedIsNotAPass(t *testing.T) {
 // other collections needs --yes; leftovers of an interrupted run are named,
 // then dropped with --drop-leftovers.
 func TestVerifyHygiene(t *testing.T) {
-	for _, cmd := range []string{"doctor", "jobs", "leases", "keys", "verify"} {
+	for _, cmd := range []string{"doctor", "jobs", "leases", "keys", "moves", "verify"} {
 		r := run(t, "", cmd, "--help")
 		wantCode(t, r, 0)
 		if !strings.Contains(r.stdout, "mongocas "+cmd) || !strings.Contains(r.stdout, "-timeout") {
