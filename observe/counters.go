@@ -95,6 +95,9 @@ func (c *Counters) Counts() Counts {
 		KeysReplayed:   c.Count(KeyReplayed),
 		KeysInProgress: c.Count(KeyInProgress),
 		KeysMismatched: c.Count(KeyMismatch),
+		MovesDebited:   c.Count(MoveDebited),
+		MovesDone:      c.Count(MoveDone),
+		MovesReturned:  c.Count(MoveReturned),
 	}
 }
 
@@ -127,6 +130,8 @@ type Counts struct {
 	// The idempotency events: results stored, replayed, requests that found
 	// their key in progress, keys reused with another request.
 	KeysCompleted, KeysReplayed, KeysInProgress, KeysMismatched int64
+	// The move events: debits landed, moves settled done, and returned.
+	MovesDebited, MovesDone, MovesReturned int64
 }
 
 // Add returns the sum of c and o, field by field.
@@ -139,7 +144,8 @@ func (c Counts) Add(o Counts) Counts {
 }
 
 // String returns the counts on one line, every count named, in the order of
-// the fields; the job and idempotency counts only when any is not zero.
+// the fields; the job, idempotency and move counts only when any is not
+// zero.
 func (c Counts) String() string {
 	s := fmt.Sprintf("operations %d (failed %d), conflicts %d, retries %d, budget refusals %d, "+
 		"ambiguous writes %d (landed %d, resent %d, not landed %d, unknown %d), "+
@@ -156,6 +162,9 @@ func (c Counts) String() string {
 	if c.KeysCompleted|c.KeysReplayed|c.KeysInProgress|c.KeysMismatched != 0 {
 		s += fmt.Sprintf(", idempotent requests completed %d, replayed %d, in progress %d, mismatched %d",
 			c.KeysCompleted, c.KeysReplayed, c.KeysInProgress, c.KeysMismatched)
+	}
+	if c.MovesDebited|c.MovesDone|c.MovesReturned != 0 {
+		s += fmt.Sprintf(", moves debited %d, done %d, returned %d", c.MovesDebited, c.MovesDone, c.MovesReturned)
 	}
 	return s
 }

@@ -30,8 +30,9 @@ type Observer interface {
 type Kind uint8
 
 // The kinds of events. Op, Database, Collection and ID are set on the
-// events of versioned, lease, deferred and idempotency, and empty on those
-// of retry.Do and store.ServerClock (which carry the operation's context).
+// events of versioned, lease, deferred, idempotency and move, and empty on
+// those of retry.Do and store.ServerClock (which carry the operation's
+// context).
 const (
 	// OpStart: an operation begins. Sent to Observer.Start.
 	OpStart Kind = iota + 1
@@ -155,6 +156,24 @@ const (
 	// KeyMismatch: the key was first used with another request; nothing ran.
 	KeyMismatch
 
+	// The events of a move.Mover: Op is "move" for MoveDebited, "relay"
+	// for the others; Database and Collection name the documents'
+	// collection; ID is the move's id (a bson.ObjectID); From and To its
+	// ends, Amount its value. Each is reported once per move by the process
+	// whose write made it happen (none when that process dies right after
+	// the write).
+
+	// MoveDebited: Move's debit landed: Amount left From and is in flight.
+	MoveDebited
+
+	// MoveDone: the relay settled the move with To credited. Age is the
+	// time since the debit (by the two processes' clocks).
+	MoveDone
+
+	// MoveReturned: the credit could not apply (To missing or refusing
+	// it); the relay gave Amount back to From. Age as for MoveDone.
+	MoveReturned
+
 	kindEnd // one past the last kind
 )
 
@@ -187,6 +206,9 @@ var kindNames = [kindEnd]string{
 	KeyReplayed:      "idempotency.replayed",
 	KeyInProgress:    "idempotency.in_progress",
 	KeyMismatch:      "idempotency.mismatch",
+	MoveDebited:      "move.debited",
+	MoveDone:         "move.done",
+	MoveReturned:     "move.returned",
 }
 
 // String returns the kind's name, such as "conflict" or "lease.lost".
@@ -295,16 +317,20 @@ type Event struct {
 	// "modify", "guarded" (versioned); "acquire" (any claim), "try_acquire",
 	// "do", "renew", "release" (lease; LeaseLost has none); "enqueue",
 	// "requeue", "cancel", "run" or a QueueError's step (deferred); "do"
-	// (idempotency).
+	// (idempotency); "move", "relay" (move).
 	Op string
 	// Database and Collection name the operation's collection.
 	Database, Collection string
 	// ID is the document's id or a named lease's name, as the caller gave
-	// it; a job's id (deferred); the idempotency key.
+	// it; a job's id (deferred); the idempotency key; a move's id.
 	ID any
 	// Key and Name (deferred) are the job's key as text (extended JSON, cut
 	// to 64 bytes) and its handler.
 	Key, Name string
+	// From and To (move events) are the move's ends as text, as Key is;
+	// Amount is the value it moves.
+	From, To string
+	Amount   int64
 
 	// Outcome (OpEnd and the job events) says how the operation, or the
 	// job's attempt, ended.
@@ -321,7 +347,8 @@ type Event struct {
 	// Delay is the wait before the next attempt (Retry: 0 for a retry made
 	// at once; JobFailed, JobSnoozed).
 	Delay time.Duration
-	// Age (JobClaimed) is the time from the job's enqueue to its claim.
+	// Age is the time from the job's enqueue to its claim (JobClaimed), or
+	// from a move's debit to its settlement (MoveDone, MoveReturned).
 	Age time.Duration
 
 	// Expected and Current (Conflict) are the version the write expected

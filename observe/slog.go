@@ -12,7 +12,7 @@ import (
 //   - Warn, where someone must look: LeaseLost, OpEnd with OutcomeUnknown,
 //     JobDead, QueueError, QueueKeySkipped, KeyMismatch.
 //   - Info: OpEnd whose Outcome.Failed, BudgetRefused, LeaseRenewFailed,
-//     Settled with SettledUnknown, JobFailed.
+//     Settled with SettledUnknown, JobFailed, MoveReturned.
 //   - Debug: everything else (operations that start, or end well or with an
 //     answer such as a conflict, and the events of normal work).
 //
@@ -39,7 +39,7 @@ func slogLevel(e Event) slog.Level {
 	switch e.Kind {
 	case LeaseLost, JobDead, QueueError, QueueKeySkipped, KeyMismatch:
 		return slog.LevelWarn
-	case JobFailed, BudgetRefused, LeaseRenewFailed:
+	case JobFailed, BudgetRefused, LeaseRenewFailed, MoveReturned:
 		return slog.LevelInfo
 	case OpEnd:
 		switch {
@@ -132,6 +132,11 @@ func (s slogObserver) Observe(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("reason", e.Reason))
 	case KeyCompleted:
 		attrs = append(attrs, slog.Int("attempt", e.Attempt), slog.Int64("epoch", e.Epoch))
+	case MoveDebited, MoveDone, MoveReturned:
+		attrs = append(attrs, slog.String("from", e.From), slog.String("to", e.To), slog.Int64("amount", e.Amount))
+		if e.Kind != MoveDebited {
+			attrs = append(attrs, slog.Duration("age", e.Age))
+		}
 	default:
 	}
 	if e.Err != nil {
