@@ -25,7 +25,8 @@
 // the marker are cleaned up. Sweep, run periodically by at least one
 // process, relays moves whose process died before it enqueued. Unsettled
 // lists what is in flight or not yet cleaned up, oldest first (mongocas
-// moves prints it).
+// moves prints it); Options.Observer receives each debit and settlement
+// (package observe).
 //
 // # Guarantees
 //

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/internal/settle"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -82,6 +83,11 @@ type Options struct {
 	// repositories of the collection, and its VersionField the default
 	// ("version"; another is refused). nil means versioned's defaults.
 	Repo *versioned.Options
+	// Observer, if not nil, receives the Mover's events (observe.MoveDebited
+	// from Move, observe.MoveDone and observe.MoveReturned from the relay),
+	// and the repository's when Repo has no Observer of its own. The relay
+	// job's events are the queue's (deferred.Options.Observer).
+	Observer observe.Observer
 }
 
 // account is how the Mover sees a document: its id and version, and the
@@ -119,6 +125,7 @@ type Mover struct {
 	accept   bson.D
 	grace    time.Duration
 	collects int
+	observer observe.Observer
 }
 
 // relayArgs is the argument of a relay job: the move, its ends, its value.
@@ -162,7 +169,16 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	if o.Outcomes == nil {
 		o.Outcomes = coll.Database().Collection(coll.Name() + "_moves")
 	}
-	repo, err := versioned.New[account](coll, o.Repo)
+	repoOpts := o.Repo
+	if o.Observer != nil && (repoOpts == nil || repoOpts.Observer == nil) {
+		ro := versioned.Options{}
+		if repoOpts != nil {
+			ro = *repoOpts
+		}
+		ro.Observer = o.Observer
+		repoOpts = &ro
+	}
+	repo, err := versioned.New[account](coll, repoOpts)
 	if err != nil {
 		return nil, fmt.Errorf("move: new: %w", err)
 	}
@@ -176,7 +192,7 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	m := &Mover{
 		coll: coll, repo: repo, majority: settle.NewMajority(coll), outcomes: o.Outcomes,
 		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
-		grace: o.Grace, collects: o.Collects,
+		grace: o.Grace, collects: o.Collects, observer: o.Observer,
 	}
 	m.relay, err = deferred.Register(q, o.Name, m.run)
 	if err != nil {
@@ -292,7 +308,9 @@ func (m *Mover) Move(ctx context.Context, from, to any, amount int64, cond any) 
 		return bson.ObjectID{}, err
 	}
 	// The debit landed: a failed enqueue leaves the entry to Sweep.
-	_, _ = m.relay.Enqueue(store.NoSession(ctx), dst, relayArgs{M: id, From: src, To: dst, V: amount})
+	a := relayArgs{M: id, From: src, To: dst, V: amount}
+	m.event(ctx, observe.MoveDebited, "move", a, 0)
+	_, _ = m.relay.Enqueue(store.NoSession(ctx), dst, a)
 	return id, nil
 }
 
@@ -308,4 +326,24 @@ func checkEnds(op string, from, to any) (src, dst bson.RawValue, err error) {
 		return src, dst, invalid(op, "to", "the same document as from", nil)
 	}
 	return src, dst, nil
+}
+
+// event reports an event of the move a, if the Mover has an Observer.
+func (m *Mover) event(ctx context.Context, k observe.Kind, op string, a relayArgs, age time.Duration) {
+	if m.observer == nil {
+		return
+	}
+	m.observer.Observe(ctx, observe.Event{
+		Kind: k, Op: op, Database: m.coll.Database().Name(), Collection: m.coll.Name(), ID: a.M,
+		From: text(a.From), To: text(a.To), Amount: a.V, Age: age,
+	})
+}
+
+// text is an id as an event carries it: extended JSON, cut to 64 bytes.
+func text(v bson.RawValue) string {
+	s := v.String()
+	if len(s) > 64 {
+		s = s[:61] + "..."
+	}
+	return s
 }

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
@@ -80,10 +81,12 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 		// The amount is the one the debit recorded with the pending entry,
 		// not the job's: a job Sweep rebuilt from a refusal marker or an
 		// outcome carries none.
+		var debited time.Time
 		if d, ok := o.DocumentOK(); ok {
 			if v, ok := d.Lookup("v").AsInt64OK(); ok {
 				a.V = v
 			}
+			debited, _ = d.Lookup("at").TimeOK()
 		}
 		outcome, err := m.decide(ctx, job, a, &stamped)
 		if err != nil {
@@ -95,6 +98,11 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 		}
 		if landed != nil {
 			src = landed
+			kind := observe.MoveDone
+			if outcome == Returned {
+				kind = observe.MoveReturned
+			}
+			m.event(ctx, kind, "relay", a, time.Since(debited))
 		} else if src, err = m.readRaw(ctx, a.From); err != nil {
 			return err
 		}
