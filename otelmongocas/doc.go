@@ -87,7 +87,18 @@
 //     ("idempotency.completed", "idempotency.replayed",
 //     "idempotency.in_progress", "idempotency.mismatch").
 //
-// Document ids and lease names are on no span or metric: they are often
+// The events of a move.Mover carry the moved documents' collection and
+// db.operation.name "move" (the debit) or "relay" (the settlement):
+//
+//   - mongocas.moves ({move}), with mongocas.event ("move.debited",
+//     "move.done", "move.returned"). Debits minus settlements is about
+//     the number of moves in flight (a process that dies just after a
+//     write reports nothing; mongocas moves counts them exactly).
+//   - mongocas.move.duration (s, histogram), with mongocas.event
+//     ("move.done", "move.returned"): how long a move's value was in
+//     flight, from its debit to its settlement.
+//
+// Document ids, move ids and lease names are on no span or metric: they are often
 // personal data, and they would make a metric's cardinality unbounded.
 //
 // # Guarantees

@@ -19,8 +19,9 @@ import (
 // Attribute keys of the job, queue and idempotency metrics.
 const (
 	// EventKey is the event's kind ("job.completed", "queue.error",
-	// "idempotency.replayed", ...), on the mongocas.jobs,
-	// mongocas.queue.errors and mongocas.idempotency.requests metrics.
+	// "idempotency.replayed", "move.done", ...), on the mongocas.jobs,
+	// mongocas.queue.errors, mongocas.idempotency.requests, mongocas.moves
+	// and mongocas.move.duration metrics.
 	EventKey = attribute.Key("mongocas.event")
 	// JobNameKey is the name of a job's handler (its kind), on the job
 	// metrics: a registered name, so of bounded cardinality.
@@ -44,6 +45,8 @@ type jobInstruments struct {
 	errs     metric.Int64Counter
 	requests metric.Int64Counter
 	depth    metric.Int64ObservableGauge
+	moves    metric.Int64Counter
+	moveTime metric.Float64Histogram
 }
 
 func newJobInstruments(meter metric.Meter) (jobInstruments, error) {
@@ -57,6 +60,7 @@ func newJobInstruments(meter metric.Meter) (jobInstruments, error) {
 	in.jobs = counter("mongocas.jobs", "{job}", "The events of deferred jobs (enqueued, claimed, completed, failed, dead, snoozed, requeued, cancelled), by event, handler and outcome.")
 	in.errs = counter("mongocas.queue.errors", "{error}", "What a deferred queue's workers could not return to anyone (queue.error, by step), and keys they left to other processes (queue.key_skipped).")
 	in.requests = counter("mongocas.idempotency.requests", "{request}", "Requests with an idempotency key, by what became of them: completed, replayed, in progress, mismatch.")
+	in.moves = counter("mongocas.moves", "{move}", "Moves between documents (package move), by event: debited (the value left the source), done (credited to the target), returned (given back to the source).")
 	var err error
 	in.age, err = meter.Float64Histogram("mongocas.job.age", metric.WithUnit("s"),
 		metric.WithDescription("Age of a deferred job when a worker claims it: the time since it was enqueued, backoffs and snoozes included."),
@@ -66,16 +70,20 @@ func newJobInstruments(meter metric.Meter) (jobInstruments, error) {
 		metric.WithDescription("Time a deferred job's handler ran, per attempt, by how the attempt ended."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60))
 	errs = append(errs, err)
+	in.moveTime, err = meter.Float64Histogram("mongocas.move.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a move's value was in flight, from its debit to its settlement, by event (done, returned)."),
+		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600))
+	errs = append(errs, err)
 	in.depth, err = meter.Int64ObservableGauge("mongocas.queue.depth", metric.WithUnit("{job}"),
 		metric.WithDescription("Jobs of a deferred queue by state (available, retryable, running, dead), read by a callback that Observer.ObserveQueue registers."))
 	errs = append(errs, err)
 	return in, errors.Join(errs...)
 }
 
-// observeJobs records the events of deferred and idempotency: a counter by
-// event, the age of a claimed job and the run of a handler, and a span
-// event on the span in ctx (the caller's, for Enqueue, Requeue, Cancel and
-// Keys.Do). Their attributes are the event's own: the queue's or records'
+// observeJobs records the events of deferred, idempotency and move: a
+// counter by event, the age of a claimed job, the run of a handler and the
+// time a move was in flight, and a span event on the span in ctx (the
+// caller's, for Enqueue, Requeue, Cancel, Keys.Do and Move). Their attributes are the event's own: the queue's or records'
 // collection, whichever operation's context they come in.
 func (o *Observer) observeJobs(ctx context.Context, span trace.Span, e *observe.Event) {
 	set := dbAttrs(e)
@@ -110,6 +118,13 @@ func (o *Observer) observeJobs(ctx context.Context, span trace.Span, e *observe.
 	case observe.KeyCompleted, observe.KeyReplayed, observe.KeyInProgress, observe.KeyMismatch:
 		o.jobs.requests.Add(ctx, 1, metric.WithAttributeSet(with1(set, kind)))
 		span.AddEvent(e.Kind.String())
+	case observe.MoveDebited, observe.MoveDone, observe.MoveReturned:
+		moveSet := with1(set, kind)
+		o.jobs.moves.Add(ctx, 1, metric.WithAttributeSet(moveSet))
+		if e.Kind != observe.MoveDebited {
+			o.jobs.moveTime.Record(ctx, e.Age.Seconds(), metric.WithAttributeSet(moveSet))
+		}
+		span.AddEvent(e.Kind.String(), trace.WithAttributes(attribute.Int64("mongocas.move.amount", e.Amount)))
 	default:
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,12 +28,83 @@ import (
 	"github.com/mongocas/mongocas/idempotency"
 	"github.com/mongocas/mongocas/lease"
 	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/otelmongocas"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/versioned"
 )
 
 func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
+
+// TestMoves: a move that is done and one that is returned (its target is
+// missing): the moves counter by event, the time in flight of each
+// settlement, and the debit as an event of the caller's span.
+func TestMoves(t *testing.T) {
+	tm := newTelemetry(t)
+	db := mongotest.New(t)
+	ctx := t.Context()
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	accounts := db.Collection("accounts")
+	_, err = accounts.InsertMany(ctx, []any{
+		account{ID: "ana", Balance: 100, Version: 1}, account{ID: "ben", Version: 1},
+	})
+	require.NoError(t, err)
+	m, err := move.New(ctx, q, accounts, &move.Options{Field: "balance", Observer: tm.obs})
+	require.NoError(t, err)
+
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tm.spans)).Tracer("test")
+	rctx, request := tracer.Start(ctx, "POST /transfers")
+	done, err := m.Move(rctx, "ana", "ben", 30, nil)
+	require.NoError(t, err)
+	returned, err := m.Move(rctx, "ana", "nobody", 5, nil)
+	require.NoError(t, err)
+	request.End()
+	require.Equal(t, []string{"move.debited", "move.debited"}, filter(eventNames(tm.span(t, "POST /transfers")), "move."))
+
+	runCtx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = q.Run(runCtx) })
+	for id, want := range map[bson.ObjectID]move.Status{done: move.Done, returned: move.Returned} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			st, err := m.Status(ctx, "ana", id)
+			require.NoError(t, err)
+			if st == want {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "move %s: %s after a minute", id.Hex(), st)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stop()
+	wg.Wait()
+
+	ms := tm.metrics(t)
+	moves := func(event string) int64 {
+		return sum(t, ms, "mongocas.moves", map[string]string{"db.collection.name": "accounts", "mongocas.event": event})
+	}
+	require.Equal(t, int64(2), moves("move.debited"))
+	require.Equal(t, int64(1), moves("move.done"))
+	require.Equal(t, int64(1), moves("move.returned"))
+	for _, event := range []string{"move.done", "move.returned"} {
+		n, total := hist[float64](t, ms, "mongocas.move.duration", map[string]string{"mongocas.event": event, "db.operation.name": "relay"})
+		require.Equal(t, uint64(1), n, event)
+		require.Positive(t, total, event)
+		require.Less(t, total, 60.0, event)
+	}
+}
+
+// filter returns the names that start with prefix.
+func filter(names []string, prefix string) []string {
+	var out []string
+	for _, n := range names {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
 type account struct {
 	ID      string `bson:"_id"`
