@@ -270,6 +270,7 @@ func TestModifyAcrossProcessesDefaultPolicy(t *testing.T) {
 		retries.Add(1)
 		if a.Delay == 0 {
 			atOnce.Add(1)
+			t.Logf("retried at once after attempt %d: %v", a.Number, a.Err)
 		}
 	}}
 	var (
