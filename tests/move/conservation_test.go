@@ -17,6 +17,7 @@ import (
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/retry"
+	"github.com/mongocas/mongocas/tests/internal/stress"
 	"github.com/mongocas/mongocas/versioned"
 )
 
@@ -28,21 +29,24 @@ type moved struct {
 	unknown  bool // the debit's outcome was unknown
 }
 
-// TestConcurrentMovesConserveTheTotal moves random amounts among accounts
-// from two processes (each its own client behind a fault proxy, its own
-// queue worker), with replies dropped and copies held and delivered late,
-// and one process cut off mid-run. Sampled during the run, the sum of
+// TestConcurrentMovesConserveTheTotal moves random amounts among 20
+// accounts from three processes (each its own client behind a fault proxy,
+// its own queue worker), with replies dropped and copies held and
+// delivered late, for 4 s (60 s with MONGOCAS_STRESS=1), and one process
+// cut off mid-run (its connections stop answering and its queue stops, as
+// for a killed process). Sampled every 100 ms during the run, the sum of
 // balances plus pending entries is the starting total; at the end, after
 // the relay and Sweep ran, no move is pending, the balances are exactly
 // the start plus the moves reported done (so each applied once and each
 // returned one did not), and none is below zero.
 func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	const (
-		accounts = 12
-		start    = 1000
-		movers   = 3 // goroutines per process
-		duration = 4 * time.Second
+		accounts  = 20
+		start     = 1000
+		processes = 3
+		movers    = 3 // goroutines per process
 	)
+	duration := stress.Pick(4*time.Second, time.Minute) // MONGOCAS_STRESS=1: 60 s
 	b := setup(t)
 	ids := make([]any, 0, accounts+1)
 	names := make([]string, 0, accounts)
@@ -61,7 +65,8 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 			Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
 			Repo:     &versioned.Options{ResolveTimeout: 2 * time.Second}}
 	}
-	obs := b.mover(t, b.queue(t, nil), nil, opts())
+	jobs := b.queue(t, nil) // never run: its Counts say what the relays have left to do
+	obs := b.mover(t, jobs, nil, opts())
 
 	type process struct {
 		f     *mongotest.Faulty
@@ -70,7 +75,7 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 		stop  func()
 		alive atomic.Bool
 	}
-	procs := make([]*process, 2)
+	procs := make([]*process, processes)
 	for i := range procs {
 		p := &process{f: b.db.Faulty(t, nil)}
 		q, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
@@ -207,16 +212,25 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	deadline := time.Now().Add(3 * time.Minute)
+	// Sweep runs when the relays have no job left to do, as an operator's
+	// periodic Sweep finds only what no job covers: a Sweep every few
+	// hundred milliseconds while hundreds of jobs wait would enqueue a
+	// duplicate of each faster than a slow server drains them.
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		_, err := obs.Sweep(b.ctx)
-		require.NoError(t, err)
 		n, err := b.db.Collection("accounts").CountDocuments(b.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$gt", Value: 0}}}})
 		require.NoError(t, err)
 		if n == 0 {
 			break
 		}
-		require.False(t, time.Now().After(deadline), "%d documents still carry move state", n)
+		counts, err := jobs.Counts(b.ctx)
+		require.NoError(t, err)
+		left := counts[deferred.StateAvailable] + counts[deferred.StateRetryable] + counts[deferred.StateRunning]
+		require.False(t, time.Now().After(deadline), "%d documents still carry move state; jobs %v", n, counts)
+		if left == 0 {
+			_, err := obs.Sweep(b.ctx)
+			require.NoError(t, err)
+		}
 		time.Sleep(300 * time.Millisecond)
 	}
 	b.requireNoMoveState(t)
