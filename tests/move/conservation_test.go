@@ -79,6 +79,7 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	for i := range procs {
 		p := &process{f: b.db.Faulty(t, nil)}
 		q, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
+			Owner:             fmt.Sprintf("process-%d", i),
 			PollInterval:      50 * time.Millisecond,
 			HoleTimeout:       500 * time.Millisecond,
 			VisibilityTimeout: 3 * time.Second,
@@ -226,7 +227,13 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 		counts, err := jobs.Counts(b.ctx)
 		require.NoError(t, err)
 		left := counts[deferred.StateAvailable] + counts[deferred.StateRetryable] + counts[deferred.StateRunning]
-		require.False(t, time.Now().After(deadline), "%d documents still carry move state; jobs %v", n, counts)
+		if time.Now().After(deadline) {
+			var running []bson.M
+			cur, err := b.db.Collection("jobs").Find(b.ctx, bson.D{{Key: "state", Value: deferred.StateRunning}})
+			require.NoError(t, err)
+			require.NoError(t, cur.All(b.ctx, &running))
+			t.Fatalf("%d documents still carry move state; jobs %v; running: %v", n, counts, running)
+		}
 		if left == 0 {
 			_, err := obs.Sweep(b.ctx)
 			require.NoError(t, err)
