@@ -93,13 +93,11 @@ func (c *cli) doctor(ctx context.Context, args []string) error {
 	} else if len(pos) > 0 {
 		return usageErr("doctor takes no arguments, got %q", pos)
 	}
-	k, err := c.connect(ctx)
+	k, ctx, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.close()
-	ctx, cancel := c.opCtx(ctx)
-	defer cancel()
+	defer done()
 
 	caps, err := store.Probe(ctx, k.db)
 	if err != nil {

@@ -85,13 +85,11 @@ func (c *cli) jobs(ctx context.Context, args []string) error {
 	default:
 		return usageErr("jobs: unknown action %q: want show, requeue or cancel", action)
 	}
-	k, err := c.connect(ctx)
+	k, ctx, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.close()
-	ctx, cancel := c.opCtx(ctx)
-	defer cancel()
+	defer done()
 	q, err := deferred.New(k.db.Collection(*jobsColl), nil)
 	if err != nil {
 		return usageErr("--jobs %q: %v", *jobsColl, err)

@@ -74,13 +74,11 @@ func (c *cli) keys(ctx context.Context, args []string) error {
 	if err := idempotency.CheckKey(key); err != nil {
 		return usageErr("%v", err)
 	}
-	k, err := c.connect(ctx)
+	k, ctx, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.close()
-	ctx, cancel := c.opCtx(ctx)
-	defer cancel()
+	defer done()
 	id := key
 	if *scope != "" {
 		id = *scope + "\n" + key

@@ -54,13 +54,11 @@ func (c *cli) leases(ctx context.Context, args []string) error {
 	if len(pos) > 0 && (*lockColl == "") == (*docColl == "") {
 		return usageErr("leases release: name exactly one collection: --leases LOCKS NAME or --coll C ID")
 	}
-	k, err := c.connect(ctx)
+	k, ctx, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.close()
-	ctx, cancel := c.opCtx(ctx)
-	defer cancel()
+	defer done()
 	clock := store.NewServerClock(store.HelloSampler(k.st.Client()), nil)
 	if len(pos) > 0 {
 		if pos[0] != "release" || len(pos) != 2 {

@@ -300,6 +300,18 @@ func connectError(err error, timeout time.Duration) error {
 	return &cliError{err: fmt.Errorf("%s: %w", tried, err), fix: fix + "; nothing was changed", code: exitError}
 }
 
+// open connects (see connect) and returns the connection, ctx bounded by
+// opCtx, and done, which ends both: the preamble of every subcommand that
+// talks to the server.
+func (c *cli) open(ctx context.Context) (*conn, context.Context, func(), error) {
+	k, err := c.connect(ctx)
+	if err != nil {
+		return nil, ctx, nil, err
+	}
+	ctx, cancel := c.opCtx(ctx)
+	return k, ctx, func() { cancel(); k.close() }, nil
+}
+
 // opCtx bounds the work after connecting.
 func (c *cli) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 3*c.timeout+30*time.Second)

@@ -54,13 +54,11 @@ func (c *cli) moves(ctx context.Context, args []string) error {
 	if *limit < 0 || *stuck < 0 {
 		return usageErr("--limit and --stuck must not be negative")
 	}
-	k, err := c.connect(ctx)
+	k, ctx, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer k.close()
-	ctx, cancel := c.opCtx(ctx)
-	defer cancel()
+	defer done()
 	entries, err := move.Unsettled(ctx, k.db.Collection(*coll), *state, 0)
 	if err != nil {
 		if errors.Is(err, move.ErrInvalid) {

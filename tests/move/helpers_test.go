@@ -60,6 +60,23 @@ func (b *bundle) queue(t testing.TB, db *mongo.Database) *deferred.Queue {
 	return q
 }
 
+// queueOnce returns a Queue on the jobs collection of db that gives a job
+// one attempt: a relay that fails once dies, and leaves its move to Sweep.
+func (b *bundle) queueOnce(t testing.TB, db *mongo.Database) *deferred.Queue {
+	t.Helper()
+	if db == nil {
+		db = b.db.Database
+	}
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{
+		PollInterval: 50 * time.Millisecond,
+		HoleTimeout:  500 * time.Millisecond,
+		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		MaxAttempts:  1,
+	})
+	require.NoError(t, err)
+	return q
+}
+
 // mover returns a Mover of the accounts collection of db through q.
 func (b *bundle) mover(t testing.TB, q *deferred.Queue, db *mongo.Database, opts *move.Options) *move.Mover {
 	t.Helper()

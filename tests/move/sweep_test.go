@@ -11,7 +11,6 @@ import (
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
-	"github.com/mongocas/mongocas/retry"
 )
 
 // TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused: a relay job
@@ -44,13 +43,7 @@ func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 
 	// The move to shut, on a queue that gives a job one attempt; its
 	// return on ana (F) fails once.
-	once, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
-		PollInterval: 50 * time.Millisecond,
-		HoleTimeout:  500 * time.Millisecond,
-		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		MaxAttempts:  1,
-	})
-	require.NoError(t, err)
+	once := b.queueOnce(t, nil)
 	m := b.mover(t, once, f.Database, opts)
 	id, err := m.Move(b.ctx, "ana", "shut", 30, nil)
 	require.NoError(t, err)

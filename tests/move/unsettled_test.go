@@ -11,7 +11,6 @@ import (
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
-	"github.com/mongocas/mongocas/retry"
 )
 
 // TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt: the records a
@@ -42,13 +41,7 @@ func TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt(t *testing.T) {
 	// Two moves on a queue that gives a job one attempt: the first relay
 	// dies before the finish on ana, the second before the outcome leaves
 	// ana.
-	once, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
-		PollInterval: 50 * time.Millisecond,
-		HoleTimeout:  500 * time.Millisecond,
-		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		MaxAttempts:  1,
-	})
-	require.NoError(t, err)
+	once := b.queueOnce(t, nil)
 	m := b.mover(t, once, f.Database, nil)
 	toBen, err := m.Move(b.ctx, "ana", "ben", 30, nil)
 	require.NoError(t, err)
