@@ -526,7 +526,11 @@ func testReleaseWithLateReadAfterTakeover(t *testing.T, mode lease.Mode) {
 	held := f.HoldNext(mongotest.Commands([]string{"update"}, b.coll.Name()))
 	done := make(chan error, 1)
 	go func() { done <- la.ReleaseWith(ctx, bson.D{{Key: "data", Value: "released"}}) }()
-	<-held.Fired()
+	select {
+	case <-held.Fired():
+	case err := <-done:
+		t.Fatalf("ReleaseWith returned before its update was sent: %v", err)
+	}
 	lc, err := c.Acquire(ctx, id) // once a's lease expired on the server
 	require.NoError(t, err)
 	close(claimed)

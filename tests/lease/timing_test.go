@@ -115,7 +115,8 @@ func TestPausedHolder(t *testing.T) { eachMode(t, testPausedHolder) }
 
 //nolint:thelper // the body of a test, run once per mode
 func testPausedHolder(t *testing.T, mode lease.Mode) {
-	const ttl, margin = 2 * time.Second, time.Second
+	// 4 s: a claim slow on a busy machine still leaves the lease live.
+	const ttl, margin = 4 * time.Second, 2 * time.Second
 	b := setup(t, mode)
 	ctx := context.Background()
 	id := b.insert(t)
@@ -170,7 +171,11 @@ func testPausedHolder(t *testing.T, mode lease.Mode) {
 		})
 	}()
 
-	<-paused
+	select {
+	case <-paused:
+	case err := <-done:
+		t.Fatalf("Do returned before its function paused a's traffic: %v", err)
+	}
 	// c tries until it holds the lease, noting when each attempt started:
 	// before its claim was sent.
 	var takeoverSent time.Time
