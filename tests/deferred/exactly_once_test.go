@@ -283,3 +283,51 @@ func TestOwnConditionalWrite(t *testing.T) {
 	require.NoError(t, b.db.Collection("counters").FindOne(b.ctx, bson.D{{Key: "_id", Value: "c"}}).Decode(&doc))
 	require.EqualValues(t, 6, doc["n"])
 }
+
+// TestWorkerCutOffForGoodIsTakenOver: as TestWorkerPausedPastItsClaim, but
+// A never hears from the server again (a partition, or a process killed
+// mid-job) and its Run is stopped: B, already running, takes the job over
+// once A's claim lapses, and completes it and the next job.
+func TestWorkerCutOffForGoodIsTakenOver(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A"})
+	qb := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B"})
+	b.insert(t, "ana")
+
+	var aCalls, bCalls atomic.Int64
+	applied := make(chan struct{})
+	var once sync.Once
+	_, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
+		aCalls.Add(1)
+		_, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
+		if err != nil {
+			return err
+		}
+		once.Do(func() {
+			b.f.Pause(time.Hour) // A is cut off for good
+			close(applied)
+		})
+		<-ctx.Done()
+		return nil
+	})
+	require.NoError(t, err)
+	kb := registerCredit(t, qb, b.accounts, &bCalls)
+
+	id1 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 5})
+	stopA := run(t, b.fqueue)
+	<-applied
+	run(t, qb) // B runs while A still holds the key
+	began := time.Now()
+	stopA() // A's process ends
+	stopped := time.Since(began)
+	job1 := wait(t, qb, id1)
+	t.Logf("A's Run returned %v after its stop; B completed the job %v after it", stopped, time.Since(began))
+	id2 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 100})
+	job2 := wait(t, qb, id2)
+	require.Equal(t, deferred.StateCompleted, job1.State)
+	require.Equal(t, "B", job1.Owner, "B took the job over")
+	require.Equal(t, deferred.StateCompleted, job2.State)
+	require.Equal(t, int64(1), aCalls.Load())
+	b.requireAccount(t, "ana", int64(105), int64(2))
+}
