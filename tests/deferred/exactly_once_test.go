@@ -189,27 +189,10 @@ func TestCompletionReplyLost(t *testing.T) {
 func TestWorkerPausedPastItsClaim(t *testing.T) {
 	t.Parallel()
 	const ttl = 2 * time.Second
-	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A"})
-	qb := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B"})
-	b.insert(t, "ana")
+	b, qb := setupAB(t, ttl)
 
-	var aCalls, bCalls atomic.Int64
-	applied := make(chan struct{})
-	var once sync.Once
-	_, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
-		aCalls.Add(1)
-		_, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
-		if err != nil {
-			return err
-		}
-		once.Do(func() {
-			b.f.Pause(2 * ttl) // A is cut off from the server from now on
-			close(applied)
-		})
-		<-ctx.Done() // the claim lapses while A cannot renew it
-		return nil
-	})
-	require.NoError(t, err)
+	var bCalls atomic.Int64
+	applied, aCalls := creditThenCutOff(t, b, 2*ttl) // A is cut off for two TTLs
 	kb := registerCredit(t, qb, b.accounts, &bCalls)
 
 	id1 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 5})
@@ -227,7 +210,7 @@ func TestWorkerPausedPastItsClaim(t *testing.T) {
 	require.Equal(t, int64(2), bCalls.Load(), "B ran job 1 again (it found it applied) and job 2")
 	time.Sleep(2 * ttl) // A's traffic flows again: whatever it sends now is fenced off
 	b.requireAccount(t, "ana", int64(105), int64(2))
-	job1, err = qb.Job(b.ctx, id1)
+	job1, err := qb.Job(b.ctx, id1)
 	require.NoError(t, err)
 	require.Equal(t, "B", job1.Owner)
 	require.Equal(t, deferred.StateCompleted, job1.State)
@@ -284,6 +267,42 @@ func TestOwnConditionalWrite(t *testing.T) {
 	require.EqualValues(t, 6, doc["n"])
 }
 
+// setupAB returns worker A (b's faulty queue) and worker B (qb, on the
+// test's own client), both with claims of ttl, and the account "ana".
+func setupAB(t *testing.T, ttl time.Duration) (b *faultyBundle, qb *deferred.Queue) {
+	t.Helper()
+	b = setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A"})
+	qb = b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B"})
+	b.insert(t, "ana")
+	return b, qb
+}
+
+// creditThenCutOff registers on b's faulty queue (worker A) a credit handler
+// that applies its change to "ana", then cuts A off from the server for
+// pause (once, closing applied) and waits for its claim to lapse. It
+// returns applied and the count of A's handler calls.
+func creditThenCutOff(t *testing.T, b *faultyBundle, pause time.Duration) (applied <-chan struct{}, calls *atomic.Int64) {
+	t.Helper()
+	calls = &atomic.Int64{}
+	done := make(chan struct{})
+	var once sync.Once
+	_, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
+		calls.Add(1)
+		_, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
+		if err != nil {
+			return err
+		}
+		once.Do(func() {
+			b.f.Pause(pause)
+			close(done)
+		})
+		<-ctx.Done() // the claim lapses while A cannot renew it
+		return nil
+	})
+	require.NoError(t, err)
+	return done, calls
+}
+
 // TestWorkerCutOffForGoodIsTakenOver: as TestWorkerPausedPastItsClaim, but
 // A never hears from the server again (a partition, or a process killed
 // mid-job) and its Run is stopped: B, already running, takes the job over
@@ -291,27 +310,10 @@ func TestOwnConditionalWrite(t *testing.T) {
 func TestWorkerCutOffForGoodIsTakenOver(t *testing.T) {
 	t.Parallel()
 	const ttl = 2 * time.Second
-	b := setupFaulty(t, &deferred.Options{VisibilityTimeout: ttl, Owner: "A"})
-	qb := b.queue(t, nil, &deferred.Options{VisibilityTimeout: ttl, Owner: "B"})
-	b.insert(t, "ana")
+	b, qb := setupAB(t, ttl)
 
-	var aCalls, bCalls atomic.Int64
-	applied := make(chan struct{})
-	var once sync.Once
-	_, err := deferred.Register(b.fqueue, "credit", func(ctx context.Context, job *deferred.Job, c credit) error {
-		aCalls.Add(1)
-		_, err := deferred.Guarded(ctx, job, b.frepo, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
-		if err != nil {
-			return err
-		}
-		once.Do(func() {
-			b.f.Pause(time.Hour) // A is cut off for good
-			close(applied)
-		})
-		<-ctx.Done()
-		return nil
-	})
-	require.NoError(t, err)
+	var bCalls atomic.Int64
+	applied, aCalls := creditThenCutOff(t, b, time.Hour) // A is cut off for good
 	kb := registerCredit(t, qb, b.accounts, &bCalls)
 
 	id1 := enqueue(t, b.ctx, kb, "ana", credit{Amount: 5})

@@ -57,6 +57,14 @@ func writeKind(c *mongotest.Command) string {
 	return ""
 }
 
+// failWrite makes the next write of kind (writeKind) of move id through f
+// fail for sure, before it applies, with an error no retry gets past.
+func failWrite(f *mongotest.Faulty, kind string, id bson.ObjectID) *mongotest.Fault {
+	return f.ErrorBeforeApply(func(c *mongotest.Command) bool {
+		return writeKind(c) == kind && strings.Contains(c.Body.String(), id.Hex())
+	}, mongotest.ServerError{Code: 2, CodeName: "BadValue"})
+}
+
 func kindIs(kind string) mongotest.Match {
 	return func(c *mongotest.Command) bool { return writeKind(c) == kind }
 }

@@ -47,22 +47,19 @@ func setup(t testing.TB) *bundle {
 // Faulty one), with fast polls and backoffs.
 func (b *bundle) queue(t testing.TB, db *mongo.Database) *deferred.Queue {
 	t.Helper()
-	if db == nil {
-		db = b.db.Database
-	}
-	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{
-		PollInterval: 50 * time.Millisecond,
-		HoleTimeout:  500 * time.Millisecond,
-		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		MaxAttempts:  1000,
-	})
-	require.NoError(t, err)
-	return q
+	return b.queueWith(t, db, 1000)
 }
 
 // queueOnce returns a Queue on the jobs collection of db that gives a job
 // one attempt: a relay that fails once dies, and leaves its move to Sweep.
 func (b *bundle) queueOnce(t testing.TB, db *mongo.Database) *deferred.Queue {
+	t.Helper()
+	return b.queueWith(t, db, 1)
+}
+
+// queueWith returns a Queue on the jobs collection of db (nil: the test's
+// own), with fast polls and backoffs, that tries a job maxAttempts times.
+func (b *bundle) queueWith(t testing.TB, db *mongo.Database, maxAttempts int) *deferred.Queue {
 	t.Helper()
 	if db == nil {
 		db = b.db.Database
@@ -71,7 +68,7 @@ func (b *bundle) queueOnce(t testing.TB, db *mongo.Database) *deferred.Queue {
 		PollInterval: 50 * time.Millisecond,
 		HoleTimeout:  500 * time.Millisecond,
 		Backoff:      retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-		MaxAttempts:  1,
+		MaxAttempts:  maxAttempts,
 	})
 	require.NoError(t, err)
 	return q

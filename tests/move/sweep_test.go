@@ -1,7 +1,6 @@
 package move_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -9,7 +8,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/mongocas/mongocas/deferred"
-	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
 )
 
@@ -47,9 +45,7 @@ func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 	m := b.mover(t, once, f.Database, opts)
 	id, err := m.Move(b.ctx, "ana", "shut", 30, nil)
 	require.NoError(t, err)
-	failed := f.ErrorBeforeApply(func(c *mongotest.Command) bool {
-		return writeKind(c) == "finish" && strings.Contains(c.Body.String(), id.Hex())
-	}, mongotest.ServerError{Code: 2, CodeName: "BadValue"})
+	failed := failWrite(f, "finish", id)
 	stop := run(t, once)
 	select {
 	case <-failed.Fired():

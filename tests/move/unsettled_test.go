@@ -1,7 +1,6 @@
 package move_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -47,12 +46,7 @@ func TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt(t *testing.T) {
 	require.NoError(t, err)
 	toCy2, err := m.Move(b.ctx, "ana", "cy", 7, nil)
 	require.NoError(t, err)
-	dieAt := func(kind string, id bson.ObjectID) *mongotest.Fault {
-		return f.ErrorBeforeApply(func(c *mongotest.Command) bool {
-			return writeKind(c) == kind && strings.Contains(c.Body.String(), id.Hex())
-		}, mongotest.ServerError{Code: 2, CodeName: "BadValue"})
-	}
-	finish, record := dieAt("finish", toBen), dieAt("record", toCy2)
+	finish, record := failWrite(f, "finish", toBen), failWrite(f, "record", toCy2)
 	stop := run(t, once)
 	for _, fault := range []*mongotest.Fault{finish, record} {
 		select {
