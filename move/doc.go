@@ -28,6 +28,31 @@
 // moves prints it); Options.Observer receives each debit and settlement
 // (package observe).
 //
+// # Many moves, all or nothing
+//
+// MoveAll makes several moves or none: an order that reserves 2 mugs and 1
+// kettle, each a step from an item to the order.
+//
+//	saga, err := mover.MoveAll(ctx, []move.Step{
+//		{From: "mug", To: "order-17", Amount: 2},
+//		{From: "kettle", To: "order-17", Amount: 1},
+//	})
+//	switch {
+//	case errors.Is(err, versioned.ErrGuardFailed): // an item is short (StepError says which): nothing moved
+//	case err != nil:
+//	default: // every item is reserved; the relay credits order-17
+//	}
+//
+// Each step's debit records the saga in its pending entry, and its target
+// is prepared (it exists and matches Options.Accept). Then the saga is
+// decided once, in the outcomes collection: done if every debit and
+// preparation landed, returned otherwise. Nothing is credited before the
+// decision; a returned saga's debits go back to their sources (MoveAll
+// sends them back before it returns; the relay returns any that lands
+// later). A MoveAll whose process dies before it decides is decided
+// returned by the relay once Sweep finds its debits (after Options.Grace):
+// Grace bounds how long a MoveAll may take. SagaStatus reads the decision.
+//
 // # Guarantees
 //
 // Given MongoDB's single-document atomicity and the deferred and versioned
@@ -43,6 +68,10 @@
 //   - Conservation: over a set of documents closed under the moves among
 //     them, the sum of the values plus the pending entries not yet credited
 //     (Total.Sum) is the same at every instant. Sum reads it.
+//   - All or nothing: a saga's decision is made once; decided done, every
+//     step is credited exactly once (unless its target is deleted); decided
+//     returned, none is credited and every debit that landed is returned
+//     exactly once.
 //   - No value goes below zero through a move: the debit requires the value
 //     to be at least the amount.
 //   - Bad input is refused before anything is sent: ids are checked by
@@ -66,8 +95,15 @@
 //     versioned.ErrUnknownOutcome when the debit's outcome could not be
 //     settled (the move's id comes with it). Nothing moved for the first
 //     two.
+//   - From MoveAll: a *StepError matching ErrAborted and the step's error
+//     (versioned.ErrGuardFailed: a source short or its Cond false, or a
+//     target not matching Options.Accept; versioned.ErrNotFound: a missing
+//     source or target; versioned.ErrUnknownOutcome: a debit or preparation
+//     not settled; the context's error), with Step -1 when the relay decided
+//     first; versioned.ErrUnknownOutcome (not ErrAborted) when the decision
+//     itself could not be written or read: SagaStatus tells.
 //   - From Status: ErrNotFound for a move neither the source nor the
-//     outcomes collection knows.
+//     outcomes collection knows; from SagaStatus, for a saga not decided.
 //   - From Sum: versioned.ErrConflict when Options.Collects reads never
 //     agreed (the documents kept changing).
 //   - A context that ended: the context's error, wrapped.

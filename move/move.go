@@ -15,6 +15,7 @@ import (
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -83,6 +84,12 @@ type Options struct {
 	// repositories of the collection, and its VersionField the default
 	// ("version"; another is refused). nil means versioned's defaults.
 	Repo *versioned.Options
+	// Retry is the policy under which Move and MoveAll send a debit or a
+	// preparation again after a transient error that left it unapplied
+	// (versioned reports such errors only for writes it did not apply; a
+	// lost reply is settled instead). Zero fields take retry's defaults
+	// (retries for 2 s). The relay's steps are retried by the queue.
+	Retry retry.Policy
 	// Observer, if not nil, receives the Mover's events (observe.MoveDebited
 	// from Move, observe.MoveDone and observe.MoveReturned from the relay),
 	// and the repository's when Repo has no Observer of its own. The relay
@@ -125,6 +132,7 @@ type Mover struct {
 	accept   bson.D
 	grace    time.Duration
 	collects int
+	retry    retry.Policy
 	observer observe.Observer
 }
 
@@ -163,6 +171,9 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	if o.Field == o.StateField || o.Field == "_id" {
 		return nil, invalid("new", "Field", "must differ from StateField and _id", nil)
 	}
+	if err := o.Retry.Validate(); err != nil {
+		return nil, invalid("new", "Retry", "", err)
+	}
 	if o.Grace < 0 || o.Collects < 2 {
 		return nil, invalid("new", "Options", "Grace must not be negative, Collects must be at least 2", nil)
 	}
@@ -192,7 +203,7 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	m := &Mover{
 		coll: coll, repo: repo, majority: settle.NewMajority(coll), outcomes: o.Outcomes,
 		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
-		grace: o.Grace, collects: o.Collects, observer: o.Observer,
+		grace: o.Grace, collects: o.Collects, retry: o.Retry, observer: o.Observer,
 	}
 	m.relay, err = deferred.Register(q, o.Name, m.run)
 	if err != nil {
@@ -289,29 +300,16 @@ func (m *Mover) Move(ctx context.Context, from, to any, amount int64, cond any) 
 			return bson.ObjectID{}, invalid("move", "cond", "not a document", err)
 		}
 	}
-	id := bson.NewObjectID()
-	filter := bson.D{{Key: m.field, Value: bson.D{{Key: "$gte", Value: amount}}}}
-	if cond != nil {
-		filter = bson.D{{Key: "$and", Value: bson.A{filter, cond}}}
-	}
-	update := bson.D{
-		{Key: "$inc", Value: bson.D{{Key: m.field, Value: -amount}, {Key: m.state + ".n", Value: int64(1)}}},
-		{Key: "$set", Value: bson.D{{Key: m.path("o", id), Value: bson.D{
-			{Key: "to", Value: dst}, {Key: "v", Value: amount}, {Key: "at", Value: time.Now()},
-		}}}},
-	}
-	if _, err := m.repo.Guarded(ctx, src, filter, update); err != nil {
-		err = fmt.Errorf("move: debit %s: %w", src, err)
+	a := relayArgs{M: bson.NewObjectID(), From: src, To: dst, V: amount}
+	if err := m.debit(ctx, a, cond, bson.ObjectID{}); err != nil {
 		if errors.Is(err, store.ErrUnknownOutcome) {
-			return id, err // it may have landed: Status(id) and Sweep will tell
+			return a.M, err // it may have landed: Status(id) and Sweep will tell
 		}
 		return bson.ObjectID{}, err
 	}
 	// The debit landed: a failed enqueue leaves the entry to Sweep.
-	a := relayArgs{M: id, From: src, To: dst, V: amount}
-	m.event(ctx, observe.MoveDebited, "move", a, 0)
 	_, _ = m.relay.Enqueue(store.NoSession(ctx), dst, a)
-	return id, nil
+	return a.M, nil
 }
 
 // checkEnds checks both ids and that they differ.

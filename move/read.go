@@ -104,8 +104,9 @@ const (
 	// is on the source until the outcomes collection records it.
 	StageOutcome Stage = "outcome"
 	// StageMarker: the target's marker of the move (Outcome Done: the
-	// credit applied; Returned: it never will), until the source has
-	// neither a pending entry nor an outcome of it.
+	// credit applied; Returned: it never will; Pending: a MoveAll's target
+	// admits the credit, not applied yet), until the source has neither a
+	// pending entry nor an outcome of it.
 	StageMarker Stage = "marker"
 )
 
@@ -122,8 +123,8 @@ type Entry struct {
 	// From and To are the move's ends; Amount its value.
 	From, To bson.RawValue
 	Amount   int64
-	// Outcome is Done or Returned for StageOutcome and StageMarker, empty
-	// for StagePending.
+	// Outcome is Done or Returned for StageOutcome and StageMarker (Pending
+	// for a MoveAll's prepared marker), empty for StagePending.
 	Outcome Status
 	// At is when the record was written, by the writing process's clock.
 	At time.Time
@@ -223,8 +224,11 @@ func entryOf(id bson.RawValue, part string, el bson.RawElement) (Entry, bool) {
 		e.Outcome = Status(s)
 	default:
 		e.Stage, e.From, e.To, e.Outcome = StageMarker, d.Lookup("from"), id, Done
-		if d.Lookup("r").Type != 0 {
+		switch {
+		case d.Lookup("r").Type != 0:
 			e.Outcome = Returned
+		case d.Lookup("p").Type != 0:
+			e.Outcome = Pending // a saga's target prepared, not credited
 		}
 	}
 	return e, e.To.Type != 0 && e.From.Type != 0
@@ -324,8 +328,8 @@ func (m *Mover) total(docs []bson.Raw) Total {
 	credited := map[string]bool{}
 	for _, d := range docs {
 		for _, e := range m.entries(d, "i") {
-			if doc, ok := e.Value().DocumentOK(); ok && doc.Lookup("r").Type == 0 {
-				credited[e.Key()] = true // a credit marker, not a refusal
+			if doc, ok := e.Value().DocumentOK(); ok && doc.Lookup("r").Type == 0 && doc.Lookup("p").Type == 0 {
+				credited[e.Key()] = true // a credit marker, not a refusal or a saga's preparation
 			}
 		}
 	}

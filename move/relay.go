@@ -29,6 +29,7 @@ const (
 	noMarker marker = iota
 	creditMarker
 	refusalMarker
+	preparedMarker // a saga's target admits the credit (MoveAll's P)
 )
 
 // readRaw reads a document at read concern majority; nil if missing.
@@ -61,6 +62,9 @@ func (m *Mover) markerOf(doc bson.Raw, id bson.ObjectID) marker {
 		if _, err := d.LookupErr("r"); err == nil {
 			return refusalMarker
 		}
+		if _, err := d.LookupErr("p"); err == nil {
+			return preparedMarker
+		}
 	}
 	return creditMarker
 }
@@ -82,13 +86,20 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 		// not the job's: a job Sweep rebuilt from a refusal marker or an
 		// outcome carries none.
 		var debited time.Time
+		var saga bson.ObjectID
 		if d, ok := o.DocumentOK(); ok {
 			if v, ok := d.Lookup("v").AsInt64OK(); ok {
 				a.V = v
 			}
 			debited, _ = d.Lookup("at").TimeOK()
+			saga, _ = d.Lookup("g").ObjectIDOK()
 		}
-		outcome, err := m.decide(ctx, job, a, &stamped)
+		var outcome Status
+		if saga.IsZero() {
+			outcome, err = m.decide(ctx, job, a, &stamped)
+		} else {
+			outcome, err = m.settleStep(ctx, job, a, saga, &stamped)
+		}
 		if err != nil {
 			return err
 		}
@@ -129,7 +140,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		return Returned, nil
 	}
 	if mk := m.markerOf(dst, a.M); mk != noMarker {
-		return outcomeOf(mk), nil
+		return outcomeOf(mk)
 	}
 	absent := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
 	cond := absent
@@ -170,7 +181,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 	// or a read does.
 	if got != nil && got.raw != nil {
 		if mk := m.markerOf(got.raw, a.M); mk != noMarker {
-			return outcomeOf(mk), nil
+			return outcomeOf(mk)
 		}
 	}
 	if dst, err = m.readRaw(ctx, a.To); err != nil {
@@ -180,16 +191,23 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		return Returned, nil
 	}
 	if mk := m.markerOf(dst, a.M); mk != noMarker {
-		return outcomeOf(mk), nil
+		return outcomeOf(mk)
 	}
 	return "", errUnsettled
 }
 
-func outcomeOf(mk marker) Status {
-	if mk == creditMarker {
-		return Done
+// outcomeOf is the outcome a final marker means. A prepared marker is
+// never final, and a plain move's target never has one (only MoveAll's P
+// writes them, under the saga's own move ids).
+func outcomeOf(mk marker) (Status, error) {
+	switch mk {
+	case creditMarker:
+		return Done, nil
+	case preparedMarker:
+		return "", retry.Permanent(errors.New("move: relay: a move outside a saga found a prepared marker"))
+	case noMarker, refusalMarker:
 	}
-	return Returned
+	return Returned, nil
 }
 
 // finish is F: the pending entry leaves the source, with the outcome in its
