@@ -13,10 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/mongocas/mongocas/deferred"
-	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
-	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/tests/internal/stress"
 	"github.com/mongocas/mongocas/versioned"
 )
@@ -68,31 +65,7 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	jobs := b.queue(t, nil) // never run: its Counts say what the relays have left to do
 	obs := b.mover(t, jobs, nil, opts())
 
-	type process struct {
-		f     *mongotest.Faulty
-		q     *deferred.Queue
-		m     *move.Mover
-		stop  func()
-		alive atomic.Bool
-	}
-	procs := make([]*process, processes)
-	for i := range procs {
-		p := &process{f: b.db.Faulty(t, nil)}
-		q, err := deferred.New(b.db.Collection("jobs"), &deferred.Options{
-			Owner:             fmt.Sprintf("process-%d", i),
-			PollInterval:      50 * time.Millisecond,
-			HoleTimeout:       500 * time.Millisecond,
-			VisibilityTimeout: 3 * time.Second,
-			Backoff:           retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
-			MaxAttempts:       1000,
-		})
-		require.NoError(t, err)
-		p.q = q
-		p.m = b.mover(t, q, p.f.Database, opts())
-		p.stop = run(t, q)
-		p.alive.Store(true)
-		procs[i] = p
-	}
+	procs := b.processes(t, processes, opts)
 
 	var (
 		mu     sync.Mutex
@@ -142,104 +115,16 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 		}
 	}
 
-	// Faults: every 40ms, one of a move's writes on a random live process
-	// loses its reply, or is held and delivered 50-300ms later.
-	var held []*mongotest.Fault
-	kinds := []string{"debit", "credit", "refusal", "finish", "record", "clean"}
-	wg.Go(func() {
-		rng := rand.New(rand.NewPCG(7, 7))
-		tick := time.NewTicker(40 * time.Millisecond)
-		defer tick.Stop()
-		for ctx.Err() == nil {
-			<-tick.C
-			p := procs[rng.IntN(len(procs))]
-			if !p.alive.Load() {
-				continue
-			}
-			k := kindIs(kinds[rng.IntN(len(kinds))])
-			if rng.IntN(2) == 0 {
-				p.f.DropNextReply(k)
-				continue
-			}
-			h := p.f.HoldNext(k)
-			mu.Lock()
-			held = append(held, h)
-			mu.Unlock()
-			delay := time.Duration(50+rng.IntN(250)) * time.Millisecond
-			wg.Go(func() {
-				select {
-				case <-h.Fired():
-					time.Sleep(delay)
-					_, _ = h.Deliver(context.Background())
-				case <-ctx.Done():
-				}
-			})
-		}
-	})
+	held := faults(ctx, &wg, procs, 40*time.Millisecond, []string{"debit", "credit", "refusal", "finish", "record", "clean"})
 
-	// Sampler: every 100ms the sum of balances plus pending entries.
-	var samples, unstable atomic.Int64
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			time.Sleep(100 * time.Millisecond)
-			s, err := obs.Sum(context.Background(), ids...)
-			if errors.Is(err, versioned.ErrConflict) {
-				unstable.Add(1)
-				continue
-			}
-			if err != nil {
-				t.Errorf("Sum: %v", err)
-				return
-			}
-			samples.Add(1)
-			if s.Sum != total {
-				t.Errorf("sampled sum %d (%+v), want %d", s.Sum, s, total)
-			}
-		}
-	})
+	samples, unstable := sample(ctx, t, &wg, obs, ids, total)
 
 	// Process 1 is cut off halfway: its connections fail, its queue stops.
 	time.Sleep(duration / 2)
-	procs[1].alive.Store(false)
-	procs[1].f.Pause(time.Hour)
-	procs[1].stop()
+	procs[1].cutOff()
 	wg.Wait()
-
-	// Deliver what is still held, then let the relay and Sweep settle all.
-	mu.Lock()
-	for _, h := range held {
-		if h.HasFired() {
-			_, _ = h.Deliver(context.Background())
-		}
-	}
-	mu.Unlock()
-	// Sweep runs when the relays have no job left to do, as an operator's
-	// periodic Sweep finds only what no job covers: a Sweep every few
-	// hundred milliseconds while hundreds of jobs wait would enqueue a
-	// duplicate of each faster than a slow server drains them.
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		n, err := b.db.Collection("accounts").CountDocuments(b.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$gt", Value: 0}}}})
-		require.NoError(t, err)
-		if n == 0 {
-			break
-		}
-		counts, err := jobs.Counts(b.ctx)
-		require.NoError(t, err)
-		left := counts[deferred.StateAvailable] + counts[deferred.StateRetryable] + counts[deferred.StateRunning]
-		if time.Now().After(deadline) {
-			var running []bson.M
-			cur, err := b.db.Collection("jobs").Find(b.ctx, bson.D{{Key: "state", Value: deferred.StateRunning}})
-			require.NoError(t, err)
-			require.NoError(t, cur.All(b.ctx, &running))
-			t.Fatalf("%d documents still carry move state; jobs %v; running: %v", n, counts, running)
-		}
-		if left == 0 {
-			_, err := obs.Sweep(b.ctx)
-			require.NoError(t, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	held.deliverAll() // what is still held; then the relay and Sweep settle all
+	b.settleAll(t, obs, jobs)
 	b.requireNoMoveState(t)
 
 	want := map[string]int64{"shut": 0}
@@ -280,5 +165,5 @@ func TestConcurrentMovesConserveTheTotal(t *testing.T) {
 	require.Positive(t, done)
 	require.Positive(t, returned)
 	t.Logf("%d moves: %d done, %d returned, %d debits that did not land; %d refused; %d samples, %d unstable; %d held copies",
-		len(moves), done, returned, lost, failed.Load(), samples.Load(), unstable.Load(), len(held))
+		len(moves), done, returned, lost, failed.Load(), samples.Load(), unstable.Load(), held.count())
 }
