@@ -18,8 +18,20 @@ import (
 )
 
 // writeKind names a move's write from its findAndModify on the accounts:
-// debit, credit, refusal, finish, record, clean; "" for anything else.
+// debit, credit, refusal, prepare (MoveAll's), finish, record, clean; and
+// decide, MoveAll's and the relay's upsert of a saga's decision; "" for
+// anything else.
 func writeKind(c *mongotest.Command) string {
+	if strings.EqualFold(c.Name, "update") && c.Collection == "accounts_moves" {
+		for _, u := range c.Sequences["updates"] {
+			if strings.Contains(u.String(), `"saga"`) {
+				return "decide"
+			}
+		}
+		if strings.Contains(c.Body.String(), `"saga"`) {
+			return "decide"
+		}
+	}
 	if !strings.EqualFold(c.Name, "findAndModify") || c.Collection != "accounts" {
 		return ""
 	}
@@ -45,6 +57,8 @@ func writeKind(c *mongotest.Command) string {
 		return "debit"
 	case has("$set", "_mv.i.") && has("$inc", "balance"):
 		return "credit"
+	case has("$set", "_mv.i.") && strings.Contains(upd.Lookup("$set").String(), `"p": true`):
+		return "prepare"
 	case has("$set", "_mv.i."):
 		return "refusal"
 	case has("$unset", "_mv.o."):

@@ -1,0 +1,344 @@
+package move_test
+
+// MoveAll: many moves, all or nothing (DESIGN.md, "Many moves, all or
+// nothing"): a decided saga's moves are all credited or all returned,
+// whatever fails, stalls or arrives late.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/mongotest"
+	"github.com/mongocas/mongocas/move"
+	"github.com/mongocas/mongocas/observe"
+	"github.com/mongocas/mongocas/versioned"
+)
+
+// shop is the collection of items (mug 10, kettle 5, pan 3), an order
+// (order-1, 0), a closed document (shut: it refuses credits), a fault
+// proxy, a queue (not running) and a Mover whose traffic goes through the
+// proxy.
+type shop struct {
+	*bundle
+	f *mongotest.Faulty
+	q *deferred.Queue
+	m *move.Mover
+}
+
+var shopDocs = []any{"mug", "kettle", "pan", "order-1", "shut"}
+
+const shopTotal = 18
+
+func setupShop(t *testing.T, obs observe.Observer) *shop {
+	t.Helper()
+	b := setup(t)
+	f := b.db.Faulty(t, nil)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, f.Database, &move.Options{Field: "balance", Grace: time.Nanosecond,
+		Outcomes: f.Collection("accounts_moves"), Observer: obs,
+		Accept: bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}}})
+	b.insert(t, "mug", 10)
+	b.insert(t, "kettle", 5)
+	b.insert(t, "pan", 3)
+	b.insert(t, "order-1", 0)
+	require.NoError(t, b.accounts.Insert(b.ctx, &account{ID: "shut", Closed: true}))
+	return &shop{bundle: b, f: f, q: q, m: m}
+}
+
+// order is the three steps of the shop's tests, into order-1: 2 mugs, a
+// kettle and pans (3 are in stock).
+func order(pan int64) []move.Step {
+	return []move.Step{
+		{From: "mug", To: "order-1", Amount: 2},
+		{From: "kettle", To: "order-1", Amount: 1},
+		{From: "pan", To: "order-1", Amount: pan},
+	}
+}
+
+// waitSaga waits until every move of s is settled and the shop carries no
+// move state, and requires each move's status to be want (or, for a
+// returned saga, ErrNotFound for a step whose debit never landed).
+func (s *shop) waitSaga(t *testing.T, steps []move.Step, saga move.Saga, want move.Status) {
+	t.Helper()
+	obs := s.observer(t)
+	var st move.Status
+	require.Eventually(t, func() bool { // the relay decides one MoveAll could not
+		var err error
+		st, err = obs.SagaStatus(s.ctx, saga.ID)
+		if errors.Is(err, move.ErrNotFound) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, 2*time.Minute, 20*time.Millisecond, "the saga is undecided")
+	require.Equal(t, want, st, "the saga's decision")
+	for i, id := range saga.Moves {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			got, err := obs.Status(s.ctx, steps[i].From, id)
+			if want == move.Returned && errors.Is(err, move.ErrNotFound) {
+				break // its debit never landed
+			}
+			require.NoError(t, err, "step %d", i)
+			if got != move.Pending {
+				require.Equal(t, want, got, "step %d", i)
+				break
+			}
+			require.False(t, time.Now().After(deadline), "step %d still pending after 2 minutes", i)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	s.requireNoMoveState(t)
+}
+
+func (s *shop) requireBalances(t *testing.T, want map[string]int64, when string) {
+	t.Helper()
+	for id, bal := range want {
+		require.Equal(t, bal, s.balance(t, id), "%s: %s", id, when)
+	}
+	total, err := s.observer(t).Sum(s.ctx, shopDocs...)
+	require.NoError(t, err)
+	require.Equal(t, int64(shopTotal), total.Sum, when)
+}
+
+var (
+	unchanged = map[string]int64{"mug": 10, "kettle": 5, "pan": 3, "order-1": 0, "shut": 0}
+	ordered   = map[string]int64{"mug": 8, "kettle": 4, "pan": 0, "order-1": 6, "shut": 0}
+)
+
+// TestMoveAllCreditsEveryTargetOrReturnsEveryDebit runs a saga that lands,
+// and sagas where one step fails at its source (short, missing) or at its
+// target (refusing, missing): the failure says which step and why, and
+// every debit already made is returned, exactly once.
+func TestMoveAllCreditsEveryTargetOrReturnsEveryDebit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps []move.Step
+		step  int // the failing step, -1 for none
+		end   string
+		cause error
+	}{
+		{"every step lands", order(3), -1, "", nil},
+		{"the last source is short", order(4), 2, "from", versioned.ErrGuardFailed},
+		{"a source fails its condition", []move.Step{
+			{From: "mug", To: "order-1", Amount: 2},
+			{From: "kettle", To: "order-1", Amount: 1, Cond: bson.D{{Key: "balance", Value: bson.D{{Key: "$gte", Value: 100}}}}},
+		}, 1, "from", versioned.ErrGuardFailed},
+		{"a source is missing", []move.Step{
+			{From: "mug", To: "order-1", Amount: 2},
+			{From: "ghost", To: "order-1", Amount: 1},
+		}, 1, "from", versioned.ErrNotFound},
+		{"a target refuses", []move.Step{
+			{From: "mug", To: "order-1", Amount: 2},
+			{From: "kettle", To: "shut", Amount: 1},
+		}, 1, "to", versioned.ErrGuardFailed},
+		{"a target is missing", []move.Step{
+			{From: "mug", To: "order-1", Amount: 2},
+			{From: "kettle", To: "order-1", Amount: 1},
+			{From: "pan", To: "ghost", Amount: 1},
+		}, 2, "to", versioned.ErrNotFound},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			s := setupShop(t, nil)
+			run(t, s.q)
+			saga, err := s.m.MoveAll(s.ctx, tc.steps)
+			require.Len(t, saga.Moves, len(tc.steps))
+			if tc.step < 0 {
+				require.NoError(t, err)
+				s.waitSaga(t, tc.steps, saga, move.Done)
+				s.requireBalances(t, ordered, "after the relay")
+				return
+			}
+			require.ErrorIs(t, err, move.ErrAborted)
+			require.ErrorIs(t, err, tc.cause)
+			var se *move.StepError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, tc.step, se.Step)
+			require.Equal(t, tc.end, se.End)
+			require.Equal(t, saga.ID, se.Saga)
+			s.waitSaga(t, tc.steps, saga, move.Returned)
+			s.requireBalances(t, unchanged, "after the relay")
+		})
+	}
+}
+
+// TestMoveAllRefusesBadInputAndWritesNothing: nothing is debited, nothing
+// is decided.
+func TestMoveAllRefusesBadInputAndWritesNothing(t *testing.T) {
+	s := setupShop(t, nil)
+	many := make([]move.Step, move.MaxSteps+1)
+	for i := range many {
+		many[i] = move.Step{From: "mug", To: "order-1", Amount: 1}
+	}
+	for name, steps := range map[string][]move.Step{
+		"no step":          nil,
+		"too many steps":   many,
+		"a zero amount":    {{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-1", Amount: 0}},
+		"a negative one":   {{From: "mug", To: "order-1", Amount: -2}},
+		"the same ends":    {{From: "mug", To: "mug", Amount: 2}},
+		"an operator id":   {{From: "mug", To: "order-1", Amount: 2}, {From: bson.M{"$gt": ""}, To: "order-1", Amount: 1}},
+		"a nil target":     {{From: "mug", To: nil, Amount: 2}},
+		"a cond not a doc": {{From: "mug", To: "order-1", Amount: 2, Cond: 42}},
+	} {
+		_, err := s.m.MoveAll(s.ctx, steps)
+		require.ErrorIs(t, err, move.ErrInvalid, name)
+		var ie *move.InvalidError
+		require.ErrorAs(t, err, &ie, name)
+	}
+	s.requireBalances(t, unchanged, "after bad input")
+	n, err := s.db.Collection("accounts_moves").CountDocuments(s.ctx, bson.D{})
+	require.NoError(t, err)
+	require.Zero(t, n, "a decision was written")
+	s.requireNoMoveState(t)
+}
+
+// TestSagaWhoseDecisionNeverLandsIsReturnedByTheRelay: MoveAll debits and
+// prepares every step, then its decision fails for good; the relay, finding
+// no decision, decides returned and returns every debit.
+func TestSagaWhoseDecisionNeverLandsIsReturnedByTheRelay(t *testing.T) {
+	s := setupShop(t, nil)
+	refused := s.f.ErrorBeforeApply(kindIs("decide"), mongotest.ServerError{Code: 2, CodeName: "BadValue"})
+	run(t, s.q)
+	steps := order(3)
+	saga, err := s.m.MoveAll(s.ctx, steps)
+	require.ErrorIs(t, err, versioned.ErrUnknownOutcome)
+	require.NotErrorIs(t, err, move.ErrAborted)
+	require.True(t, refused.HasFired())
+	s.waitSaga(t, steps, saga, move.Returned)
+	s.requireBalances(t, unchanged, "after the relay")
+}
+
+// stall is an Observer that, at the first debit it sees, runs fn.
+type stall struct {
+	once sync.Once
+	fn   func()
+}
+
+func (s *stall) Start(ctx context.Context, _ observe.Event) context.Context { return ctx }
+func (s *stall) Observe(_ context.Context, e observe.Event) {
+	if e.Kind == observe.MoveDebited {
+		s.once.Do(s.fn)
+	}
+}
+
+// TestSagaStalledPastGraceIsReturnedAndItsLaterDebitsToo: MoveAll stalls
+// after its first debit, longer than Grace; Sweep relays that debit, and
+// the relay decides the saga returned. MoveAll then makes its other steps
+// and finds the decision: it reports the abort (Step -1), and the debits
+// it made after the decision are returned too.
+func TestSagaStalledPastGraceIsReturnedAndItsLaterDebitsToo(t *testing.T) {
+	var s *shop
+	var saga move.Saga
+	hook := &stall{}
+	s = setupShop(t, hook)
+	obs := s.observer(t)
+	run(t, s.q)
+	hook.fn = func() {
+		_, err := obs.Sweep(s.ctx)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			n, err := s.db.Collection("accounts_moves").CountDocuments(s.ctx, bson.D{{Key: "saga", Value: true}, {Key: "outcome", Value: "returned"}})
+			require.NoError(t, err)
+			return n == 1
+		}, time.Minute, 20*time.Millisecond, "the relay did not decide the stalled saga")
+	}
+	steps := order(3)
+	saga, err := s.m.MoveAll(s.ctx, steps)
+	require.ErrorIs(t, err, move.ErrAborted)
+	var se *move.StepError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, -1, se.Step)
+	require.Contains(t, err.Error(), "aborted by the relay")
+	s.waitSaga(t, steps, saga, move.Returned)
+	for i, id := range saga.Moves { // every step debited: all came back
+		st, err := obs.Status(s.ctx, steps[i].From, id)
+		require.NoError(t, err)
+		require.Equal(t, move.Returned, st, "step %d", i)
+	}
+	s.requireBalances(t, unchanged, "after the relay")
+}
+
+// TestEverySagaWriteHeldAndDeliveredLateChangesNothing holds the first copy
+// of each kind of write of a saga (the client gets a network error and the
+// write is sent again), lets the saga settle, pushes the write ids out of
+// every document, then delivers the copy: no balance, decision or status
+// changes. A late preparation may leave a marker without value, which
+// Sweep's relay removes (DESIGN.md).
+func TestEverySagaWriteHeldAndDeliveredLateChangesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		kind    string
+		steps   []move.Step
+		outcome move.Status
+	}{
+		{"debit", order(3), move.Done},
+		{"prepare", order(3), move.Done},
+		{"decide", order(3), move.Done},
+		{"credit", order(3), move.Done},
+		{"finish", order(3), move.Done},
+		{"clean", order(3), move.Done},
+		{"debit", order(4), move.Returned},
+		{"prepare", order(4), move.Returned},
+		{"decide", order(4), move.Returned},
+		{"finish", order(4), move.Returned},
+		{"clean", order(4), move.Returned},
+	} {
+		t.Run(tc.kind+"_"+string(tc.outcome), func(t *testing.T) {
+			s := setupShop(t, nil)
+			held := s.f.HoldNext(kindIs(tc.kind))
+			run(t, s.q)
+			saga, err := s.m.MoveAll(s.ctx, tc.steps)
+			if tc.outcome == move.Done {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, move.ErrAborted)
+			}
+			s.waitSaga(t, tc.steps, saga, tc.outcome)
+			select {
+			case <-held.Fired():
+			case <-time.After(time.Minute):
+				t.Fatalf("no %s write was held", tc.kind)
+			}
+			want := ordered
+			if tc.outcome == move.Returned {
+				want = unchanged
+			}
+			s.requireBalances(t, want, "before the late copy")
+			for _, id := range shopDocs {
+				for range 20 {
+					_, err := s.accounts.Guarded(s.ctx, id, nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "touched", Value: 1}}}})
+					require.NoError(t, err)
+				}
+			}
+
+			reply, err := held.Deliver(s.ctx)
+			require.NoError(t, err)
+			switch tc.kind {
+			case "decide":
+				require.Nil(t, reply.Lookup("upserted").Value, "the late decision inserted: %v", reply)
+				require.EqualValues(t, 0, reply.Lookup("nModified").AsInt64(), "the late decision changed it: %v", reply)
+			case "prepare":
+				// It may land: a marker with no value, for a settled move.
+				obs := s.observer(t)
+				require.Eventually(t, func() bool {
+					_, err := obs.Sweep(s.ctx)
+					require.NoError(t, err)
+					n, err := s.db.Collection("accounts").CountDocuments(s.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$gt", Value: 0}}}})
+					require.NoError(t, err)
+					return n == 0
+				}, time.Minute, 100*time.Millisecond)
+			default:
+				require.Equal(t, bson.TypeNull, reply.Lookup("value").Type, "the late %s copy matched a document: %v", tc.kind, reply)
+			}
+			s.requireBalances(t, want, "after the late copy")
+			s.waitSaga(t, tc.steps, saga, tc.outcome)
+		})
+	}
+}
