@@ -2,6 +2,7 @@ package move_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -17,7 +18,12 @@ import (
 	"github.com/mongocas/mongocas/versioned"
 )
 
-func TestMain(m *testing.M) { mongotest.Main(m, mongotest.CheckLeaks()) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(moverChild(spec)) // TestMovesOfAKilledProcessSettle's child
+	}
+	mongotest.Main(m, mongotest.CheckLeaks())
+}
 
 // account is the document moves move value between.
 type account struct {
