@@ -101,7 +101,11 @@
 //     source or target; versioned.ErrUnknownOutcome: a debit or preparation
 //     not settled; the context's error), with Step -1 when the relay decided
 //     first; versioned.ErrUnknownOutcome (not ErrAborted) when the decision
-//     itself could not be written or read: SagaStatus tells.
+//     itself could not be written or read: SagaStatus tells. Check
+//     ErrAborted first: a StepError also matches its step's
+//     ErrUnknownOutcome, yet the saga is returned. Outcome records of
+//     sagas must outlive their moves: a deleted decision would be decided
+//     again.
 //   - From Status: ErrNotFound for a move neither the source nor the
 //     outcomes collection knows; from SagaStatus, for a saga not decided.
 //   - From Sum: versioned.ErrConflict when Options.Collects reads never
