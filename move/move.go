@@ -125,6 +125,7 @@ type Mover struct {
 	repo     *versioned.Repo[account]
 	majority *settle.Majority
 	outcomes *mongo.Collection
+	decided  *settle.Majority // outcomes, read at majority
 	relay    *deferred.Kind[relayArgs]
 	field    string
 	state    string
@@ -201,7 +202,7 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 		return nil, invalid("new", "Field", "must differ from the version field", nil)
 	}
 	m := &Mover{
-		coll: coll, repo: repo, majority: settle.NewMajority(coll), outcomes: o.Outcomes,
+		coll: coll, repo: repo, majority: settle.NewMajority(coll), outcomes: o.Outcomes, decided: settle.NewMajority(o.Outcomes),
 		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
 		grace: o.Grace, collects: o.Collects, retry: o.Retry, observer: o.Observer,
 	}

@@ -276,20 +276,23 @@ func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error 
 // this attempt's C or R set that stamp already (deferred refuses a second
 // fenced write to one document in an attempt): then, and when the fenced
 // write finds the stamp set, a plain write conditioned on the marker.
+//
+// K never removes a prepared marker: its saga's step is settled only by
+// the saga's decision (Lemma 9), so a prepared marker goes in cleanPrepared.
 func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped bool) error {
-	update := bson.D{
-		{Key: "$unset", Value: bson.D{{Key: m.path("i", a.M), Value: ""}}},
-		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
+	cond := bson.D{
+		{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: true}}},
+		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: false}}},
 	}
-	done := func(err error) bool {
-		return errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound)
-	}
+	update := m.unmark(a)
 	if !stamped {
-		got, err := deferred.Guarded(ctx, job, m.repo, a.To, m.exists("i", a.M), update)
-		if done(err) {
+		got, err := deferred.Guarded(ctx, job, m.repo, a.To, cond, update)
+		switch {
+		case errors.Is(err, versioned.ErrNotFound):
 			return nil
-		}
-		if err != nil {
+		case errors.Is(err, versioned.ErrGuardFailed):
+			return m.cleanPrepared(ctx, a)
+		case err != nil:
 			return err
 		}
 		if got != nil && got.raw != nil {
@@ -300,8 +303,60 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 	}
 	// The stamp is at least the job's: a plain write, conditioned on the
 	// marker, removes it if the fenced one found it applied earlier.
-	_, err := m.repo.Guarded(ctx, a.To, m.exists("i", a.M), update)
-	if done(err) {
+	_, err := m.repo.Guarded(ctx, a.To, cond, update)
+	switch {
+	case errors.Is(err, versioned.ErrNotFound):
+		return nil
+	case errors.Is(err, versioned.ErrGuardFailed):
+		return m.cleanPrepared(ctx, a)
+	}
+	return err
+}
+
+// unmark is K's update: the marker of a goes.
+func (m *Mover) unmark(a relayArgs) bson.D {
+	return bson.D{
+		{Key: "$unset", Value: bson.D{{Key: m.path("i", a.M), Value: ""}}},
+		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
+	}
+}
+
+// cleanPrepared is K of a prepared marker, once the source has no pending
+// entry for its move: the marker goes only if the move's outcome is
+// recorded (the step settled: the marker is a late copy of P), or its saga
+// is decided "returned" (deciding it so if it is undecided, as settleStep
+// does). It stays while the saga is "done" and the step unsettled, which
+// only C_g settles: a source read that missed the debit (a source deleted
+// and inserted again, a read behind the write) must not take the credit's
+// condition away from a debit that is still pending (DESIGN.md, Lemma 9).
+func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
+	dst, err := m.readRaw(ctx, a.To)
+	if err != nil || dst == nil || m.markerOf(dst, a.M) != preparedMarker {
+		return err // no marker left, or one K removes: nothing more here
+	}
+	v, _ := m.entry(dst, "i", a.M)
+	saga, ok := v.Document().Lookup("g").ObjectIDOK()
+	if !ok {
+		return retry.Permanent(fmt.Errorf("move: relay %s: a prepared marker names no saga", a.M.Hex()))
+	}
+	settled, err := m.recorded(ctx, bson.D{{Key: "_id", Value: a.M}})
+	if err != nil {
+		return err
+	}
+	if settled == "" {
+		decided, err := m.decideSaga(ctx, saga, Returned)
+		if err != nil {
+			return err
+		}
+		if decided != Returned {
+			return errUnsettled // the debit is pending: a later read of the source finds it
+		}
+	}
+	_, err = m.repo.Guarded(ctx, a.To, bson.D{
+		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: true}}},
+		{Key: m.path("i", a.M) + ".g", Value: saga},
+	}, m.unmark(a))
+	if errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound) {
 		return nil
 	}
 	return err

@@ -11,7 +11,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/deferred"
-	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -99,8 +98,12 @@ func (e *StepError) Unwrap() error { return e.Err }
 // versioned.ErrUnknownOutcome: SagaStatus tells, and the relay decides
 // "returned" if the decision never landed.
 //
-// A target deleted after it was prepared leaves the set of documents (see
-// the package doc): its step is returned alone.
+// A target deleted after it was prepared, even if a document is inserted
+// again under its id, leaves the set of documents (see the package doc):
+// its step is returned alone. A source deleted while its step is pending
+// takes the step's value with it; if its saga is done, its target's
+// prepared marker stays (Unsettled lists it) until the source, inserted
+// again with its entry, lets the relay settle the step.
 func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Saga{}, err
@@ -272,11 +275,17 @@ func (notVisibleError) Retryable() bool { return true }
 
 // sagaOutcome reads the saga's decision at majority: "" if none.
 func (m *Mover) sagaOutcome(ctx context.Context, saga bson.ObjectID) (Status, error) {
+	return m.recorded(ctx, bson.D{{Key: "_id", Value: saga}, {Key: "saga", Value: true}})
+}
+
+// recorded reads the outcome of the record filter names, a move's or a
+// saga's, at majority: "" if none.
+func (m *Mover) recorded(ctx context.Context, filter bson.D) (Status, error) {
 	var rec struct {
 		Outcome string `bson:"outcome"`
 	}
-	err := settle.NewMajority(m.outcomes).Read(ctx, func(c *mongo.Collection) error {
-		return c.FindOne(ctx, bson.D{{Key: "_id", Value: saga}, {Key: "saga", Value: true}}).Decode(&rec)
+	err := m.decided.Read(ctx, func(c *mongo.Collection) error {
+		return c.FindOne(ctx, filter).Decode(&rec)
 	})
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return "", nil
@@ -331,10 +340,12 @@ func (m *Mover) settleStep(ctx context.Context, job *deferred.Job, a relayArgs, 
 		return Done, nil
 	case preparedMarker:
 	default:
-		// Done was decided only after every preparation landed, and the
-		// marker leaves only after the pending entry: a document written
-		// by something else.
-		return "", retry.Permanent(fmt.Errorf("move: relay %s: saga %s is done but the target has no prepared marker", a.M.Hex(), saga.Hex()))
+		// Done was decided only after every preparation landed, and K
+		// removes a prepared marker only of a saga decided returned
+		// (Lemma 9): the target was deleted after it was prepared, and
+		// inserted again. It has left the set, as a missing one: its step
+		// is returned alone.
+		return Returned, nil
 	}
 	got, err := deferred.Guarded(ctx, job, m.repo, a.To, bson.D{{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: true}}}}, bson.D{
 		{Key: "$inc", Value: bson.D{{Key: m.field, Value: a.V}}},

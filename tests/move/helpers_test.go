@@ -121,13 +121,20 @@ func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	return queuetest.Run(t, q)
 }
 
-// waitStatus waits until the move id from "ana" (every test's source) is
+// waitStatus waits until the move id from "ana" (most tests' source) is
 // settled and returns its status.
 func waitStatus(t testing.TB, m *move.Mover, id bson.ObjectID) move.Status {
 	t.Helper()
+	return waitStatusFrom(t, m, "ana", id)
+}
+
+// waitStatusFrom waits until the move id from the source from is settled
+// and returns its status.
+func waitStatusFrom(t testing.TB, m *move.Mover, from any, id bson.ObjectID) move.Status {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st, err := m.Status(context.Background(), "ana", id)
+		st, err := m.Status(context.Background(), from, id)
 		require.NoError(t, err)
 		if st != move.Pending {
 			return st

@@ -342,3 +342,119 @@ func TestEverySagaWriteHeldAndDeliveredLateChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight: a saga is
+// decided done; its first source is then out of sight of the relay (a
+// program deletes it and inserts it again later: a read of the source that
+// misses the debit). The relay's job for that step finds no pending entry
+// and would remove the target's marker; it must not remove a prepared
+// marker of a saga decided done, or the credit, which needs it, could never
+// be made. Once the source is back, the step is credited: all or nothing
+// holds, and nothing is left.
+func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
+	b := setup(t)
+	q := b.queueOnce(t, nil) // the job that finds the source gone dies, and leaves the step to Sweep
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "mug", 10)
+	b.insert(t, "kettle", 5)
+	b.insert(t, "order-1", 0)
+	b.insert(t, "order-2", 0)
+	steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-2", Amount: 1}}
+	saga, err := m.MoveAll(b.ctx, steps)
+	require.NoError(t, err)
+
+	accounts := b.db.Collection("accounts")
+	mug, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}}).Raw()
+	require.NoError(t, err)
+	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
+	require.NoError(t, err)
+	stop := run(t, q)
+	require.Eventually(t, func() bool {
+		counts, err := q.Counts(b.ctx)
+		require.NoError(t, err)
+		return counts[deferred.StateCompleted]+counts[deferred.StateDead] == 2
+	}, time.Minute, 20*time.Millisecond, "the relay jobs did not end")
+	stop()
+	prepared := "_mv.i." + saga.Moves[0].Hex() + ".p"
+	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: prepared, Value: true}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the relay removed the prepared marker of a saga decided done")
+
+	_, err = accounts.InsertOne(b.ctx, mug)
+	require.NoError(t, err)
+	_, err = m.Sweep(b.ctx)
+	require.NoError(t, err)
+	run(t, q)
+	obs := b.observer(t)
+	for i, id := range saga.Moves {
+		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
+	}
+	b.requireNoMoveState(t)
+	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
+		require.Equal(t, want, b.balance(t, id), id)
+	}
+}
+
+// TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone: a saga is decided
+// done, then one target is deleted and a new document is inserted under its
+// id before the relay credits it. The new document was never prepared: its
+// step is returned to its source, alone (the target left the set, as a
+// missing one does), the other step is credited, and no relay job dies
+// over it.
+func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "mug", 10)
+	b.insert(t, "kettle", 5)
+	b.insert(t, "order-1", 0)
+	b.insert(t, "order-2", 0)
+	steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-2", Amount: 1}}
+	saga, err := m.MoveAll(b.ctx, steps)
+	require.NoError(t, err)
+	_, err = b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}})
+	require.NoError(t, err)
+	b.insert(t, "order-1", 0)
+
+	run(t, q)
+	obs := b.observer(t)
+	require.Equal(t, move.Returned, waitStatusFrom(t, obs, "mug", saga.Moves[0]))
+	require.Equal(t, move.Done, waitStatusFrom(t, obs, "kettle", saga.Moves[1]))
+	b.requireNoMoveState(t)
+	for id, want := range map[string]int64{"mug": 10, "kettle": 4, "order-1": 0, "order-2": 1} {
+		require.Equal(t, want, b.balance(t, id), id)
+	}
+	counts, err := q.Counts(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, counts[deferred.StateDead], "a relay job died")
+}
+
+// TestLatePreparationOfASettledStepIsRemoved: a copy of a preparation that
+// lands after its step was credited and settled (what a held P copy writes
+// once the versioned anchors are gone) leaves a marker with no value on the
+// target; Sweep's relay finds the step's outcome recorded and removes it,
+// though the saga is done, and no balance changes.
+func TestLatePreparationOfASettledStepIsRemoved(t *testing.T) {
+	s := setupShop(t, nil)
+	run(t, s.q)
+	steps := order(3)
+	saga, err := s.m.MoveAll(s.ctx, steps)
+	require.NoError(t, err)
+	s.waitSaga(t, steps, saga, move.Done)
+
+	late := "_mv.i." + saga.Moves[0].Hex()
+	_, err = s.db.Collection("accounts").UpdateOne(s.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: late, Value: bson.D{{Key: "$exists", Value: false}}}}, bson.D{
+		{Key: "$inc", Value: bson.D{{Key: "_mv.n", Value: int64(1)}}},
+		{Key: "$set", Value: bson.D{{Key: late, Value: bson.D{
+			{Key: "p", Value: true}, {Key: "v", Value: int64(2)}, {Key: "from", Value: "mug"}, {Key: "g", Value: saga.ID}, {Key: "at", Value: time.Now()},
+		}}}},
+	})
+	require.NoError(t, err)
+	_, err = s.observer(t).Sweep(s.ctx)
+	require.NoError(t, err)
+	s.requireNoMoveState(t)
+	s.requireBalances(t, ordered, "after the late preparation was removed")
+	st, err := s.observer(t).SagaStatus(s.ctx, saga.ID)
+	require.NoError(t, err)
+	require.Equal(t, move.Done, st)
+}
