@@ -131,14 +131,17 @@ func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 	for i := range args {
 		saga.Moves[i] = args[i].M
 	}
-	sent := 0 // steps whose debit was sent: each gets a relay job
+	sent := 0 // steps whose debit may have landed: each gets a relay job
 	var abort *StepError
 	for i, a := range args {
-		sent++
 		if err := m.debit(ctx, a, steps[i].Cond, saga.ID); err != nil {
 			abort = &StepError{Saga: saga.ID, Step: i, End: "from", Err: err}
+			if !errors.Is(err, versioned.ErrGuardFailed) && !errors.Is(err, versioned.ErrNotFound) {
+				sent++ // it may have landed, or a copy may yet: its job returns it
+			}
 			break
 		}
+		sent++
 		if err := m.prepare(ctx, a, saga.ID); err != nil {
 			abort = &StepError{Saga: saga.ID, Step: i, End: "to", Err: err}
 			break
@@ -201,7 +204,11 @@ func (m *Mover) debit(ctx context.Context, a relayArgs, cond any, saga bson.Obje
 	if err := m.send(ctx, a.From, filter, update); err != nil {
 		return fmt.Errorf("move: debit %s: %w", a.From, err)
 	}
-	m.event(ctx, observe.MoveDebited, "move", a, 0)
+	op := "move"
+	if !saga.IsZero() {
+		op = "all"
+	}
+	m.event(ctx, observe.MoveDebited, op, a, 0)
 	return nil
 }
 

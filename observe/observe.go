@@ -156,14 +156,16 @@ const (
 	// KeyMismatch: the key was first used with another request; nothing ran.
 	KeyMismatch
 
-	// The events of a move.Mover: Op is "move" for MoveDebited, "relay"
-	// for the others; Database and Collection name the documents'
-	// collection; ID is the move's id (a bson.ObjectID); From and To its
-	// ends, Amount its value. Each is reported once per move by the process
+	// The events of a move.Mover: Op is "move" for Move's debit, "all" for
+	// MoveAll's debits and the returns MoveAll makes itself after a step
+	// failed, "relay" for the relay's settlements; Database and Collection
+	// name the documents' collection; ID is the move's id (a
+	// bson.ObjectID); From and To its ends, Amount its value. Each is reported once per move by the process
 	// whose write made it happen (none when that process dies right after
 	// the write).
 
-	// MoveDebited: Move's debit landed: Amount left From and is in flight.
+	// MoveDebited: a debit (Move's or MoveAll's) landed: Amount left From
+	// and is in flight.
 	MoveDebited
 
 	// MoveDone: the relay settled the move with To credited. Age is the

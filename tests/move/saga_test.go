@@ -166,6 +166,19 @@ func TestMoveAllCreditsEveryTargetOrReturnsEveryDebit(t *testing.T) {
 			require.Equal(t, saga.ID, se.Saga)
 			s.waitSaga(t, tc.steps, saga, move.Returned)
 			s.requireBalances(t, unchanged, "after the relay")
+			// A relay job for every step whose debit landed, none for the
+			// step whose debit was refused.
+			jobs := tc.step
+			if tc.end == "to" {
+				jobs++
+			}
+			counts, err := s.q.Counts(s.ctx)
+			require.NoError(t, err)
+			var all int64
+			for _, n := range counts {
+				all += n
+			}
+			require.EqualValues(t, jobs, all, "relay jobs: %v", counts)
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -108,4 +109,53 @@ func TestMoveEvents(t *testing.T) {
 	require.Contains(t, log, `msg="mongocas move.returned"`)
 	require.Contains(t, log, `from="\"ana\"" to="\"shut\"" amount=5 age=`)
 	require.NotContains(t, log, "move.done", "a move done is normal work: Debug")
+}
+
+// TestMoveAllEvents: MoveAll's debits, and the returns it makes itself
+// after a step fails, report op "all"; a step's return is reported once,
+// by MoveAll, though the relay runs the step's job after it.
+func TestMoveAllEvents(t *testing.T) {
+	db := mongotest.New(t)
+	ctx := t.Context()
+	rec := &recorder{}
+	accounts := db.Collection("accounts")
+	_, err := accounts.InsertMany(ctx, []any{
+		bson.D{{Key: "_id", Value: "ana"}, {Key: "balance", Value: int64(100)}, {Key: "version", Value: int64(1)}},
+		bson.D{{Key: "_id", Value: "ben"}, {Key: "balance", Value: int64(0)}, {Key: "version", Value: int64(1)}},
+		bson.D{{Key: "_id", Value: "shut"}, {Key: "balance", Value: int64(0)}, {Key: "closed", Value: true}, {Key: "version", Value: int64(1)}},
+	})
+	require.NoError(t, err)
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	m, err := move.New(ctx, q, accounts, &move.Options{
+		Field:    "balance",
+		Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
+		Observer: rec,
+	})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = q.Run(runCtx) })
+	defer func() { stop(); wg.Wait() }()
+
+	saga, err := m.MoveAll(ctx, []move.Step{{From: "ana", To: "ben", Amount: 2}, {From: "ana", To: "shut", Amount: 1}})
+	require.ErrorIs(t, err, move.ErrAborted)
+	waitFor(t, func() bool {
+		counts, err := q.Counts(ctx)
+		require.NoError(t, err)
+		return counts[deferred.StateCompleted] == 2
+	})
+	var got []string
+	for _, e := range rec.all() {
+		if strings.HasPrefix(e.Kind.String(), "move.") {
+			step := slices.Index(saga.Moves, e.ID.(bson.ObjectID))
+			got = append(got, fmt.Sprintf("%d %s %s to=%s amount=%d", step, e.Kind, e.Op, e.To, e.Amount))
+		}
+	}
+	requireLines(t, []string{
+		`0 move.debited all to="ben" amount=2`,
+		`1 move.debited all to="shut" amount=1`,
+		`0 move.returned all to="ben" amount=2`,
+		`1 move.returned all to="shut" amount=1`,
+	}, got)
 }
