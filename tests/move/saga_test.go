@@ -368,13 +368,7 @@ func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 	b := setup(t)
 	q := b.queueOnce(t, nil) // the job that finds the source gone dies, and leaves the step to Sweep
 	m := b.mover(t, q, nil, nil)
-	b.insert(t, "mug", 10)
-	b.insert(t, "kettle", 5)
-	b.insert(t, "order-1", 0)
-	b.insert(t, "order-2", 0)
-	steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-2", Amount: 1}}
-	saga, err := m.MoveAll(b.ctx, steps)
-	require.NoError(t, err)
+	steps, saga := b.twoOrders(t, m)
 
 	accounts := b.db.Collection("accounts")
 	mug, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}}).Raw()
@@ -418,14 +412,8 @@ func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
 	b := setup(t)
 	q := b.queue(t, nil)
 	m := b.mover(t, q, nil, nil)
-	b.insert(t, "mug", 10)
-	b.insert(t, "kettle", 5)
-	b.insert(t, "order-1", 0)
-	b.insert(t, "order-2", 0)
-	steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-2", Amount: 1}}
-	saga, err := m.MoveAll(b.ctx, steps)
-	require.NoError(t, err)
-	_, err = b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}})
+	_, saga := b.twoOrders(t, m)
+	_, err := b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}})
 	require.NoError(t, err)
 	b.insert(t, "order-1", 0)
 
@@ -470,4 +458,18 @@ func TestLatePreparationOfASettledStepIsRemoved(t *testing.T) {
 	st, err := s.observer(t).SagaStatus(s.ctx, saga.ID)
 	require.NoError(t, err)
 	require.Equal(t, move.Done, st)
+}
+
+// twoOrders inserts mug 10, kettle 5, order-1 and order-2 (0), and makes
+// a saga of 2 mugs to order-1 and a kettle to order-2 with m, decided done.
+func (b *bundle) twoOrders(t *testing.T, m *move.Mover) ([]move.Step, move.Saga) {
+	t.Helper()
+	b.insert(t, "mug", 10)
+	b.insert(t, "kettle", 5)
+	b.insert(t, "order-1", 0)
+	b.insert(t, "order-2", 0)
+	steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "order-2", Amount: 1}}
+	saga, err := m.MoveAll(b.ctx, steps)
+	require.NoError(t, err)
+	return steps, saga
 }

@@ -33,21 +33,7 @@ func TestMoveEvents(t *testing.T) {
 	counters := &observe.Counters{}
 	var logged bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	accounts := db.Collection("accounts")
-	_, err := accounts.InsertMany(ctx, []any{
-		bson.D{{Key: "_id", Value: "ana"}, {Key: "balance", Value: int64(100)}, {Key: "version", Value: int64(1)}},
-		bson.D{{Key: "_id", Value: "ben"}, {Key: "balance", Value: int64(0)}, {Key: "version", Value: int64(1)}},
-		bson.D{{Key: "_id", Value: "shut"}, {Key: "balance", Value: int64(0)}, {Key: "closed", Value: true}, {Key: "version", Value: int64(1)}},
-	})
-	require.NoError(t, err)
-	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
-	require.NoError(t, err)
-	m, err := move.New(ctx, q, accounts, &move.Options{
-		Field:    "balance",
-		Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
-		Observer: observe.Join(rec, counters, observe.Slog(logger)),
-	})
-	require.NoError(t, err)
+	q, m := accountsMover(t, db, observe.Join(rec, counters, observe.Slog(logger)))
 
 	done, err := m.Move(ctx, "ana", "ben", 30, nil)
 	require.NoError(t, err)
@@ -118,21 +104,7 @@ func TestMoveAllEvents(t *testing.T) {
 	db := mongotest.New(t)
 	ctx := t.Context()
 	rec := &recorder{}
-	accounts := db.Collection("accounts")
-	_, err := accounts.InsertMany(ctx, []any{
-		bson.D{{Key: "_id", Value: "ana"}, {Key: "balance", Value: int64(100)}, {Key: "version", Value: int64(1)}},
-		bson.D{{Key: "_id", Value: "ben"}, {Key: "balance", Value: int64(0)}, {Key: "version", Value: int64(1)}},
-		bson.D{{Key: "_id", Value: "shut"}, {Key: "balance", Value: int64(0)}, {Key: "closed", Value: true}, {Key: "version", Value: int64(1)}},
-	})
-	require.NoError(t, err)
-	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
-	require.NoError(t, err)
-	m, err := move.New(ctx, q, accounts, &move.Options{
-		Field:    "balance",
-		Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
-		Observer: rec,
-	})
-	require.NoError(t, err)
+	q, m := accountsMover(t, db, rec)
 	runCtx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = q.Run(runCtx) })
@@ -148,7 +120,9 @@ func TestMoveAllEvents(t *testing.T) {
 	var got []string
 	for _, e := range rec.all() {
 		if strings.HasPrefix(e.Kind.String(), "move.") {
-			step := slices.Index(saga.Moves, e.ID.(bson.ObjectID))
+			id, ok := e.ID.(bson.ObjectID)
+			require.True(t, ok, "a move's event names its id: %v", e.ID)
+			step := slices.Index(saga.Moves, id)
 			got = append(got, fmt.Sprintf("%d %s %s to=%s amount=%d", step, e.Kind, e.Op, e.To, e.Amount))
 		}
 	}
@@ -158,4 +132,28 @@ func TestMoveAllEvents(t *testing.T) {
 		`0 move.returned all to="ben" amount=2`,
 		`1 move.returned all to="shut" amount=1`,
 	}, got)
+}
+
+// accountsMover inserts ana (100), ben (0) and shut (0, closed: it refuses
+// credits) in accounts, and returns a queue (not running) and a Mover of
+// their balances that reports to obs.
+func accountsMover(t *testing.T, db *mongotest.DB, obs observe.Observer) (*deferred.Queue, *move.Mover) {
+	t.Helper()
+	ctx := t.Context()
+	accounts := db.Collection("accounts")
+	_, err := accounts.InsertMany(ctx, []any{
+		bson.D{{Key: "_id", Value: "ana"}, {Key: "balance", Value: int64(100)}, {Key: "version", Value: int64(1)}},
+		bson.D{{Key: "_id", Value: "ben"}, {Key: "balance", Value: int64(0)}, {Key: "version", Value: int64(1)}},
+		bson.D{{Key: "_id", Value: "shut"}, {Key: "balance", Value: int64(0)}, {Key: "closed", Value: true}, {Key: "version", Value: int64(1)}},
+	})
+	require.NoError(t, err)
+	q, err := deferred.New(db.Collection("jobs"), &deferred.Options{PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	m, err := move.New(ctx, q, accounts, &move.Options{
+		Field:    "balance",
+		Accept:   bson.D{{Key: "closed", Value: bson.D{{Key: "$ne", Value: true}}}},
+		Observer: obs,
+	})
+	require.NoError(t, err)
+	return q, m
 }
