@@ -79,7 +79,7 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 	}
 	stamped := false // this attempt's C or R set the target's stamp to the job's
 	if src == nil {
-		return m.clean(ctx, job, a, stamped) // the source is gone: nothing to settle
+		return m.clean(ctx, job, a, stamped, false) // the source is gone: nothing to settle
 	}
 	if o, pending := m.entry(src, "o", a.M); pending {
 		// The amount is the one the debit recorded with the pending entry,
@@ -118,15 +118,17 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 			return err
 		}
 		if src == nil {
-			return m.clean(ctx, job, a, stamped)
+			return m.clean(ctx, job, a, stamped, false)
 		}
 	}
+	settled := false // this attempt saw the outcome recorded (O applied)
 	if v, ok := m.entry(src, "d", a.M); ok {
 		if err := m.record(ctx, a, v); err != nil {
 			return err
 		}
+		settled = true
 	}
-	return m.clean(ctx, job, a, stamped)
+	return m.clean(ctx, job, a, stamped, settled)
 }
 
 // decide makes the move's marker on the target final (C, or R after C's
@@ -277,12 +279,29 @@ func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error 
 // fenced write to one document in an attempt): then, and when the fenced
 // write finds the stamp set, a plain write conditioned on the marker.
 //
-// K never removes a prepared marker: its saga's step is settled only by
-// the saga's decision (Lemma 9), so a prepared marker goes in cleanPrepared.
-func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped bool) error {
+// settled says this attempt recorded the move's outcome (O). A marker of a
+// saga (one naming it: prepared, or the credit C_g wrote) is the step's
+// only proof on the target, so K removes it only once the outcome is
+// recorded: a source read that missed a pending debit (the source deleted
+// and inserted again, a read behind the write) must not take it away
+// (DESIGN.md, Lemma 9). When this attempt did not record it, clean reads
+// the outcomes collection first (a read only on this path: a job that
+// settles its move records the outcome). A prepared marker never goes by
+// K: cleanSaga removes it.
+func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped, settled bool) error {
+	if !settled {
+		s, err := m.recorded(ctx, bson.D{{Key: "_id", Value: a.M}})
+		if err != nil {
+			return err
+		}
+		settled = s != ""
+	}
 	cond := bson.D{
 		{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: true}}},
 		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: false}}},
+	}
+	if !settled {
+		cond = append(cond, bson.E{Key: m.path("i", a.M) + ".g", Value: bson.D{{Key: "$exists", Value: false}}})
 	}
 	update := m.unmark(a)
 	if !stamped {
@@ -291,7 +310,7 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 		case errors.Is(err, versioned.ErrNotFound):
 			return nil
 		case errors.Is(err, versioned.ErrGuardFailed):
-			return m.cleanPrepared(ctx, a)
+			return m.cleanSaga(ctx, a, settled)
 		case err != nil:
 			return err
 		}
@@ -308,7 +327,7 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 	case errors.Is(err, versioned.ErrNotFound):
 		return nil
 	case errors.Is(err, versioned.ErrGuardFailed):
-		return m.cleanPrepared(ctx, a)
+		return m.cleanSaga(ctx, a, settled)
 	}
 	return err
 }
@@ -321,35 +340,42 @@ func (m *Mover) unmark(a relayArgs) bson.D {
 	}
 }
 
-// cleanPrepared is K of a prepared marker, once the source has no pending
-// entry for its move: the marker goes only if the move's outcome is
-// recorded (the step settled: the marker is a late copy of P), or its saga
-// is decided "returned" (deciding it so if it is undecided, as settleStep
-// does). It stays while the saga is "done" and the step unsettled, which
-// only C_g settles: a source read that missed the debit (a source deleted
-// and inserted again, a read behind the write) must not take the credit's
-// condition away from a debit that is still pending (DESIGN.md, Lemma 9).
-func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
+// cleanSaga is what K left of a saga's marker, once the source has no
+// pending entry for its move. A prepared marker goes (K_p) if the move's
+// outcome is recorded (settled: the marker is a late copy of P), or its
+// saga is decided "returned" (deciding it so if it is undecided, as
+// settleStep does). A saga's marker stays while the saga is "done" and the
+// step not recorded: only C_g, then F "done", settle that step, and they
+// need the source's entry, which this job could not see. The job then dies
+// (errOutOfSight) rather than retrying: the key's later jobs need not wait
+// behind it, and Sweep sends another while the marker stays (DESIGN.md,
+// Lemma 9).
+func (m *Mover) cleanSaga(ctx context.Context, a relayArgs, settled bool) error {
 	dst, err := m.readRaw(ctx, a.To)
-	if err != nil || dst == nil || m.markerOf(dst, a.M) != preparedMarker {
-		return err // no marker left, or one K removes: nothing more here
-	}
-	v, _ := m.entry(dst, "i", a.M)
-	saga, ok := v.Document().Lookup("g").ObjectIDOK()
-	if !ok {
-		return retry.Permanent(fmt.Errorf("move: relay %s: a prepared marker names no saga", a.M.Hex()))
-	}
-	settled, err := m.recorded(ctx, bson.D{{Key: "_id", Value: a.M}})
-	if err != nil {
+	if err != nil || dst == nil {
 		return err
 	}
-	if settled == "" {
+	v, ok := m.entry(dst, "i", a.M)
+	if !ok {
+		return nil // no marker left
+	}
+	saga, ok := v.Document().Lookup("g").ObjectIDOK()
+	if !ok {
+		return nil // a move's own marker, which K removes: not this one's
+	}
+	if m.markerOf(dst, a.M) != preparedMarker {
+		if settled {
+			return errUnsettled // K matched nothing, the marker is there: the next attempt sends K again
+		}
+		return errOutOfSight(a, saga)
+	}
+	if !settled {
 		decided, err := m.decideSaga(ctx, saga, Returned)
 		if err != nil {
 			return err
 		}
 		if decided != Returned {
-			return errUnsettled // the debit is pending: a later read of the source finds it
+			return errOutOfSight(a, saga)
 		}
 	}
 	_, err = m.repo.Guarded(ctx, a.To, bson.D{
@@ -360,6 +386,12 @@ func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
 		return nil
 	}
 	return err
+}
+
+// errOutOfSight is the permanent error of a relay job that found a done
+// saga's step unsettled and its source without an entry of it.
+func errOutOfSight(a relayArgs, saga bson.ObjectID) error {
+	return retry.Permanent(fmt.Errorf("move: relay %s: saga %s is done and this step not settled, but its source holds no entry of it (deleted or replaced): the target's marker stays until the source is back with its entry", a.M.Hex(), saga.Hex()))
 }
 
 // outcomeIn returns the outcome an S.d entry holds.

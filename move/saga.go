@@ -102,8 +102,9 @@ func (e *StepError) Unwrap() error { return e.Err }
 // again under its id, leaves the set of documents (see the package doc):
 // its step is returned alone. A source deleted while its step is pending
 // takes the step's value with it; if its saga is done, its target's
-// prepared marker stays (Unsettled lists it) until the source, inserted
-// again with its entry, lets the relay settle the step.
+// marker of the step stays (Unsettled lists it) until the source, inserted
+// again with its entry, lets the relay settle the step: meanwhile each
+// Sweep run adds a relay job for it that dies at its first attempt.
 func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Saga{}, err
@@ -348,10 +349,11 @@ func (m *Mover) settleStep(ctx context.Context, job *deferred.Job, a relayArgs, 
 	case preparedMarker:
 	default:
 		// Done was decided only after every preparation landed, and K
-		// removes a prepared marker only of a saga decided returned
-		// (Lemma 9): the target was deleted after it was prepared, and
-		// inserted again. It has left the set, as a missing one: its step
-		// is returned alone.
+		// removes a saga's marker only once its step's outcome is
+		// recorded (Lemma 9): the target was deleted after it was
+		// prepared, and inserted again. It has left the set, as a missing
+		// one: its step is returned alone. (Or the step is settled and
+		// this read of the source was behind: F matches nothing.)
 		return Returned, nil
 	}
 	got, err := deferred.Guarded(ctx, job, m.repo, a.To, bson.D{{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: true}}}}, bson.D{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
@@ -402,6 +403,62 @@ func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 	}
 }
 
+// TestCreditedStepKeepsItsMarkerWhileItsSourceIsOutOfSight: a done saga's
+// step is credited (its job then dies before the source learns it), and
+// the source is deleted before the relay runs again. The relay that finds
+// no source must not remove the target's credit marker: when the source is
+// inserted again with its pending entry, that marker is what tells the
+// relay the step was credited. Without it the step would be returned to the
+// source as well, and two units of stock would exist twice.
+func TestCreditedStepKeepsItsMarkerWhileItsSourceIsOutOfSight(t *testing.T) {
+	b := setup(t)
+	q := b.queueOnce(t, nil) // the job that finds the source gone dies, and leaves the step to Sweep
+	m := b.mover(t, q, nil, nil)
+	steps, saga := b.twoOrders(t, m)
+
+	// What a relay job that dies right after its credit (C_g) leaves: the
+	// target credited and marked, the source's entry still pending.
+	accounts := b.db.Collection("accounts")
+	credited := "_mv.i." + saga.Moves[0].Hex()
+	res, err := accounts.UpdateOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: credited + ".p", Value: true}}, bson.D{
+		{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(2)}}},
+		{Key: "$set", Value: bson.D{{Key: credited, Value: bson.D{
+			{Key: "v", Value: int64(2)}, {Key: "from", Value: "mug"}, {Key: "g", Value: saga.ID}, {Key: "at", Value: time.Now()},
+		}}}},
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.ModifiedCount, "the step was not prepared")
+
+	mug, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}}).Raw()
+	require.NoError(t, err)
+	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
+	require.NoError(t, err)
+	stop := run(t, q)
+	require.Eventually(t, func() bool {
+		counts, err := q.Counts(b.ctx)
+		require.NoError(t, err)
+		return counts[deferred.StateCompleted]+counts[deferred.StateDead] == 2
+	}, time.Minute, 20*time.Millisecond, "the relay jobs did not end")
+	stop()
+	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: credited + ".g", Value: saga.ID}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the relay removed the credit marker of a step whose source it could not see")
+
+	_, err = accounts.InsertOne(b.ctx, mug)
+	require.NoError(t, err)
+	_, err = m.Sweep(b.ctx)
+	require.NoError(t, err)
+	run(t, q)
+	obs := b.observer(t)
+	for i, id := range saga.Moves {
+		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
+	}
+	b.requireNoMoveState(t)
+	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
+		require.Equal(t, want, b.balance(t, id), id)
+	}
+}
+
 // TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone: a saga is decided
 // done, then one target is deleted and a new document is inserted under its
 // id before the relay credits it. The new document was never prepared: its
@@ -428,6 +485,50 @@ func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
 	counts, err := q.Counts(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, counts[deferred.StateDead], "a relay job died")
+}
+
+// TestDoneSagaStepWhoseSourceWasReplacedDiesOnceAndBlocksNothing: a saga
+// is decided done, then one source is deleted and a new document without
+// the step's entry is inserted under its id. The step can only be settled
+// by the entry, so the target keeps its prepared marker (Unsettled lists
+// it); the relay job that finds it dies at its first attempt, not after
+// its retries, so the target's later moves do not wait behind it.
+func TestDoneSagaStepWhoseSourceWasReplacedDiesOnceAndBlocksNothing(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	_, saga := b.twoOrders(t, m)
+	_, err := b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
+	require.NoError(t, err)
+	b.insert(t, "mug", 10)
+
+	run(t, q)
+	obs := b.observer(t)
+	require.Equal(t, move.Done, waitStatusFrom(t, obs, "kettle", saga.Moves[1]))
+	var dead deferred.Job
+	require.Eventually(t, func() bool {
+		err := q.Jobs().FindOne(b.ctx, bson.D{{Key: "state", Value: deferred.StateDead}}).Decode(&dead)
+		if errors.Is(err, mongo.ErrNoDocuments) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, time.Minute, 20*time.Millisecond, "the step's relay job did not die")
+	require.Equal(t, 1, dead.Attempt, "the job retried a step only its source's entry can settle")
+	require.NotEmpty(t, dead.Errors)
+	require.Contains(t, dead.Errors[len(dead.Errors)-1].Error, "holds no entry")
+
+	later, err := m.Move(b.ctx, "kettle", "order-1", 1, nil)
+	require.NoError(t, err)
+	require.Equal(t, move.Done, waitStatusFrom(t, obs, "kettle", later), "a move to the same target waited")
+	entries, err := move.Unsettled(b.ctx, b.db.Collection("accounts"), "", 0)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, saga.Moves[0], entries[0].Move)
+	require.Equal(t, move.Pending, entries[0].Outcome, "the prepared marker")
+	for id, want := range map[string]int64{"mug": 10, "kettle": 3, "order-1": 1, "order-2": 1} {
+		require.Equal(t, want, b.balance(t, id), id)
+	}
 }
 
 // TestLatePreparationOfASettledStepIsRemoved: a copy of a preparation that
