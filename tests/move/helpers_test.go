@@ -56,11 +56,11 @@ func (b *bundle) queue(t testing.TB, db *mongo.Database) *deferred.Queue {
 	return b.queueWith(t, db, 1000)
 }
 
-// queueOnce returns a Queue on the jobs collection of db that gives a job
+// queueOnce returns a Queue on the test's jobs collection that gives a job
 // one attempt: a relay that fails once dies, and leaves its move to Sweep.
-func (b *bundle) queueOnce(t testing.TB, db *mongo.Database) *deferred.Queue {
+func (b *bundle) queueOnce(t testing.TB) *deferred.Queue {
 	t.Helper()
-	return b.queueWith(t, db, 1)
+	return b.queueWith(t, nil, 1)
 }
 
 // queueWith returns a Queue on the jobs collection of db (nil: the test's

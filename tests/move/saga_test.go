@@ -367,7 +367,7 @@ func TestEverySagaWriteHeldAndDeliveredLateChangesNothing(t *testing.T) {
 // holds, and nothing is left.
 func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 	b := setup(t)
-	q := b.queueOnce(t, nil) // the job that finds the source gone dies, and leaves the step to Sweep
+	q := b.queueOnce(t) // the job that finds the source gone dies, and leaves the step to Sweep
 	m := b.mover(t, q, nil, nil)
 	steps, saga := b.twoOrders(t, m)
 
@@ -412,7 +412,7 @@ func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 // source as well, and two units of stock would exist twice.
 func TestCreditedStepKeepsItsMarkerWhileItsSourceIsOutOfSight(t *testing.T) {
 	b := setup(t)
-	q := b.queueOnce(t, nil) // the job that finds the source gone dies, and leaves the step to Sweep
+	q := b.queueOnce(t) // the job that finds the source gone dies, and leaves the step to Sweep
 	m := b.mover(t, q, nil, nil)
 	steps, saga := b.twoOrders(t, m)
 

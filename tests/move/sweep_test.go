@@ -41,7 +41,7 @@ func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 
 	// The move to shut, on a queue that gives a job one attempt; its
 	// return on ana (F) fails once.
-	once := b.queueOnce(t, nil)
+	once := b.queueOnce(t)
 	m := b.mover(t, once, f.Database, opts)
 	id, err := m.Move(b.ctx, "ana", "shut", 30, nil)
 	require.NoError(t, err)

@@ -40,7 +40,7 @@ func TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt(t *testing.T) {
 	// Two moves on a queue that gives a job one attempt: the first relay
 	// dies before the finish on ana, the second before the outcome leaves
 	// ana.
-	once := b.queueOnce(t, nil)
+	once := b.queueOnce(t)
 	m := b.mover(t, once, f.Database, nil)
 	toBen, err := m.Move(b.ctx, "ana", "ben", 30, nil)
 	require.NoError(t, err)
