@@ -80,7 +80,12 @@
 //     id's hex digits, never by input.
 //
 // A document deleted while a move to or from it is unsettled leaves the set:
-// its value, and the move's, go with it. The derivation is in DESIGN.md
+// its value, and the move's, go with it. A source deleted (or replaced)
+// after its move's target was marked and before the relay finished the move
+// leaves the target's marker (Unsettled lists it) until the source is back
+// with its entry: the marker is what tells the relay the move was credited.
+// Each Sweep then adds a relay job for it that dies at its first attempt,
+// holding back no other job of the target. The derivation is in DESIGN.md
 // beside this file.
 //
 // # Errors
@@ -103,9 +108,9 @@
 //     first; versioned.ErrUnknownOutcome (not ErrAborted) when the decision
 //     itself could not be written or read: SagaStatus tells. Check
 //     ErrAborted first: a StepError also matches its step's
-//     ErrUnknownOutcome, yet the saga is returned. Outcome records of
-//     sagas must outlive their moves: a deleted decision would be decided
-//     again.
+//     ErrUnknownOutcome, yet the saga is returned. Outcome records must
+//     outlive their moves: a deleted decision would be decided again, and
+//     a target's marker whose move's record is deleted stays for ever.
 //   - From Status: ErrNotFound for a move neither the source nor the
 //     outcomes collection knows; from SagaStatus, for a saga not decided.
 //   - From Sum: versioned.ErrConflict when Options.Collects reads never

@@ -105,8 +105,9 @@ const (
 	StageOutcome Stage = "outcome"
 	// StageMarker: the target's marker of the move (Outcome Done: the
 	// credit applied; Returned: it never will; Pending: a MoveAll's target
-	// admits the credit, not applied yet), until the source has neither a
-	// pending entry nor an outcome of it.
+	// admits the credit, not applied yet), until the move's outcome is
+	// recorded and the source has neither a pending entry nor an outcome
+	// of it (a marker whose source was deleted mid-move stays: package doc).
 	StageMarker Stage = "marker"
 )
 

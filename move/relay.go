@@ -272,36 +272,35 @@ func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error 
 	return err
 }
 
-// clean is K: the target's marker goes, once the source has settled. It
-// goes with the job's stamp (fenced), so that no copy of a C or R of an
-// earlier job of the key can land after it (DESIGN.md, Lemma 2), unless
-// this attempt's C or R set that stamp already (deferred refuses a second
-// fenced write to one document in an attempt): then, and when the fenced
-// write finds the stamp set, a plain write conditioned on the marker.
+// clean is K: the target's marker goes, once the move's outcome is
+// recorded (O). settled says this attempt recorded it; otherwise (the job
+// found the source missing, or with neither the entry nor the outcome)
+// clean reads the outcomes collection first: a read only on that path,
+// since a job that settles its move records the outcome. Without the
+// record the marker is the only proof on the target that the move was
+// credited (or refused, or prepared), and a source read that missed the
+// pending entry (a source deleted and inserted again) must not take it
+// away: keep decides (DESIGN.md, Lemmas 1 and 9).
 //
-// settled says this attempt recorded the move's outcome (O). A marker of a
-// saga (one naming it: prepared, or the credit C_g wrote) is the step's
-// only proof on the target, so K removes it only once the outcome is
-// recorded: a source read that missed a pending debit (the source deleted
-// and inserted again, a read behind the write) must not take it away
-// (DESIGN.md, Lemma 9). When this attempt did not record it, clean reads
-// the outcomes collection first (a read only on this path: a job that
-// settles its move records the outcome). A prepared marker never goes by
-// K: cleanSaga removes it.
+// K goes with the job's stamp (fenced), so that no copy of a C or R of an
+// earlier job of the key can land after it (Lemma 2), unless this
+// attempt's C or R set that stamp already (deferred refuses a second
+// fenced write to one document in an attempt): then, and when the fenced
+// write finds the stamp set, a plain write conditioned on the marker. A
+// prepared marker never goes by K: cleanPrepared removes it.
 func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped, settled bool) error {
 	if !settled {
 		s, err := m.recorded(ctx, bson.D{{Key: "_id", Value: a.M}})
 		if err != nil {
 			return err
 		}
-		settled = s != ""
+		if s == "" {
+			return m.keep(ctx, a)
+		}
 	}
 	cond := bson.D{
 		{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: true}}},
 		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: false}}},
-	}
-	if !settled {
-		cond = append(cond, bson.E{Key: m.path("i", a.M) + ".g", Value: bson.D{{Key: "$exists", Value: false}}})
 	}
 	update := m.unmark(a)
 	if !stamped {
@@ -310,7 +309,7 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 		case errors.Is(err, versioned.ErrNotFound):
 			return nil
 		case errors.Is(err, versioned.ErrGuardFailed):
-			return m.cleanSaga(ctx, a, settled)
+			return m.cleanPrepared(ctx, a)
 		case err != nil:
 			return err
 		}
@@ -327,7 +326,7 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 	case errors.Is(err, versioned.ErrNotFound):
 		return nil
 	case errors.Is(err, versioned.ErrGuardFailed):
-		return m.cleanSaga(ctx, a, settled)
+		return m.cleanPrepared(ctx, a)
 	}
 	return err
 }
@@ -340,45 +339,66 @@ func (m *Mover) unmark(a relayArgs) bson.D {
 	}
 }
 
-// cleanSaga is what K left of a saga's marker, once the source has no
-// pending entry for its move. A prepared marker goes (K_p) if the move's
-// outcome is recorded (settled: the marker is a late copy of P), or its
-// saga is decided "returned" (deciding it so if it is undecided, as
-// settleStep does). A saga's marker stays while the saga is "done" and the
-// step not recorded: only C_g, then F "done", settle that step, and they
-// need the source's entry, which this job could not see. The job then dies
-// (errOutOfSight) rather than retrying: the key's later jobs need not wait
-// behind it, and Sweep sends another while the marker stays (DESIGN.md,
-// Lemma 9).
-func (m *Mover) cleanSaga(ctx context.Context, a relayArgs, settled bool) error {
-	dst, err := m.readRaw(ctx, a.To)
-	if err != nil || dst == nil {
+// cleanPrepared is K_p after K matched nothing, the outcome recorded: a
+// prepared marker still there is a late copy of P, and goes.
+func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
+	saga, mk, err := m.targetMarker(ctx, a)
+	switch {
+	case err != nil || mk == noMarker:
+		return err
+	case mk != preparedMarker:
+		return errUnsettled // K found no marker, one is there now: the next attempt sends K again
+	}
+	return m.unprepare(ctx, a, saga)
+}
+
+// keep is what the relay does with the target's marker while the move's
+// outcome is not recorded and the source holds no entry of it. A prepared
+// marker goes (K_p) if its saga is decided "returned" (deciding it so if it
+// is undecided, as settleStep does): no credit of it is ever sent. Any
+// other marker stays: only F, which needs the source's entry, settles the
+// move. The job then dies (errOutOfSight) rather than retrying: the key's
+// later jobs need not wait behind it, and Sweep sends another while the
+// marker stays (DESIGN.md, Lemma 9).
+func (m *Mover) keep(ctx context.Context, a relayArgs) error {
+	saga, mk, err := m.targetMarker(ctx, a)
+	if err != nil || mk == noMarker {
 		return err
 	}
-	v, ok := m.entry(dst, "i", a.M)
-	if !ok {
-		return nil // no marker left
-	}
-	saga, ok := v.Document().Lookup("g").ObjectIDOK()
-	if !ok {
-		return nil // a move's own marker, which K removes: not this one's
-	}
-	if m.markerOf(dst, a.M) != preparedMarker {
-		if settled {
-			return errUnsettled // K matched nothing, the marker is there: the next attempt sends K again
-		}
-		return errOutOfSight(a, saga)
-	}
-	if !settled {
+	if mk == preparedMarker {
 		decided, err := m.decideSaga(ctx, saga, Returned)
 		if err != nil {
 			return err
 		}
-		if decided != Returned {
-			return errOutOfSight(a, saga)
+		if decided == Returned {
+			return m.unprepare(ctx, a, saga)
 		}
 	}
-	_, err = m.repo.Guarded(ctx, a.To, bson.D{
+	return retry.Permanent(fmt.Errorf("move: relay %s: the move is not settled and its source holds no entry of it (deleted or replaced): the target's marker stays until the source is back with its entry", a.M.Hex()))
+}
+
+// targetMarker reads the target's marker of a, and the saga a prepared
+// one names.
+func (m *Mover) targetMarker(ctx context.Context, a relayArgs) (bson.ObjectID, marker, error) {
+	dst, err := m.readRaw(ctx, a.To)
+	if err != nil || dst == nil {
+		return bson.ObjectID{}, noMarker, err
+	}
+	mk := m.markerOf(dst, a.M)
+	if mk != preparedMarker {
+		return bson.ObjectID{}, mk, nil
+	}
+	v, _ := m.entry(dst, "i", a.M)
+	saga, ok := v.Document().Lookup("g").ObjectIDOK()
+	if !ok {
+		return bson.ObjectID{}, mk, retry.Permanent(fmt.Errorf("move: relay %s: a prepared marker names no saga", a.M.Hex()))
+	}
+	return saga, mk, nil
+}
+
+// unprepare is K_p: the prepared marker of a, naming saga, goes.
+func (m *Mover) unprepare(ctx context.Context, a relayArgs, saga bson.ObjectID) error {
+	_, err := m.repo.Guarded(ctx, a.To, bson.D{
 		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: true}}},
 		{Key: m.path("i", a.M) + ".g", Value: saga},
 	}, m.unmark(a))
@@ -386,12 +406,6 @@ func (m *Mover) cleanSaga(ctx context.Context, a relayArgs, settled bool) error 
 		return nil
 	}
 	return err
-}
-
-// errOutOfSight is the permanent error of a relay job that found a done
-// saga's step unsettled and its source without an entry of it.
-func errOutOfSight(a relayArgs, saga bson.ObjectID) error {
-	return retry.Permanent(fmt.Errorf("move: relay %s: saga %s is done and this step not settled, but its source holds no entry of it (deleted or replaced): the target's marker stays until the source is back with its entry", a.M.Hex(), saga.Hex()))
 }
 
 // outcomeIn returns the outcome an S.d entry holds.

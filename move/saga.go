@@ -102,9 +102,8 @@ func (e *StepError) Unwrap() error { return e.Err }
 // again under its id, leaves the set of documents (see the package doc):
 // its step is returned alone. A source deleted while its step is pending
 // takes the step's value with it; if its saga is done, its target's
-// marker of the step stays (Unsettled lists it) until the source, inserted
-// again with its entry, lets the relay settle the step: meanwhile each
-// Sweep run adds a relay job for it that dies at its first attempt.
+// marker of the step stays until the source is back with its entry, as for
+// a move (see the package doc).
 func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return Saga{}, err

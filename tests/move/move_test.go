@@ -166,6 +166,28 @@ func TestMoveWhoseEnqueueFailedIsRelayedBySweep(t *testing.T) {
 	require.Equal(t, int64(25), b.balance(t, "ben"))
 }
 
+// TestCreditedMoveKeepsItsMarkerWhileItsSourceIsOutOfSight: the relay
+// credits a move and dies before the source learns it; the source is
+// deleted before the next job runs, and inserted again later with its
+// pending entry. The job that found no source must leave the target's
+// credit marker (the move's outcome is not recorded), so that the entry,
+// seen again, is finished as done: without the marker it would be credited
+// a second time.
+func TestCreditedMoveKeepsItsMarkerWhileItsSourceIsOutOfSight(t *testing.T) {
+	b := setup(t)
+	q := b.queueOnce(t) // the job that finds the source gone dies, and leaves the move to Sweep
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 10)
+	b.insert(t, "bob", 0)
+	id, err := m.Move(b.ctx, "ana", "bob", 2, nil)
+	require.NoError(t, err)
+	b.creditThenLoseSource(t, q, m, "ana", "bob", id, bson.E{})
+	require.Equal(t, move.Done, waitStatus(t, b.observer(t), id))
+	b.requireNoMoveState(t)
+	require.Equal(t, int64(8), b.balance(t, "ana"), "ana")
+	require.Equal(t, int64(2), b.balance(t, "bob"), "bob")
+}
+
 func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 	b := setup(t)
 	q := b.queue(t, nil)

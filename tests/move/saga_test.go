@@ -393,14 +393,7 @@ func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 	_, err = m.Sweep(b.ctx)
 	require.NoError(t, err)
 	run(t, q)
-	obs := b.observer(t)
-	for i, id := range saga.Moves {
-		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
-	}
-	b.requireNoMoveState(t)
-	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
-		require.Equal(t, want, b.balance(t, id), id)
-	}
+	b.requireOrdersDone(t, steps, saga)
 }
 
 // TestCreditedStepKeepsItsMarkerWhileItsSourceIsOutOfSight: a done saga's
@@ -415,48 +408,54 @@ func TestCreditedStepKeepsItsMarkerWhileItsSourceIsOutOfSight(t *testing.T) {
 	q := b.queueOnce(t) // the job that finds the source gone dies, and leaves the step to Sweep
 	m := b.mover(t, q, nil, nil)
 	steps, saga := b.twoOrders(t, m)
+	b.creditThenLoseSource(t, q, m, "mug", "order-1", saga.Moves[0], bson.E{Key: "g", Value: saga.ID})
+	b.requireOrdersDone(t, steps, saga)
+}
 
-	// What a relay job that dies right after its credit (C_g) leaves: the
-	// target credited and marked, the source's entry still pending.
+// creditThenLoseSource does what a relay job that dies right after its
+// credit leaves (the target credited and marked by hand, as C or C_g would,
+// with the extra field of the marker; the source's entry still pending),
+// then deletes the source and runs the relay until its jobs end. It
+// requires the target's marker to survive, inserts the source again as it
+// was, and runs Sweep and the relay.
+func (b *bundle) creditThenLoseSource(t *testing.T, q *deferred.Queue, m *move.Mover, from, to string, id bson.ObjectID, extra bson.E) {
+	t.Helper()
 	accounts := b.db.Collection("accounts")
-	credited := "_mv.i." + saga.Moves[0].Hex()
-	res, err := accounts.UpdateOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: credited + ".p", Value: true}}, bson.D{
-		{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(2)}}},
-		{Key: "$set", Value: bson.D{{Key: credited, Value: bson.D{
-			{Key: "v", Value: int64(2)}, {Key: "from", Value: "mug"}, {Key: "g", Value: saga.ID}, {Key: "at", Value: time.Now()},
-		}}}},
-	})
+	credited := "_mv.i." + id.Hex()
+	marker := bson.D{{Key: "v", Value: int64(2)}, {Key: "from", Value: from}, {Key: "at", Value: time.Now()}}
+	cond := bson.D{{Key: "_id", Value: to}, {Key: credited, Value: bson.D{{Key: "$exists", Value: false}}}}
+	inc := bson.D{{Key: "balance", Value: int64(2)}, {Key: "_mv.n", Value: int64(1)}}
+	if extra.Key != "" {
+		marker = append(marker, extra)
+		cond = bson.D{{Key: "_id", Value: to}, {Key: credited + ".p", Value: true}} // C_g: the prepared marker becomes the credit
+		inc = inc[:1]
+	}
+	res, err := accounts.UpdateOne(b.ctx, cond, bson.D{{Key: "$inc", Value: inc}, {Key: "$set", Value: bson.D{{Key: credited, Value: marker}}}})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, res.ModifiedCount, "the step was not prepared")
+	require.EqualValues(t, 1, res.ModifiedCount, "the credit did not apply")
 
-	mug, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}}).Raw()
+	src, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: from}}).Raw()
 	require.NoError(t, err)
-	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
+	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: from}})
 	require.NoError(t, err)
 	stop := run(t, q)
 	require.Eventually(t, func() bool {
 		counts, err := q.Counts(b.ctx)
 		require.NoError(t, err)
-		return counts[deferred.StateCompleted]+counts[deferred.StateDead] == 2
+		queued, err := q.Jobs().CountDocuments(b.ctx, bson.D{})
+		require.NoError(t, err)
+		return counts[deferred.StateCompleted]+counts[deferred.StateDead] == queued
 	}, time.Minute, 20*time.Millisecond, "the relay jobs did not end")
 	stop()
-	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: credited + ".g", Value: saga.ID}})
+	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: to}, {Key: credited + ".v", Value: int64(2)}, {Key: credited + ".p", Value: bson.D{{Key: "$exists", Value: false}}}})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the relay removed the credit marker of a step whose source it could not see")
+	require.EqualValues(t, 1, n, "the relay removed the credit marker of a move whose source it could not see")
 
-	_, err = accounts.InsertOne(b.ctx, mug)
+	_, err = accounts.InsertOne(b.ctx, src)
 	require.NoError(t, err)
 	_, err = m.Sweep(b.ctx)
 	require.NoError(t, err)
 	run(t, q)
-	obs := b.observer(t)
-	for i, id := range saga.Moves {
-		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
-	}
-	b.requireNoMoveState(t)
-	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
-		require.Equal(t, want, b.balance(t, id), id)
-	}
 }
 
 // TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone: a saga is decided
@@ -559,6 +558,20 @@ func TestLatePreparationOfASettledStepIsRemoved(t *testing.T) {
 	st, err := s.observer(t).SagaStatus(s.ctx, saga.ID)
 	require.NoError(t, err)
 	require.Equal(t, move.Done, st)
+}
+
+// requireOrdersDone waits until both steps of twoOrders' saga are credited,
+// then requires every record of them gone and each stock moved once.
+func (b *bundle) requireOrdersDone(t *testing.T, steps []move.Step, saga move.Saga) {
+	t.Helper()
+	obs := b.observer(t)
+	for i, id := range saga.Moves {
+		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
+	}
+	b.requireNoMoveState(t)
+	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
+		require.Equal(t, want, b.balance(t, id), id)
+	}
 }
 
 // twoOrders inserts mug 10, kettle 5, order-1 and order-2 (0), and makes
