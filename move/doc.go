@@ -81,12 +81,12 @@
 //
 // A document deleted while a move to or from it is unsettled leaves the set:
 // its value, and the move's, go with it. A source deleted (or replaced)
-// after its move's target was marked and before the relay finished the move
-// leaves the target's marker (Unsettled lists it) until the source is back
-// with its entry: the marker is what tells the relay the move was credited.
-// Each Sweep then adds a relay job for it that dies at its first attempt,
-// holding back no other job of the target. The derivation is in DESIGN.md
-// beside this file.
+// after its move's target was marked and before the relay recorded the
+// move's outcome leaves the target's marker (Unsettled lists it) until the
+// source is back with its entry: the marker is what tells the relay the move
+// was credited. Each Sweep then adds a relay job for it that ends at once
+// with nothing done, holding back no other job of the target. The
+// derivation is in DESIGN.md beside this file.
 //
 // # Errors
 //

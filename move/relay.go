@@ -357,9 +357,10 @@ func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
 // marker goes (K_p) if its saga is decided "returned" (deciding it so if it
 // is undecided, as settleStep does): no credit of it is ever sent. Any
 // other marker stays: only F, which needs the source's entry, settles the
-// move. The job then dies (errOutOfSight) rather than retrying: the key's
-// later jobs need not wait behind it, and Sweep sends another while the
-// marker stays (DESIGN.md, Lemma 9).
+// move, and the job ends with nothing done. It neither retries (it would
+// hold back the key's later jobs) nor dies (dead jobs are kept: one per
+// Sweep run would pile up); Sweep sends another while the marker stays
+// (DESIGN.md, "Missing source").
 func (m *Mover) keep(ctx context.Context, a relayArgs) error {
 	saga, mk, err := m.targetMarker(ctx, a)
 	if err != nil || mk == noMarker {
@@ -374,7 +375,7 @@ func (m *Mover) keep(ctx context.Context, a relayArgs) error {
 			return m.unprepare(ctx, a, saga)
 		}
 	}
-	return retry.Permanent(fmt.Errorf("move: relay %s: the move is not settled and its source holds no entry of it (deleted or replaced): the target's marker stays until the source is back with its entry", a.M.Hex()))
+	return nil // the source is out of sight: the marker waits for its entry
 }
 
 // targetMarker reads the target's marker of a, and the saga a prepared

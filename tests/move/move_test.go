@@ -175,7 +175,7 @@ func TestMoveWhoseEnqueueFailedIsRelayedBySweep(t *testing.T) {
 // a second time.
 func TestCreditedMoveKeepsItsMarkerWhileItsSourceIsOutOfSight(t *testing.T) {
 	b := setup(t)
-	q := b.queueOnce(t) // the job that finds the source gone dies, and leaves the move to Sweep
+	q := b.queueOnce(t) // one attempt: a job that found the source gone and failed would not hide it by retrying
 	m := b.mover(t, q, nil, nil)
 	b.insert(t, "ana", 10)
 	b.insert(t, "bob", 0)
