@@ -458,9 +458,7 @@ func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
 	q := b.queue(t, nil)
 	m := b.mover(t, q, nil, nil)
 	_, saga := b.twoOrders(t, m)
-	_, err := b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "order-1"}})
-	require.NoError(t, err)
-	b.insert(t, "order-1", 0)
+	b.replace(t, "order-1", 0)
 
 	run(t, q)
 	obs := b.observer(t)
@@ -488,9 +486,7 @@ func TestDoneSagaStepWhoseSourceWasReplacedKeepsItsMarkerAndBlocksNothing(t *tes
 	q := b.queue(t, nil)
 	m := b.mover(t, q, nil, nil)
 	_, saga := b.twoOrders(t, m)
-	_, err := b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
-	require.NoError(t, err)
-	b.insert(t, "mug", 10)
+	b.replace(t, "mug", 10)
 
 	run(t, q)
 	obs := b.observer(t)
@@ -522,6 +518,15 @@ func TestDoneSagaStepWhoseSourceWasReplacedKeepsItsMarkerAndBlocksNothing(t *tes
 	for id, want := range map[string]int64{"mug": 10, "kettle": 3, "order-1": 1, "order-2": 1} {
 		require.Equal(t, want, b.balance(t, id), id)
 	}
+}
+
+// replace deletes the account id and inserts a new one under its id, with
+// balance and no move state: what another program's delete and insert do.
+func (b *bundle) replace(t *testing.T, id string, balance int64) {
+	t.Helper()
+	_, err := b.db.Collection("accounts").DeleteOne(b.ctx, bson.D{{Key: "_id", Value: id}})
+	require.NoError(t, err)
+	b.insert(t, id, balance)
 }
 
 // waitJobsEnded waits until every job of q is completed or dead.
