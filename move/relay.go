@@ -286,8 +286,10 @@ func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error 
 // earlier job of the key can land after it (Lemma 2), unless this
 // attempt's C or R set that stamp already (deferred refuses a second
 // fenced write to one document in an attempt): then, and when the fenced
-// write finds the stamp set, a plain write conditioned on the marker. A
-// prepared marker never goes by K: cleanPrepared removes it.
+// write finds the stamp set, a plain write conditioned on the marker. With
+// the outcome recorded, K removes a prepared marker too: it is a late copy
+// of P (Lemma 9, case (a)). A K that matches nothing found the marker gone;
+// one that lands later (a held P) is left to the next Sweep.
 func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamped, settled bool) error {
 	if !settled {
 		s, err := m.recorded(ctx, bson.D{{Key: "_id", Value: a.M}})
@@ -298,18 +300,13 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 			return m.keep(ctx, a)
 		}
 	}
-	cond := bson.D{
-		{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: true}}},
-		{Key: m.path("i", a.M) + ".p", Value: bson.D{{Key: "$exists", Value: false}}},
-	}
+	cond := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: true}}}}
 	update := m.unmark(a)
 	if !stamped {
 		got, err := deferred.Guarded(ctx, job, m.repo, a.To, cond, update)
 		switch {
-		case errors.Is(err, versioned.ErrNotFound):
+		case errors.Is(err, versioned.ErrNotFound) || errors.Is(err, versioned.ErrGuardFailed):
 			return nil
-		case errors.Is(err, versioned.ErrGuardFailed):
-			return m.cleanPrepared(ctx, a)
 		case err != nil:
 			return err
 		}
@@ -322,11 +319,8 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 	// The stamp is at least the job's: a plain write, conditioned on the
 	// marker, removes it if the fenced one found it applied earlier.
 	_, err := m.repo.Guarded(ctx, a.To, cond, update)
-	switch {
-	case errors.Is(err, versioned.ErrNotFound):
+	if errors.Is(err, versioned.ErrNotFound) || errors.Is(err, versioned.ErrGuardFailed) {
 		return nil
-	case errors.Is(err, versioned.ErrGuardFailed):
-		return m.cleanPrepared(ctx, a)
 	}
 	return err
 }
@@ -337,19 +331,6 @@ func (m *Mover) unmark(a relayArgs) bson.D {
 		{Key: "$unset", Value: bson.D{{Key: m.path("i", a.M), Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
 	}
-}
-
-// cleanPrepared is K_p after K matched nothing, the outcome recorded: a
-// prepared marker still there is a late copy of P, and goes.
-func (m *Mover) cleanPrepared(ctx context.Context, a relayArgs) error {
-	saga, mk, err := m.targetMarker(ctx, a)
-	switch {
-	case err != nil || mk == noMarker:
-		return err
-	case mk != preparedMarker:
-		return errUnsettled // K found no marker, one is there now: the next attempt sends K again
-	}
-	return m.unprepare(ctx, a, saga)
 }
 
 // keep is what the relay does with the target's marker while the move's
