@@ -115,6 +115,14 @@ func (b *bundle) balance(t testing.TB, id string) int64 {
 	return a.Balance
 }
 
+// requireBalances requires each account of want to hold its balance.
+func (b *bundle) requireBalances(t testing.TB, want map[string]int64) {
+	t.Helper()
+	for id, v := range want {
+		require.Equal(t, v, b.balance(t, id), id)
+	}
+}
+
 // run starts q.Run and returns a function that stops it and waits.
 func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	t.Helper()

@@ -369,25 +369,8 @@ func TestDoneSagaKeepsItsPreparationWhileItsDebitIsOutOfSight(t *testing.T) {
 	q := b.queueOnce(t) // one attempt: a job that found the source gone and failed would not hide it by retrying
 	m := b.mover(t, q, nil, nil)
 	steps, saga := b.twoOrders(t, m)
-
-	accounts := b.db.Collection("accounts")
-	mug, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}}).Raw()
-	require.NoError(t, err)
-	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: "mug"}})
-	require.NoError(t, err)
-	stop := run(t, q)
-	b.waitJobsEnded(t, q)
-	stop()
-	prepared := "_mv.i." + saga.Moves[0].Hex() + ".p"
-	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: "order-1"}, {Key: prepared, Value: true}})
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the relay removed the prepared marker of a saga decided done")
-
-	_, err = accounts.InsertOne(b.ctx, mug)
-	require.NoError(t, err)
-	_, err = m.Sweep(b.ctx)
-	require.NoError(t, err)
-	run(t, q)
+	prepared := bson.D{{Key: "_id", Value: "order-1"}, {Key: "_mv.i." + saga.Moves[0].Hex() + ".p", Value: true}}
+	b.loseSourceWhileRelaying(t, q, m, "mug", prepared, "the relay removed the prepared marker of a saga decided done")
 	b.requireOrdersDone(t, steps, saga)
 }
 
@@ -429,6 +412,17 @@ func (b *bundle) creditThenLoseSource(t *testing.T, q *deferred.Queue, m *move.M
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res.ModifiedCount, "the credit did not apply")
 
+	creditMarker := bson.D{{Key: "_id", Value: to}, {Key: credited + ".v", Value: int64(2)}, {Key: credited + ".p", Value: bson.D{{Key: "$exists", Value: false}}}}
+	b.loseSourceWhileRelaying(t, q, m, from, creditMarker, "the relay removed the credit marker of a move whose source it could not see")
+}
+
+// loseSourceWhileRelaying deletes the account from and runs the relay until
+// its jobs end, then requires the target's marker (one document matching
+// marker) to be still there, inserts the source again as it was, and runs
+// Sweep and the relay.
+func (b *bundle) loseSourceWhileRelaying(t *testing.T, q *deferred.Queue, m *move.Mover, from string, marker bson.D, msg string) {
+	t.Helper()
+	accounts := b.db.Collection("accounts")
 	src, err := accounts.FindOne(b.ctx, bson.D{{Key: "_id", Value: from}}).Raw()
 	require.NoError(t, err)
 	_, err = accounts.DeleteOne(b.ctx, bson.D{{Key: "_id", Value: from}})
@@ -436,9 +430,9 @@ func (b *bundle) creditThenLoseSource(t *testing.T, q *deferred.Queue, m *move.M
 	stop := run(t, q)
 	b.waitJobsEnded(t, q)
 	stop()
-	n, err := accounts.CountDocuments(b.ctx, bson.D{{Key: "_id", Value: to}, {Key: credited + ".v", Value: int64(2)}, {Key: credited + ".p", Value: bson.D{{Key: "$exists", Value: false}}}})
+	n, err := accounts.CountDocuments(b.ctx, marker)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the relay removed the credit marker of a move whose source it could not see")
+	require.EqualValues(t, 1, n, msg)
 
 	_, err = accounts.InsertOne(b.ctx, src)
 	require.NoError(t, err)
@@ -455,19 +449,12 @@ func (b *bundle) creditThenLoseSource(t *testing.T, q *deferred.Queue, m *move.M
 // over it.
 func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
 	b := setup(t)
-	q := b.queue(t, nil)
-	m := b.mover(t, q, nil, nil)
-	_, saga := b.twoOrders(t, m)
-	b.replace(t, "order-1", 0)
-
-	run(t, q)
+	q, _, saga := b.twoOrdersThenReplace(t, "order-1", 0)
 	obs := b.observer(t)
 	require.Equal(t, move.Returned, waitStatusFrom(t, obs, "mug", saga.Moves[0]))
 	require.Equal(t, move.Done, waitStatusFrom(t, obs, "kettle", saga.Moves[1]))
 	b.requireNoMoveState(t)
-	for id, want := range map[string]int64{"mug": 10, "kettle": 4, "order-1": 0, "order-2": 1} {
-		require.Equal(t, want, b.balance(t, id), id)
-	}
+	b.requireBalances(t, map[string]int64{"mug": 10, "kettle": 4, "order-1": 0, "order-2": 1})
 	counts, err := q.Counts(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, counts[deferred.StateDead], "a relay job died")
@@ -483,12 +470,7 @@ func TestDoneSagaStepWhoseTargetWasReplacedIsReturnedAlone(t *testing.T) {
 // one per Sweep run would pile up).
 func TestDoneSagaStepWhoseSourceWasReplacedKeepsItsMarkerAndBlocksNothing(t *testing.T) {
 	b := setup(t)
-	q := b.queue(t, nil)
-	m := b.mover(t, q, nil, nil)
-	_, saga := b.twoOrders(t, m)
-	b.replace(t, "mug", 10)
-
-	run(t, q)
+	q, m, saga := b.twoOrdersThenReplace(t, "mug", 10)
 	obs := b.observer(t)
 	require.Equal(t, move.Done, waitStatusFrom(t, obs, "kettle", saga.Moves[1]))
 	later, err := m.Move(b.ctx, "kettle", "order-1", 1, nil)
@@ -515,9 +497,19 @@ func TestDoneSagaStepWhoseSourceWasReplacedKeepsItsMarkerAndBlocksNothing(t *tes
 	require.Len(t, entries, 1)
 	require.Equal(t, saga.Moves[0], entries[0].Move)
 	require.Equal(t, move.Pending, entries[0].Outcome, "the prepared marker")
-	for id, want := range map[string]int64{"mug": 10, "kettle": 3, "order-1": 1, "order-2": 1} {
-		require.Equal(t, want, b.balance(t, id), id)
-	}
+	b.requireBalances(t, map[string]int64{"mug": 10, "kettle": 3, "order-1": 1, "order-2": 1})
+}
+
+// twoOrdersThenReplace places twoOrders' saga (decided done) with no relay
+// running, replaces the account id (replace), then starts the relay.
+func (b *bundle) twoOrdersThenReplace(t *testing.T, id string, balance int64) (*deferred.Queue, *move.Mover, move.Saga) {
+	t.Helper()
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	_, saga := b.twoOrders(t, m)
+	b.replace(t, id, balance)
+	run(t, q)
+	return q, m, saga
 }
 
 // replace deletes the account id and inserts a new one under its id, with
@@ -580,9 +572,7 @@ func (b *bundle) requireOrdersDone(t *testing.T, steps []move.Step, saga move.Sa
 		require.Equal(t, move.Done, waitStatusFrom(t, obs, steps[i].From, id), "step %d", i)
 	}
 	b.requireNoMoveState(t)
-	for id, want := range map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1} {
-		require.Equal(t, want, b.balance(t, id), id)
-	}
+	b.requireBalances(t, map[string]int64{"mug": 8, "kettle": 4, "order-1": 2, "order-2": 1})
 }
 
 // twoOrders inserts mug 10, kettle 5, order-1 and order-2 (0), and makes

@@ -66,9 +66,7 @@ func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 	require.Equal(t, move.Returned, waitStatus(t, b.observer(t), id))
 	require.Equal(t, move.Done, waitStatus(t, b.observer(t), other))
 	b.requireNoMoveState(t)
-	for acct, want := range map[string]int64{"ana": 90, "ben": 10, "shut": 0} {
-		require.Equal(t, want, b.balance(t, acct), acct)
-	}
+	b.requireBalances(t, map[string]int64{"ana": 90, "ben": 10, "shut": 0})
 	var rec struct {
 		Outcome string `bson:"outcome"`
 		V       int64  `bson:"v"`

@@ -124,7 +124,5 @@ func TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt(t *testing.T) {
 	none, err = move.Unsettled(b.ctx, coll, "", 0)
 	require.NoError(t, err)
 	require.Empty(t, none)
-	for acct, want := range map[string]int64{"ana": 58, "ben": 30, "cy": 12} {
-		require.Equal(t, want, b.balance(t, acct), acct)
-	}
+	b.requireBalances(t, map[string]int64{"ana": 58, "ben": 30, "cy": 12})
 }
