@@ -33,11 +33,11 @@ var optionSamples = map[string]WriteOption{
 // settings.
 func TestEveryWriteOptionDecidesCombining(t *testing.T) {
 	typ := reflect.TypeFor[writeConfig]()
-	var fields []string
+	fields := make([]string, 0, typ.NumField())
 	for i := range typ.NumField() {
 		fields = append(fields, typ.Field(i).Name)
 	}
-	var declared []string
+	declared := make([]string, 0, len(writeFields))
 	for _, f := range writeFields {
 		declared = append(declared, f.name)
 	}

@@ -223,7 +223,7 @@ func (r *Repo[T]) updateCAS(ctx context.Context, op string, id any, key docKey, 
 	s, cached := r.cache.lookup(ck)
 	cached = cached && s.version == base
 	out, err := r.updateFrom(ctx, op, id, key, base, set, unset, cfg, s, cached)
-	if err != nil && !(cached && s.exact()) {
+	if err != nil && (!cached || !s.exact()) {
 		// The $push of a write that had not read the metadata: refused
 		// (nothing written) if the metadata is unfit. Then once more, from
 		// the metadata read.

@@ -23,7 +23,9 @@ func TestUpdateNeverFailsOnANullWriteIDList(t *testing.T) {
 	require.Equal(t, int64(8), doc.Version)
 	raw := b.raw(t, "n")
 	require.EqualValues(t, 2, raw["balance"])
-	require.Len(t, raw["_mc"].(bson.M)["ids"], 1)
+	mc, ok := raw["_mc"].(bson.M)
+	require.True(t, ok, "_mc: %v", raw["_mc"])
+	require.Len(t, mc["ids"], 1)
 }
 
 // The same with a copy the repository has not seen (another process's
@@ -85,6 +87,7 @@ func TestEveryWriteRenewsUnfitMetadata(t *testing.T) {
 		write func(t *testing.T, repo *versioned.Repo[account], b *bundle)
 	}{
 		{"update of a copy read", func(t *testing.T, repo *versioned.Repo[account], b *bundle) {
+			t.Helper()
 			doc, err := repo.Get(b.ctx, "n")
 			require.NoError(t, err)
 			doc.Balance++
@@ -92,11 +95,13 @@ func TestEveryWriteRenewsUnfitMetadata(t *testing.T) {
 			require.Equal(t, int64(8), doc.Version)
 		}},
 		{"update of an unseen copy", func(t *testing.T, repo *versioned.Repo[account], b *bundle) {
+			t.Helper()
 			doc := &account{ID: "n", Balance: 2, Version: 7}
 			require.NoError(t, repo.Update(b.ctx, doc))
 			require.Equal(t, int64(8), doc.Version)
 		}},
 		{"modify", func(t *testing.T, repo *versioned.Repo[account], b *bundle) {
+			t.Helper()
 			calls := 0
 			got, err := repo.Modify(b.ctx, "n", func(a *account) error { calls++; a.Balance++; return nil }, shortPolicy())
 			require.NoError(t, err)
@@ -104,6 +109,7 @@ func TestEveryWriteRenewsUnfitMetadata(t *testing.T) {
 			require.Equal(t, int64(8), got.Version)
 		}},
 		{"guarded", func(t *testing.T, repo *versioned.Repo[account], b *bundle) {
+			t.Helper()
 			got, err := repo.Guarded(b.ctx, "n", bson.D{{Key: "balance", Value: int64(1)}},
 				bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(1)}}}})
 			require.NoError(t, err)
