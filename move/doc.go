@@ -20,8 +20,9 @@
 // condition), takes it, and records a pending entry, in one round trip.
 // A relay job in the deferred queue (keyed by the target) then credits the
 // target exactly once, recording a marker there in the same statement, or,
-// if the target is missing or does not match Options.Accept, returns the
-// value to the source exactly once. Then the pending entry, the outcome and
+// if the target is missing, does not match Options.Accept or cannot hold
+// the credit (its value is not a number, or would pass the largest int64),
+// returns the value to the source exactly once. Then the pending entry, the outcome and
 // the marker are cleaned up. Sweep, run periodically by at least one
 // process, relays moves whose process died before it enqueued. Unsettled
 // lists what is in flight or not yet cleaned up, oldest first (mongocas
@@ -44,7 +45,7 @@
 //	}
 //
 // Each step's debit records the saga in its pending entry, and its target
-// is prepared (it exists and matches Options.Accept). Then the saga is
+// is prepared (it exists, matches Options.Accept and can hold the credit). Then the saga is
 // decided once, in the outcomes collection: done if every debit and
 // preparation landed, returned otherwise. Nothing is credited before the
 // decision; a returned saga's debits go back to their sources (MoveAll
@@ -102,7 +103,8 @@
 //     two.
 //   - From MoveAll: a *StepError matching ErrAborted and the step's error
 //     (versioned.ErrGuardFailed: a source short or its Cond false, or a
-//     target not matching Options.Accept; versioned.ErrNotFound: a missing
+//     target not matching Options.Accept or unable to hold the credit;
+//     versioned.ErrNotFound: a missing
 //     source or target; versioned.ErrUnknownOutcome: a debit or preparation
 //     not settled; the context's error), with Step -1 when the relay decided
 //     first; versioned.ErrUnknownOutcome (not ErrAborted) when the decision

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -68,7 +69,10 @@ type Options struct {
 	Name string
 	// Accept is a condition the target must match for a credit to apply
 	// (for instance {open: true}); a target that does not match it gets
-	// the value returned to the source. nil means any existing target.
+	// the value returned to the source. nil means any existing target
+	// whose value can hold the credit: a number that stays within int64,
+	// or a missing field (the credit creates it); any other target is
+	// refused whatever Accept says.
 	Accept bson.D
 	// Grace is how old a pending entry must be before Sweep enqueues a
 	// relay job for it. Default one minute.
@@ -260,6 +264,25 @@ func (e *InvalidError) Unwrap() error { return e.Err }
 
 func invalid(op, field, reason string, err error) error {
 	return &InvalidError{Op: op, Field: field, Reason: reason, Err: err}
+}
+
+// admits is cond, and the conditions under which a target takes a credit
+// of v: it matches Options.Accept, and its value is a number that $inc can
+// raise by v without passing the largest int64, or missing ($inc creates
+// it). A value of another type, or one so large that $inc would fail,
+// makes the credit's guard fail rather than its statement, so the move is
+// refused (R) and returned, as for a target that does not match Accept;
+// otherwise the server's error would fail the relay's attempts until the
+// job died, with the value pending for ever. ($lte matches numbers only.)
+func (m *Mover) admits(cond bson.D, v int64) bson.D {
+	all := bson.A{cond, bson.D{{Key: "$or", Value: bson.A{
+		bson.D{{Key: m.field, Value: bson.D{{Key: "$lte", Value: math.MaxInt64 - v}}}},
+		bson.D{{Key: m.field, Value: bson.D{{Key: "$exists", Value: false}}}},
+	}}}}
+	if m.accept != nil {
+		all = append(all, m.accept)
+	}
+	return bson.D{{Key: "$and", Value: all}}
 }
 
 // path returns the dotted path of a move's entry under part ("o", "i",

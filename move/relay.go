@@ -145,10 +145,7 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 		return outcomeOf(mk)
 	}
 	absent := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
-	cond := absent
-	if m.accept != nil {
-		cond = bson.D{{Key: "$and", Value: bson.A{absent, m.accept}}}
-	}
+	cond := m.admits(absent, a.V)
 	now := time.Now()
 	got, err := deferred.Guarded(ctx, job, m.repo, a.To, cond, bson.D{
 		{Key: "$inc", Value: bson.D{{Key: m.field, Value: a.V}, {Key: m.state + ".n", Value: int64(1)}}},

@@ -225,14 +225,11 @@ func (m *Mover) send(ctx context.Context, id bson.RawValue, cond, update bson.D)
 	})
 }
 
-// prepare is P: the target admits the saga's credit of a (it exists and
-// matches Options.Accept), recorded as a prepared marker, which only the
+// prepare is P: the target admits the saga's credit of a (it exists,
+// matches Options.Accept and can take the amount: admits), recorded as a prepared marker, which only the
 // relay's credit of a decided-done saga turns into a credit marker.
 func (m *Mover) prepare(ctx context.Context, a relayArgs, saga bson.ObjectID) error {
-	cond := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
-	if m.accept != nil {
-		cond = bson.D{{Key: "$and", Value: bson.A{cond, m.accept}}}
-	}
+	cond := m.admits(bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}, a.V)
 	err := m.send(ctx, a.To, cond, bson.D{
 		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(1)}}},
 		{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{

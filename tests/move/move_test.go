@@ -2,6 +2,8 @@ package move_test
 
 import (
 	"context"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +94,52 @@ func TestMoveRefusedByTheTargetIsReturnedOnce(t *testing.T) {
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(100), b.balance(t, "ana"))
 	require.Equal(t, int64(7), b.balance(t, "shut"))
+}
+
+// TestCreditTheTargetCannotHoldIsReturnedOnce: a target whose value is not
+// a number, or so large that the credit would pass the largest int64, makes
+// the server refuse the credit's $inc; the move is returned, once, rather
+// than retried until its job dies with the value pending. A target without
+// the field takes the credit ($inc creates it).
+func TestCreditTheTargetCannotHoldIsReturnedOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		balance any // nil: no balance field
+		want    move.Status
+		after   any
+	}{
+		{"a value that is not a number", "n/a", move.Returned, "n/a"},
+		{"a value the credit would overflow", int64(math.MaxInt64 - 39), move.Returned, int64(math.MaxInt64 - 39)},
+		{"a value the credit just fits", int64(math.MaxInt64 - 40), move.Done, int64(math.MaxInt64)},
+		{"no value", nil, move.Done, int64(40)},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			b := setup(t)
+			q := b.queue(t, nil)
+			m := b.mover(t, q, nil, nil)
+			b.insert(t, "ana", 100)
+			doc := bson.D{{Key: "_id", Value: "odd"}, {Key: "version", Value: int64(1)}}
+			if tc.balance != nil {
+				doc = append(doc, bson.E{Key: "balance", Value: tc.balance})
+			}
+			_, err := b.db.Collection("accounts").InsertOne(b.ctx, doc)
+			require.NoError(t, err)
+			run(t, q)
+
+			id, err := m.Move(b.ctx, "ana", "odd", 40, nil)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, waitStatus(t, m, id))
+			b.requireNoMoveState(t)
+			want := int64(60)
+			if tc.want == move.Returned {
+				want = 100
+			}
+			require.Equal(t, want, b.balance(t, "ana"))
+			var odd bson.M
+			require.NoError(t, b.db.Collection("accounts").FindOne(b.ctx, bson.D{{Key: "_id", Value: "odd"}}).Decode(&odd))
+			require.Equal(t, tc.after, odd["balance"])
+		})
+	}
 }
 
 func TestBadInputIsRefusedBeforeAnythingIsSent(t *testing.T) {

@@ -7,6 +7,7 @@ package move_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -179,6 +180,40 @@ func TestMoveAllCreditsEveryTargetOrReturnsEveryDebit(t *testing.T) {
 				all += n
 			}
 			require.EqualValues(t, jobs, all, "relay jobs: %v", counts)
+		})
+	}
+}
+
+// TestMoveAllToATargetThatCannotHoldTheCreditIsReturned: a target whose
+// value is not a number, or would pass the largest int64, is refused at its
+// preparation, as one that does not match Options.Accept, so the saga is
+// returned whole rather than decided done with a credit the server would
+// refuse.
+func TestMoveAllToATargetThatCannotHoldTheCreditIsReturned(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		balance any
+	}{
+		{"not a number", "n/a"},
+		{"a value the credit would overflow", int64(math.MaxInt64)},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			s := setupShop(t, nil)
+			_, err := s.db.Collection("accounts").InsertOne(s.ctx, bson.D{
+				{Key: "_id", Value: "label"}, {Key: "balance", Value: tc.balance}, {Key: "version", Value: int64(1)},
+			})
+			require.NoError(t, err)
+			run(t, s.q)
+			steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "label", Amount: 1}}
+			saga, err := s.m.MoveAll(s.ctx, steps)
+			require.ErrorIs(t, err, move.ErrAborted)
+			require.ErrorIs(t, err, versioned.ErrGuardFailed)
+			var se *move.StepError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, 1, se.Step)
+			require.Equal(t, "to", se.End)
+			s.waitSaga(t, steps, saga, move.Returned)
+			s.requireBalances(t, unchanged, "after the relay")
 		})
 	}
 }
