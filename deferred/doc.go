@@ -25,7 +25,8 @@
 // Register gives any handler a name and a typed argument (Kind.Enqueue);
 // NewChange is Register for a read-modify-write of a versioned document,
 // whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
-// inspect and manage jobs; Queue.Wait polls one.
+// inspect and manage jobs; Queue.Wait polls one; Kind.Unfinished lists a
+// kind's jobs that may still run.
 //
 // Each job has a key (usually the id of the document it changes). A worker
 // of Run claims a whole key with a lease (renewed while it works) and runs

@@ -274,3 +274,47 @@ func (q *Queue) Wait(ctx context.Context, id bson.ObjectID, interval time.Durati
 		}
 	}
 }
+
+// Unfinished calls fn with the id and the argument of every job of this
+// kind that is not finished (available, running or retryable), in no
+// particular order: one query on the jobs collection, the argument only.
+// A job whose stored argument does not decode into A is skipped (it dies
+// with an *InvalidError when it runs). It stops at fn's first error and
+// returns it. A job enqueued or finished while it reads may or may not be
+// seen.
+func (k *Kind[A]) Unfinished(ctx context.Context, fn func(id bson.ObjectID, args A) error) error {
+	if err := checkCtx(ctx, "unfinished"); err != nil {
+		return err
+	}
+	if fn == nil {
+		return invalid("unfinished", "fn", "nil", nil)
+	}
+	cur, err := k.q.jobs.Find(ctx, bson.D{
+		{Key: "name", Value: k.h.name},
+		{Key: "state", Value: bson.D{{Key: "$in", Value: bson.A{StateAvailable, StateRunning, StateRetryable}}}},
+	}, options.Find().SetProjection(bson.D{{Key: "args", Value: 1}}))
+	if err != nil {
+		return fmt.Errorf("deferred: unfinished %s: %w", k.h.name, err)
+	}
+	defer func() { _ = cur.Close(context.WithoutCancel(ctx)) }()
+	for cur.Next(ctx) {
+		var job struct {
+			ID   bson.ObjectID `bson:"_id"`
+			Args bson.RawValue `bson:"args"`
+		}
+		if err := cur.Decode(&job); err != nil {
+			return fmt.Errorf("deferred: unfinished %s: %w", k.h.name, err)
+		}
+		var a A
+		if job.Args.Unmarshal(&a) != nil {
+			continue
+		}
+		if err := fn(job.ID, a); err != nil {
+			return err
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return fmt.Errorf("deferred: unfinished %s: %w", k.h.name, err)
+	}
+	return nil
+}

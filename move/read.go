@@ -63,25 +63,38 @@ func (m *Mover) Status(ctx context.Context, from any, id bson.ObjectID) (Status,
 }
 
 // Sweep enqueues a relay job for every move whose state has been waiting
-// longer than Options.Grace: a pending entry whose process died before it
-// enqueued (or whose enqueue failed), an outcome not yet recorded, a marker
-// not yet removed. A move with a job already gets a second one, which is
-// harmless (DESIGN.md). It returns how many jobs it enqueued. Run it
-// periodically in at least one process.
+// longer than Options.Grace and that has no unfinished job (available,
+// running or retryable): a pending entry whose process died before it
+// enqueued (or whose enqueue failed, or whose job died), an outcome not yet
+// recorded, a marker not yet removed. One job per move, however many of
+// its records it finds, so a relay that is behind is not handed more of
+// the same work on each run; a job that is enqueued twice anyway (a Sweep
+// that reads the queue as a job finishes) is harmless (DESIGN.md). It
+// returns how many jobs it enqueued. Run it periodically in at least one
+// process.
 func (m *Mover) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return 0, err
 	}
 	old := time.Now().Add(-m.grace)
+	queued := map[bson.ObjectID]bool{} // moves with an unfinished job
+	err := m.relay.Unfinished(ctx, func(_ bson.ObjectID, a relayArgs) error {
+		queued[a.M] = true
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("move: sweep: %w", err)
+	}
 	n := 0
-	err := scan(ctx, m.coll, m.state, func(e Entry) error {
-		if e.At.After(old) {
+	err = scan(ctx, m.coll, m.state, func(e Entry) error {
+		if e.At.After(old) || queued[e.Move] {
 			return nil
 		}
 		a := relayArgs{M: e.Move, From: e.From, To: e.To, V: e.Amount}
 		if _, err := m.relay.Enqueue(ctx, a.To, a); err != nil {
 			return err
 		}
+		queued[e.Move] = true
 		n++
 		return nil
 	})

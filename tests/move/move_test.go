@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
 	"github.com/mongocas/mongocas/move"
 	"github.com/mongocas/mongocas/store"
@@ -248,12 +249,25 @@ func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	// Sweep before any job ran: every move gets a second job, and a third.
-	for range 2 {
-		n, err := m.Sweep(b.ctx)
-		require.NoError(t, err)
-		require.Equal(t, 3, n)
+	// Before any job ran, every move gets a second job, and a third, from
+	// another process's queue on the same jobs (two Sweeps at once do
+	// that).
+	type relayArgs struct {
+		M        bson.ObjectID `bson:"m"`
+		From, To string
+		V        int64 `bson:"v"`
 	}
+	other, err := deferred.Register(b.queue(t, nil), move.DefaultName, func(context.Context, *deferred.Job, relayArgs) error { return nil })
+	require.NoError(t, err)
+	for range 2 {
+		for _, id := range ids {
+			_, err := other.Enqueue(b.ctx, "ben", relayArgs{M: id, From: "ana", To: "ben", V: 10})
+			require.NoError(t, err)
+		}
+	}
+	counts, err := q.Counts(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 9, counts[deferred.StateAvailable])
 	run(t, q)
 	for _, id := range ids {
 		require.Equal(t, move.Done, waitStatus(t, m, id))

@@ -14,11 +14,10 @@ import (
 // TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused: a relay job
 // that left its refusal marker on the target and died before it returned
 // the value (its attempts used up) leaves a move that Sweep must finish.
-// Sweep rebuilds a job from each trace of the move: the source's pending
-// entry, and the target's marker, which the job built from it may run
-// first. Whatever job runs first, the value the debit took comes back in
-// full, exactly once: the amount is the one the debit recorded, not the
-// one a rebuilt job carries.
+// Sweep rebuilds one job for the move, from the first trace of it that it
+// reads: here the target's marker. Whatever job runs, the value the debit
+// took comes back in full, exactly once: the amount is the one the debit
+// recorded, not the one a rebuilt job carries.
 func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 	b := setup(t)
 	f := b.db.Faulty(t, nil)
@@ -59,7 +58,7 @@ func TestSweepReturnsTheDebitedAmountAfterTheRelayDiedRefused(t *testing.T) {
 
 	n, err := m.Sweep(b.ctx)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, n, 3, "a job from shut's marker and one from each of ana's entries")
+	require.Equal(t, 2, n, "one job for each move: the one to shut (its job is dead), the one to ben (queued on another queue)")
 	relay := b.queue(t, nil) // the same jobs, with attempts to spare
 	b.mover(t, relay, nil, opts)
 	run(t, relay)
@@ -101,4 +100,48 @@ func requireDeadJob(t *testing.T, b *bundle, q *deferred.Queue) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestSweepEnqueuesOneJobPerMoveThatHasNoUnfinishedOne: a relay that is
+// behind is not handed the same moves again on every Sweep. Moves whose
+// jobs are queued get none; once those jobs are cancelled, each move gets
+// one (not one per record), and the next Sweep none. The relay then
+// settles them.
+func TestSweepEnqueuesOneJobPerMoveThatHasNoUnfinishedOne(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil)
+	m := b.mover(t, q, nil, nil)
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	ids := make([]bson.ObjectID, 0, 3)
+	for range 3 {
+		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	n, err := m.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "each move's own job is queued")
+
+	cur, err := q.Jobs().Find(b.ctx, bson.D{})
+	require.NoError(t, err)
+	var jobs []deferred.Job
+	require.NoError(t, cur.All(b.ctx, &jobs))
+	require.Len(t, jobs, 3)
+	for _, j := range jobs {
+		require.NoError(t, q.Cancel(b.ctx, j.ID))
+	}
+	n, err = m.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "a job for each move whose job was cancelled")
+	n, err = m.Sweep(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the jobs the last Sweep enqueued are queued")
+
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, move.Done, waitStatus(t, m, id))
+	}
+	b.requireNoMoveState(t)
+	b.requireBalances(t, map[string]int64{"ana": 70, "ben": 30})
 }

@@ -113,7 +113,7 @@ func TestUnsettledListsEveryRecordOfAMoveUntilTheRelayCleansIt(t *testing.T) {
 	// Sweep and a relay with attempts to spare settle and clean it all.
 	n, err := m.Sweep(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, len(want), n, "a job for each record")
+	require.Equal(t, 3, n, "a job for each move, none of which has an unfinished job on this queue")
 	relay := b.queue(t, nil)
 	b.mover(t, relay, nil, nil)
 	run(t, relay)
