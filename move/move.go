@@ -269,14 +269,18 @@ func invalid(op, field, reason string, err error) error {
 // admits is cond, and the conditions under which a target takes a credit
 // of v: it matches Options.Accept, and its value is a number that $inc can
 // raise by v without passing the largest int64, or missing ($inc creates
-// it). A value of another type, or one so large that $inc would fail,
+// it). A value of another type (an array of numbers too), or one so large that $inc would fail,
 // makes the credit's guard fail rather than its statement, so the move is
 // refused (R) and returned, as for a target that does not match Accept;
 // otherwise the server's error would fail the relay's attempts until the
-// job died, with the value pending for ever. ($lte matches numbers only.)
+// job died, with the value pending for ever. ($lte matches numbers only,
+// but also an array holding one: hence the $type.)
 func (m *Mover) admits(cond bson.D, v int64) bson.D {
 	all := bson.A{cond, bson.D{{Key: "$or", Value: bson.A{
-		bson.D{{Key: m.field, Value: bson.D{{Key: "$lte", Value: math.MaxInt64 - v}}}},
+		bson.D{{Key: m.field, Value: bson.D{
+			{Key: "$lte", Value: math.MaxInt64 - v},
+			{Key: "$not", Value: bson.D{{Key: "$type", Value: "array"}}},
+		}}},
 		bson.D{{Key: m.field, Value: bson.D{{Key: "$exists", Value: false}}}},
 	}}}}
 	if m.accept != nil {

@@ -110,6 +110,7 @@ func TestCreditTheTargetCannotHoldIsReturnedOnce(t *testing.T) {
 		after   any
 	}{
 		{"a value that is not a number", "n/a", move.Returned, "n/a"},
+		{"an array of numbers", bson.A{int64(1), int64(2)}, move.Returned, bson.A{int64(1), int64(2)}},
 		{"a value the credit would overflow", int64(math.MaxInt64 - 39), move.Returned, int64(math.MaxInt64 - 39)},
 		{"a value the credit just fits", int64(math.MaxInt64 - 40), move.Done, int64(math.MaxInt64)},
 		{"no value", nil, move.Done, int64(40)},

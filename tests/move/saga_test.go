@@ -195,6 +195,7 @@ func TestMoveAllToATargetThatCannotHoldTheCreditIsReturned(t *testing.T) {
 		balance any
 	}{
 		{"not a number", "n/a"},
+		{"an array of numbers", bson.A{int64(1)}},
 		{"a value the credit would overflow", int64(math.MaxInt64)},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
