@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/internal/settle"
@@ -82,6 +83,8 @@ type Options struct {
 	Collects int
 	// Outcomes is the collection that keeps each settled move's outcome,
 	// for Status. Default: the collection's name with "_moves" appended.
+	// The Mover writes it with write concern majority, whatever the
+	// collection's own.
 	Outcomes *mongo.Collection
 	// Repo configures the repository the Mover writes through: its
 	// MetaField and Reserved must be those of the application's own
@@ -185,6 +188,10 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 	if o.Outcomes == nil {
 		o.Outcomes = coll.Database().Collection(coll.Name() + "_moves")
 	}
+	// The relay removes a target's marker on the strength of a move's
+	// outcome record, and MoveAll credits on a saga's decision: both must
+	// survive a failover whatever the client's default (DESIGN.md, Lemma 1).
+	o.Outcomes = o.Outcomes.Clone(options.Collection().SetWriteConcern(writeconcern.Majority()))
 	repoOpts := o.Repo
 	if o.Observer != nil && (repoOpts == nil || repoOpts.Observer == nil) {
 		ro := versioned.Options{}

@@ -4,11 +4,15 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/mongocas/mongocas/deferred"
 	"github.com/mongocas/mongocas/mongotest"
@@ -276,4 +280,48 @@ func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 	b.requireNoMoveState(t)
 	require.Equal(t, int64(70), b.balance(t, "ana"))
 	require.Equal(t, int64(30), b.balance(t, "ben"))
+}
+
+// TestOutcomesAreWrittenAtMajorityWhateverTheClientDefault: the relay
+// removes a target's marker once the move's outcome is recorded, and a
+// saga's steps are credited on its decision; both records are written with
+// write concern majority even through a client whose default is w:1.
+func TestOutcomesAreWrittenAtMajorityWhateverTheClientDefault(t *testing.T) {
+	b := setup(t)
+	var mu sync.Mutex
+	var concerns []string
+	opts := store.ClientOptions(b.db.Server.URI, nil).SetWriteConcern(writeconcern.W1()).SetMonitor(&event.CommandMonitor{
+		Started: func(_ context.Context, e *event.CommandStartedEvent) {
+			if coll, _ := e.Command.Lookup(e.CommandName).StringValueOK(); coll != "accounts_moves" || e.CommandName == "find" {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			concerns = append(concerns, e.CommandName+" "+e.Command.Lookup("writeConcern").String())
+		},
+	})
+	client, err := mongo.Connect(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	db := client.Database(b.db.Name())
+	q := b.queue(t, db)
+	m := b.mover(t, q, db, &move.Options{Field: "balance", Grace: time.Nanosecond, Outcomes: db.Collection("accounts_moves")})
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	run(t, q)
+
+	id, err := m.Move(b.ctx, "ana", "ben", 30, nil)
+	require.NoError(t, err)
+	require.Equal(t, move.Done, waitStatus(t, m, id))
+	saga, err := m.MoveAll(b.ctx, []move.Step{{From: "ana", To: "ben", Amount: 5}})
+	require.NoError(t, err)
+	require.Equal(t, move.Done, waitStatus(t, m, saga.Moves[0]))
+	b.requireNoMoveState(t)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(concerns), 3, "the move's record, the saga's decision, its step's record: %v", concerns)
+	for _, c := range concerns {
+		require.Equal(t, `update {"w": "majority"}`, c)
+	}
 }
