@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -41,8 +42,8 @@ type Saga struct {
 }
 
 // StepError says why MoveAll aborted: which step, which end (a source whose
-// value is short or whose condition failed: "from"; a target missing or not
-// matching Options.Accept: "to"), and the error, which it wraps
+// value is short or whose condition failed: "from"; a target missing, not
+// matching Options.Accept or unable to hold the credit: "to"), and the error, which it wraps
 // (versioned.ErrGuardFailed, versioned.ErrNotFound, versioned.ErrUnknownOutcome,
 // a context's error). It matches ErrAborted. Step is -1 when the relay
 // aborted the saga first (MoveAll took longer than Options.Grace).
@@ -71,7 +72,8 @@ func (e *StepError) Unwrap() error { return e.Err }
 // several items, all or nothing. Each step's debit is one statement on its
 // source, as Move's, with the saga's id in the pending entry; then its
 // target is prepared (a marker that admits the credit, written only if the
-// target exists and matches Options.Accept). When every debit and every
+// target exists, matches Options.Accept and can hold the credit, with the
+// saga's earlier steps into it). When every debit and every
 // preparation landed, the saga is decided "done" in one write to the
 // outcomes collection, and the relay credits every target, exactly once;
 // if any failed, it is decided "returned", and every debit that landed is
@@ -91,7 +93,8 @@ func (e *StepError) Unwrap() error { return e.Err }
 // credited (or will be, by the relay), and Status of each move says Done
 // once it is. Otherwise it is a *StepError matching ErrAborted and the
 // step's own error (versioned.ErrGuardFailed: a source's value is short or
-// its Cond failed, or a target does not match Options.Accept;
+// its Cond failed, or a target does not match Options.Accept or cannot hold
+// the credit;
 // versioned.ErrNotFound: a source or a target is missing), or an
 // *InvalidError for bad input (nothing sent), or, when the decision's own
 // write could not be settled, an error matching
@@ -127,6 +130,10 @@ func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 		}
 		args[i] = relayArgs{M: bson.NewObjectID(), From: src, To: dst, V: s.Amount}
 	}
+	into, err := creditsInto(args)
+	if err != nil {
+		return Saga{}, err
+	}
 	saga := Saga{ID: bson.NewObjectID(), Moves: make([]bson.ObjectID, len(steps))}
 	for i := range args {
 		saga.Moves[i] = args[i].M
@@ -142,7 +149,7 @@ func (m *Mover) MoveAll(ctx context.Context, steps []Step) (Saga, error) {
 			break
 		}
 		sent++
-		if err := m.prepare(ctx, a, saga.ID); err != nil {
+		if err := m.prepare(ctx, a, saga.ID, into[i]); err != nil {
 			abort = &StepError{Saga: saga.ID, Step: i, End: "to", Err: err}
 			break
 		}
@@ -225,11 +232,33 @@ func (m *Mover) send(ctx context.Context, id bson.RawValue, cond, update bson.D)
 	})
 }
 
+// creditsInto returns, for each step, the sum of its amount and those of
+// the steps before it into the same target: what the target must be able
+// to hold when the step is prepared, since a done saga credits them all.
+// Amounts into one target that sum past the largest int64 are bad input.
+func creditsInto(args []relayArgs) ([]int64, error) {
+	into := make([]int64, len(args))
+	for i, a := range args {
+		into[i] = a.V
+		for j := i - 1; j >= 0; j-- {
+			if args[j].To.Equal(a.To) {
+				if into[j] > math.MaxInt64-a.V {
+					return nil, invalid("all", "amount", fmt.Sprintf("steps %d and before into one target sum past the largest int64", i), nil)
+				}
+				into[i] = into[j] + a.V
+				break
+			}
+		}
+	}
+	return into, nil
+}
+
 // prepare is P: the target admits the saga's credit of a (it exists,
-// matches Options.Accept and can take the amount: admits), recorded as a prepared marker, which only the
+// matches Options.Accept and can hold total, the step's amount with the
+// saga's earlier steps into it: admits), recorded as a prepared marker, which only the
 // relay's credit of a decided-done saga turns into a credit marker.
-func (m *Mover) prepare(ctx context.Context, a relayArgs, saga bson.ObjectID) error {
-	cond := m.admits(bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}, a.V)
+func (m *Mover) prepare(ctx context.Context, a relayArgs, saga bson.ObjectID, total int64) error {
+	cond := m.admits(bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}, total)
 	err := m.send(ctx, a.To, cond, bson.D{
 		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(1)}}},
 		{Key: "$set", Value: bson.D{{Key: m.path("i", a.M), Value: bson.D{

@@ -219,6 +219,36 @@ func TestMoveAllToATargetThatCannotHoldTheCreditIsReturned(t *testing.T) {
 	}
 }
 
+// TestMoveAllWhoseStepsTogetherOverflowATargetIsReturned: each of two
+// steps into one target fits it alone, not both: the second step's
+// preparation counts the first's amount, so the saga is returned whole
+// rather than decided done with a credit the server would refuse. Amounts
+// into one target that sum past the largest int64 are refused before
+// anything is sent.
+func TestMoveAllWhoseStepsTogetherOverflowATargetIsReturned(t *testing.T) {
+	s := setupShop(t, nil)
+	_, err := s.db.Collection("accounts").InsertOne(s.ctx, bson.D{
+		{Key: "_id", Value: "big"}, {Key: "balance", Value: int64(math.MaxInt64 - 5)}, {Key: "version", Value: int64(1)},
+	})
+	require.NoError(t, err)
+	run(t, s.q)
+	steps := []move.Step{{From: "mug", To: "big", Amount: 3}, {From: "kettle", To: "order-1", Amount: 1}, {From: "pan", To: "big", Amount: 3}}
+	saga, err := s.m.MoveAll(s.ctx, steps)
+	require.ErrorIs(t, err, move.ErrAborted)
+	require.ErrorIs(t, err, versioned.ErrGuardFailed)
+	var se *move.StepError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 2, se.Step)
+	require.Equal(t, "to", se.End)
+	s.waitSaga(t, steps, saga, move.Returned)
+	s.requireBalances(t, unchanged, "after the relay")
+	require.Equal(t, int64(math.MaxInt64-5), s.balance(t, "big"))
+
+	_, err = s.m.MoveAll(s.ctx, []move.Step{{From: "mug", To: "big", Amount: math.MaxInt64/2 + 1}, {From: "kettle", To: "big", Amount: math.MaxInt64/2 + 1}})
+	require.ErrorIs(t, err, move.ErrInvalid)
+	s.requireBalances(t, unchanged, "after the refused saga")
+}
+
 // TestMoveAllRefusesBadInputAndWritesNothing: nothing is debited, nothing
 // is decided.
 func TestMoveAllRefusesBadInputAndWritesNothing(t *testing.T) {
