@@ -68,40 +68,55 @@ func (m *Mover) Status(ctx context.Context, from any, id bson.ObjectID) (Status,
 // enqueued (or whose enqueue failed, or whose job died), an outcome not yet
 // recorded, a marker not yet removed. One job per move, however many of
 // its records it finds, so a relay that is behind is not handed more of
-// the same work on each run; a job that is enqueued twice anyway (a Sweep
-// that reads the queue as a job finishes) is harmless (DESIGN.md). It
-// returns how many jobs it enqueued. Run it periodically in at least one
-// process.
+// the same work on each run. A move can still get a second job (two
+// processes sweeping at once, or a Move whose own enqueue took longer than
+// Grace), which is harmless (DESIGN.md). It reads the queue's unfinished
+// jobs only when it found such a move. It returns how many jobs it
+// enqueued. Run it periodically in at least one process.
 func (m *Mover) Sweep(ctx context.Context) (int, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return 0, err
 	}
 	old := time.Now().Add(-m.grace)
+	var due []relayArgs
+	seen := map[bson.ObjectID]bool{}
+	err := scan(ctx, m.coll, m.state, func(e Entry) error {
+		if !e.At.After(old) && !seen[e.Move] {
+			seen[e.Move] = true
+			due = append(due, relayArgs{M: e.Move, From: e.From, To: e.To, V: e.Amount})
+		}
+		return nil
+	})
+	if err != nil || len(due) == 0 {
+		return 0, wrap("sweep", err)
+	}
 	queued := map[bson.ObjectID]bool{} // moves with an unfinished job
-	err := m.relay.Unfinished(ctx, func(_ bson.ObjectID, a relayArgs) error {
+	err = m.relay.Unfinished(ctx, func(_ bson.ObjectID, a relayArgs) error {
 		queued[a.M] = true
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("move: sweep: %w", err)
+		return 0, wrap("sweep", err)
 	}
 	n := 0
-	err = scan(ctx, m.coll, m.state, func(e Entry) error {
-		if e.At.After(old) || queued[e.Move] {
-			return nil
+	for _, a := range due {
+		if queued[a.M] {
+			continue
 		}
-		a := relayArgs{M: e.Move, From: e.From, To: e.To, V: e.Amount}
 		if _, err := m.relay.Enqueue(ctx, a.To, a); err != nil {
-			return err
+			return n, wrap("sweep", err)
 		}
-		queued[e.Move] = true
 		n++
-		return nil
-	})
-	if err != nil {
-		return n, fmt.Errorf("move: sweep: %w", err)
 	}
 	return n, nil
+}
+
+// wrap prefixes a non-nil err with the package and the operation.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("move: %s: %w", op, err)
 }
 
 // Stage says which of a move's records an Entry is (DESIGN.md).
@@ -151,7 +166,8 @@ type Entry struct {
 // the documents that hold such records (through the index New makes), and
 // needs no Mover: an operator's tool can call it (mongocas moves). A
 // pending entry older than Options.Grace that Sweep has run past belongs
-// to a move whose relay is failing: look at the queue's dead jobs.
+// to a move whose relay is behind or failing: look at the queue's
+// unfinished and dead jobs.
 func Unsettled(ctx context.Context, coll *mongo.Collection, stateField string, limit int) ([]Entry, error) {
 	if err := store.CheckContext(ctx); err != nil {
 		return nil, err
