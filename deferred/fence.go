@@ -6,14 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/x/bsonx/bsoncore"
 
+	"github.com/mongocas/mongocas/internal/canon"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
 	"github.com/mongocas/mongocas/versioned"
@@ -26,31 +25,10 @@ import (
 func (j *Job) FenceField() string {
 	h := sha256.New()
 	h.Write([]byte(j.q.ns))
-	k := canonicalKey(j.Key)
+	k := canon.ID(j.Key)
 	h.Write([]byte{0, byte(k.Type)})
 	h.Write(k.Value)
 	return j.q.c.FenceField + ".k" + hex.EncodeToString(h.Sum(nil)[:12])
-}
-
-// canonicalKey returns the form of a key the fence hashes: an integer (or a
-// double holding one) as an int64, as the server matches them as one key.
-func canonicalKey(k bson.RawValue) bson.RawValue {
-	var n int64
-	switch k.Type {
-	case bson.TypeInt32:
-		n = int64(k.Int32())
-	case bson.TypeInt64:
-		return k
-	case bson.TypeDouble:
-		f := k.Double()
-		if f != math.Trunc(f) || f < -(1<<63) || f >= 1<<63 {
-			return k
-		}
-		n = int64(f)
-	default:
-		return k
-	}
-	return bson.RawValue{Type: bson.TypeInt64, Value: bsoncore.AppendInt64(nil, n)}
 }
 
 // Fence returns the filter condition that holds on a target document while
@@ -118,7 +96,7 @@ func (j *Job) target(op string, coll *mongo.Collection, rawID bson.RawValue) (do
 	if a == nil {
 		return func(error) {}, nil
 	}
-	id := canonicalKey(rawID)
+	id := canon.ID(rawID)
 	t := coll.Database().Name() + "." + coll.Name() + "\x00" + string(rune(id.Type)) + string(id.Value)
 	a.mu.Lock()
 	defer a.mu.Unlock()

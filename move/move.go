@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/internal/canon"
 	"github.com/mongocas/mongocas/internal/settle"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
@@ -84,7 +85,8 @@ type Options struct {
 	// Outcomes is the collection that keeps each settled move's outcome,
 	// for Status. Default: the collection's name with "_moves" appended.
 	// The Mover writes it with write concern majority, whatever the
-	// collection's own.
+	// collection's own (a MoveAll called inside a transaction writes its
+	// decision in it: the commit's write concern then decides).
 	Outcomes *mongo.Collection
 	// Repo configures the repository the Mover writes through: its
 	// MetaField and Reserved must be those of the application's own
@@ -355,7 +357,7 @@ func checkEnds(op string, from, to any) (src, dst bson.RawValue, err error) {
 	if dst, err = store.CheckID(to); err != nil {
 		return src, dst, invalid(op, "to", "", err)
 	}
-	if src.Equal(dst) {
+	if canon.Same(src, dst) {
 		return src, dst, invalid(op, "to", "the same document as from", nil)
 	}
 	return src, dst, nil

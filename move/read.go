@@ -69,8 +69,9 @@ func (m *Mover) Status(ctx context.Context, from any, id bson.ObjectID) (Status,
 // recorded, a marker not yet removed. One job per move, however many of
 // its records it finds, so a relay that is behind is not handed more of
 // the same work on each run. A move can still get a second job (two
-// processes sweeping at once, or a Move whose own enqueue took longer than
-// Grace), which is harmless (DESIGN.md). It reads the queue's unfinished
+// processes sweeping at once, a Move whose own enqueue took longer than
+// Grace), or a job after its first finished between the scan and the read
+// of the queue; either is harmless (DESIGN.md). It reads the queue's unfinished
 // jobs only when it found such a move. It returns how many jobs it
 // enqueued. Run it periodically in at least one process.
 func (m *Mover) Sweep(ctx context.Context) (int, error) {

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/mongocas/mongocas/deferred"
+	"github.com/mongocas/mongocas/internal/canon"
 	"github.com/mongocas/mongocas/observe"
 	"github.com/mongocas/mongocas/retry"
 	"github.com/mongocas/mongocas/store"
@@ -233,15 +234,16 @@ func (m *Mover) send(ctx context.Context, id bson.RawValue, cond, update bson.D)
 }
 
 // creditsInto returns, for each step, the sum of its amount and those of
-// the steps before it into the same target: what the target must be able
-// to hold when the step is prepared, since a done saga credits them all.
+// the steps before it into the same target (as the server matches ids: 7
+// and NumberLong(7) are one): what the target must be able to hold when
+// the step is prepared, since a done saga credits them all.
 // Amounts into one target that sum past the largest int64 are bad input.
 func creditsInto(args []relayArgs) ([]int64, error) {
 	into := make([]int64, len(args))
 	for i, a := range args {
 		into[i] = a.V
 		for j := i - 1; j >= 0; j-- {
-			if args[j].To.Equal(a.To) {
+			if canon.Same(args[j].To, a.To) {
 				if into[j] > math.MaxInt64-a.V {
 					return nil, invalid("all", "amount", fmt.Sprintf("steps %d and before into one target sum past the largest int64", i), nil)
 				}

@@ -158,6 +158,10 @@ func TestBadInputIsRefusedBeforeAnythingIsSent(t *testing.T) {
 		"zero amount":     func() error { _, err := m.Move(ctx, "ana", "ben", 0, nil); return err },
 		"negative amount": func() error { _, err := m.Move(ctx, "ana", "ben", -5, nil); return err },
 		"same document":   func() error { _, err := m.Move(ctx, "ana", "ana", 5, nil); return err },
+		"same document as the server matches ids": func() error {
+			_, err := m.Move(ctx, int32(7), int64(7), 5, nil)
+			return err
+		},
 		"operator id": func() error {
 			_, err := m.Move(ctx, bson.D{{Key: "$gt", Value: ""}}, "ben", 5, nil)
 			return err

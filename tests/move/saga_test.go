@@ -247,6 +247,21 @@ func TestMoveAllWhoseStepsTogetherOverflowATargetIsReturned(t *testing.T) {
 	_, err = s.m.MoveAll(s.ctx, []move.Step{{From: "mug", To: "big", Amount: math.MaxInt64/2 + 1}, {From: "kettle", To: "big", Amount: math.MaxInt64/2 + 1}})
 	require.ErrorIs(t, err, move.ErrInvalid)
 	s.requireBalances(t, unchanged, "after the refused saga")
+
+	// One target named as the server matches it, 7 and NumberLong(7): its
+	// steps are added up too.
+	_, err = s.db.Collection("accounts").InsertOne(s.ctx, bson.D{
+		{Key: "_id", Value: int64(7)}, {Key: "balance", Value: int64(math.MaxInt64 - 5)}, {Key: "version", Value: int64(1)},
+	})
+	require.NoError(t, err)
+	steps = []move.Step{{From: "mug", To: int32(7), Amount: 3}, {From: "kettle", To: int64(7), Amount: 3}}
+	saga, err = s.m.MoveAll(s.ctx, steps)
+	require.ErrorIs(t, err, move.ErrAborted)
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, 1, se.Step)
+	require.Equal(t, "to", se.End)
+	s.waitSaga(t, steps, saga, move.Returned)
+	s.requireBalances(t, unchanged, "after the relay")
 }
 
 // TestMoveAllRefusesBadInputAndWritesNothing: nothing is debited, nothing
