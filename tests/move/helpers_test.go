@@ -123,6 +123,21 @@ func (b *bundle) requireBalances(t testing.TB, want map[string]int64) {
 	}
 }
 
+// threeMovesToBen inserts ana (100) and ben (0) and moves 10 from ana to
+// ben three times through m, returning the moves' ids.
+func (b *bundle) threeMovesToBen(t testing.TB, m *move.Mover) []bson.ObjectID {
+	t.Helper()
+	b.insert(t, "ana", 100)
+	b.insert(t, "ben", 0)
+	ids := make([]bson.ObjectID, 0, 3)
+	for range 3 {
+		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // run starts q.Run and returns a function that stops it and waits.
 func run(t testing.TB, q *deferred.Queue) (stop func()) {
 	t.Helper()

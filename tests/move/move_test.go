@@ -250,14 +250,7 @@ func TestDuplicatedRelayJobsCreditOnce(t *testing.T) {
 	b := setup(t)
 	q := b.queue(t, nil)
 	m := b.mover(t, q, nil, nil)
-	b.insert(t, "ana", 100)
-	b.insert(t, "ben", 0)
-	ids := make([]bson.ObjectID, 0, 3)
-	for range 3 {
-		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
-		require.NoError(t, err)
-		ids = append(ids, id)
-	}
+	ids := b.threeMovesToBen(t, m)
 	// Before any job ran, every move gets a second job, and a third, from
 	// another process's queue on the same jobs (two Sweeps at once do
 	// that).

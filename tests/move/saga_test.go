@@ -205,16 +205,7 @@ func TestMoveAllToATargetThatCannotHoldTheCreditIsReturned(t *testing.T) {
 			})
 			require.NoError(t, err)
 			run(t, s.q)
-			steps := []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "label", Amount: 1}}
-			saga, err := s.m.MoveAll(s.ctx, steps)
-			require.ErrorIs(t, err, move.ErrAborted)
-			require.ErrorIs(t, err, versioned.ErrGuardFailed)
-			var se *move.StepError
-			require.ErrorAs(t, err, &se)
-			require.Equal(t, 1, se.Step)
-			require.Equal(t, "to", se.End)
-			s.waitSaga(t, steps, saga, move.Returned)
-			s.requireBalances(t, unchanged, "after the relay")
+			s.requireRefusedAtTarget(t, []move.Step{{From: "mug", To: "order-1", Amount: 2}, {From: "kettle", To: "label", Amount: 1}}, 1)
 		})
 	}
 }
@@ -232,16 +223,7 @@ func TestMoveAllWhoseStepsTogetherOverflowATargetIsReturned(t *testing.T) {
 	})
 	require.NoError(t, err)
 	run(t, s.q)
-	steps := []move.Step{{From: "mug", To: "big", Amount: 3}, {From: "kettle", To: "order-1", Amount: 1}, {From: "pan", To: "big", Amount: 3}}
-	saga, err := s.m.MoveAll(s.ctx, steps)
-	require.ErrorIs(t, err, move.ErrAborted)
-	require.ErrorIs(t, err, versioned.ErrGuardFailed)
-	var se *move.StepError
-	require.ErrorAs(t, err, &se)
-	require.Equal(t, 2, se.Step)
-	require.Equal(t, "to", se.End)
-	s.waitSaga(t, steps, saga, move.Returned)
-	s.requireBalances(t, unchanged, "after the relay")
+	s.requireRefusedAtTarget(t, []move.Step{{From: "mug", To: "big", Amount: 3}, {From: "kettle", To: "order-1", Amount: 1}, {From: "pan", To: "big", Amount: 3}}, 2)
 	require.Equal(t, int64(math.MaxInt64-5), s.balance(t, "big"))
 
 	_, err = s.m.MoveAll(s.ctx, []move.Step{{From: "mug", To: "big", Amount: math.MaxInt64/2 + 1}, {From: "kettle", To: "big", Amount: math.MaxInt64/2 + 1}})
@@ -254,11 +236,19 @@ func TestMoveAllWhoseStepsTogetherOverflowATargetIsReturned(t *testing.T) {
 		{Key: "_id", Value: int64(7)}, {Key: "balance", Value: int64(math.MaxInt64 - 5)}, {Key: "version", Value: int64(1)},
 	})
 	require.NoError(t, err)
-	steps = []move.Step{{From: "mug", To: int32(7), Amount: 3}, {From: "kettle", To: int64(7), Amount: 3}}
-	saga, err = s.m.MoveAll(s.ctx, steps)
+	s.requireRefusedAtTarget(t, []move.Step{{From: "mug", To: int32(7), Amount: 3}, {From: "kettle", To: int64(7), Amount: 3}}, 1)
+}
+
+// requireRefusedAtTarget runs MoveAll of steps and requires it to abort at
+// step's preparation with a failed guard, every debit returned.
+func (s *shop) requireRefusedAtTarget(t *testing.T, steps []move.Step, step int) {
+	t.Helper()
+	saga, err := s.m.MoveAll(s.ctx, steps)
 	require.ErrorIs(t, err, move.ErrAborted)
+	require.ErrorIs(t, err, versioned.ErrGuardFailed)
+	var se *move.StepError
 	require.ErrorAs(t, err, &se)
-	require.Equal(t, 1, se.Step)
+	require.Equal(t, step, se.Step)
 	require.Equal(t, "to", se.End)
 	s.waitSaga(t, steps, saga, move.Returned)
 	s.requireBalances(t, unchanged, "after the relay")

@@ -111,14 +111,7 @@ func TestSweepEnqueuesOneJobPerMoveThatHasNoUnfinishedOne(t *testing.T) {
 	b := setup(t)
 	q := b.queue(t, nil)
 	m := b.mover(t, q, nil, nil)
-	b.insert(t, "ana", 100)
-	b.insert(t, "ben", 0)
-	ids := make([]bson.ObjectID, 0, 3)
-	for range 3 {
-		id, err := m.Move(b.ctx, "ana", "ben", 10, nil)
-		require.NoError(t, err)
-		ids = append(ids, id)
-	}
+	ids := b.threeMovesToBen(t, m)
 	n, err := m.Sweep(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "each move's own job is queued")
