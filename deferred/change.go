@@ -85,7 +85,7 @@ func NewChange[T, A any](q *Queue, name string, repo *versioned.Repo[T], fn func
 
 // errOneByOne says a run must be taken one job at a time: the document
 // carries the stamp of one of them, or an argument does not decode.
-var errOneByOne = errors.New("deferred: run the jobs one at a time")
+var errOneByOne = ErrOneByOne
 
 // applyRun applies a run of jobs of the document id in one versioned Modify,
 // fenced on the first job's number and stamped with the last one's (whole

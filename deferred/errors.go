@@ -27,6 +27,11 @@ var (
 	ErrNotFound = errors.New("deferred: job not found")
 	// ErrState is matched by *StateError: wrong state for the operation.
 	ErrState = errors.New("deferred: job in the wrong state")
+	// ErrOneByOne is what a run function (RegisterRun) returns for the
+	// jobs it did not take: they run one at a time through the handler.
+	// GuardedRun returns it when the target carries the stamp of one of
+	// the run's jobs already.
+	ErrOneByOne = errors.New("deferred: run the jobs one at a time")
 )
 
 // InvalidError reports bad input refused before anything was stored: the

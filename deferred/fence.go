@@ -171,9 +171,40 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 	if job == nil || job.q == nil || repo == nil {
 		return nil, invalid("guarded", "job", "nil job or repository, or a job not from a Queue", nil)
 	}
-	return fenced(ctx, "guarded", job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
+	return fenced(ctx, "guarded", job, job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
 		return repo.Guarded(ctx, id, cond, update, opts...)
-	})
+	}, nil)
+}
+
+// GuardedRun applies one change for a whole run of jobs of one key (a run
+// function's, RegisterRun) to the document of repo with id, once:
+// versioned.Repo.Guarded with the first job's Fence in the filter and the
+// last job's stamp in the $set. It applies only while no job of the run,
+// nor any later job of the key, has been applied to the document, and
+// none of its copies applies after that. When the document carries such a
+// stamp already, it changes nothing and returns ErrOneByOne: some of the
+// run was applied job by job, so return ErrOneByOne and let the handler
+// take the jobs one at a time. Otherwise as Guarded: a cond that does not
+// hold is versioned's *GuardError, a missing document ErrNotFound.
+func GuardedRun[T any](ctx context.Context, jobs []*Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
+	if len(jobs) == 0 || repo == nil {
+		return nil, invalid("guarded_run", "jobs", "no jobs or a nil repository", nil)
+	}
+	first, last := jobs[0], jobs[len(jobs)-1]
+	for _, job := range jobs {
+		if job == nil || job.q == nil || job.q != first.q || !canon.Same(job.Key, first.Key) || job.Seq < first.Seq || job.Seq > last.Seq {
+			return nil, invalid("guarded_run", "jobs", "nil jobs, jobs not from one Queue and key, or out of order", nil)
+		}
+	}
+	doc, err := fenced(ctx, "guarded_run", first, last, repo, id, func(opts []versioned.WriteOption) (*T, error) {
+		return repo.Guarded(ctx, id, cond, update, opts...)
+	}, errOneByOne)
+	if err == nil || errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err) {
+		for _, job := range jobs {
+			job.att.mayHaveWritten()
+		}
+	}
+	return doc, err
 }
 
 // Modify applies fn's change to the document of repo with id, once:
@@ -195,7 +226,7 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 	if job == nil || job.q == nil || repo == nil || fn == nil {
 		return nil, invalid("modify", "job", "nil job, repository or function, or a job not from a Queue", nil)
 	}
-	return fenced(ctx, "modify", job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
+	return fenced(ctx, "modify", job, job, repo, id, func(opts []versioned.WriteOption) (*T, error) {
 		var fnErr error
 		doc, err := repo.Modify(ctx, id, func(d *T) error {
 			fnErr = fn(d)
@@ -205,13 +236,16 @@ func Modify[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id an
 			return nil, fnErr // as fn returned it, retry.Permanent included
 		}
 		return doc, err
-	})
+	}, nil)
 }
 
 // fenced makes a helper's write with the fence, the stamps' bound and the
 // stamp, within the target's reservation: "applied earlier" is the document
 // as stored and a nil error.
-func fenced[T any](ctx context.Context, op string, job *Job, repo *versioned.Repo[T], id any, write func([]versioned.WriteOption) (*T, error)) (*T, error) {
+// The write carries last's stamp (job's own, but for a run's). applied,
+// if not nil, is returned, with no document, in place of the document as
+// stored when the write finds the job applied already.
+func fenced[T any](ctx context.Context, op string, job, last *Job, repo *versioned.Repo[T], id any, write func([]versioned.WriteOption) (*T, error), applied error) (*T, error) {
 	bare := id
 	if k, ok := id.(store.Key); ok {
 		bare = k.ID
@@ -224,10 +258,13 @@ func fenced[T any](ctx context.Context, op string, job *Job, repo *versioned.Rep
 	if err != nil {
 		return nil, err
 	}
-	doc, err := write(append(job.where(), versioned.WithSet(job.stamp())))
+	doc, err := write(append(job.where(), versioned.WithSet(last.stamp())))
 	switch {
 	case errors.Is(err, errApplied):
 		done(nil)
+		if applied != nil {
+			return nil, applied
+		}
 		return repo.Get(ctx, id)
 	case errors.Is(err, errStamps):
 		err = job.stampsError(op, rawID)

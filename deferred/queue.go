@@ -304,6 +304,28 @@ func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Jo
 	return register(q, name, fn, nil)
 }
 
+// RegisterRun registers fn as Register does, and run, which a worker calls
+// instead of fn with a run of two or more due jobs of one key and this
+// name (at most Options.Batch), claimed together, in enqueue order. run
+// returns how many of the run's first jobs it completed, which are
+// recorded completed together, and for the others either ErrOneByOne, to
+// have them run one at a time through fn, or an error, which fails the
+// attempt of the first one not completed (the rest go back, unattempted).
+// (0, ErrOneByOne) gives the whole run to fn, one job at a time: a run
+// function takes what it can do whole and leaves the rest to fn.
+//
+// run's writes must be fenced for the whole run: GuardedRun is fenced on
+// the first job and stamped with the last, so that no copy of it lands
+// after any job of the run, or of an earlier one, has been applied. A
+// job whose attempt failed, or whose worker died, runs alone (fn) on its
+// next attempt.
+func RegisterRun[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error, run func(ctx context.Context, jobs []*Job) (int, error)) (*Kind[A], error) {
+	if run == nil {
+		return nil, invalid("register", "handler", "nil run function", nil)
+	}
+	return register(q, name, fn, run)
+}
+
 func register[A any](q *Queue, name string, fn func(context.Context, *Job, A) error, batch func(context.Context, []*Job) (int, error)) (*Kind[A], error) {
 	if q == nil || fn == nil {
 		return nil, invalid("register", "handler", "nil Queue or function", nil)
