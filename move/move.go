@@ -140,6 +140,7 @@ type Mover struct {
 	state    string
 	version  string
 	accept   bson.D
+	runs     bool // Accept allows a run's credits in one statement (runMany)
 	grace    time.Duration
 	collects int
 	retry    retry.Policy
@@ -219,7 +220,8 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
 		grace: o.Grace, collects: o.Collects, retry: o.Retry, observer: o.Observer,
 	}
-	m.relay, err = deferred.Register(q, o.Name, m.run)
+	m.runs = staticAccept(o.Accept, o.Field, o.StateField)
+	m.relay, err = deferred.RegisterRun(q, o.Name, m.run, m.runMany)
 	if err != nil {
 		return nil, fmt.Errorf("move: new: %w", err)
 	}

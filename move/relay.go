@@ -117,13 +117,22 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 		} else if src, err = m.readRaw(ctx, a.From); err != nil {
 			return err
 		}
-		if src == nil {
-			return m.clean(ctx, job, a, stamped, false)
-		}
+	}
+	return m.wrapUp(ctx, job, a, src, stamped)
+}
+
+// wrapUp is what follows F: from the source as read after it (nil:
+// missing), O and U if the outcome is there, then K.
+func (m *Mover) wrapUp(ctx context.Context, job *deferred.Job, a relayArgs, src bson.Raw, stamped bool) error {
+	if src == nil {
+		return m.clean(ctx, job, a, stamped, false)
 	}
 	settled := false // this attempt saw the outcome recorded (O applied)
 	if v, ok := m.entry(src, "d", a.M); ok {
-		if err := m.record(ctx, a, v); err != nil {
+		if err := m.recordOne(ctx, a, v); err != nil {
+			return err
+		}
+		if err := m.forget(ctx, a); err != nil {
 			return err
 		}
 		settled = true
@@ -133,16 +142,24 @@ func (m *Mover) run(ctx context.Context, job *deferred.Job, a relayArgs) error {
 
 // decide makes the move's marker on the target final (C, or R after C's
 // guard failed) and returns the outcome it means.
+//
+// A job's first attempt sends C without reading the target first: C and R
+// are conditioned on the marker absent, so when one is there already (a
+// relay that died before F, a duplicate job) both match nothing and the
+// read after them finds it. A later attempt reads first, since an earlier
+// one most likely left a marker.
 func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stamped *bool) (Status, error) {
-	dst, err := m.readRaw(ctx, a.To)
-	if err != nil {
-		return "", err
-	}
-	if dst == nil {
-		return Returned, nil
-	}
-	if mk := m.markerOf(dst, a.M); mk != noMarker {
-		return outcomeOf(mk)
+	if job.Attempt > 1 {
+		dst, err := m.readRaw(ctx, a.To)
+		if err != nil {
+			return "", err
+		}
+		if dst == nil {
+			return Returned, nil
+		}
+		if mk := m.markerOf(dst, a.M); mk != noMarker {
+			return outcomeOf(mk)
+		}
 	}
 	absent := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
 	cond := m.admits(absent, a.V)
@@ -183,7 +200,8 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 			return outcomeOf(mk)
 		}
 	}
-	if dst, err = m.readRaw(ctx, a.To); err != nil {
+	dst, err := m.readRaw(ctx, a.To)
+	if err != nil {
 		return "", err
 	}
 	if dst == nil {
@@ -241,25 +259,39 @@ func (m *Mover) exists(part string, id bson.ObjectID) bson.D {
 	return bson.D{{Key: m.path(part, id), Value: bson.D{{Key: "$exists", Value: true}}}}
 }
 
-// record is O then U: the outcome fixed by F is copied to the outcomes
-// collection, then leaves the source.
-func (m *Mover) record(ctx context.Context, a relayArgs, d bson.RawValue) error {
+// outcomeRecord is O's upsert of the outcome d (S.d.m, as F fixed it) of
+// the move of a: the record is inserted once and never changed.
+func (m *Mover) outcomeRecord(a relayArgs, d bson.RawValue) (filter, update bson.D, err error) {
 	s, ok := outcomeIn(d)
 	if !ok {
-		return retry.Permanent(fmt.Errorf("move: relay %s: outcome is not a string", a.M.Hex()))
+		return nil, nil, retry.Permanent(fmt.Errorf("move: relay %s: outcome is not a string", a.M.Hex()))
 	}
 	if doc, ok := d.DocumentOK(); ok { // the amount F recorded, as in run
 		if v, ok := doc.Lookup("v").AsInt64OK(); ok {
 			a.V = v
 		}
 	}
-	_, err := m.outcomes.UpdateOne(ctx, bson.D{{Key: "_id", Value: a.M}}, bson.D{{Key: "$setOnInsert", Value: bson.D{
+	return bson.D{{Key: "_id", Value: a.M}}, bson.D{{Key: "$setOnInsert", Value: bson.D{
 		{Key: "outcome", Value: s}, {Key: "from", Value: a.From}, {Key: "to", Value: a.To}, {Key: "v", Value: a.V},
-	}}}, options.UpdateOne().SetUpsert(true))
+	}}}, nil
+}
+
+// recordOne is O for one move.
+func (m *Mover) recordOne(ctx context.Context, a relayArgs, d bson.RawValue) error {
+	filter, update, err := m.outcomeRecord(a, d)
+	if err != nil {
+		return err
+	}
+	_, err = m.outcomes.UpdateOne(ctx, filter, update, options.UpdateOne().SetUpsert(true))
 	if err != nil && !store.IsDuplicateKey(err) {
 		return err
 	}
-	_, err = m.repo.Guarded(ctx, a.From, m.exists("d", a.M), bson.D{
+	return nil
+}
+
+// forget is U, sent once O applied: the outcome leaves the source.
+func (m *Mover) forget(ctx context.Context, a relayArgs) error {
+	_, err := m.repo.Guarded(ctx, a.From, m.exists("d", a.M), bson.D{
 		{Key: "$unset", Value: bson.D{{Key: m.path("d", a.M), Value: ""}}},
 		{Key: "$inc", Value: bson.D{{Key: m.state + ".n", Value: int64(-1)}}},
 	})
@@ -315,7 +347,13 @@ func (m *Mover) clean(ctx context.Context, job *deferred.Job, a relayArgs, stamp
 	}
 	// The stamp is at least the job's: a plain write, conditioned on the
 	// marker, removes it if the fenced one found it applied earlier.
-	_, err := m.repo.Guarded(ctx, a.To, cond, update)
+	return m.unmarkPlain(ctx, a)
+}
+
+// unmarkPlain is K as a plain write, conditioned on the marker: sent once
+// the target's stamp is at least the job's (or the run's last).
+func (m *Mover) unmarkPlain(ctx context.Context, a relayArgs) error {
+	_, err := m.repo.Guarded(ctx, a.To, m.exists("i", a.M), m.unmark(a))
 	if errors.Is(err, versioned.ErrNotFound) || errors.Is(err, versioned.ErrGuardFailed) {
 		return nil
 	}

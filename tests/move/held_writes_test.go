@@ -19,8 +19,8 @@ import (
 
 // writeKind names a move's write from its findAndModify on the accounts:
 // debit, credit, refusal, prepare (MoveAll's), finish, record, clean; and
-// decide, MoveAll's and the relay's upsert of a saga's decision; "" for
-// anything else.
+// from its update of the outcomes: decide, MoveAll's and the relay's upsert
+// of a saga's decision, and outcome, the relay's O; "" for anything else.
 func writeKind(c *mongotest.Command) string {
 	if strings.EqualFold(c.Name, "update") && c.Collection == "accounts_moves" {
 		for _, u := range c.Sequences["updates"] {
@@ -31,6 +31,7 @@ func writeKind(c *mongotest.Command) string {
 		if strings.Contains(c.Body.String(), `"saga"`) {
 			return "decide"
 		}
+		return "outcome"
 	}
 	if !strings.EqualFold(c.Name, "findAndModify") || c.Collection != "accounts" {
 		return ""
