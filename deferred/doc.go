@@ -24,7 +24,9 @@
 //
 // Register gives any handler a name and a typed argument (Kind.Enqueue);
 // NewChange is Register for a read-modify-write of a versioned document,
-// whose job key is the document's id. Queue.Job, Counts, Requeue, Cancel
+// whose job key is the document's id. RegisterRun is Register with a run
+// function that takes a run of a key's jobs whole (GuardedRun: one write
+// fenced for the whole run), as a Change run is. Queue.Job, Counts, Requeue, Cancel
 // inspect and manage jobs; Queue.Wait polls one; Kind.Unfinished lists a
 // kind's jobs that may still run.
 //
@@ -32,8 +34,8 @@
 // of Run claims a whole key with a lease (renewed while it works) and runs
 // the key's due jobs in sequence order, a run at a time: one read finds
 // the run, one write claims and one records each job (a Change run's jobs,
-// applied to their document in one read and one write, together), one
-// moves the key's head.
+// applied to their document in one read and one write, together; a run
+// function's, together), one moves the key's head.
 // A failed attempt is retried after a jittered backoff; after MaxAttempts,
 // or at once for retry.Permanent, the job is dead and the key moves on. A
 // process without the handler of a key's next job leaves the key to those

@@ -108,7 +108,7 @@ func TestAcceptThatReadsTheValueCreditsOneMoveAtATime(t *testing.T) {
 	run(t, q)
 
 	obs := b.observer(t)
-	var statuses []move.Status
+	statuses := make([]move.Status, 0, len(ids))
 	for i, id := range ids {
 		statuses = append(statuses, waitStatusFrom(t, obs, runSources[i], id))
 	}
@@ -236,7 +236,7 @@ func TestRunWithAMoveThatCannotBeCreditedGoesOneByOne(t *testing.T) {
 	require.NoError(t, err)
 	last, err := m.Move(b.ctx, "ana", "ben", 10, nil)
 	require.NoError(t, err)
-	var refused []bson.ObjectID
+	refused := make([]bson.ObjectID, 0, 2)
 	for range 2 {
 		id, err := m.Move(b.ctx, "cal", "shut", 7, nil)
 		require.NoError(t, err)
