@@ -191,15 +191,21 @@ func GuardedRun[T any](ctx context.Context, jobs []*Job, repo *versioned.Repo[T]
 		return nil, invalid("guarded_run", "jobs", "no jobs or a nil repository", nil)
 	}
 	first, last := jobs[0], jobs[len(jobs)-1]
-	for _, job := range jobs {
-		if job == nil || job.q == nil || job.q != first.q || !canon.Same(job.Key, first.Key) || job.Seq < first.Seq || job.Seq > last.Seq {
-			return nil, invalid("guarded_run", "jobs", "nil jobs, jobs not from one Queue and key, or out of order", nil)
+	for i, job := range jobs {
+		// The jobs a run function was handed: claimed together (one claim,
+		// in this attempt), in order. A job read with Queue.Job, or one of
+		// another run, would lend its stamp to jobs never applied.
+		if job == nil || job.q == nil || job.att == nil || job.q != first.q || job.Claim.IsZero() || job.Claim != first.Claim ||
+			!canon.Same(job.Key, first.Key) || i > 0 && job.Seq <= jobs[i-1].Seq {
+			return nil, invalid("guarded_run", "jobs", "not the jobs of one run handed to a run function, in order", nil)
 		}
 	}
 	doc, err := fenced(ctx, "guarded_run", first, last, repo, id, func(opts []versioned.WriteOption) (*T, error) {
 		return repo.Guarded(ctx, id, cond, update, opts...)
 	}, errOneByOne)
-	if err == nil || errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err) {
+	if err == nil || errors.Is(err, errOneByOne) || errors.Is(err, store.ErrUnknownOutcome) || store.IsAmbiguous(err) {
+		// The stamp found may be this run's own, from a copy whose reply
+		// was lost: every job may have written.
 		for _, job := range jobs {
 			job.att.mayHaveWritten()
 		}

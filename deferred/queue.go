@@ -317,8 +317,11 @@ func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Jo
 // run's writes must be fenced for the whole run: GuardedRun is fenced on
 // the first job and stamped with the last, so that no copy of it lands
 // after any job of the run, or of an earlier one, has been applied. A
-// job whose attempt failed, or whose worker died, runs alone (fn) on its
-// next attempt.
+// job taken over from a worker that lost its claim, or at its last
+// attempt, runs alone (fn); a job whose attempt failed may head a run
+// again. An error from fn that matches ErrOneByOne is an error like any
+// other: it fails the attempt. A count below 0 or above the run's length
+// is an *InvalidError, which makes the run's first job dead.
 func RegisterRun[A any](q *Queue, name string, fn func(ctx context.Context, job *Job, args A) error, run func(ctx context.Context, jobs []*Job) (int, error)) (*Kind[A], error) {
 	if run == nil {
 		return nil, invalid("register", "handler", "nil run function", nil)

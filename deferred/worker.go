@@ -319,6 +319,13 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		return next, 1, ok
 	}
 	n, claimed, started, err := h.runJobs(jobs, len(take))
+	// ErrOneByOne means "the rest one at a time" only from a run function;
+	// from a handler it is an error like any other, which fails the job.
+	batched := len(take) > 1
+	if batched && (n < 0 || n > len(jobs)) {
+		n, err = 0, invalid("run", "handler", fmt.Sprintf("the run function of %q returned %d for a run of %d jobs", jobs[0].Name, n, len(jobs)), nil)
+	}
+	oneByOne := batched && errors.Is(err, errOneByOne)
 	if h.lost() {
 		// The jobs claimed and never started go back (the filter on their
 		// claim makes it harmless if the key's next holder claimed them
@@ -335,7 +342,7 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		}
 		return kd, n, false
 	}
-	if errors.Is(err, errOneByOne) && n == 0 {
+	if oneByOne && n == 0 {
 		h.putBack(jobs[:claimed]...)
 		return h.runOf(kd, 1)
 	}
@@ -344,7 +351,7 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	switch {
 	case errors.Is(err, errUnrecorded):
 		rest = rest[1:] // left running: its next holder takes it over
-	case err != nil && !errors.Is(err, errOneByOne) && len(rest) > 0:
+	case err != nil && !oneByOne && len(rest) > 0:
 		failed, rest = rest[0], rest[1:]
 	}
 	if len(rest) > 0 {

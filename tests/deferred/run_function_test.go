@@ -2,8 +2,10 @@ package deferred_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -108,4 +110,97 @@ func TestRegisterRunRefusesANilRunFunction(t *testing.T) {
 	q := b.queue(t, nil, nil)
 	_, err := deferred.RegisterRun(q, "credit-run", func(context.Context, *deferred.Job, credit) error { return nil }, nil)
 	require.ErrorIs(t, err, deferred.ErrInvalid)
+}
+
+// TestHandlerErrorMatchingErrOneByOneFailsTheAttempt: ErrOneByOne means
+// "the rest one at a time" only from a run function. From a handler (a
+// GuardedRun of its own job finding its stamp, passed up) it fails the
+// attempt like any error, and the job dies at MaxAttempts instead of being
+// run again for ever without an attempt counted.
+func TestHandlerErrorMatchingErrOneByOneFailsTheAttempt(t *testing.T) {
+	b := setup(t)
+	q := b.queue(t, nil, &deferred.Options{MaxAttempts: 3})
+	var calls atomic.Int64
+	k, err := deferred.Register(q, "one-by-one", func(context.Context, *deferred.Job, credit) error {
+		calls.Add(1)
+		return fmt.Errorf("a write: %w", deferred.ErrOneByOne)
+	})
+	require.NoError(t, err)
+	id := enqueue(t, b.ctx, k, "ana", credit{Amount: 1})
+	run(t, q)
+	job := wait(t, q, id)
+	require.Equal(t, deferred.StateDead, job.State)
+	require.Equal(t, 3, job.Attempt)
+	require.EqualValues(t, 3, calls.Load())
+}
+
+// TestRunFunctionCountingPastItsRunKillsTheFirstJob: a run function that
+// says it completed more jobs than it was handed (or fewer than none) is a
+// bug in it: the run's first job dies with an *InvalidError (the run of the
+// two left too), and the worker goes on: the last job, alone, runs.
+func TestRunFunctionCountingPastItsRunKillsTheFirstJob(t *testing.T) {
+	b := setup(t)
+	b.insert(t, "ana")
+	q := b.queue(t, nil, nil)
+	k, err := deferred.RegisterRun(q, "miscount", func(ctx context.Context, job *deferred.Job, c credit) error {
+		_, err := deferred.Guarded(ctx, job, b.accounts, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}})
+		return err
+	}, func(_ context.Context, jobs []*deferred.Job) (int, error) { return len(jobs) + 1, nil })
+	require.NoError(t, err)
+	ids := make([]bson.ObjectID, 0, 3)
+	for i := range 3 {
+		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
+	}
+	run(t, q)
+	first := wait(t, q, ids[0])
+	require.Equal(t, deferred.StateDead, first.State)
+	require.NotEmpty(t, first.Errors)
+	require.Contains(t, first.Errors[len(first.Errors)-1].Error, "returned 4 for a run of 3 jobs")
+	second := wait(t, q, ids[1])
+	require.Equal(t, deferred.StateDead, second.State, "the run of the two left is miscounted too")
+	require.Equal(t, deferred.StateCompleted, wait(t, q, ids[2]).State, "the last job, alone, goes to its handler")
+	require.Equal(t, int64(1), b.get(t, "ana").Balance)
+}
+
+// TestGuardedRunRefusesJobsNotHandedToTheRun: a job read with Queue.Job (a
+// later job of the key, not claimed) would lend its stamp to the jobs
+// between, which would then find it and apply nothing.
+func TestGuardedRunRefusesJobsNotHandedToTheRun(t *testing.T) {
+	b := setup(t)
+	b.insert(t, "ana")
+	q := b.queue(t, nil, nil)
+	var (
+		third atomic.Value
+		mu    sync.Mutex
+		lent  error
+	)
+	k, err := deferred.Register(q, "lend", func(ctx context.Context, job *deferred.Job, c credit) error {
+		inc := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}}
+		if c.Index == 1 {
+			later, err := q.Job(ctx, third.Load().(bson.ObjectID))
+			if err != nil {
+				return err
+			}
+			_, err = deferred.GuardedRun(ctx, []*deferred.Job{job, later}, b.accounts, "ana", nil, inc)
+			mu.Lock()
+			lent = err
+			mu.Unlock()
+		}
+		_, err := deferred.Guarded(ctx, job, b.accounts, "ana", nil, inc)
+		return err
+	})
+	require.NoError(t, err)
+	ids := make([]bson.ObjectID, 0, 3)
+	for i := range 3 {
+		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
+		third.Store(ids[i])
+	}
+	run(t, q)
+	for _, id := range ids {
+		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.ErrorIs(t, lent, deferred.ErrInvalid)
+	require.Equal(t, int64(3), b.get(t, "ana").Balance, "each job applied once")
 }
