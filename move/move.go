@@ -220,7 +220,11 @@ func New(ctx context.Context, q *deferred.Queue, coll *mongo.Collection, opts *O
 		field: o.Field, state: o.StateField, version: version, accept: o.Accept,
 		grace: o.Grace, collects: o.Collects, retry: o.Retry, observer: o.Observer,
 	}
-	m.runs = staticAccept(o.Accept, o.Field, o.StateField)
+	meta := versioned.DefaultMetaField
+	if o.Repo != nil && o.Repo.MetaField != "" {
+		meta = o.Repo.MetaField
+	}
+	m.runs = staticAccept(o.Accept, o.Field, o.StateField, version, meta)
 	m.relay, err = deferred.RegisterRun(q, o.Name, m.run, m.runMany)
 	if err != nil {
 		return nil, fmt.Errorf("move: new: %w", err)

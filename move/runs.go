@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -65,8 +66,10 @@ func (m *Mover) runMany(ctx context.Context, jobs []*deferred.Job) (int, error) 
 	switch {
 	case errors.Is(err, deferred.ErrOneByOne) || errors.Is(err, versioned.ErrGuardFailed) || errors.Is(err, versioned.ErrNotFound):
 		// A marker there already, a target that refuses one of the
-		// credits, or none at all: nothing was written; each move
-		// decides alone.
+		// credits, or none at all: nothing was written. Or the fence: a
+		// job of the run was applied (this run's own B, whose reply was
+		// lost, among them), and B's markers are there. Either way each
+		// move decides alone (decide reads the marker C finds).
 		return 0, deferred.ErrOneByOne
 	case err != nil:
 		return 0, err
@@ -250,11 +253,14 @@ func (m *Mover) cleanAll(ctx context.Context, to bson.RawValue, settled []relayA
 }
 
 // staticAccept reports whether accept says the same of a target before and
-// after a credit: it names neither the value field nor the state field, nor
-// holds an operator that can read any field ($expr, $where, $function,
-// $jsonSchema). A run's credits are then checked once, together (B);
-// otherwise each alone, on the document the one before it left.
-func staticAccept(accept bson.D, field, state string) bool {
+// after a credit: it names none of the fields a credit writes (the value,
+// the state field, the version, versioned's metadata; nor any field whose
+// name begins with "_" but _id, where deferred's stamps and such
+// bookkeeping live), nor holds an operator that can read any field ($expr,
+// $where, $function, $jsonSchema). A run's credits are then checked once,
+// together (B); otherwise each alone, on the document the one before it
+// left.
+func staticAccept(accept bson.D, written ...string) bool {
 	if accept == nil {
 		return true
 	}
@@ -262,10 +268,10 @@ func staticAccept(accept bson.D, field, state string) bool {
 	if err != nil {
 		return false
 	}
-	return staticDoc(raw, field, state)
+	return staticDoc(raw, written)
 }
 
-func staticDoc(doc bson.Raw, field, state string) bool {
+func staticDoc(doc bson.Raw, written []string) bool {
 	elems, err := doc.Elements()
 	if err != nil {
 		return false
@@ -275,14 +281,19 @@ func staticDoc(doc bson.Raw, field, state string) bool {
 		switch {
 		case k == "$expr" || k == "$where" || k == "$function" || k == "$jsonSchema":
 			return false
-		case k == field || k == state || len(k) > len(field) && k[:len(field)+1] == field+"." || len(k) > len(state) && k[:len(state)+1] == state+".":
+		case strings.HasPrefix(k, "_") && k != "_id" && !strings.HasPrefix(k, "_id."):
 			return false
+		}
+		for _, w := range written {
+			if k == w || strings.HasPrefix(k, w+".") {
+				return false
+			}
 		}
 		v := e.Value()
-		if sub, ok := v.DocumentOK(); ok && !staticDoc(sub, field, state) {
+		if sub, ok := v.DocumentOK(); ok && !staticDoc(sub, written) {
 			return false
 		}
-		if arr, ok := v.ArrayOK(); ok && !staticDoc(bson.Raw(arr), field, state) {
+		if arr, ok := v.ArrayOK(); ok && !staticDoc(bson.Raw(arr), written) {
 			return false
 		}
 	}
