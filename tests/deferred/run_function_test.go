@@ -177,7 +177,8 @@ func TestGuardedRunRefusesJobsNotHandedToTheRun(t *testing.T) {
 	k, err := deferred.Register(q, "lend", func(ctx context.Context, job *deferred.Job, c credit) error {
 		inc := bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}}}}
 		if c.Index == 1 {
-			later, err := q.Job(ctx, third.Load().(bson.ObjectID))
+			id, _ := third.Load().(bson.ObjectID)
+			later, err := q.Job(ctx, id)
 			if err != nil {
 				return err
 			}
