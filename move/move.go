@@ -74,7 +74,13 @@ type Options struct {
 	// the value returned to the source. nil means any existing target
 	// whose value can hold the credit: a number that stays within int64,
 	// or a missing field (the credit creates it); any other target is
-	// refused whatever Accept says.
+	// refused whatever Accept says. The relay credits the moves into one
+	// target that are due together in one statement, which checks Accept
+	// once for them all; when Accept names a field a credit changes (Field,
+	// the version, StateField, versioned's metadata, any field whose name
+	// begins with "_" but _id) or holds $expr, $where, $function or
+	// $jsonSchema, it credits them one at a time instead, each checked on
+	// the document the one before it left.
 	Accept bson.D
 	// Grace is how old a pending entry must be before Sweep enqueues a
 	// relay job for it. Default one minute.

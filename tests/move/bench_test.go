@@ -44,8 +44,18 @@ const (
 //   - floor-moves/s: in the same run, the raw driver doing the least any
 //     move must do (floorMoves), and x-floor, moves/s over floor-moves/s.
 //
-//     go test -run '^$' -bench Moves -benchtime 2000x ./tests/move
-func BenchmarkMoves(b *testing.B) {
+//     go test -run '^$' -bench 'Moves$' -benchtime 2000x ./tests/move
+func BenchmarkMoves(b *testing.B) { benchMoves(b, false) }
+
+// BenchmarkMovesDrain is BenchmarkMoves with the relay started only once
+// every debit is made: moves/s is then how fast the relay alone settles a
+// backlog of b.N moves (from its start to the last clean-up), and debits/s
+// how fast the callers alone debit.
+func BenchmarkMovesDrain(b *testing.B) { benchMoves(b, true) }
+
+// benchMoves is BenchmarkMoves, with the relay started after the debits
+// when drain is set.
+func benchMoves(b *testing.B, drain bool) {
 	bb := setup(b)
 	names := make([]string, benchAccounts)
 	for i := range names {
@@ -70,10 +80,14 @@ func BenchmarkMoves(b *testing.B) {
 	}
 	moverOpts := &move.Options{Field: "balance", Grace: time.Nanosecond, Outcomes: relayDB.Collection("accounts_moves")}
 	stops := make([]func(), 0, 2)
+	relays := make([]*deferred.Queue, 0, 2)
 	for range 2 {
 		q := newQueue()
 		bb.mover(b, q, relayDB, moverOpts)
-		stops = append(stops, run(b, q))
+		relays = append(relays, q)
+		if !drain {
+			stops = append(stops, run(b, q))
+		}
 	}
 	f := bb.db.Faulty(b, nil)
 	o := *moverOpts
@@ -90,6 +104,12 @@ func BenchmarkMoves(b *testing.B) {
 	}, names)
 	debits := f.Requests() - before
 	debitTime := time.Since(start)
+	if drain {
+		start = time.Now()
+		for _, q := range relays {
+			stops = append(stops, run(b, q))
+		}
+	}
 	for {
 		n, err := bb.db.Collection("accounts").CountDocuments(bb.ctx, bson.D{{Key: "_mv.n", Value: bson.D{{Key: "$gt", Value: 0}}}})
 		require.NoError(b, err)
