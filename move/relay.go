@@ -150,15 +150,8 @@ func (m *Mover) wrapUp(ctx context.Context, job *deferred.Job, a relayArgs, src 
 // one most likely left a marker.
 func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stamped *bool) (Status, error) {
 	if job.Attempt > 1 {
-		dst, err := m.readRaw(ctx, a.To)
-		if err != nil {
-			return "", err
-		}
-		if dst == nil {
-			return Returned, nil
-		}
-		if mk := m.markerOf(dst, a.M); mk != noMarker {
-			return outcomeOf(mk)
+		if outcome, marked, err := m.markedOutcome(ctx, a); err != nil || marked {
+			return outcome, err
 		}
 	}
 	absent := bson.D{{Key: m.path("i", a.M), Value: bson.D{{Key: "$exists", Value: false}}}}
@@ -200,17 +193,28 @@ func (m *Mover) decide(ctx context.Context, job *deferred.Job, a relayArgs, stam
 			return outcomeOf(mk)
 		}
 	}
-	dst, err := m.readRaw(ctx, a.To)
-	if err != nil {
-		return "", err
-	}
-	if dst == nil {
-		return Returned, nil
-	}
-	if mk := m.markerOf(dst, a.M); mk != noMarker {
-		return outcomeOf(mk)
+	if outcome, marked, err := m.markedOutcome(ctx, a); err != nil || marked {
+		return outcome, err
 	}
 	return "", errUnsettled
+}
+
+// markedOutcome reads the target at majority: the outcome its marker of
+// the move means (returned if the target is missing), and marked false if
+// it has none.
+func (m *Mover) markedOutcome(ctx context.Context, a relayArgs) (outcome Status, marked bool, err error) {
+	dst, err := m.readRaw(ctx, a.To)
+	if err != nil {
+		return "", false, err
+	}
+	if dst == nil {
+		return Returned, true, nil
+	}
+	if mk := m.markerOf(dst, a.M); mk != noMarker {
+		outcome, err := outcomeOf(mk)
+		return outcome, true, err
+	}
+	return "", false, nil
 }
 
 // outcomeOf is the outcome a final marker means. A prepared marker is
