@@ -308,11 +308,16 @@ func Register[A any](q *Queue, name string, fn func(ctx context.Context, job *Jo
 // instead of fn with a run of two or more due jobs of one key and this
 // name (at most Options.Batch), claimed together, in enqueue order. run
 // returns how many of the run's first jobs it completed, which are
-// recorded completed together, and for the others either ErrOneByOne, to
-// have them run one at a time through fn, or an error, which fails the
-// attempt of the first one not completed (the rest go back, unattempted).
-// (0, ErrOneByOne) gives the whole run to fn, one job at a time: a run
-// function takes what it can do whole and leaves the rest to fn.
+// recorded completed together (the count decides: an error returned with
+// all of them counted is ignored), and for the others either ErrOneByOne
+// (or a nil error), to give them back unattempted, or an error, which
+// fails the attempt of the first one not completed (the rest go back,
+// unattempted). Jobs given back come to run again in the next run; when
+// it returns (0, ErrOneByOne), the run's first job goes to fn alone, and
+// the rest to run again: a run function takes what it can do whole and
+// leaves the rest to fn. A worker that loses its claim on the key while
+// run runs records the jobs run completed, gives back those that wrote
+// nothing, and leaves the others to the key's next holder.
 //
 // run's writes must be fenced for the whole run: GuardedRun is fenced on
 // the first job and stamped with the last, so that no copy of it lands

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -321,11 +322,19 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 	n, claimed, started, err := h.runJobs(jobs, len(take))
 	// ErrOneByOne means "the rest one at a time" only from a run function;
 	// from a handler it is an error like any other, which fails the job.
+	// Fewer than all with no error is ErrOneByOne: the rest go back.
 	batched := len(take) > 1
-	if batched && (n < 0 || n > len(jobs)) {
+	switch {
+	case batched && (n < 0 || n > len(jobs)):
 		n, err = 0, invalid("run", "handler", fmt.Sprintf("the run function of %q returned %d for a run of %d jobs", jobs[0].Name, n, len(jobs)), nil)
+	case batched && n < len(jobs) && err == nil:
+		err = errOneByOne
 	}
 	oneByOne := batched && errors.Is(err, errOneByOne)
+	if h.lost() && batched {
+		h.lostRun(jobs, n, err, oneByOne)
+		return kd, n, false
+	}
 	if h.lost() {
 		// The jobs claimed and never started go back (the filter on their
 		// claim makes it harmless if the key's next holder claimed them
@@ -376,6 +385,26 @@ func (h *hold) runOf(kd keyDoc, limit int) (keyDoc, int, bool) {
 		h.putBack(failed)
 	}
 	return next, n, ok
+}
+
+// lostRun is what a worker that lost the key does with a run its run
+// function was handed, once it returned n and err: the n jobs it completed
+// are recorded (conditioned on this claim, as every record is: harmless if
+// the key's next holder took them over), the one whose attempt failed, and
+// any other that may have written, stay running for the next holder (which
+// takes each over alone), and the others go back unattempted.
+func (h *hold) lostRun(jobs []*Job, n int, err error, oneByOne bool) {
+	if n > 0 {
+		h.record(jobs[:n], nil)
+	}
+	rest := jobs[n:]
+	if err != nil && !oneByOne && len(rest) > 0 {
+		h.interrupted(rest[0])
+		rest = rest[1:]
+	} else {
+		h.lostKey()
+	}
+	h.putBack(slices.DeleteFunc(slices.Clone(rest), func(j *Job) bool { return j.att.wrote() })...)
 }
 
 // runJobs runs a run in order, of which the first claimed were claimed by

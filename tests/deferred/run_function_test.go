@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -204,4 +205,97 @@ func TestGuardedRunRefusesJobsNotHandedToTheRun(t *testing.T) {
 	defer mu.Unlock()
 	require.ErrorIs(t, lent, deferred.ErrInvalid)
 	require.Equal(t, int64(3), b.get(t, "ana").Balance, "each job applied once")
+}
+
+// TestRunFunctionReturningFewerWithNoErrorGivesTheRestBack: (0, nil) is
+// taken as ErrOneByOne, so the jobs go to the handler one at a time rather
+// than back to the run function for ever.
+func TestRunFunctionReturningFewerWithNoErrorGivesTheRestBack(t *testing.T) {
+	b := setup(t)
+	b.insert(t, "ana")
+	q := b.queue(t, nil, &deferred.Options{MaxAttempts: 3})
+	var fnCalls atomic.Int64
+	k, err := deferred.RegisterRun(q, "fewer", func(ctx context.Context, job *deferred.Job, c credit) error {
+		fnCalls.Add(1)
+		_, err := deferred.Guarded(ctx, job, b.accounts, "ana", nil, bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: c.Amount}, {Key: "applied", Value: int64(1)}}}})
+		return err
+	}, func(context.Context, []*deferred.Job) (int, error) { return 0, nil })
+	require.NoError(t, err)
+	ids := make([]bson.ObjectID, 0, 3)
+	for i := range 3 {
+		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
+	}
+	run(t, q)
+	for _, id := range ids {
+		job := wait(t, q, id)
+		require.Equal(t, deferred.StateCompleted, job.State)
+		require.Equal(t, 1, job.Attempt)
+	}
+	b.requireAccount(t, "ana", 3, 3)
+	require.EqualValues(t, 3, fnCalls.Load())
+}
+
+// TestRunWhoseWorkerLosesTheKeyIsRecordedAsItWent: another holder takes the
+// key while a run function runs (its lease is written as a takeover writes
+// it). What the run function completed is recorded completed, and what it
+// gave back goes back unattempted, as for a handler: with MaxAttempts 1, no
+// job dies for an attempt that did not run or that applied.
+func TestRunWhoseWorkerLosesTheKeyIsRecordedAsItWent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// applies says whether the run function's first call applies the
+		// run before it returns (len, nil), or gives it back (0, ErrOneByOne).
+		applies bool
+	}{{"completed", true}, {"given back", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			b.insert(t, "ana")
+			q := b.queue(t, nil, &deferred.Options{MaxAttempts: 1, VisibilityTimeout: 2 * time.Second})
+			keys := b.db.Collection(b.jobs.Name() + "_keys")
+			steal := func() {
+				var kd bson.Raw
+				require.NoError(t, keys.FindOne(context.Background(), bson.D{{Key: "_id", Value: "ana"}}).Decode(&kd))
+				epoch, _ := kd.Lookup("_lease", "epoch").AsInt64OK()
+				_, err := keys.UpdateOne(context.Background(), bson.D{{Key: "_id", Value: "ana"}}, bson.D{{Key: "$set", Value: bson.D{
+					{Key: "_lease.owner", Value: "another"}, {Key: "_lease.epoch", Value: epoch + 1},
+					{Key: "_lease.expiresAt", Value: time.Now().Add(3 * time.Second)},
+				}}})
+				require.NoError(t, err)
+			}
+			inc := func(n int) bson.D {
+				return bson.D{{Key: "$inc", Value: bson.D{{Key: "balance", Value: int64(n)}, {Key: "applied", Value: int64(n)}}}}
+			}
+			var calls atomic.Int64
+			k, err := deferred.RegisterRun(q, "lost", func(ctx context.Context, job *deferred.Job, _ credit) error {
+				_, err := deferred.Guarded(ctx, job, b.accounts, "ana", nil, inc(1))
+				return err
+			}, func(ctx context.Context, jobs []*deferred.Job) (int, error) {
+				first := calls.Add(1) == 1
+				if first && !tc.applies {
+					steal()
+					<-ctx.Done()
+					return 0, deferred.ErrOneByOne
+				}
+				if _, err := deferred.GuardedRun(ctx, jobs, b.accounts, "ana", nil, inc(len(jobs))); err != nil {
+					return 0, err
+				}
+				if first {
+					steal()
+					<-ctx.Done()
+				}
+				return len(jobs), nil
+			})
+			require.NoError(t, err)
+			ids := make([]bson.ObjectID, 0, 3)
+			for i := range 3 {
+				ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
+			}
+			run(t, q)
+			for _, id := range ids {
+				job := wait(t, q, id)
+				require.Equal(t, deferred.StateCompleted, job.State, "%+v", job.Errors)
+			}
+			b.requireAccount(t, "ana", 3, 3)
+		})
+	}
 }
