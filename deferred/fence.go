@@ -186,6 +186,13 @@ func Guarded[T any](ctx context.Context, job *Job, repo *versioned.Repo[T], id a
 // run was applied job by job, so return ErrOneByOne and let the handler
 // take the jobs one at a time. Otherwise as Guarded: a cond that does not
 // hold is versioned's *GuardError, a missing document ErrNotFound.
+//
+// jobs must be jobs the run function was handed, in order; jobs of another
+// claim (read with Queue.Job, say) are an *InvalidError. The write stands
+// for every job from the first to the last: a job between them left out
+// whose change goes to the same document finds the stamp and applies
+// nothing, so pass a prefix of the run, or jobs whose changes go
+// elsewhere.
 func GuardedRun[T any](ctx context.Context, jobs []*Job, repo *versioned.Repo[T], id any, cond, update any) (*T, error) {
 	if len(jobs) == 0 || repo == nil {
 		return nil, invalid("guarded_run", "jobs", "no jobs or a nil repository", nil)
