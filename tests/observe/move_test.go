@@ -91,6 +91,10 @@ func TestMoveEvents(t *testing.T) {
 	c := counters.Counts()
 	require.Equal(t, [3]int64{2, 1, 1}, [3]int64{c.MovesDebited, c.MovesDone, c.MovesReturned})
 	require.Contains(t, c.String(), "moves debited 2, done 1, returned 1")
+	// The slog Observer, joined after the counters, may still be writing
+	// the last line: stop the relay before the log is read.
+	stop()
+	wg.Wait()
 	log := logged.String()
 	require.Contains(t, log, `msg="mongocas move.returned"`)
 	require.Contains(t, log, `from="\"ana\"" to="\"shut\"" amount=5 age=`)
