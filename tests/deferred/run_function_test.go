@@ -148,10 +148,7 @@ func TestRunFunctionCountingPastItsRunKillsTheFirstJob(t *testing.T) {
 		return err
 	}, func(_ context.Context, jobs []*deferred.Job) (int, error) { return len(jobs) + 1, nil })
 	require.NoError(t, err)
-	ids := make([]bson.ObjectID, 0, 3)
-	for i := range 3 {
-		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
-	}
+	ids := enqueueThree(t, b, k)
 	run(t, q)
 	first := wait(t, q, ids[0])
 	require.Equal(t, deferred.StateDead, first.State)
@@ -192,11 +189,8 @@ func TestGuardedRunRefusesJobsNotHandedToTheRun(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	ids := make([]bson.ObjectID, 0, 3)
-	for i := range 3 {
-		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
-		third.Store(ids[i])
-	}
+	ids := enqueueThree(t, b, k)
+	third.Store(ids[2]) // before the queue runs: job 1 reads it
 	run(t, q)
 	for _, id := range ids {
 		require.Equal(t, deferred.StateCompleted, wait(t, q, id).State)
@@ -221,10 +215,7 @@ func TestRunFunctionReturningFewerWithNoErrorGivesTheRestBack(t *testing.T) {
 		return err
 	}, func(context.Context, []*deferred.Job) (int, error) { return 0, nil })
 	require.NoError(t, err)
-	ids := make([]bson.ObjectID, 0, 3)
-	for i := range 3 {
-		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
-	}
+	ids := enqueueThree(t, b, k)
 	run(t, q)
 	for _, id := range ids {
 		job := wait(t, q, id)
@@ -286,10 +277,7 @@ func TestRunWhoseWorkerLosesTheKeyIsRecordedAsItWent(t *testing.T) {
 				return len(jobs), nil
 			})
 			require.NoError(t, err)
-			ids := make([]bson.ObjectID, 0, 3)
-			for i := range 3 {
-				ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
-			}
+			ids := enqueueThree(t, b, k)
 			run(t, q)
 			for _, id := range ids {
 				job := wait(t, q, id)
@@ -298,4 +286,15 @@ func TestRunWhoseWorkerLosesTheKeyIsRecordedAsItWent(t *testing.T) {
 			b.requireAccount(t, "ana", 3, 3)
 		})
 	}
+}
+
+// enqueueThree enqueues three credits of 1 on the key "ana" through k,
+// indexed from 1, and returns their ids.
+func enqueueThree(t *testing.T, b *bundle, k *deferred.Kind[credit]) []bson.ObjectID {
+	t.Helper()
+	ids := make([]bson.ObjectID, 0, 3)
+	for i := range 3 {
+		ids = append(ids, enqueue(t, b.ctx, k, "ana", credit{Amount: 1, Index: int64(i + 1)}))
+	}
+	return ids
 }

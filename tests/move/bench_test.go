@@ -56,6 +56,7 @@ func BenchmarkMovesDrain(b *testing.B) { benchMoves(b, true) }
 // benchMoves is BenchmarkMoves, with the relay started after the debits
 // when drain is set.
 func benchMoves(b *testing.B, drain bool) {
+	b.Helper()
 	bb := setup(b)
 	names := make([]string, benchAccounts)
 	for i := range names {

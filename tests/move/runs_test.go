@@ -52,6 +52,23 @@ func requireRunDone(t *testing.T, b *bundle, ids []bson.ObjectID, when string) {
 	require.Equal(t, int64(300), total.Sum, when)
 }
 
+// runWriteKinds are the kinds (writeKind) of the writes a run makes: B,
+// F, O, U and K_B.
+var runWriteKinds = []string{"credit", "finish", "outcome", "record", "clean"}
+
+// settleRunUnder queues the run of queuedRun with the faults arm sets on
+// the proxy, runs the relay and waits until every move of the run is done
+// once. It returns the bundle, the moves and the faults.
+func settleRunUnder(t *testing.T, arm func(f *mongotest.Faulty) []*mongotest.Fault) (*bundle, []bson.ObjectID, []*mongotest.Fault) {
+	t.Helper()
+	b, f, q, m := setupRunFaulty(t)
+	faults := arm(f)
+	ids := queuedRun(t, b, m)
+	run(t, q)
+	requireRunDone(t, b, ids, "settled under the faults")
+	return b, ids, faults
+}
+
 // count matches every command of match and changes nothing: Matched lists
 // them.
 func count(f *mongotest.Faulty, match mongotest.Match) *mongotest.Fault {
@@ -123,14 +140,12 @@ func TestAcceptThatReadsTheValueCreditsOneMoveAtATime(t *testing.T) {
 // of each kind of write a run makes (B, F, O, U, K_B), lets the run settle,
 // pushes the write ids out of every document, then delivers the copy.
 func TestEveryRunWriteHeldAndDeliveredLateMatchesNothing(t *testing.T) {
-	for _, kind := range []string{"credit", "finish", "outcome", "record", "clean"} {
+	for _, kind := range runWriteKinds {
 		t.Run(kind, func(t *testing.T) {
-			b, f, q, m := setupRunFaulty(t)
-			held := f.HoldNext(kindIs(kind))
-			ids := queuedRun(t, b, m)
-			run(t, q)
-
-			requireRunDone(t, b, ids, "before the late copy")
+			b, ids, faults := settleRunUnder(t, func(f *mongotest.Faulty) []*mongotest.Fault {
+				return []*mongotest.Fault{f.HoldNext(kindIs(kind))}
+			})
+			held := faults[0]
 			select {
 			case <-held.Fired():
 			case <-time.After(time.Minute):
@@ -163,13 +178,13 @@ func TestEveryRunWriteHeldAndDeliveredLateMatchesNothing(t *testing.T) {
 // copy, delivered then, finds the markers gone and its anchor still listed:
 // only the fence (the run's first job's) stops it.
 func TestRunCreditCopyOfAGivenUpAttemptNeverLandsAfterTheMarkersAreGone(t *testing.T) {
-	b, f, q, m := setupRunFaulty(t)
-	held := f.HoldNext(kindIs("credit"))
-	refused := f.ErrorBeforeApply(kindIs("credit"), mongotest.ServerError{Code: 2, CodeName: "BadValue"})
-	ids := queuedRun(t, b, m)
-	run(t, q)
-
-	requireRunDone(t, b, ids, "before the late copy")
+	b, ids, faults := settleRunUnder(t, func(f *mongotest.Faulty) []*mongotest.Fault {
+		return []*mongotest.Fault{
+			f.HoldNext(kindIs("credit")),
+			f.ErrorBeforeApply(kindIs("credit"), mongotest.ServerError{Code: 2, CodeName: "BadValue"}),
+		}
+	})
+	held, refused := faults[0], faults[1]
 	require.True(t, held.HasFired() && refused.HasFired(), "the first attempt gave up with its copy held")
 	reply, err := held.Deliver(b.ctx)
 	require.NoError(t, err)
@@ -180,15 +195,12 @@ func TestRunCreditCopyOfAGivenUpAttemptNeverLandsAfterTheMarkersAreGone(t *testi
 // TestLostRepliesOfEveryRunWriteSettleOnce drops the reply of the first copy
 // of each kind of write a run makes, after the server applied it.
 func TestLostRepliesOfEveryRunWriteSettleOnce(t *testing.T) {
-	for _, kind := range []string{"credit", "finish", "outcome", "record", "clean"} {
+	for _, kind := range runWriteKinds {
 		t.Run(kind, func(t *testing.T) {
-			b, f, q, m := setupRunFaulty(t)
-			dropped := f.DropNextReply(kindIs(kind))
-			ids := queuedRun(t, b, m)
-			run(t, q)
-
-			requireRunDone(t, b, ids, "after the lost reply")
-			require.True(t, dropped.HasFired(), "no %s reply was dropped", kind)
+			_, _, faults := settleRunUnder(t, func(f *mongotest.Faulty) []*mongotest.Fault {
+				return []*mongotest.Fault{f.DropNextReply(kindIs(kind))}
+			})
+			require.True(t, faults[0].HasFired(), "no %s reply was dropped", kind)
 		})
 	}
 }
