@@ -41,13 +41,13 @@ type claimCond struct {
 }
 
 // claimWrite is one claim of jobs of a key, taken in one write: its id, the
-// jobs, the key lease's epoch it was sent under, and its filter and update.
+// jobs, the key lease's epoch it was sent under, and its update (the same
+// for each job; filter gives each job's own filter).
 type claimWrite struct {
 	id     bson.ObjectID
 	jobs   []*Job
 	epoch  int64
 	now    time.Time
-	filter bson.D
 	update bson.D
 }
 
@@ -66,10 +66,6 @@ func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 		job.cl = claimSent{id: cw.id, prior: job.Claim, state: job.State}
 	}
 	owner := h.q.c.Owner
-	cw.filter = append(idsFilter(jobs),
-		bson.E{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: cw.epoch}}}}},
-	)
-	cw.filter = append(cw.filter, byClaim(jobs, func(j *Job) claimCond { return claimCond{j.cl.prior, j.cl.state} })...)
 	cw.update = bson.D{
 		{Key: "$set", Value: bson.D{
 			{Key: "state", Value: StateRunning}, {Key: "owner", Value: owner}, {Key: "epoch", Value: cw.epoch},
@@ -92,6 +88,13 @@ func (h *hold) newClaim(jobs []*Job, now time.Time) *claimWrite {
 // or marking it as possibly applied (DESIGN.md, Claims of jobs, gap A).
 func (h *hold) neverStarted(job *Job) bool {
 	return job.State == StateRunning && job.StartedAt.After(h.l.AcquiredAt())
+}
+
+// filter is the claim's filter of job: its claim id and state as read, and
+// no newer holder of the key.
+func (cw *claimWrite) filter(job *Job) bson.D {
+	return append(jobFilter(job, claimCond{job.cl.prior, job.cl.state}),
+		bson.E{Key: "epoch", Value: bson.D{{Key: "$not", Value: bson.D{{Key: "$gt", Value: cw.epoch}}}}})
 }
 
 // ids returns the ids of the claim's jobs.
@@ -120,56 +123,40 @@ func (cw *claimWrite) couldLandOn(j *Job) bool {
 	return false
 }
 
-// idsFilter is the filter of jobs by _id: one id, or $in.
-func idsFilter(jobs []*Job) bson.D {
-	if len(jobs) == 1 {
-		return bson.D{{Key: "_id", Value: jobs[0].ID}}
+// jobFilter is the filter of job by its _id and the claim condition k: it
+// carries the claim id k.id (zero: none) and, unless k.state is empty, is
+// in state k.state.
+func jobFilter(job *Job, k claimCond) bson.D {
+	f := bson.D{{Key: "_id", Value: job.ID}, {Key: claimField, Value: k.id}}
+	if k.id.IsZero() {
+		f[1].Value = bson.D{{Key: "$exists", Value: false}}
 	}
-	ids := make(bson.A, len(jobs))
+	if k.state != "" {
+		f = append(f, bson.E{Key: "state", Value: k.state})
+	}
+	return f
+}
+
+// underClaim is the filter of job running under this worker's claim of it:
+// the filter of every write that acts on a claimed job.
+func underClaim(job *Job) bson.D {
+	return jobFilter(job, claimCond{id: job.cl.id, state: StateRunning})
+}
+
+// eachJob is an update of several jobs as statements of one command, one
+// per job, each filtered by filter(job), which names the job by its _id.
+// Not one updateMany by {_id: {$in: ids}}: DocumentDB plans that through
+// another index the filter names (deferred_state: every job in the state
+// the claim or the record expects, thousands under a backlog), where a
+// statement per job finds its job by _id. Each statement applies to one
+// job, atomically, as each document of an updateMany does: the protocol
+// never counted on more.
+func eachJob(jobs []*Job, filter func(*Job) bson.D, update bson.D) []mongo.WriteModel {
+	models := make([]mongo.WriteModel, len(jobs))
 	for i, job := range jobs {
-		ids[i] = job.ID
+		models[i] = mongo.NewUpdateOneModel().SetFilter(filter(job)).SetUpdate(update)
 	}
-	return bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids}}}}
-}
-
-// byClaim is the condition that each of jobs matches the claimCond of(job)
-// gives, to add to a filter of their ids: one set of conditions when they
-// share it, else one per group of ids.
-func byClaim(jobs []*Job, of func(*Job) claimCond) bson.D {
-	var order []claimCond
-	groups := map[claimCond]bson.A{}
-	for _, job := range jobs {
-		k := of(job)
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], job.ID)
-	}
-	carries := func(k claimCond) bson.D {
-		d := bson.D{{Key: claimField, Value: k.id}}
-		if k.id.IsZero() {
-			d = bson.D{{Key: claimField, Value: bson.D{{Key: "$exists", Value: false}}}}
-		}
-		if k.state != "" {
-			d = append(d, bson.E{Key: "state", Value: k.state})
-		}
-		return d
-	}
-	if len(order) == 1 {
-		return carries(order[0])
-	}
-	or := make(bson.A, 0, len(order))
-	for _, k := range order {
-		or = append(or, append(bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: groups[k]}}}}, carries(k)...))
-	}
-	return bson.D{{Key: "$or", Value: or}}
-}
-
-// underClaim is the filter of jobs running under this worker's claim of
-// each: the filter of every write that acts on a claimed job.
-func underClaim(jobs []*Job) bson.D {
-	f := append(idsFilter(jobs), bson.E{Key: "state", Value: StateRunning})
-	return append(f, byClaim(jobs, func(j *Job) claimCond { return claimCond{id: j.cl.id} })...)
+	return models
 }
 
 // take sends cw, the claim of jobs read by ahead, and settles it; applied
@@ -183,7 +170,7 @@ func (h *hold) take(cw *claimWrite, prior error) (bool, error) {
 	defer cancel()
 	ids := cw.ids()
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: sentOnce(prior, q.updated(q.jobs, cw.filter, cw.update, int64(len(cw.jobs)))),
+		Send: sentOnce(prior, q.updatedEach(eachJob(cw.jobs, cw.filter, cw.update))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(cw.jobs), true
@@ -236,8 +223,8 @@ func (h *hold) recordTaking(done, next *Job) (bool, nextClaim) {
 	var matched int64
 	err := q.try(ctx, func(ctx context.Context) error {
 		res, err := q.jobs.BulkWrite(ctx, []mongo.WriteModel{
-			mongo.NewUpdateOneModel().SetFilter(underClaim([]*Job{done})).SetUpdate(h.completed(done.att.wrote(), now)),
-			mongo.NewUpdateOneModel().SetFilter(cw.filter).SetUpdate(cw.update),
+			mongo.NewUpdateOneModel().SetFilter(underClaim(done)).SetUpdate(h.completed(done.att.wrote(), now)),
+			mongo.NewUpdateOneModel().SetFilter(cw.filter(next)).SetUpdate(cw.update),
 		})
 		if err == nil {
 			matched = res.MatchedCount
@@ -437,36 +424,22 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 }
 
 // updateJobs applies update(mw) to jobs running under this worker's claim
-// of each (mw: whether its attempt may have written), an updateMany per
-// value of mw, and reports whether it did to all (false: one was taken
-// over). A lost reply: state to under the claim, landed; still running
-// under it, live.
+// of each (mw: whether its attempt may have written), in one command of a
+// statement per job, and reports whether it did to all (false: one was
+// taken over). A lost reply: state to under the claim, landed; still
+// running under it, live.
 func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
 	q := h.q
-	var groups [2][]*Job
-	ids := make(bson.A, 0, len(jobs))
+	models := make([]mongo.WriteModel, len(jobs))
+	ids := make(bson.A, len(jobs))
 	sent := map[bson.ObjectID]bson.ObjectID{}
-	for _, job := range jobs {
-		mw := 0
-		if job.att.wrote() {
-			mw = 1
-		}
-		groups[mw] = append(groups[mw], job)
-		ids = append(ids, job.ID)
+	for i, job := range jobs {
+		models[i] = mongo.NewUpdateOneModel().SetFilter(underClaim(job)).SetUpdate(update(job.att.wrote()))
+		ids[i] = job.ID
 		sent[job.ID] = job.cl.id
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: sentOnce(prior, func(ctx context.Context) (struct{}, bool, error) {
-			for mw, group := range groups {
-				if len(group) == 0 {
-					continue
-				}
-				if _, ok, err := q.updated(q.jobs, underClaim(group), update(mw == 1), int64(len(group)))(ctx); !ok || err != nil {
-					return struct{}{}, false, err
-				}
-			}
-			return struct{}{}, true, nil
-		}),
+		Send: sentOnce(prior, q.updatedEach(models)),
 		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
@@ -484,10 +457,11 @@ func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update fun
 
 // putBack returns claimed jobs to the available state without counting
 // their attempts, and voids this worker's claim of each where it did not
-// land: one command of two statements, in order, each conditioned on a
-// claim's identity. The first sets a new claim id on a job that still
-// carries the one its claim replaced (the claim did not land, and now no
-// copy of it can); the second puts back a job running under its claim. A
+// land: one command of two statements per job, in order, each conditioned
+// on a claim's identity. The first of each job sets a new claim id on it
+// if it still carries the one its claim replaced (the claim did not land,
+// and now no copy of it can); the second puts it back if it runs under
+// its claim. A
 // lost reply: a job that carries neither, landed; else live (sent again:
 // each statement applies at most once). Unsettled, it leaves a claim that
 // may still land: the key is then not released (h.unsure; its lease
@@ -500,28 +474,17 @@ func (h *hold) putBack(jobs ...*Job) {
 	ctx, cancel := h.book()
 	defer cancel()
 	void := bson.NewObjectID()
-	var ids [2]bson.A
-	var byMW [2][]*Job
+	ids := make(bson.A, len(jobs))
+	for i, job := range jobs {
+		ids[i] = job.ID
+	}
+	models := eachJob(jobs, func(j *Job) bson.D { return jobFilter(j, claimCond{id: j.cl.prior}) },
+		bson.D{{Key: "$set", Value: bson.D{{Key: claimField, Value: void}}}})
 	for _, job := range jobs {
-		mw := 0
-		if job.att.wrote() {
-			mw = 1
-		}
-		ids[mw] = append(ids[mw], job.ID)
-		byMW[mw] = append(byMW[mw], job)
-	}
-	models := []mongo.WriteModel{
-		mongo.NewUpdateManyModel().
-			SetFilter(append(idsFilter(jobs), byClaim(jobs, func(j *Job) claimCond { return claimCond{id: j.cl.prior} })...)).
-			SetUpdate(bson.D{{Key: "$set", Value: bson.D{{Key: claimField, Value: void}}}}),
-	}
-	for mw, group := range byMW {
-		if len(group) > 0 {
-			models = append(models, mongo.NewUpdateManyModel().SetFilter(underClaim(group)).SetUpdate(bson.D{
-				{Key: "$set", Value: jobSet(mw == 1, bson.E{Key: "state", Value: StateAvailable})},
-				{Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}},
-			}))
-		}
+		models = append(models, mongo.NewUpdateOneModel().SetFilter(underClaim(job)).SetUpdate(bson.D{
+			{Key: "$set", Value: jobSet(job.att.wrote(), bson.E{Key: "state", Value: StateAvailable})},
+			{Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}},
+		}))
 	}
 	sent := map[bson.ObjectID]claimSent{}
 	for _, job := range jobs {
@@ -534,7 +497,7 @@ func (h *hold) putBack(jobs ...*Job) {
 				return err
 			})
 		},
-		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, append(ids[0], ids[1]...)) },
+		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			for _, j := range cur {
 				cl := sent[j.ID]

@@ -158,7 +158,7 @@ func (q *Queue) passed(ctx context.Context, raw bson.RawValue, seq int64) (bool,
 func (q *Queue) takeBack(ctx context.Context, id bson.ObjectID, seq int64, update bson.D) (bool, error) {
 	filter := bson.D{{Key: "_id", Value: id}, {Key: "s", Value: seq}, {Key: "state", Value: StateAvailable}}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *Job]{
-		Send: q.updated(q.jobs, filter, update, 1),
+		Send: q.updated(q.jobs, filter, update),
 		Read: func(ctx context.Context) (*Job, error) { return q.majorityJob(ctx, bson.D{{Key: "_id", Value: id}}) },
 		Judge: func(job *Job) (settle.Verdict, string) {
 			return verdict(job == nil || job.Seq != seq, job != nil && job.State == StateAvailable)

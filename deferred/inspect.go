@@ -113,7 +113,7 @@ func (q *Queue) Requeue(ctx context.Context, id bson.ObjectID) error {
 			{Key: "$set", Value: bson.D{{Key: "s", Value: seq}, {Key: "p", Value: placeOf(key, seq)}, {Key: "state", Value: StateAvailable}, {Key: "attempt", Value: 0}, {Key: claimField, Value: bson.NewObjectID()}}},
 			{Key: "$unset", Value: bson.D{{Key: "finished", Value: ""}, {Key: "expireAt", Value: ""}, {Key: "runAt", Value: ""}}},
 		}
-		matched, err := q.place(ctx, "requeue", key, seq, id, q.updated(q.jobs, filter, update, 1))
+		matched, err := q.place(ctx, "requeue", key, seq, id, q.updated(q.jobs, filter, update))
 		var unknown *UnknownOutcomeError
 		switch {
 		case errors.As(err, &unknown):
@@ -239,7 +239,7 @@ func (q *Queue) freeKey(ctx context.Context, key bson.RawValue) {
 	}})
 	update := bson.D{{Key: "$unset", Value: bson.D{{Key: "due", Value: ""}, {Key: keyHandler, Value: ""}}}}
 	_, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send: q.updated(q.keys, filter, update, 1),
+		Send: q.updated(q.keys, filter, update),
 		Read: func(ctx context.Context) (*keyDoc, error) { return q.readKey(ctx, key, true) },
 		Judge: func(kd *keyDoc) (settle.Verdict, string) {
 			return verdict(kd == nil || kd.Due.IsZero() && kd.H == "", true)

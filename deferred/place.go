@@ -404,7 +404,7 @@ func (h *hold) setKey(set bson.D) {
 	set = append(set, bson.E{Key: "t", Value: t})
 	// $set is idempotent; the time it sets tells whether it landed.
 	_, err := settle.Exec(ctx, h.q.settleConfig(), settle.Write[struct{}, *keyDoc]{
-		Send:   h.q.updated(h.q.keys, filter, bson.D{{Key: "$set", Value: set}}, 1),
+		Send:   h.q.updated(h.q.keys, filter, bson.D{{Key: "$set", Value: set}}),
 		Read:   func(ctx context.Context) (*keyDoc, error) { return h.q.readKey(ctx, h.key, true) },
 		Judge:  func(kd *keyDoc) (settle.Verdict, string) { return verdict(kd != nil && kd.T.Equal(t), kd != nil) },
 		Resend: true,

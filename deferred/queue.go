@@ -449,32 +449,42 @@ func (q *Queue) inserted(doc bson.D) func(context.Context) (struct{}, bool, erro
 	}
 }
 
-// updated updates (an empty update: deletes) the want documents of coll
-// that match filter: applied when it matched them all.
-func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D, want int64) func(context.Context) (struct{}, bool, error) {
+// updated updates (an empty update: deletes) the document of coll that
+// filter names: applied when it matched it.
+func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(context.Context) (struct{}, bool, error) {
 	return func(ctx context.Context) (struct{}, bool, error) {
 		var n int64
 		err := q.try(ctx, func(ctx context.Context) error {
-			var res *mongo.UpdateResult
-			var err error
-			switch {
-			case len(update) == 0:
-				var d *mongo.DeleteResult
-				if d, err = coll.DeleteOne(ctx, filter); err == nil {
+			if len(update) == 0 {
+				d, err := coll.DeleteOne(ctx, filter)
+				if err == nil {
 					n = d.DeletedCount
 				}
 				return err
-			case want == 1:
-				res, err = coll.UpdateOne(ctx, filter, update)
-			default:
-				res, err = coll.UpdateMany(ctx, filter, update)
 			}
+			res, err := coll.UpdateOne(ctx, filter, update)
 			if err == nil {
 				n = res.MatchedCount
 			}
 			return err
 		})
-		return struct{}{}, err == nil && n == want, err
+		return struct{}{}, err == nil && n == 1, err
+	}
+}
+
+// updatedEach sends models, updates of one job each (eachJob), in one
+// command to the jobs collection: applied when each matched its job.
+func (q *Queue) updatedEach(models []mongo.WriteModel) func(context.Context) (struct{}, bool, error) {
+	return func(ctx context.Context) (struct{}, bool, error) {
+		var n int64
+		err := q.try(ctx, func(ctx context.Context) error {
+			res, err := q.jobs.BulkWrite(ctx, models)
+			if err == nil {
+				n = res.MatchedCount
+			}
+			return err
+		})
+		return struct{}{}, err == nil && n == int64(len(models)), err
 	}
 }
 

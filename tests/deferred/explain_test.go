@@ -25,7 +25,8 @@ import (
 // asks the server to explain each one as a find: none may scan its
 // collection: DocumentDB plans no sequential scan; FerretDB v1, which
 // filters in SQL only a lone _id equal to a string or an ObjectID
-// (filterPushdown), takes that path for every lookup by one id.
+// (filterPushdown), takes that path for every lookup by one id. Every
+// update statement of the jobs collection names one job by _id.
 func TestEveryQueueQuerySeeks(t *testing.T) {
 	b := setup(t)
 	capture, copts := shardtest.NewCapture(b.jobs.Name(), b.jobs.Name()+"_keys")
@@ -68,6 +69,9 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 		}
 		sort, _ := c.Body.Lookup("sort").DocumentOK()
 		for _, filter := range shardtest.Filters(t, []shardtest.Command{c}) {
+			if c.Name == "update" && c.Coll == b.jobs.Name() {
+				requireOneJob(t, filter)
+			}
 			shape := c.Name + " " + c.Coll + " " + shapeOf(filter) + " " + shapeOf(sort)
 			if !seen[shape] {
 				seen[shape] = true
@@ -79,6 +83,19 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	if v1 {
 		require.NotZero(t, byID, "no lookup by one id was seen")
 	}
+}
+
+// requireOneJob fails t unless the update statement's filter names one job
+// by its _id. Explaining it as a find does not show how a server plans an
+// update of several: DocumentDB planned {_id: {$in: ids}, state: s} through
+// the index on state, reading every job in state s (thousands under a
+// backlog) for each claim of a run, where a statement per job finds each
+// by _id.
+func requireOneJob(t *testing.T, filter bson.Raw) {
+	t.Helper()
+	id, err := filter.LookupErr("_id")
+	require.NoError(t, err, "an update of jobs names no job by _id: %s", filter)
+	require.NotEqual(t, bson.TypeEmbeddedDocument, id.Type, "an update of jobs names several by _id: %s", filter)
 }
 
 // indexCond finds the index conditions of a Postgres plan as JSON.
