@@ -143,21 +143,58 @@ func underClaim(job *Job) bson.D {
 	return jobFilter(job, claimCond{id: job.cl.id, state: StateRunning})
 }
 
-// eachJob is an update of several jobs as statements of one command, one
-// per job, each filtered by filter(job), which names the job by its _id.
-// Not one updateMany by {_id: {$in: ids}}: DocumentDB plans that through
-// another index the filter names (deferred_state: every job in the state
-// the claim or the record expects, thousands under a backlog), where a
-// statement per job finds its job by _id. Each statement applies to one
-// job, atomically, as each document of an updateMany does: the protocol
-// never counted on more.
-func eachJob(jobs []*Job, filter func(*Job) bson.D, update bson.D) []mongo.WriteModel {
-	models := make([]mongo.WriteModel, len(jobs))
-	for i, job := range jobs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(filter(job)).SetUpdate(update)
+// eachJob is the update of several jobs, update(job) to each job that
+// filter(job) matches (filter names the job by its _id), as the statements
+// of one command: one per job. Not one updateMany by {_id: {$in: ids}}:
+// DocumentDB plans that through another index the filter names
+// (deferred_state: every job in the state a claim or a record expects,
+// thousands under a backlog), where a statement per job finds its job by
+// _id. Each statement applies to one job, atomically, as each document of
+// an updateMany does: the protocol never counted on more. On a server that
+// finds a document by _id only when the filter holds nothing else
+// (FerretDB v1, which decodes the whole collection for any other filter:
+// Queue.oneScan), it is instead an updateMany per distinct update, whose
+// filter is the jobs' ids ($in, which that server tests first) and the $or
+// of their filters: one scan, not one per job; each job still matches its
+// own filter only.
+func (q *Queue) eachJob(jobs []*Job, filter, update func(*Job) bson.D) []mongo.WriteModel {
+	if !q.oneScan.Load() {
+		models := make([]mongo.WriteModel, len(jobs))
+		for i, job := range jobs {
+			models[i] = mongo.NewUpdateOneModel().SetFilter(filter(job)).SetUpdate(update(job))
+		}
+		return models
+	}
+	var order []string
+	updates := map[string]bson.D{}
+	filters, ids := map[string][]bson.D{}, map[string]bson.A{}
+	for _, job := range jobs {
+		u := update(job)
+		raw, err := bson.Marshal(u)
+		if err != nil {
+			raw = nil // not a document: the server will say so
+		}
+		k := string(raw)
+		if _, ok := updates[k]; !ok {
+			order = append(order, k)
+			updates[k] = u
+		}
+		filters[k] = append(filters[k], filter(job))
+		ids[k] = append(ids[k], job.ID)
+	}
+	models := make([]mongo.WriteModel, 0, len(order))
+	for _, k := range order {
+		f := bson.D{{Key: "_id", Value: bson.D{{Key: "$in", Value: ids[k]}}}, {Key: "$or", Value: filters[k]}}
+		if len(filters[k]) == 1 {
+			f = filters[k][0]
+		}
+		models = append(models, mongo.NewUpdateManyModel().SetFilter(f).SetUpdate(updates[k]))
 	}
 	return models
 }
+
+// same returns update, for eachJob: one update for every job.
+func same(update bson.D) func(*Job) bson.D { return func(*Job) bson.D { return update } }
 
 // take sends cw, the claim of jobs read by ahead, and settles it; applied
 // false means one of them changed meanwhile (nothing of this claim then
@@ -170,7 +207,7 @@ func (h *hold) take(cw *claimWrite, prior error) (bool, error) {
 	defer cancel()
 	ids := cw.ids()
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: sentOnce(prior, q.updatedEach(eachJob(cw.jobs, cw.filter, cw.update))),
+		Send: sentOnce(prior, q.updatedEach(q.eachJob(cw.jobs, cw.filter, same(cw.update)), len(cw.jobs))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(cw.jobs), true
@@ -430,16 +467,15 @@ func attemptError(n int, at time.Time, err error) AttemptError {
 // running under it, live.
 func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update func(mw bool) bson.D, prior error) (bool, error) {
 	q := h.q
-	models := make([]mongo.WriteModel, len(jobs))
+	models := q.eachJob(jobs, underClaim, func(j *Job) bson.D { return update(j.att.wrote()) })
 	ids := make(bson.A, len(jobs))
 	sent := map[bson.ObjectID]bson.ObjectID{}
 	for i, job := range jobs {
-		models[i] = mongo.NewUpdateOneModel().SetFilter(underClaim(job)).SetUpdate(update(job.att.wrote()))
 		ids[i] = job.ID
 		sent[job.ID] = job.cl.id
 	}
 	res, err := settle.Exec(ctx, q.settleConfig(), settle.Write[struct{}, []Job]{
-		Send: sentOnce(prior, q.updatedEach(models)),
+		Send: sentOnce(prior, q.updatedEach(models, len(jobs))),
 		Read: func(ctx context.Context) ([]Job, error) { return q.majorityJobs(ctx, ids) },
 		Judge: func(cur []Job) (settle.Verdict, string) {
 			landed, live := len(cur) == len(jobs), true
@@ -457,11 +493,11 @@ func (h *hold) updateJobs(ctx context.Context, jobs []*Job, to State, update fun
 
 // putBack returns claimed jobs to the available state without counting
 // their attempts, and voids this worker's claim of each where it did not
-// land: one command of two statements per job, in order, each conditioned
-// on a claim's identity. The first of each job sets a new claim id on it
-// if it still carries the one its claim replaced (the claim did not land,
-// and now no copy of it can); the second puts it back if it runs under
-// its claim. A
+// land: one command, in order, of the voids, then the put-backs (eachJob),
+// each conditioned on a claim's identity. A void sets a new claim id on a
+// job that still carries the one its claim replaced (the claim did not
+// land, and now no copy of it can); a put-back puts back a job running
+// under its claim. A
 // lost reply: a job that carries neither, landed; else live (sent again:
 // each statement applies at most once). Unsettled, it leaves a claim that
 // may still land: the key is then not released (h.unsure; its lease
@@ -478,14 +514,14 @@ func (h *hold) putBack(jobs ...*Job) {
 	for i, job := range jobs {
 		ids[i] = job.ID
 	}
-	models := eachJob(jobs, func(j *Job) bson.D { return jobFilter(j, claimCond{id: j.cl.prior}) },
-		bson.D{{Key: "$set", Value: bson.D{{Key: claimField, Value: void}}}})
-	for _, job := range jobs {
-		models = append(models, mongo.NewUpdateOneModel().SetFilter(underClaim(job)).SetUpdate(bson.D{
-			{Key: "$set", Value: jobSet(job.att.wrote(), bson.E{Key: "state", Value: StateAvailable})},
+	models := q.eachJob(jobs, func(j *Job) bson.D { return jobFilter(j, claimCond{id: j.cl.prior}) },
+		same(bson.D{{Key: "$set", Value: bson.D{{Key: claimField, Value: void}}}}))
+	models = append(models, q.eachJob(jobs, underClaim, func(j *Job) bson.D {
+		return bson.D{
+			{Key: "$set", Value: jobSet(j.att.wrote(), bson.E{Key: "state", Value: StateAvailable})},
 			{Key: "$inc", Value: bson.D{{Key: "attempt", Value: -1}}},
-		}))
-	}
+		}
+	})...)
 	sent := map[bson.ObjectID]claimSent{}
 	for _, job := range jobs {
 		sent[job.ID] = job.cl

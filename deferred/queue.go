@@ -149,6 +149,10 @@ type Queue struct {
 	ttl     bool // guarded by ready
 	// expr: the server evaluates $expr in a write filter (the stamps' bound, Options.MaxStamps).
 	expr atomic.Bool
+	// oneScan: the server finds a document by its _id only for a filter of
+	// the _id alone, and scans the collection for any other (FerretDB v1):
+	// an update of several jobs is then one scan (eachJob).
+	oneScan atomic.Bool
 	// maj holds the majority readers of the settling reads.
 	maj struct {
 		once       sync.Once
@@ -247,6 +251,7 @@ func (q *Queue) EnsureIndexes(ctx context.Context) (ttl bool, err error) {
 	}
 	q.isReady, q.ttl = true, caps.TTLIndexes
 	q.expr.Store(caps.Expr)
+	q.oneScan.Store(caps.Server == store.FerretDBv1)
 	return q.ttl, nil
 }
 
@@ -472,19 +477,19 @@ func (q *Queue) updated(coll *mongo.Collection, filter, update bson.D) func(cont
 	}
 }
 
-// updatedEach sends models, updates of one job each (eachJob), in one
-// command to the jobs collection: applied when each matched its job.
-func (q *Queue) updatedEach(models []mongo.WriteModel) func(context.Context) (struct{}, bool, error) {
+// updatedEach sends models, the update of n jobs (eachJob), in one command
+// to the jobs collection: applied when each job matched.
+func (q *Queue) updatedEach(models []mongo.WriteModel, n int) func(context.Context) (struct{}, bool, error) {
 	return func(ctx context.Context) (struct{}, bool, error) {
-		var n int64
+		var matched int64
 		err := q.try(ctx, func(ctx context.Context) error {
 			res, err := q.jobs.BulkWrite(ctx, models)
 			if err == nil {
-				n = res.MatchedCount
+				matched = res.MatchedCount
 			}
 			return err
 		})
-		return struct{}{}, err == nil && n == int64(len(models)), err
+		return struct{}{}, err == nil && matched == int64(n), err
 	}
 }
 

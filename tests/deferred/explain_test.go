@@ -26,7 +26,9 @@ import (
 // collection: DocumentDB plans no sequential scan; FerretDB v1, which
 // filters in SQL only a lone _id equal to a string or an ObjectID
 // (filterPushdown), takes that path for every lookup by one id. Every
-// update statement of the jobs collection names one job by _id.
+// update statement of the jobs collection names one job by _id (but on
+// FerretDB v1, where a filter of more than the _id scans whatever it
+// holds: there an update of several jobs is one statement, one scan).
 func TestEveryQueueQuerySeeks(t *testing.T) {
 	b := setup(t)
 	capture, copts := shardtest.NewCapture(b.jobs.Name(), b.jobs.Name()+"_keys")
@@ -63,6 +65,7 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	wait(t, q, flaky)
 
 	seen, byID, v1 := map[string]bool{}, 0, false
+	var updates []bson.Raw
 	for _, c := range capture.Take() {
 		if !slices.Contains([]string{"find", "findAndModify", "update", "delete", "aggregate"}, c.Name) {
 			continue // inserts, and the index commands
@@ -70,7 +73,7 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 		sort, _ := c.Body.Lookup("sort").DocumentOK()
 		for _, filter := range shardtest.Filters(t, []shardtest.Command{c}) {
 			if c.Name == "update" && c.Coll == b.jobs.Name() {
-				requireOneJob(t, filter)
+				updates = append(updates, filter)
 			}
 			shape := c.Name + " " + c.Coll + " " + shapeOf(filter) + " " + shapeOf(sort)
 			if !seen[shape] {
@@ -82,6 +85,11 @@ func TestEveryQueueQuerySeeks(t *testing.T) {
 	require.NotEmpty(t, seen)
 	if v1 {
 		require.NotZero(t, byID, "no lookup by one id was seen")
+		return // there an update of several jobs is one scan, not one per job
+	}
+	require.NotEmpty(t, updates)
+	for _, filter := range updates {
+		requireOneJob(t, filter)
 	}
 }
 
