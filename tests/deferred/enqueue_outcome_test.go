@@ -150,7 +150,7 @@ func TestEnqueueLostTakeBackNeverStrandsTheJob(t *testing.T) {
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 	run(t, q)
-	stop := f.DelayReplies(3*time.Second, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
+	stop := f.DelayReplies(reservationDelay, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
 	defer stop()
 	held := f.HoldNext(mongotest.Commands([]string{"delete"}, "jobs"))
 	type result struct {
@@ -172,6 +172,16 @@ func TestEnqueueLostTakeBackNeverStrandsTheJob(t *testing.T) {
 	require.True(t, held.HasFired(), "the take-back's delete was lost (never delivered)")
 	requireEnqueueKeptItsWord(t, b, q, r.id, r.err)
 }
+
+// reservationDelay is how long a test that makes the worker skip a number
+// holds the replies of the enqueuer's findAndModify commands on the keys,
+// the reservation's among them, unless it ends the delay once it saw the
+// skip (DelayReplies' stop): the worker must skip the number before the
+// reservation's reply goes on (a poll, HoleTimeout, and its writes: 3 s was
+// too short once, with two packages' tests running on DocumentDB). A key's
+// first enqueue waits it whole: its first findAndModify finds no key
+// document, and that reply is held too, before the reservation is sent.
+const reservationDelay = 10 * time.Second
 
 // skippedPast waits until a worker skipped the number a slow write
 // reserved on "ana" (its tombstone, matched by skipped, is there) and moved

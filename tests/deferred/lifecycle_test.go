@@ -460,7 +460,7 @@ func TestSlowEnqueue(t *testing.T) {
 			_, err := fq.EnsureIndexes(b.ctx)
 			require.NoError(t, err)
 			run(t, q)
-			stop := f.DelayReplies(3*time.Second, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
+			stop := f.DelayReplies(reservationDelay, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
 			defer stop()
 			type result struct {
 				id  bson.ObjectID

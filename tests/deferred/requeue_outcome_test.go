@@ -109,7 +109,7 @@ func TestRequeueTakenBackKeepsItsExpiry(t *testing.T) {
 	_, err := fq.EnsureIndexes(b.ctx)
 	require.NoError(t, err)
 
-	stop := f.DelayReplies(3*time.Second, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
+	stop := f.DelayReplies(reservationDelay, mongotest.Commands([]string{"findAndModify"}, "jobs_keys"))
 	defer stop()
 	// The second update of the job is the take-back; refuse the next read
 	// of the jobs after it, so that Requeue ends there.
